@@ -1,0 +1,428 @@
+//! Adapter choice, enabled features and limits, and the [`Context`] that owns a device.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::pipeline::PipelineCache;
+
+/// Environment variable read by [`Context::new`]: an [`AdapterSelector`] string.
+pub const ADAPTER_ENV: &str = "MOEFLOW_ADAPTER";
+
+/// Optional features moeflow enables when the adapter has them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    /// Timestamp queries around passes (`TIMESTAMP_QUERY`).
+    pub timestamps: bool,
+    /// Timestamp writes inside passes and encoders.
+    pub timestamps_inside_passes: bool,
+    /// Subgroup operations in shaders (`SUBGROUP`).
+    pub subgroups: bool,
+    /// `f16` in shaders (`SHADER_F16`).
+    pub shader_f16: bool,
+}
+
+impl Capabilities {
+    fn from_features(f: wgpu::Features) -> Self {
+        Capabilities {
+            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamps_inside_passes: f.contains(
+                wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+                    | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS,
+            ),
+            subgroups: f.contains(wgpu::Features::SUBGROUP),
+            shader_f16: f.contains(wgpu::Features::SHADER_F16),
+        }
+    }
+
+    /// The wgpu features that moeflow asks for, as far as `available` has them.
+    fn wanted(available: wgpu::Features) -> wgpu::Features {
+        let wanted = wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::SHADER_F16;
+        available & wanted
+    }
+}
+
+/// The limits that bound moeflow's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct KeyLimits {
+    /// Largest storage-buffer binding, in bytes.
+    pub max_storage_buffer_binding_size: u64,
+    /// Largest buffer, in bytes.
+    pub max_buffer_size: u64,
+    /// Workgroup memory per workgroup, in bytes.
+    pub max_compute_workgroup_storage_size: u32,
+    /// Invocations per workgroup.
+    pub max_compute_invocations_per_workgroup: u32,
+    /// Workgroups per dispatch dimension.
+    pub max_compute_workgroups_per_dimension: u32,
+    /// Storage buffers visible to one compute shader.
+    pub max_storage_buffers_per_shader_stage: u32,
+}
+
+impl From<&wgpu::Limits> for KeyLimits {
+    fn from(l: &wgpu::Limits) -> Self {
+        KeyLimits {
+            max_storage_buffer_binding_size: u64::from(l.max_storage_buffer_binding_size),
+            max_buffer_size: l.max_buffer_size,
+            max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+            max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+            max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+            max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+        }
+    }
+}
+
+/// One adapter as `moeflow::adapters()` and the benchmark records describe it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AdapterDescription {
+    /// Backend name: `vulkan`, `metal`, `dx12` or `gl`.
+    pub backend: String,
+    /// Adapter name as the driver reports it.
+    pub name: String,
+    /// Driver name.
+    pub driver: String,
+    /// Driver version or build details.
+    pub driver_info: String,
+    /// PCI vendor id (0 where the backend has none).
+    pub vendor: u32,
+    /// PCI device id (0 where the backend has none).
+    pub device: u32,
+    /// `DiscreteGpu`, `IntegratedGpu`, `VirtualGpu`, `Cpu` or `Other`.
+    pub device_type: String,
+    /// Features moeflow would enable (or, for a [`Context`], did enable).
+    pub capabilities: Capabilities,
+    /// Limits moeflow checks against.
+    pub limits: KeyLimits,
+}
+
+impl AdapterDescription {
+    fn new(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> Self {
+        AdapterDescription {
+            backend: backend_name(info.backend).to_string(),
+            name: info.name.clone(),
+            driver: info.driver.clone(),
+            driver_info: info.driver_info.clone(),
+            vendor: info.vendor,
+            device: info.device,
+            device_type: format!("{:?}", info.device_type),
+            capabilities: Capabilities::from_features(features),
+            limits: KeyLimits::from(limits),
+        }
+    }
+
+    /// True for adapters that run shaders on the CPU (lavapipe, llvmpipe, WARP).
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == "Cpu"
+    }
+
+    /// A short file-name-safe label such as `vulkan-llvmpipe`.
+    pub fn slug(&self) -> String {
+        let name: String = self
+            .name
+            .chars()
+            .take_while(|c| *c != '(')
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        let name = name
+            .trim_matches('-')
+            .split('-')
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("-");
+        format!("{}-{}", self.backend, name)
+    }
+}
+
+impl fmt::Display for AdapterDescription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} on {} ({}, {})",
+            self.name, self.backend, self.device_type, self.driver_info
+        )
+    }
+}
+
+fn backend_name(b: wgpu::Backend) -> &'static str {
+    match b {
+        wgpu::Backend::Vulkan => "vulkan",
+        wgpu::Backend::Metal => "metal",
+        wgpu::Backend::Dx12 => "dx12",
+        wgpu::Backend::Gl => "gl",
+        wgpu::Backend::BrowserWebGpu => "webgpu",
+        wgpu::Backend::Noop => "noop",
+    }
+}
+
+/// Which adapter to use: a backend, a name substring, or both.
+///
+/// Parsed from strings such as `vulkan`, `gl`, `vulkan:llvmpipe`, `metal`, `dx12`, or a bare
+/// name substring such as `nvidia`. An empty string selects any adapter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterSelector {
+    /// Backends to consider.
+    pub backends: wgpu::Backends,
+    /// Case-insensitive substring of the adapter name.
+    pub name: Option<String>,
+}
+
+impl Default for AdapterSelector {
+    fn default() -> Self {
+        AdapterSelector {
+            backends: wgpu::Backends::all(),
+            name: None,
+        }
+    }
+}
+
+fn parse_backend(s: &str) -> Option<wgpu::Backends> {
+    match s.to_ascii_lowercase().as_str() {
+        "vulkan" | "vk" => Some(wgpu::Backends::VULKAN),
+        "metal" | "mtl" => Some(wgpu::Backends::METAL),
+        "dx12" | "d3d12" => Some(wgpu::Backends::DX12),
+        "gl" | "gles" | "opengl" => Some(wgpu::Backends::GL),
+        _ => None,
+    }
+}
+
+impl FromStr for AdapterSelector {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Ok(AdapterSelector::default());
+        }
+        let (head, tail) = match s.split_once(':') {
+            Some((h, t)) => (h, Some(t)),
+            None => (s, None),
+        };
+        match (parse_backend(head), tail) {
+            (Some(backends), tail) => Ok(AdapterSelector {
+                backends,
+                name: tail
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string),
+            }),
+            (None, Some(_)) => Err(Error::invalid(format!(
+                "adapter selector `{s}`: `{head}` is not a backend (vulkan, metal, dx12, gl)"
+            ))),
+            (None, None) => Ok(AdapterSelector {
+                backends: wgpu::Backends::all(),
+                name: Some(head.to_string()),
+            }),
+        }
+    }
+}
+
+impl AdapterSelector {
+    fn matches(&self, info: &wgpu::AdapterInfo) -> bool {
+        self.backends.contains(wgpu::Backends::from(info.backend))
+            && self
+                .name
+                .as_ref()
+                .is_none_or(|n| info.name.to_lowercase().contains(&n.to_lowercase()))
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = wgpu::Backends::all();
+    wgpu::Instance::new(desc)
+}
+
+fn all_adapters() -> Vec<wgpu::Adapter> {
+    let instance = instance();
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .into_iter()
+        .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
+        .collect()
+}
+
+/// Rank for choosing a default: real GPUs first, then by backend.
+fn preference(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let device = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let backend = match info.backend {
+        wgpu::Backend::Vulkan => 0,
+        wgpu::Backend::Metal => 1,
+        wgpu::Backend::Dx12 => 2,
+        wgpu::Backend::Gl => 3,
+        _ => 4,
+    };
+    (device, backend)
+}
+
+/// Every adapter wgpu can see, described with the features and limits moeflow uses.
+pub fn adapters() -> Vec<AdapterDescription> {
+    all_adapters()
+        .iter()
+        .map(|a| {
+            AdapterDescription::new(
+                &a.get_info(),
+                Capabilities::wanted(a.features()),
+                &a.limits(),
+            )
+        })
+        .collect()
+}
+
+/// A wgpu device and queue, what they can do, and moeflow's pipeline cache.
+///
+/// Cheap to share by reference; kernels borrow it to build pipelines and bind groups.
+pub struct Context {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    description: AdapterDescription,
+    pipelines: PipelineCache,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.description)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// Opens the adapter named by `MOEFLOW_ADAPTER` (see [`AdapterSelector`]), or the best
+    /// one found: discrete, integrated, virtual, then CPU; Vulkan, Metal, DX12, then GL.
+    pub fn new() -> Result<Self> {
+        let selector = match std::env::var(ADAPTER_ENV) {
+            Ok(s) => s.parse()?,
+            Err(_) => AdapterSelector::default(),
+        };
+        Context::with_selector(&selector)
+    }
+
+    /// Opens the best adapter that `selector` matches.
+    pub fn with_selector(selector: &AdapterSelector) -> Result<Self> {
+        let adapters = all_adapters();
+        let found: Vec<String> = adapters
+            .iter()
+            .map(|a| {
+                let i = a.get_info();
+                format!("{} ({})", i.name, backend_name(i.backend))
+            })
+            .collect();
+        let best = adapters
+            .into_iter()
+            .filter(|a| selector.matches(&a.get_info()))
+            .min_by_key(|a| preference(&a.get_info()));
+        match best {
+            Some(adapter) => Context::from_adapter(&adapter),
+            None if found.is_empty() => Err(Error::NoAdapter(
+                "wgpu found no adapter; on Debian/Ubuntu `apt-get install mesa-vulkan-drivers` \
+                 provides a software Vulkan driver (lavapipe)"
+                    .into(),
+            )),
+            None => Err(Error::NoAdapter(format!(
+                "none matches {selector:?}; found: {}",
+                found.join(", ")
+            ))),
+        }
+    }
+
+    /// Opens one context per adapter wgpu can see (in enumeration order).
+    pub fn all() -> Result<Vec<Self>> {
+        all_adapters().iter().map(Context::from_adapter).collect()
+    }
+
+    /// Creates a device on `adapter` with every optional feature moeflow uses that the
+    /// adapter has, and the adapter's full limits.
+    pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        let features = Capabilities::wanted(adapter.features());
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("moeflow"),
+            required_features: features,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))?;
+        Ok(Context::from_wgpu(device, queue))
+    }
+
+    /// Wraps a device and queue that the application already owns. moeflow uses only the
+    /// features and limits the device was created with, and says which in [`Self::capabilities`].
+    pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        let description =
+            AdapterDescription::new(&device.adapter_info(), device.features(), &device.limits());
+        Context {
+            device,
+            queue,
+            description,
+            pipelines: PipelineCache::default(),
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// What the adapter is and what was enabled on this device.
+    pub fn adapter(&self) -> &AdapterDescription {
+        &self.description
+    }
+
+    /// Optional features enabled on this device.
+    pub fn capabilities(&self) -> Capabilities {
+        self.description.capabilities
+    }
+
+    /// The device's limits that moeflow checks.
+    pub fn limits(&self) -> KeyLimits {
+        self.description.limits
+    }
+
+    pub(crate) fn pipelines(&self) -> &PipelineCache {
+        &self.pipelines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selector_parses_backend_and_name() {
+        let s: AdapterSelector = "vulkan:llvmpipe".parse().unwrap();
+        assert_eq!(s.backends, wgpu::Backends::VULKAN);
+        assert_eq!(s.name.as_deref(), Some("llvmpipe"));
+        let s: AdapterSelector = "GL".parse().unwrap();
+        assert_eq!(s.backends, wgpu::Backends::GL);
+        assert_eq!(s.name, None);
+        let s: AdapterSelector = "nvidia".parse().unwrap();
+        assert_eq!(s.backends, wgpu::Backends::all());
+        assert_eq!(s.name.as_deref(), Some("nvidia"));
+        assert_eq!(
+            "".parse::<AdapterSelector>().unwrap(),
+            AdapterSelector::default()
+        );
+        assert!("vulcan:llvmpipe".parse::<AdapterSelector>().is_err());
+    }
+}

@@ -1,0 +1,83 @@
+//! The library's one error type.
+
+use thiserror::Error;
+
+/// Everything that can go wrong in moeflow. Bad input is reported here, never by a panic.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// No adapter matched the request (the message says what was asked for and what exists).
+    #[error("no GPU adapter: {0}")]
+    NoAdapter(String),
+    /// A configuration value is out of its documented range.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A buffer or tensor does not have the shape or size the operation needs.
+    #[error("shape mismatch for `{what}`: expected {expected}, got {got}")]
+    Shape {
+        what: String,
+        expected: String,
+        got: String,
+    },
+    /// A size is past what the adapter (or a kernel) supports.
+    #[error("{what} is {value}, past the limit of {limit} ({why})")]
+    LimitExceeded {
+        what: String,
+        value: u64,
+        limit: u64,
+        why: String,
+    },
+    /// The adapter lacks a feature the operation needs.
+    #[error("missing adapter feature: {0}")]
+    MissingFeature(String),
+    /// wgpu refused to create a device.
+    #[error("device request failed: {0}")]
+    RequestDevice(#[from] wgpu::RequestDeviceError),
+    /// wgpu reported a validation or out-of-memory error, or the device was lost.
+    #[error("GPU error in {context}: {message}")]
+    Gpu { context: String, message: String },
+    /// Reading a buffer back to the host failed.
+    #[error("buffer readback failed: {0}")]
+    Readback(String),
+    /// A file could not be read or written.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result alias used across the crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn shape(
+        what: impl Into<String>,
+        expected: impl ToString,
+        got: impl ToString,
+    ) -> Self {
+        Error::Shape {
+            what: what.into(),
+            expected: expected.to_string(),
+            got: got.to_string(),
+        }
+    }
+
+    pub(crate) fn limit(
+        what: impl Into<String>,
+        value: u64,
+        limit: u64,
+        why: impl Into<String>,
+    ) -> Self {
+        Error::LimitExceeded {
+            what: what.into(),
+            value,
+            limit,
+            why: why.into(),
+        }
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidArgument(msg.into())
+    }
+}

@@ -1,0 +1,688 @@
+//! Routing: gate matvec and top-k selection, unfused (two dispatches) or fused (one).
+//!
+//! Shapes (row-major, f32 unless noted): `x[tokens, hidden]`, `gate[experts, hidden]`,
+//! `bias[experts]`, `logits[tokens, experts]`, `indices[tokens, k]` (u32),
+//! `weights[tokens, k]`.
+//!
+//! The accumulation orders and the tie-break contract are stated in `docs/routing.md` and
+//! in the WGSL (`wgsl/routing/`); [`crate::reference::routing`] mirrors them on the CPU.
+//! Fused and unfused plans give bit-identical indices and weights on the same adapter.
+
+use bytemuck::{Pod, Zeroable};
+use serde::{Deserialize, Serialize};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::shader::{ShaderSource, wgsl};
+
+/// Invocations per top-k workgroup. The softmax sum's reduction tree depends on it, so it is
+/// part of the numeric contract.
+pub const ROUTE_WG: u32 = 64;
+/// Largest expert count a routing kernel takes (workgroup memory holds one row of scores).
+pub const MAX_EXPERTS: u32 = 1024;
+/// Largest `k`.
+pub const MAX_K: u32 = 32;
+/// Largest `n_group` for group-limited selection.
+pub const MAX_GROUPS: u32 = 64;
+/// Invocations per gate-matvec workgroup.
+const MATVEC_WG: u32 = 64;
+
+static GATE_MATVEC_SHADER: ShaderSource = ShaderSource {
+    name: "routing/gate_matvec",
+    parts: &[
+        wgsl!("routing/params.wgsl"),
+        wgsl!("routing/gate.wgsl"),
+        wgsl!("routing/gate_matvec.wgsl"),
+    ],
+    entry_points: &["gate_matvec"],
+};
+static TOPK_SHADER: ShaderSource = ShaderSource {
+    name: "routing/topk",
+    parts: &[
+        wgsl!("routing/params.wgsl"),
+        wgsl!("routing/select.wgsl"),
+        wgsl!("routing/topk.wgsl"),
+    ],
+    entry_points: &["topk"],
+};
+static FUSED_SHADER: ShaderSource = ShaderSource {
+    name: "routing/route_fused",
+    parts: &[
+        wgsl!("routing/params.wgsl"),
+        wgsl!("routing/gate.wgsl"),
+        wgsl!("routing/select.wgsl"),
+        wgsl!("routing/route_fused.wgsl"),
+    ],
+    entry_points: &["route_fused"],
+};
+
+/// The routing family's shader modules.
+pub(crate) static SHADERS: &[&ShaderSource] = &[&GATE_MATVEC_SHADER, &TOPK_SHADER, &FUSED_SHADER];
+
+static GATE_MATVEC: KernelSpec = KernelSpec {
+    shader: &GATE_MATVEC_SHADER,
+    entry: "gate_matvec",
+    bindings: &[
+        (0, Access::Uniform),
+        (1, Access::Read),
+        (2, Access::Read),
+        (3, Access::ReadWrite),
+    ],
+};
+static TOPK: KernelSpec = KernelSpec {
+    shader: &TOPK_SHADER,
+    entry: "topk",
+    bindings: &[
+        (0, Access::Uniform),
+        (3, Access::Read),
+        (4, Access::Read),
+        (5, Access::ReadWrite),
+        (6, Access::ReadWrite),
+    ],
+};
+static ROUTE_FUSED: KernelSpec = KernelSpec {
+    shader: &FUSED_SHADER,
+    entry: "route_fused",
+    bindings: &[
+        (0, Access::Uniform),
+        (1, Access::Read),
+        (2, Access::Read),
+        (3, Access::ReadWrite),
+        (4, Access::Read),
+        (5, Access::ReadWrite),
+        (6, Access::ReadWrite),
+    ],
+};
+
+/// How logits become scores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gating {
+    /// Softmax over the token's logits (Mixtral, Qwen-MoE, OLMoE).
+    #[default]
+    Softmax,
+    /// Sigmoid per expert (DeepSeek-V3).
+    Sigmoid,
+}
+
+/// Group-limited selection (DeepSeek-V3): experts are split into `n_group` equal groups, the
+/// `topk_group` groups with the largest sum of their two best (biased) scores are kept, and
+/// experts outside them are never selected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupLimit {
+    /// Number of groups; divides `experts`, each group holding at least two experts.
+    pub n_group: u32,
+    /// Groups kept per token, `1..=n_group`.
+    pub topk_group: u32,
+}
+
+/// What a routing kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RouteConfig {
+    /// Hidden size `H` (columns of `x` and of the gate weight).
+    pub hidden: u32,
+    /// Number of routed experts `E`, `1..=MAX_EXPERTS`.
+    pub experts: u32,
+    /// Experts per token, `1..=min(E, MAX_K)`.
+    pub k: u32,
+    /// Softmax or sigmoid scores.
+    pub gating: Gating,
+    /// Divide the selected weights by their sum.
+    pub renormalize: bool,
+    /// Factor applied to every weight last (DeepSeek's `routed_scaling_factor`); finite.
+    pub scale: f32,
+    /// Select on `score + bias[e]`, weight with the unbiased score.
+    pub bias: bool,
+    /// Optional group-limited selection.
+    pub groups: Option<GroupLimit>,
+}
+
+impl RouteConfig {
+    /// Softmax top-`k` over `experts` with hidden size `hidden`, no renormalisation, scale 1.
+    pub fn new(hidden: u32, experts: u32, k: u32) -> Self {
+        RouteConfig {
+            hidden,
+            experts,
+            k,
+            gating: Gating::Softmax,
+            renormalize: false,
+            scale: 1.0,
+            bias: false,
+            groups: None,
+        }
+    }
+
+    /// Checks every field against its documented range.
+    pub fn validate(&self) -> Result<()> {
+        if self.hidden == 0 {
+            return Err(Error::invalid("hidden size must be at least 1"));
+        }
+        if self.experts == 0 {
+            return Err(Error::invalid("experts must be at least 1"));
+        }
+        if self.experts > MAX_EXPERTS {
+            return Err(Error::limit(
+                "experts",
+                self.experts.into(),
+                MAX_EXPERTS.into(),
+                "one token's scores live in workgroup memory",
+            ));
+        }
+        if self.k == 0 {
+            return Err(Error::invalid("k must be at least 1"));
+        }
+        if self.k > self.experts {
+            return Err(Error::invalid(format!(
+                "k = {} is larger than the number of experts ({})",
+                self.k, self.experts
+            )));
+        }
+        if self.k > MAX_K {
+            return Err(Error::limit(
+                "k",
+                self.k.into(),
+                MAX_K.into(),
+                "routing kernels keep k picks in workgroup memory",
+            ));
+        }
+        if !self.scale.is_finite() {
+            return Err(Error::invalid(format!(
+                "scale must be finite, got {}",
+                self.scale
+            )));
+        }
+        if let Some(g) = self.groups {
+            if g.n_group == 0 || g.n_group > MAX_GROUPS {
+                return Err(Error::invalid(format!(
+                    "n_group = {} must be in 1..={MAX_GROUPS}",
+                    g.n_group
+                )));
+            }
+            if self.experts % g.n_group != 0 {
+                return Err(Error::invalid(format!(
+                    "n_group = {} does not divide experts = {}",
+                    g.n_group, self.experts
+                )));
+            }
+            if self.experts / g.n_group < 2 {
+                return Err(Error::invalid(format!(
+                    "groups of {} expert(s): a group's score is the sum of its top two, so each needs at least 2",
+                    self.experts / g.n_group
+                )));
+            }
+            if g.topk_group == 0 || g.topk_group > g.n_group {
+                return Err(Error::invalid(format!(
+                    "topk_group = {} must be in 1..={}",
+                    g.topk_group, g.n_group
+                )));
+            }
+            let reachable = g.topk_group * (self.experts / g.n_group);
+            if self.k > reachable {
+                return Err(Error::invalid(format!(
+                    "k = {} but only {reachable} experts are in the {} kept groups",
+                    self.k, g.topk_group
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn constants(&self) -> [(&'static str, f64); 4] {
+        [
+            (
+                "GATING",
+                f64::from(u8::from(self.gating == Gating::Sigmoid)),
+            ),
+            ("HAS_BIAS", f64::from(u8::from(self.bias))),
+            ("HAS_GROUPS", f64::from(u8::from(self.groups.is_some()))),
+            ("RENORMALIZE", f64::from(u8::from(self.renormalize))),
+        ]
+    }
+}
+
+/// Unfused (gate matvec, then top-k) or fused (one dispatch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RouteMode {
+    /// Two dispatches; the logits buffer is written and read in between.
+    Unfused,
+    /// One dispatch; logits stay in workgroup memory unless `write_logits`.
+    Fused {
+        /// Also store the raw logits (telemetry).
+        write_logits: bool,
+    },
+}
+
+impl RouteMode {
+    /// Whether this mode writes the logits buffer.
+    pub fn writes_logits(self) -> bool {
+        match self {
+            RouteMode::Unfused => true,
+            RouteMode::Fused { write_logits } => write_logits,
+        }
+    }
+}
+
+/// Device buffers a routing plan reads and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteBuffers<'a> {
+    /// `x[tokens, hidden]`.
+    pub x: &'a wgpu::Buffer,
+    /// `gate[experts, hidden]`.
+    pub gate: &'a wgpu::Buffer,
+    /// `bias[experts]`; required exactly when the config has `bias`.
+    pub bias: Option<&'a wgpu::Buffer>,
+    /// `logits[tokens, experts]`; required when the mode writes logits.
+    pub logits: Option<&'a wgpu::Buffer>,
+    /// `indices[tokens, k]` (u32), written.
+    pub indices: &'a wgpu::Buffer,
+    /// `weights[tokens, k]`, written.
+    pub weights: &'a wgpu::Buffer,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct Params {
+    tokens: u32,
+    hidden: u32,
+    experts: u32,
+    k: u32,
+    n_group: u32,
+    topk_group: u32,
+    scale: f32,
+    pad0: u32,
+}
+
+/// Dispatches that route `tokens` tokens, ready to record. Built once per shape and reused
+/// every forward: recording it reads nothing back.
+#[derive(Debug)]
+pub struct RoutePlan {
+    dispatches: Vec<Dispatch>,
+}
+
+impl RoutePlan {
+    /// The dispatches in order (empty for zero tokens).
+    pub fn dispatches(&self) -> Vec<&Dispatch> {
+        self.dispatches.iter().collect()
+    }
+
+    /// Records the plan into `pass`.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        for d in &self.dispatches {
+            d.record(pass);
+        }
+    }
+}
+
+const F32: u64 = 4;
+
+struct Checked {
+    params: wgpu::Buffer,
+    placeholder: wgpu::Buffer,
+}
+
+fn prepare(
+    ctx: &Context,
+    cfg: &RouteConfig,
+    tokens: u32,
+    bias: Option<&wgpu::Buffer>,
+) -> Result<Checked> {
+    cfg.validate()?;
+    if cfg.bias != bias.is_some() {
+        return Err(Error::invalid(if cfg.bias {
+            "the config selects with a bias but no bias buffer was given"
+        } else {
+            "a bias buffer was given but the config has bias = false"
+        }));
+    }
+    for (what, n) in [
+        ("tokens * experts", u64::from(cfg.experts)),
+        ("tokens * hidden", u64::from(cfg.hidden)),
+    ] {
+        let elems = u64::from(tokens) * n;
+        if elems > u64::from(u32::MAX) {
+            return Err(Error::limit(
+                what,
+                elems,
+                u32::MAX.into(),
+                "shader indices are u32",
+            ));
+        }
+    }
+    if let Some(b) = bias {
+        ctx.check_binding("bias", b, u64::from(cfg.experts) * F32, Access::Read)?;
+    }
+    let g = cfg.groups.unwrap_or(GroupLimit {
+        n_group: 1,
+        topk_group: 1,
+    });
+    let params = ctx.uniform(
+        "moeflow route params",
+        &Params {
+            tokens,
+            hidden: cfg.hidden,
+            experts: cfg.experts,
+            k: cfg.k,
+            n_group: g.n_group,
+            topk_group: g.topk_group,
+            scale: cfg.scale,
+            pad0: 0,
+        },
+    );
+    Ok(Checked {
+        params,
+        placeholder: ctx.zeroed("moeflow unused binding", 4),
+    })
+}
+
+/// Plans the full route (gate matvec and top-k) for `tokens` tokens.
+///
+/// Errors: any config field out of range, a missing or unexpected bias buffer, a missing
+/// logits buffer when `mode` writes logits, a buffer smaller than its shape, or a size past
+/// the adapter's limits.
+pub fn plan_route(
+    ctx: &Context,
+    cfg: &RouteConfig,
+    tokens: u32,
+    bufs: &RouteBuffers<'_>,
+    mode: RouteMode,
+) -> Result<RoutePlan> {
+    let c = prepare(ctx, cfg, tokens, bufs.bias)?;
+    if tokens == 0 {
+        return Ok(RoutePlan {
+            dispatches: Vec::new(),
+        });
+    }
+    let (t, h, e, k) = (
+        u64::from(tokens),
+        u64::from(cfg.hidden),
+        u64::from(cfg.experts),
+        u64::from(cfg.k),
+    );
+    ctx.check_binding("x", bufs.x, t * h * F32, Access::Read)?;
+    ctx.check_binding("gate", bufs.gate, e * h * F32, Access::Read)?;
+    ctx.check_binding("indices", bufs.indices, t * k * 4, Access::ReadWrite)?;
+    ctx.check_binding("weights", bufs.weights, t * k * F32, Access::ReadWrite)?;
+    let logits = match (bufs.logits, mode.writes_logits()) {
+        (Some(l), true) => {
+            ctx.check_binding("logits", l, t * e * F32, Access::ReadWrite)?;
+            Binding {
+                binding: 3,
+                buffer: l,
+                size: t * e * F32,
+            }
+        }
+        (None, true) => {
+            return Err(Error::invalid(format!(
+                "{mode:?} writes logits but no logits buffer was given"
+            )));
+        }
+        (_, false) => Binding {
+            binding: 3,
+            buffer: &c.placeholder,
+            size: 4,
+        },
+    };
+    let params = Binding {
+        binding: 0,
+        buffer: &c.params,
+        size: 32,
+    };
+    let x = Binding {
+        binding: 1,
+        buffer: bufs.x,
+        size: t * h * F32,
+    };
+    let gate = Binding {
+        binding: 2,
+        buffer: bufs.gate,
+        size: e * h * F32,
+    };
+    let bias = bias_binding(cfg, bufs.bias, &c.placeholder);
+    let indices = Binding {
+        binding: 5,
+        buffer: bufs.indices,
+        size: t * k * 4,
+    };
+    let weights = Binding {
+        binding: 6,
+        buffer: bufs.weights,
+        size: t * k * F32,
+    };
+    let per_token = ctx.grid(t, "routing (one workgroup per token)")?;
+    let dispatches = match mode {
+        RouteMode::Unfused => {
+            let matvec = ctx.kernel(&GATE_MATVEC, &[("MATVEC_WG", f64::from(MATVEC_WG))])?;
+            let topk = ctx.kernel(&TOPK, &cfg.constants())?;
+            let groups = ctx.grid((t * e).div_ceil(u64::from(MATVEC_WG)), "gate matvec")?;
+            vec![
+                ctx.dispatch(&matvec, &[params, x, gate, logits], groups)?,
+                ctx.dispatch(&topk, &[params, logits, bias, indices, weights], per_token)?,
+            ]
+        }
+        RouteMode::Fused { write_logits } => {
+            let mut constants = cfg.constants().to_vec();
+            constants.push(("WRITE_LOGITS", f64::from(u8::from(write_logits))));
+            let fused = ctx.kernel(&ROUTE_FUSED, &constants)?;
+            vec![ctx.dispatch(
+                &fused,
+                &[params, x, gate, logits, bias, indices, weights],
+                per_token,
+            )?]
+        }
+    };
+    Ok(RoutePlan { dispatches })
+}
+
+/// Plans top-k alone over given `logits[tokens, experts]` (the unfused second stage).
+pub fn plan_topk(
+    ctx: &Context,
+    cfg: &RouteConfig,
+    tokens: u32,
+    logits: &wgpu::Buffer,
+    bias: Option<&wgpu::Buffer>,
+    indices: &wgpu::Buffer,
+    weights: &wgpu::Buffer,
+) -> Result<RoutePlan> {
+    let c = prepare(ctx, cfg, tokens, bias)?;
+    if tokens == 0 {
+        return Ok(RoutePlan {
+            dispatches: Vec::new(),
+        });
+    }
+    let (t, e, k) = (u64::from(tokens), u64::from(cfg.experts), u64::from(cfg.k));
+    ctx.check_binding("logits", logits, t * e * F32, Access::Read)?;
+    ctx.check_binding("indices", indices, t * k * 4, Access::ReadWrite)?;
+    ctx.check_binding("weights", weights, t * k * F32, Access::ReadWrite)?;
+    let topk = ctx.kernel(&TOPK, &cfg.constants())?;
+    let bindings = [
+        Binding {
+            binding: 0,
+            buffer: &c.params,
+            size: 32,
+        },
+        Binding {
+            binding: 3,
+            buffer: logits,
+            size: t * e * F32,
+        },
+        bias_binding(cfg, bias, &c.placeholder),
+        Binding {
+            binding: 5,
+            buffer: indices,
+            size: t * k * 4,
+        },
+        Binding {
+            binding: 6,
+            buffer: weights,
+            size: t * k * F32,
+        },
+    ];
+    let grid = ctx.grid(t, "top-k (one workgroup per token)")?;
+    Ok(RoutePlan {
+        dispatches: vec![ctx.dispatch(&topk, &bindings, grid)?],
+    })
+}
+
+fn bias_binding<'a>(
+    cfg: &RouteConfig,
+    bias: Option<&'a wgpu::Buffer>,
+    placeholder: &'a wgpu::Buffer,
+) -> Binding<'a> {
+    match bias {
+        Some(b) => Binding {
+            binding: 4,
+            buffer: b,
+            size: u64::from(cfg.experts) * F32,
+        },
+        None => Binding {
+            binding: 4,
+            buffer: placeholder,
+            size: 4,
+        },
+    }
+}
+
+/// Routing results copied back to the host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteOutput {
+    /// `indices[tokens, k]`.
+    pub indices: Vec<u32>,
+    /// `weights[tokens, k]`.
+    pub weights: Vec<f32>,
+    /// `logits[tokens, experts]` when the mode wrote them.
+    pub logits: Option<Vec<f32>>,
+}
+
+fn rows(what: &str, len: usize, cols: u32) -> Result<u32> {
+    let cols = cols as usize;
+    if len % cols != 0 {
+        return Err(Error::shape(
+            what,
+            format!("a multiple of {cols} elements (rows of {cols})"),
+            len,
+        ));
+    }
+    u32::try_from(len / cols).map_err(|_| {
+        Error::limit(
+            format!("rows of {what}"),
+            (len / cols) as u64,
+            u32::MAX.into(),
+            "u32 token count",
+        )
+    })
+}
+
+fn check_len(what: &str, len: usize, expected: u64) -> Result<()> {
+    if len as u64 != expected {
+        return Err(Error::shape(what, format!("{expected} elements"), len));
+    }
+    Ok(())
+}
+
+/// Routes host data end to end: uploads `x[tokens, hidden]`, `gate[experts, hidden]` and
+/// `bias`, runs the plan, and reads the results back. For tests, examples and one-off use;
+/// a forward pass records a [`RoutePlan`] instead.
+pub fn route_host(
+    ctx: &Context,
+    cfg: &RouteConfig,
+    x: &[f32],
+    gate: &[f32],
+    bias: Option<&[f32]>,
+    mode: RouteMode,
+) -> Result<RouteOutput> {
+    cfg.validate()?;
+    let tokens = rows("x", x.len(), cfg.hidden)?;
+    check_len(
+        "gate",
+        gate.len(),
+        u64::from(cfg.experts) * u64::from(cfg.hidden),
+    )?;
+    if let Some(b) = bias {
+        check_len("bias", b.len(), cfg.experts.into())?;
+    }
+    let xb = ctx.upload("x", x);
+    let gb = ctx.upload("gate", gate);
+    let bb = bias.map(|b| ctx.upload("bias", b));
+    let out = Outputs::new(ctx, cfg, tokens);
+    let plan = plan_route(
+        ctx,
+        cfg,
+        tokens,
+        &RouteBuffers {
+            x: &xb,
+            gate: &gb,
+            bias: bb.as_ref(),
+            logits: Some(&out.logits),
+            indices: &out.indices,
+            weights: &out.weights,
+        },
+        mode,
+    )?;
+    ctx.run(&plan.dispatches())?;
+    out.read(ctx, cfg, tokens, mode.writes_logits())
+}
+
+/// Runs top-k alone on host `logits[tokens, experts]` and reads the results back.
+pub fn topk_host(
+    ctx: &Context,
+    cfg: &RouteConfig,
+    logits: &[f32],
+    bias: Option<&[f32]>,
+) -> Result<RouteOutput> {
+    cfg.validate()?;
+    let tokens = rows("logits", logits.len(), cfg.experts)?;
+    if let Some(b) = bias {
+        check_len("bias", b.len(), cfg.experts.into())?;
+    }
+    let lb = ctx.upload("logits", logits);
+    let bb = bias.map(|b| ctx.upload("bias", b));
+    let out = Outputs::new(ctx, cfg, tokens);
+    let plan = plan_topk(
+        ctx,
+        cfg,
+        tokens,
+        &lb,
+        bb.as_ref(),
+        &out.indices,
+        &out.weights,
+    )?;
+    ctx.run(&plan.dispatches())?;
+    out.read(ctx, cfg, tokens, false)
+}
+
+struct Outputs {
+    logits: wgpu::Buffer,
+    indices: wgpu::Buffer,
+    weights: wgpu::Buffer,
+}
+
+impl Outputs {
+    fn new(ctx: &Context, cfg: &RouteConfig, tokens: u32) -> Self {
+        let t = u64::from(tokens);
+        Outputs {
+            logits: ctx.zeroed("logits", t * u64::from(cfg.experts) * F32),
+            indices: ctx.zeroed("topk indices", t * u64::from(cfg.k) * 4),
+            weights: ctx.zeroed("topk weights", t * u64::from(cfg.k) * F32),
+        }
+    }
+
+    fn read(
+        &self,
+        ctx: &Context,
+        cfg: &RouteConfig,
+        tokens: u32,
+        logits: bool,
+    ) -> Result<RouteOutput> {
+        let t = tokens as usize;
+        Ok(RouteOutput {
+            indices: ctx.read_back(&self.indices, t * cfg.k as usize)?,
+            weights: ctx.read_back(&self.weights, t * cfg.k as usize)?,
+            logits: if logits {
+                Some(ctx.read_back(&self.logits, t * cfg.experts as usize)?)
+            } else {
+                None
+            },
+        })
+    }
+}

@@ -1,0 +1,21 @@
+//! moeflow: mixture-of-experts kernels written once in WGSL and run through wgpu on Vulkan,
+//! Metal, DX12 and GL.
+//!
+//! Start with a [`Context`] (an adapter chosen by backend or name, or your own device via
+//! [`Context::from_wgpu`]), then plan kernels from [`kernels`]; plans hold
+//! [`Dispatch`]es that you record into your own encoder. [`reference`] holds the CPU
+//! oracles that mirror every kernel's accumulation order.
+
+pub mod context;
+pub mod error;
+pub mod gpu;
+pub mod kernels;
+pub mod pipeline;
+pub mod reference;
+pub mod shader;
+
+pub use context::{
+    AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters,
+};
+pub use error::{Error, Result};
+pub use pipeline::Dispatch;

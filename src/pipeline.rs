@@ -1,0 +1,282 @@
+//! Kernel specifications, the pipeline cache, and encodable dispatches.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::shader::ShaderSource;
+
+/// How a kernel binds one buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// `var<uniform>`.
+    Uniform,
+    /// `var<storage, read>`.
+    Read,
+    /// `var<storage, read_write>`.
+    ReadWrite,
+}
+
+/// A compute entry point and its explicit bind-group layout (group 0).
+#[derive(Debug)]
+pub struct KernelSpec {
+    /// Module holding the entry point.
+    pub shader: &'static ShaderSource,
+    /// Entry point name.
+    pub entry: &'static str,
+    /// `(binding, access)` for every binding the entry point may touch.
+    pub bindings: &'static [(u32, Access)],
+}
+
+impl KernelSpec {
+    fn layout_entries(&self) -> Vec<wgpu::BindGroupLayoutEntry> {
+        self.bindings
+            .iter()
+            .map(|&(binding, access)| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match access {
+                        Access::Uniform => wgpu::BufferBindingType::Uniform,
+                        Access::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                        Access::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect()
+    }
+}
+
+/// A built pipeline and its bind-group layout.
+#[derive(Debug)]
+pub struct Kernel {
+    spec: &'static KernelSpec,
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// Pipeline-constant values, as wgpu takes them.
+pub type Constants = [(&'static str, f64)];
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PipelineKey {
+    shader: &'static str,
+    entry: &'static str,
+    constants: Vec<(&'static str, u64)>,
+}
+
+/// Shader modules and pipelines built so far, keyed by module, entry point and constants.
+#[derive(Debug, Default)]
+pub(crate) struct PipelineCache {
+    modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Kernel>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `f` inside a validation error scope and turns a captured error into `Err`.
+pub(crate) fn checked<T>(device: &wgpu::Device, context: &str, f: impl FnOnce() -> T) -> Result<T> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let value = f();
+    match pollster::block_on(scope.pop()) {
+        None => Ok(value),
+        Some(e) => Err(Error::Gpu {
+            context: context.to_string(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// One buffer bound at `binding`, covering bytes `[0, size)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Binding<'a> {
+    /// Binding index in group 0.
+    pub binding: u32,
+    /// The buffer.
+    pub buffer: &'a wgpu::Buffer,
+    /// Bytes bound from offset 0 (at least 4).
+    pub size: u64,
+}
+
+/// A recorded-to-be dispatch: pipeline, bind group and grid. Recording it into a compute
+/// pass is all that is left; submission belongs to the caller.
+#[derive(Debug)]
+pub struct Dispatch {
+    kernel: Arc<Kernel>,
+    bind_group: wgpu::BindGroup,
+    workgroups: [u32; 3],
+}
+
+impl Dispatch {
+    /// Records the dispatch into `pass`.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.kernel.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        let [x, y, z] = self.workgroups;
+        pass.dispatch_workgroups(x, y, z);
+    }
+
+    /// The kernel's entry point name.
+    pub fn entry(&self) -> &'static str {
+        self.kernel.spec.entry
+    }
+
+    /// Workgroups in x, y and z.
+    pub fn workgroups(&self) -> [u32; 3] {
+        self.workgroups
+    }
+}
+
+impl Context {
+    /// The pipeline for `spec` specialised with `constants`, built on first use.
+    pub(crate) fn kernel(
+        &self,
+        spec: &'static KernelSpec,
+        constants: &Constants,
+    ) -> Result<Arc<Kernel>> {
+        let mut sorted: Vec<(&'static str, u64)> =
+            constants.iter().map(|&(k, v)| (k, v.to_bits())).collect();
+        sorted.sort_unstable();
+        let key = PipelineKey {
+            shader: spec.shader.name,
+            entry: spec.entry,
+            constants: sorted,
+        };
+        if let Some(k) = lock(&self.pipelines().pipelines).get(&key) {
+            return Ok(k.clone());
+        }
+        let device = self.device();
+        let module = {
+            let mut modules = lock(&self.pipelines().modules);
+            match modules.get(spec.shader.name) {
+                Some(m) => m.clone(),
+                None => {
+                    let source = spec.shader.compose();
+                    let m = checked(device, spec.shader.name, || {
+                        device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                            label: Some(spec.shader.name),
+                            source: wgpu::ShaderSource::Wgsl(source.into()),
+                        })
+                    })?;
+                    modules.insert(spec.shader.name, m.clone());
+                    m
+                }
+            }
+        };
+        let kernel = checked(device, spec.entry, || {
+            let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(spec.entry),
+                entries: &spec.layout_entries(),
+            });
+            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(spec.entry),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(spec.entry),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(spec.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    zero_initialize_workgroup_memory: true,
+                },
+                cache: None,
+            });
+            Kernel {
+                spec,
+                pipeline,
+                layout,
+            }
+        })?;
+        let kernel = Arc::new(kernel);
+        lock(&self.pipelines().pipelines).insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    /// A 1-D grid of `groups` workgroups, spilling into y past the per-dimension limit.
+    pub(crate) fn grid(&self, groups: u64, what: &str) -> Result<[u32; 3]> {
+        let max = u64::from(self.limits().max_compute_workgroups_per_dimension);
+        if groups == 0 {
+            return Ok([0, 1, 1]);
+        }
+        let x = groups.min(max);
+        let y = groups.div_ceil(x);
+        if y > max {
+            return Err(Error::limit(
+                format!("workgroups for {what}"),
+                groups,
+                max * max,
+                "max_compute_workgroups_per_dimension squared",
+            ));
+        }
+        // Both fit in u32: x, y <= max, which is a u32.
+        Ok([x as u32, y as u32, 1])
+    }
+
+    /// Checks a binding against the buffer's size and the adapter's binding limits.
+    pub(crate) fn check_binding(
+        &self,
+        what: &str,
+        buffer: &wgpu::Buffer,
+        bytes: u64,
+        access: Access,
+    ) -> Result<()> {
+        if buffer.size() < bytes {
+            return Err(Error::shape(
+                what,
+                format!("a buffer of at least {bytes} bytes"),
+                format!("{} bytes", buffer.size()),
+            ));
+        }
+        if access != Access::Uniform && bytes > self.limits().max_storage_buffer_binding_size {
+            return Err(Error::limit(
+                format!("binding `{what}`"),
+                bytes,
+                self.limits().max_storage_buffer_binding_size,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A dispatch of `kernel` over `workgroups` with `bindings`.
+    pub(crate) fn dispatch(
+        &self,
+        kernel: &Arc<Kernel>,
+        bindings: &[Binding<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<Dispatch> {
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = bindings
+            .iter()
+            .map(|b| wgpu::BindGroupEntry {
+                binding: b.binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: b.buffer,
+                    offset: 0,
+                    size: NonZeroU64::new(b.size.max(4)),
+                }),
+            })
+            .collect();
+        let bind_group = checked(self.device(), kernel.spec.entry, || {
+            self.device().create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel.spec.entry),
+                layout: &kernel.layout,
+                entries: &entries,
+            })
+        })?;
+        Ok(Dispatch {
+            kernel: kernel.clone(),
+            bind_group,
+            workgroups,
+        })
+    }
+}

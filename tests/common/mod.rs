@@ -1,0 +1,53 @@
+//! Shared test helpers: one context per adapter, seeded data, and float comparison.
+#![allow(dead_code)]
+
+use moeflow::Context;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// One context per adapter. With no adapter at all, the calling test fails when
+/// `MOEFLOW_REQUIRE_ADAPTER=1` and otherwise prints why it does nothing.
+pub fn contexts() -> Vec<Context> {
+    let ctxs = Context::all().expect("creating a device on an adapter that wgpu listed");
+    if ctxs.is_empty() {
+        if std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref() == Ok("1") {
+            panic!("MOEFLOW_REQUIRE_ADAPTER=1 but wgpu found no adapter (install mesa-vulkan-drivers)");
+        }
+        eprintln!("skipped: wgpu found no adapter (install mesa-vulkan-drivers to run GPU tests)");
+    }
+    ctxs
+}
+
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+pub fn uniform(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// The project's float bound: |got - want| <= 2e-5 + 2e-5 * |want|, NaN only where NaN.
+pub fn close(got: f32, want: f32) -> bool {
+    if want.is_nan() || got.is_nan() {
+        return want.is_nan() && got.is_nan();
+    }
+    if want.is_infinite() || got.is_infinite() {
+        return want == got;
+    }
+    (got - want).abs() <= 2e-5 + 2e-5 * want.abs()
+}
+
+/// Asserts elementwise closeness; returns how many elements were bit-equal.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32]) -> usize {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let mut bit_equal = 0;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(close(*g, *w), "{what}[{i}]: got {g:e}, reference {w:e}");
+        bit_equal += usize::from(g.to_bits() == w.to_bits());
+    }
+    bit_equal
+}
+
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}

@@ -1,0 +1,234 @@
+// Scoring and top-k selection for one token per workgroup (ROUTE_WG invocations).
+// On entry `score[0..experts]` holds the token's logits; `route_select` turns them into
+// scores, chooses k experts and writes indices and weights. Mirrored step by step by
+// reference::routing::select.
+//
+// Tie-break contract: experts are ranked by the order key of their selection value
+// (score, or score + bias when HAS_BIAS); a higher key ranks first, equal keys go to the
+// lower expert index. The key makes -0.0 equal +0.0 and puts NaN below every number,
+// -inf included. Slot j takes the best expert ranked strictly after slot j - 1's, so an
+// expert is excluded by its index once chosen, never by rewriting its value.
+
+const ROUTE_WG: u32 = 64u;
+const MAX_EXPERTS: u32 = 1024u;
+const MAX_K: u32 = 32u;
+const MAX_GROUPS: u32 = 64u;
+const NO_EXPERT: u32 = 0xffffffffu;
+
+// 0: softmax over the row; 1: sigmoid per expert.
+override GATING: u32 = 0u;
+// Select on score + bias[e]; weights still come from the unbiased score.
+override HAS_BIAS: bool = false;
+// Group-limited selection with params.n_group and params.topk_group.
+override HAS_GROUPS: bool = false;
+// Divide the chosen weights by their sum (taken in slot order).
+override RENORMALIZE: bool = false;
+
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read_write> topk_indices: array<u32>;
+@group(0) @binding(6) var<storage, read_write> topk_weights: array<f32>;
+
+var<workgroup> score: array<f32, MAX_EXPERTS>;
+var<workgroup> red_key: array<u32, ROUTE_WG>;
+var<workgroup> red_idx: array<u32, ROUTE_WG>;
+var<workgroup> red_sum: array<f32, ROUTE_WG>;
+var<workgroup> group_on: array<u32, MAX_GROUPS>;
+var<workgroup> chosen: array<u32, MAX_K>;
+
+// Total order on f32 as u32: NaN -> 0, -0.0 -> key of +0.0, otherwise monotone in value.
+fn order_key(v: f32) -> u32 {
+    var b = bitcast<u32>(v);
+    if (b & 0x7fffffffu) > 0x7f800000u {
+        return 0u;
+    }
+    if b == 0x80000000u {
+        b = 0u;
+    }
+    if (b & 0x80000000u) != 0u {
+        return ~b;
+    }
+    return b | 0x80000000u;
+}
+
+// Inverse of order_key (NaN for key 0, +0.0 for the key of zero).
+fn key_value(k: u32) -> f32 {
+    if k == 0u {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    if (k & 0x80000000u) != 0u {
+        return bitcast<f32>(k & 0x7fffffffu);
+    }
+    return bitcast<f32>(~k);
+}
+
+// True when (ka, ia) ranks before (kb, ib).
+fn outranks(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+fn selection_value(e: u32) -> f32 {
+    if HAS_BIAS {
+        return score[e] + bias[e];
+    }
+    return score[e];
+}
+
+fn eligible(e: u32) -> bool {
+    if HAS_GROUPS {
+        return group_on[e / (params.experts / params.n_group)] != 0u;
+    }
+    return true;
+}
+
+// Softmax: m = the largest logit by order key (NaN ignored unless all are NaN);
+// s_e = exp(l_e - m); each invocation sums its experts e = lid, lid + ROUTE_WG, ...
+// in ascending e from 0.0, then a tree over invocations (stride 32, 16, ..., 1:
+// part[i] = part[i] + part[i + stride]); score_e = s_e / total.
+// Sigmoid: score_e = 1.0 / (1.0 + exp(-l_e)).
+fn scores_from_logits(lid: u32) {
+    let n = params.experts;
+    if GATING == 0u {
+        var mk = 0u;
+        for (var e = lid; e < n; e += ROUTE_WG) {
+            mk = max(mk, order_key(score[e]));
+        }
+        red_key[lid] = mk;
+        workgroupBarrier();
+        for (var s = ROUTE_WG / 2u; s > 0u; s >>= 1u) {
+            if lid < s {
+                red_key[lid] = max(red_key[lid], red_key[lid + s]);
+            }
+            workgroupBarrier();
+        }
+        let m = key_value(red_key[0]);
+        var acc = 0.0;
+        for (var e = lid; e < n; e += ROUTE_WG) {
+            let v = exp(score[e] - m);
+            score[e] = v;
+            acc = acc + v;
+        }
+        red_sum[lid] = acc;
+        workgroupBarrier();
+        for (var s = ROUTE_WG / 2u; s > 0u; s >>= 1u) {
+            if lid < s {
+                red_sum[lid] = red_sum[lid] + red_sum[lid + s];
+            }
+            workgroupBarrier();
+        }
+        let total = red_sum[0];
+        for (var e = lid; e < n; e += ROUTE_WG) {
+            score[e] = score[e] / total;
+        }
+    } else {
+        for (var e = lid; e < n; e += ROUTE_WG) {
+            score[e] = 1.0 / (1.0 + exp(-score[e]));
+        }
+    }
+    workgroupBarrier();
+}
+
+// Group-limited routing: group g holds experts [g * gs, (g + 1) * gs). Its value is
+// v1 + v2, the selection values of its two best experts in rank order (best first).
+// Invocation 0 then picks topk_group groups by the same rank rule on those values.
+fn choose_groups(lid: u32) {
+    let groups = params.n_group;
+    let gs = params.experts / groups;
+    if lid < groups {
+        var k1 = 0u;
+        var i1 = NO_EXPERT;
+        var k2 = 0u;
+        var i2 = NO_EXPERT;
+        for (var j = 0u; j < gs; j++) {
+            let e = lid * gs + j;
+            let key = order_key(selection_value(e));
+            if outranks(key, e, k1, i1) {
+                k2 = k1;
+                i2 = i1;
+                k1 = key;
+                i1 = e;
+            } else if outranks(key, e, k2, i2) {
+                k2 = key;
+                i2 = e;
+            }
+        }
+        red_sum[lid] = selection_value(i1) + selection_value(i2);
+        group_on[lid] = 0u;
+    }
+    workgroupBarrier();
+    if lid == 0u {
+        for (var j = 0u; j < params.topk_group; j++) {
+            var bk = 0u;
+            var bg = NO_EXPERT;
+            for (var g = 0u; g < groups; g++) {
+                let key = order_key(red_sum[g]);
+                if group_on[g] == 0u && outranks(key, g, bk, bg) {
+                    bk = key;
+                    bg = g;
+                }
+            }
+            group_on[bg] = 1u;
+        }
+    }
+    workgroupBarrier();
+}
+
+// Pass j: each invocation finds its best eligible expert ranked after the previous pick,
+// then a tree over invocations (stride 32, ..., 1) keeps the better of each pair.
+// Weights: w_j = score[chosen_j]; with RENORMALIZE w_j = w_j / (w_0 + ... + w_{k-1})
+// summed in slot order from 0.0; finally w_j = w_j * scale.
+fn route_select(t: u32, lid: u32) {
+    scores_from_logits(lid);
+    if HAS_GROUPS {
+        choose_groups(lid);
+    }
+    let n = params.experts;
+    let k = params.k;
+    var pk = 0xffffffffu;
+    var pi = 0u;
+    for (var j = 0u; j < k; j++) {
+        var bk = 0u;
+        var bi = NO_EXPERT;
+        for (var e = lid; e < n; e += ROUTE_WG) {
+            if eligible(e) {
+                let key = order_key(selection_value(e));
+                if outranks(pk, pi, key, e) && outranks(key, e, bk, bi) {
+                    bk = key;
+                    bi = e;
+                }
+            }
+        }
+        red_key[lid] = bk;
+        red_idx[lid] = bi;
+        workgroupBarrier();
+        for (var s = ROUTE_WG / 2u; s > 0u; s >>= 1u) {
+            if lid < s && outranks(red_key[lid + s], red_idx[lid + s], red_key[lid], red_idx[lid]) {
+                red_key[lid] = red_key[lid + s];
+                red_idx[lid] = red_idx[lid + s];
+            }
+            workgroupBarrier();
+        }
+        pk = red_key[0];
+        pi = red_idx[0];
+        if lid == 0u {
+            chosen[j] = pi;
+        }
+        workgroupBarrier();
+    }
+    if lid == 0u {
+        var sum = 0.0;
+        if RENORMALIZE {
+            for (var j = 0u; j < k; j++) {
+                sum = sum + score[chosen[j]];
+            }
+        }
+        let out = t * k;
+        for (var j = 0u; j < k; j++) {
+            var w = score[chosen[j]];
+            if RENORMALIZE {
+                w = w / sum;
+            }
+            topk_indices[out + j] = chosen[j];
+            topk_weights[out + j] = w * params.scale;
+        }
+    }
+}
