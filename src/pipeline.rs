@@ -152,6 +152,20 @@ impl Context {
         if let Some(k) = lock(&self.pipelines().pipelines).get(&key) {
             return Ok(k.clone());
         }
+        let storage = spec
+            .bindings
+            .iter()
+            .filter(|(_, a)| *a != Access::Uniform)
+            .count() as u64;
+        let max_storage = u64::from(self.limits().max_storage_buffers_per_shader_stage);
+        if storage > max_storage {
+            return Err(Error::limit(
+                format!("storage buffers bound by `{}`", spec.entry),
+                storage,
+                max_storage,
+                "max_storage_buffers_per_shader_stage",
+            ));
+        }
         let device = self.device();
         let module = {
             let mut modules = lock(&self.pipelines().modules);

@@ -318,7 +318,10 @@ const F32: u64 = 4;
 
 struct Checked {
     params: wgpu::Buffer,
-    placeholder: wgpu::Buffer,
+    /// Bound in place of an absent bias (read-only binding).
+    no_bias: wgpu::Buffer,
+    /// Bound in place of absent logits (read-write binding; never written).
+    no_logits: wgpu::Buffer,
 }
 
 fn prepare(
@@ -371,7 +374,8 @@ fn prepare(
     );
     Ok(Checked {
         params,
-        placeholder: ctx.zeroed("moeflow unused binding", 4),
+        no_bias: ctx.zeroed("moeflow absent bias", 4),
+        no_logits: ctx.zeroed("moeflow absent logits", 4),
     })
 }
 
@@ -419,7 +423,7 @@ pub fn plan_route(
         }
         (_, false) => Binding {
             binding: 3,
-            buffer: &c.placeholder,
+            buffer: &c.no_logits,
             size: 4,
         },
     };
@@ -438,7 +442,7 @@ pub fn plan_route(
         buffer: bufs.gate,
         size: e * h * F32,
     };
-    let bias = bias_binding(cfg, bufs.bias, &c.placeholder);
+    let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
     let indices = Binding {
         binding: 5,
         buffer: bufs.indices,
@@ -506,7 +510,7 @@ pub fn plan_topk(
             buffer: logits,
             size: t * e * F32,
         },
-        bias_binding(cfg, bias, &c.placeholder),
+        bias_binding(cfg, bias, &c.no_bias),
         Binding {
             binding: 5,
             buffer: indices,

@@ -77,12 +77,33 @@ fn workgroup_sum(values: &[f32]) -> f32 {
 pub fn scores(gating: Gating, logits: &[f32]) -> Vec<f32> {
     match gating {
         Gating::Softmax => {
-            let m = key_value(logits.iter().map(|&l| order_key(l)).max().unwrap_or(0));
-            let e: Vec<f32> = logits.iter().map(|&l| (l - m).exp()).collect();
-            let total = workgroup_sum(&e);
+            let mk = logits.iter().map(|&l| order_key(l)).max().unwrap_or(0);
+            let m = key_value(mk);
+            let e: Vec<f32> = logits
+                .iter()
+                .map(|&l| match order_key(l) {
+                    0 => f32::NAN,
+                    k if k == mk => 1.0,
+                    _ => (l - m).exp(),
+                })
+                .collect();
+            let summed: Vec<f32> = e
+                .iter()
+                .map(|&v| if v.is_nan() { 0.0 } else { v })
+                .collect();
+            let total = workgroup_sum(&summed);
             e.iter().map(|v| v / total).collect()
         }
-        Gating::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+        Gating::Sigmoid => logits
+            .iter()
+            .map(|&l| {
+                if l.is_nan() {
+                    f32::NAN
+                } else {
+                    1.0 / (1.0 + (-l).exp())
+                }
+            })
+            .collect(),
     }
 }
 
@@ -208,10 +229,10 @@ mod tests {
 
     #[test]
     fn gate_logit_uses_four_lanes() {
-        // With lanes, 1e8 + 1 - 1e8 keeps the 1 (it sits in lane 1); a single sequential
-        // accumulator would lose it.
-        let x = [1e8f32, 1.0, -1e8, 0.0];
-        let w = [1.0f32; 4];
+        // h = 0 and h = 4 share lane 0 and cancel; the 1.0 in lane 1 survives. A single
+        // sequential accumulator would absorb it into 1e8 and return 0.
+        let x = [1e8f32, 1.0, 0.0, 0.0, -1e8];
+        let w = [1.0f32; 5];
         assert_eq!(gate_logit(&x, &w), 1.0);
     }
 

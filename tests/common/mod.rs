@@ -9,13 +9,32 @@ use rand_chacha::ChaCha8Rng;
 /// `MOEFLOW_REQUIRE_ADAPTER=1` and otherwise prints why it does nothing.
 pub fn contexts() -> Vec<Context> {
     let ctxs = Context::all().expect("creating a device on an adapter that wgpu listed");
-    if ctxs.is_empty() {
+    require_some(ctxs.len());
+    ctxs
+}
+
+/// Every wgpu adapter (for tests that create their own devices), with the same rule.
+pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapters: Vec<wgpu::Adapter> =
+        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+            .into_iter()
+            .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
+            .collect();
+    require_some(adapters.len());
+    adapters
+}
+
+fn require_some(found: usize) {
+    if found == 0 {
         if std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref() == Ok("1") {
-            panic!("MOEFLOW_REQUIRE_ADAPTER=1 but wgpu found no adapter (install mesa-vulkan-drivers)");
+            panic!(
+                "MOEFLOW_REQUIRE_ADAPTER=1 but wgpu found no adapter (install mesa-vulkan-drivers)"
+            );
         }
         eprintln!("skipped: wgpu found no adapter (install mesa-vulkan-drivers to run GPU tests)");
     }
-    ctxs
 }
 
 pub fn rng(seed: u64) -> ChaCha8Rng {

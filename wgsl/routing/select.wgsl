@@ -35,6 +35,11 @@ var<workgroup> red_sum: array<f32, ROUTE_WG>;
 var<workgroup> group_on: array<u32, MAX_GROUPS>;
 var<workgroup> chosen: array<u32, MAX_K>;
 
+// A quiet NaN, built at run time (WGSL has no NaN literal).
+fn quiet_nan() -> f32 {
+    return bitcast<f32>(0x7fc00000u);
+}
+
 // Total order on f32 as u32: NaN -> 0, -0.0 -> key of +0.0, otherwise monotone in value.
 fn order_key(v: f32) -> u32 {
     var b = bitcast<u32>(v);
@@ -53,7 +58,7 @@ fn order_key(v: f32) -> u32 {
 // Inverse of order_key (NaN for key 0, +0.0 for the key of zero).
 fn key_value(k: u32) -> f32 {
     if k == 0u {
-        return bitcast<f32>(0x7fc00000u);
+        return quiet_nan();
     }
     if (k & 0x80000000u) != 0u {
         return bitcast<f32>(k & 0x7fffffffu);
@@ -80,11 +85,14 @@ fn eligible(e: u32) -> bool {
     return true;
 }
 
-// Softmax: m = the largest logit by order key (NaN ignored unless all are NaN);
-// s_e = exp(l_e - m); each invocation sums its experts e = lid, lid + ROUTE_WG, ...
-// in ascending e from 0.0, then a tree over invocations (stride 32, 16, ..., 1:
+// Softmax: m = the largest logit by order key (NaN below everything);
+// s_e = 1.0 where l_e equals m (so +inf and all--inf rows have their limits), else
+// exp(l_e - m); each invocation sums the s_e of its non-NaN experts e = lid, lid + ROUTE_WG,
+// ... in ascending e from 0.0, then a tree over invocations (stride 32, 16, ..., 1:
 // part[i] = part[i] + part[i + stride]); score_e = s_e / total.
 // Sigmoid: score_e = 1.0 / (1.0 + exp(-l_e)).
+// A NaN logit gets a NaN score and adds nothing to the softmax sum, so it never poisons the
+// other experts and ranks last.
 fn scores_from_logits(lid: u32) {
     let n = params.experts;
     if GATING == 0u {
@@ -100,12 +108,21 @@ fn scores_from_logits(lid: u32) {
             }
             workgroupBarrier();
         }
-        let m = key_value(red_key[0]);
+        let mk_row = red_key[0];
+        let m = key_value(mk_row);
         var acc = 0.0;
         for (var e = lid; e < n; e += ROUTE_WG) {
-            let v = exp(score[e] - m);
+            let key = order_key(score[e]);
+            var v = quiet_nan();
+            if key != 0u {
+                if key == mk_row {
+                    v = 1.0;
+                } else {
+                    v = exp(score[e] - m);
+                }
+                acc = acc + v;
+            }
             score[e] = v;
-            acc = acc + v;
         }
         red_sum[lid] = acc;
         workgroupBarrier();
@@ -121,7 +138,11 @@ fn scores_from_logits(lid: u32) {
         }
     } else {
         for (var e = lid; e < n; e += ROUTE_WG) {
-            score[e] = 1.0 / (1.0 + exp(-score[e]));
+            var v = quiet_nan();
+            if order_key(score[e]) != 0u {
+                v = 1.0 / (1.0 + exp(-score[e]));
+            }
+            score[e] = v;
         }
     }
     workgroupBarrier();
