@@ -238,18 +238,21 @@ impl AdapterSelector {
     }
 }
 
+/// An instance over every backend, narrowed by wgpu's own `WGPU_BACKEND` variable if set.
 fn instance() -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    desc.backends = wgpu::Backends::all();
-    wgpu::Instance::new(desc)
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
 
 fn all_adapters() -> Vec<wgpu::Adapter> {
     let instance = instance();
-    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+    pollster::block_on(instance.enumerate_adapters(instance_backends()))
         .into_iter()
         .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
         .collect()
+}
+
+fn instance_backends() -> wgpu::Backends {
+    wgpu::Backends::from_env().unwrap_or_default()
 }
 
 /// Rank for choosing a default: real GPUs first, then by backend.

@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod pipeline;
 pub mod reference;
 pub mod shader;
+pub mod synth;
 
 pub use context::{
     AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters,
