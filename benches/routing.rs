@@ -38,7 +38,9 @@ fn routing(c: &mut Criterion) {
             weights: &weights,
         };
         group.throughput(Throughput::Elements(u64::from(tokens)));
-        for (name, mode) in [("unfused", RouteMode::Unfused), ("fused", RouteMode::Fused { write_logits: false })] {
+        for (name, mode) in
+            [("unfused", RouteMode::Unfused), ("fused", RouteMode::Fused { write_logits: false })]
+        {
             let plan = match plan_route(&ctx, &cfg, tokens, &bufs, mode) {
                 Ok(p) => p,
                 Err(e) => panic!("planning {name} M={tokens}: {e}"),

@@ -62,10 +62,7 @@ fn run(args: &Args) -> moeflow::Result<()> {
         "features: timestamps={} subgroups={} shader-f16={}",
         caps.timestamps, caps.subgroups, caps.shader_f16
     );
-    let cfg = RouteConfig {
-        renormalize: true,
-        ..RouteConfig::new(args.hidden, args.experts, args.k)
-    };
+    let cfg = RouteConfig { renormalize: true, ..RouteConfig::new(args.hidden, args.experts, args.k) };
     cfg.validate()?;
     let (m, h, e, k) = (args.tokens as usize, args.hidden as usize, args.experts as usize, args.k as usize);
     println!("routing: M={m} H={h} E={e} k={k}, softmax, renormalised, seed {}", args.seed);
@@ -99,7 +96,11 @@ fn run(args: &Args) -> moeflow::Result<()> {
     let pass = idx_equal == ref_idx.len() && worst <= 1.0 && same_bits;
     println!("check against the CPU reference:");
     println!("  indices equal        {idx_equal}/{}", ref_idx.len());
-    println!("  weights within bound {} (worst error {worst:.3} of 2e-5 + 2e-5*|ref|), {bit_equal}/{} bit-equal", worst <= 1.0, ref_w.len());
+    println!(
+        "  weights within bound {} (worst error {worst:.3} of 2e-5 + 2e-5*|ref|), {bit_equal}/{} bit-equal",
+        worst <= 1.0,
+        ref_w.len()
+    );
     println!("  fused == unfused     {same_bits} (bitwise)");
 
     let mut load = vec![0usize; e];

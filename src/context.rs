@@ -68,7 +68,7 @@ pub struct KeyLimits {
 impl From<&wgpu::Limits> for KeyLimits {
     fn from(l: &wgpu::Limits) -> Self {
         KeyLimits {
-            max_storage_buffer_binding_size: u64::from(l.max_storage_buffer_binding_size),
+            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
             max_buffer_size: l.max_buffer_size,
             max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
             max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
@@ -127,31 +127,16 @@ impl AdapterDescription {
             .name
             .chars()
             .take_while(|c| *c != '(')
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '-'
-                }
-            })
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
             .collect();
-        let name = name
-            .trim_matches('-')
-            .split('-')
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>()
-            .join("-");
+        let name = name.trim_matches('-').split('-').filter(|s| !s.is_empty()).collect::<Vec<_>>().join("-");
         format!("{}-{}", self.backend, name)
     }
 }
 
 impl fmt::Display for AdapterDescription {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} on {} ({}, {})",
-            self.name, self.backend, self.device_type, self.driver_info
-        )
+        write!(f, "{} on {} ({}, {})", self.name, self.backend, self.device_type, self.driver_info)
     }
 }
 
@@ -180,10 +165,7 @@ pub struct AdapterSelector {
 
 impl Default for AdapterSelector {
     fn default() -> Self {
-        AdapterSelector {
-            backends: wgpu::Backends::all(),
-            name: None,
-        }
+        AdapterSelector { backends: wgpu::Backends::all(), name: None }
     }
 }
 
@@ -212,18 +194,14 @@ impl FromStr for AdapterSelector {
         match (parse_backend(head), tail) {
             (Some(backends), tail) => Ok(AdapterSelector {
                 backends,
-                name: tail
-                    .map(str::trim)
-                    .filter(|t| !t.is_empty())
-                    .map(str::to_string),
+                name: tail.map(str::trim).filter(|t| !t.is_empty()).map(str::to_string),
             }),
             (None, Some(_)) => Err(Error::invalid(format!(
                 "adapter selector `{s}`: `{head}` is not a backend (vulkan, metal, dx12, gl)"
             ))),
-            (None, None) => Ok(AdapterSelector {
-                backends: wgpu::Backends::all(),
-                name: Some(head.to_string()),
-            }),
+            (None, None) => {
+                Ok(AdapterSelector { backends: wgpu::Backends::all(), name: Some(head.to_string()) })
+            }
         }
     }
 }
@@ -231,10 +209,7 @@ impl FromStr for AdapterSelector {
 impl AdapterSelector {
     fn matches(&self, info: &wgpu::AdapterInfo) -> bool {
         self.backends.contains(wgpu::Backends::from(info.backend))
-            && self
-                .name
-                .as_ref()
-                .is_none_or(|n| info.name.to_lowercase().contains(&n.to_lowercase()))
+            && self.name.as_ref().is_none_or(|n| info.name.to_lowercase().contains(&n.to_lowercase()))
     }
 }
 
@@ -278,13 +253,7 @@ fn preference(info: &wgpu::AdapterInfo) -> (u8, u8) {
 pub fn adapters() -> Vec<AdapterDescription> {
     all_adapters()
         .iter()
-        .map(|a| {
-            AdapterDescription::new(
-                &a.get_info(),
-                Capabilities::wanted(a.features()),
-                &a.limits(),
-            )
-        })
+        .map(|a| AdapterDescription::new(&a.get_info(), Capabilities::wanted(a.features()), &a.limits()))
         .collect()
 }
 
@@ -300,9 +269,7 @@ pub struct Context {
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Context")
-            .field("adapter", &self.description)
-            .finish_non_exhaustive()
+        f.debug_struct("Context").field("adapter", &self.description).finish_non_exhaustive()
     }
 }
 
@@ -338,10 +305,7 @@ impl Context {
                  provides a software Vulkan driver (lavapipe)"
                     .into(),
             )),
-            None => Err(Error::NoAdapter(format!(
-                "none matches {selector:?}; found: {}",
-                found.join(", ")
-            ))),
+            None => Err(Error::NoAdapter(format!("none matches {selector:?}; found: {}", found.join(", ")))),
         }
     }
 
@@ -369,12 +333,7 @@ impl Context {
     pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let description =
             AdapterDescription::new(&device.adapter_info(), device.features(), &device.limits());
-        Context {
-            device,
-            queue,
-            description,
-            pipelines: PipelineCache::default(),
-        }
+        Context { device, queue, description, pipelines: PipelineCache::default() }
     }
 
     /// The device.
@@ -422,10 +381,7 @@ mod tests {
         let s: AdapterSelector = "nvidia".parse().unwrap();
         assert_eq!(s.backends, wgpu::Backends::all());
         assert_eq!(s.name.as_deref(), Some("nvidia"));
-        assert_eq!(
-            "".parse::<AdapterSelector>().unwrap(),
-            AdapterSelector::default()
-        );
+        assert_eq!("".parse::<AdapterSelector>().unwrap(), AdapterSelector::default());
         assert!("vulcan:llvmpipe".parse::<AdapterSelector>().is_err());
     }
 }

@@ -13,19 +13,10 @@ pub enum Error {
     InvalidArgument(String),
     /// A buffer or tensor does not have the shape or size the operation needs.
     #[error("shape mismatch for `{what}`: expected {expected}, got {got}")]
-    Shape {
-        what: String,
-        expected: String,
-        got: String,
-    },
+    Shape { what: String, expected: String, got: String },
     /// A size is past what the adapter (or a kernel) supports.
     #[error("{what} is {value}, past the limit of {limit} ({why})")]
-    LimitExceeded {
-        what: String,
-        value: u64,
-        limit: u64,
-        why: String,
-    },
+    LimitExceeded { what: String, value: u64, limit: u64, why: String },
     /// The adapter lacks a feature the operation needs.
     #[error("missing adapter feature: {0}")]
     MissingFeature(String),
@@ -51,30 +42,12 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub(crate) fn shape(
-        what: impl Into<String>,
-        expected: impl ToString,
-        got: impl ToString,
-    ) -> Self {
-        Error::Shape {
-            what: what.into(),
-            expected: expected.to_string(),
-            got: got.to_string(),
-        }
+    pub(crate) fn shape(what: impl Into<String>, expected: impl ToString, got: impl ToString) -> Self {
+        Error::Shape { what: what.into(), expected: expected.to_string(), got: got.to_string() }
     }
 
-    pub(crate) fn limit(
-        what: impl Into<String>,
-        value: u64,
-        limit: u64,
-        why: impl Into<String>,
-    ) -> Self {
-        Error::LimitExceeded {
-            what: what.into(),
-            value,
-            limit,
-            why: why.into(),
-        }
+    pub(crate) fn limit(what: impl Into<String>, value: u64, limit: u64, why: impl Into<String>) -> Self {
+        Error::LimitExceeded { what: what.into(), value, limit, why: why.into() }
     }
 
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {

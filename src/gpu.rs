@@ -12,9 +12,8 @@ use crate::error::{Error, Result};
 use crate::pipeline::{Dispatch, checked};
 
 /// Usages every moeflow data buffer gets: bindable as storage, copyable both ways.
-pub const DATA_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
-    .union(wgpu::BufferUsages::COPY_SRC)
-    .union(wgpu::BufferUsages::COPY_DST);
+pub const DATA_USAGE: wgpu::BufferUsages =
+    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
 
 /// Bytes for a buffer holding `bytes` of data: at least 4, a multiple of 4.
 fn padded(bytes: u64) -> u64 {
@@ -33,10 +32,8 @@ fn fill_mapped(buffer: &wgpu::Buffer, bytes: &[u8]) {
 /// Records `dispatches` in order into one compute pass of `encoder`. wgpu orders each
 /// dispatch's storage writes before the next dispatch's reads.
 pub fn record(encoder: &mut wgpu::CommandEncoder, dispatches: &[&Dispatch]) {
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some("moeflow"),
-        timestamp_writes: None,
-    });
+    let mut pass = encoder
+        .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("moeflow"), timestamp_writes: None });
     for d in dispatches {
         d.record(&mut pass);
     }
@@ -83,37 +80,25 @@ impl Context {
     pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
         let index = self.queue().submit([encoder.finish()]);
         self.device()
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(index),
-                timeout: None,
-            })
-            .map_err(|e| Error::Gpu {
-                context: "waiting for submission".into(),
-                message: e.to_string(),
-            })?;
+            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
+            .map_err(|e| Error::Gpu { context: "waiting for submission".into(), message: e.to_string() })?;
         Ok(())
     }
 
     /// A fresh command encoder.
     pub fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
-        self.device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+        self.device().create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
     }
 
     /// Records `dispatches` in one pass, submits, and waits; GPU validation errors come back
     /// as `Err`.
     pub fn run(&self, dispatches: &[&Dispatch]) -> Result<()> {
-        let scope = self
-            .device()
-            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let scope = self.device().push_error_scope(wgpu::ErrorFilter::Validation);
         let mut encoder = self.encoder("moeflow run");
         record(&mut encoder, dispatches);
         let submitted = self.submit_and_wait(encoder);
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Gpu {
-                context: "run".into(),
-                message: e.to_string(),
-            });
+            return Err(Error::Gpu { context: "run".into(), message: e.to_string() });
         }
         submitted
     }
@@ -151,12 +136,8 @@ impl Context {
         self.device()
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Readback(e.to_string()))?;
-        rx.recv()
-            .map_err(|e| Error::Readback(e.to_string()))?
-            .map_err(|e| Error::Readback(e.to_string()))?;
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| Error::Readback(e.to_string()))?;
+        rx.recv().map_err(|e| Error::Readback(e.to_string()))?.map_err(|e| Error::Readback(e.to_string()))?;
+        let view = slice.get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
         let out = bytemuck::cast_slice::<u8, T>(&view[..bytes as usize]).to_vec();
         drop(view);
         staging.unmap();

@@ -15,8 +15,6 @@ pub mod reference;
 pub mod shader;
 pub mod synth;
 
-pub use context::{
-    AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters,
-};
+pub use context::{AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters};
 pub use error::{Error, Result};
 pub use pipeline::Dispatch;

@@ -87,10 +87,7 @@ pub(crate) fn checked<T>(device: &wgpu::Device, context: &str, f: impl FnOnce() 
     let value = f();
     match pollster::block_on(scope.pop()) {
         None => Ok(value),
-        Some(e) => Err(Error::Gpu {
-            context: context.to_string(),
-            message: e.to_string(),
-        }),
+        Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
     }
 }
 
@@ -136,27 +133,14 @@ impl Dispatch {
 
 impl Context {
     /// The pipeline for `spec` specialised with `constants`, built on first use.
-    pub(crate) fn kernel(
-        &self,
-        spec: &'static KernelSpec,
-        constants: &Constants,
-    ) -> Result<Arc<Kernel>> {
-        let mut sorted: Vec<(&'static str, u64)> =
-            constants.iter().map(|&(k, v)| (k, v.to_bits())).collect();
+    pub(crate) fn kernel(&self, spec: &'static KernelSpec, constants: &Constants) -> Result<Arc<Kernel>> {
+        let mut sorted: Vec<(&'static str, u64)> = constants.iter().map(|&(k, v)| (k, v.to_bits())).collect();
         sorted.sort_unstable();
-        let key = PipelineKey {
-            shader: spec.shader.name,
-            entry: spec.entry,
-            constants: sorted,
-        };
+        let key = PipelineKey { shader: spec.shader.name, entry: spec.entry, constants: sorted };
         if let Some(k) = lock(&self.pipelines().pipelines).get(&key) {
             return Ok(k.clone());
         }
-        let storage = spec
-            .bindings
-            .iter()
-            .filter(|(_, a)| *a != Access::Uniform)
-            .count() as u64;
+        let storage = spec.bindings.iter().filter(|(_, a)| *a != Access::Uniform).count() as u64;
         let max_storage = u64::from(self.limits().max_storage_buffers_per_shader_stage);
         if storage > max_storage {
             return Err(Error::limit(
@@ -205,11 +189,7 @@ impl Context {
                 },
                 cache: None,
             });
-            Kernel {
-                spec,
-                pipeline,
-                layout,
-            }
+            Kernel { spec, pipeline, layout }
         })?;
         let kernel = Arc::new(kernel);
         lock(&self.pipelines().pipelines).insert(key, kernel.clone());
@@ -287,10 +267,6 @@ impl Context {
                 entries: &entries,
             })
         })?;
-        Ok(Dispatch {
-            kernel: kernel.clone(),
-            bind_group,
-            workgroups,
-        })
+        Ok(Dispatch { kernel: kernel.clone(), bind_group, workgroups })
     }
 }

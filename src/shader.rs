@@ -91,17 +91,15 @@ mod tests {
                     shader_stage: naga::ShaderStage::Compute,
                     entry_point: entry.to_string(),
                 };
-                let words =
-                    spv::write_vec(&module, &info, &spv::Options::default(), Some(&spv_opts))
-                        .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
+                let words = spv::write_vec(&module, &info, &spv::Options::default(), Some(&spv_opts))
+                    .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
                 assert!(words.len() > 5, "{what}: empty SPIR-V");
                 let msl_opts = msl::PipelineOptions {
                     entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
                     ..Default::default()
                 };
-                let (text, _) =
-                    msl::write_string(&module, &info, &msl::Options::default(), &msl_opts)
-                        .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
+                let (text, _) = msl::write_string(&module, &info, &msl::Options::default(), &msl_opts)
+                    .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
                 assert!(text.contains("kernel"), "{what}: MSL has no kernel");
                 let mut text = String::new();
                 let hlsl_opts = hlsl::PipelineOptions {
@@ -110,35 +108,19 @@ mod tests {
                 hlsl::Writer::new(&mut text, &hlsl::Options::default(), &hlsl_opts)
                     .write(&module, &info, None)
                     .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
-                assert!(
-                    text.contains("numthreads"),
-                    "{what}: HLSL has no numthreads"
-                );
+                assert!(text.contains("numthreads"), "{what}: HLSL has no numthreads");
                 for version in [glsl::Version::new_gles(310), glsl::Version::Desktop(430)] {
                     let mut text = String::new();
-                    let opts = glsl::Options {
-                        version,
-                        ..Default::default()
-                    };
+                    let opts = glsl::Options { version, ..Default::default() };
                     let pipeline = glsl::PipelineOptions {
                         shader_stage: naga::ShaderStage::Compute,
                         entry_point: entry.to_string(),
                         multiview: None,
                     };
-                    glsl::Writer::new(
-                        &mut text,
-                        &module,
-                        &info,
-                        &opts,
-                        &pipeline,
-                        Default::default(),
-                    )
-                    .and_then(|mut w| w.write())
-                    .unwrap_or_else(|e| panic!("{what}: GLSL {version:?}: {e}"));
-                    assert!(
-                        text.contains("local_size_x"),
-                        "{what}: GLSL has no local size"
-                    );
+                    glsl::Writer::new(&mut text, &module, &info, &opts, &pipeline, Default::default())
+                        .and_then(|mut w| w.write())
+                        .unwrap_or_else(|e| panic!("{what}: GLSL {version:?}: {e}"));
+                    assert!(text.contains("local_size_x"), "{what}: GLSL has no local size");
                 }
             }
         }
@@ -147,10 +129,7 @@ mod tests {
     #[test]
     fn every_wgsl_file_belongs_to_a_module() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("wgsl");
-        let used: Vec<&str> = all_shaders()
-            .iter()
-            .flat_map(|s| s.parts.iter().map(|p| p.path))
-            .collect();
+        let used: Vec<&str> = all_shaders().iter().flat_map(|s| s.parts.iter().map(|p| p.path)).collect();
         let mut stack = vec![root.clone()];
         let mut seen = 0;
         while let Some(dir) = stack.pop() {
@@ -159,11 +138,8 @@ mod tests {
                 if path.is_dir() {
                     stack.push(path);
                 } else if path.extension().is_some_and(|e| e == "wgsl") {
-                    let rel = path
-                        .strip_prefix(&root)
-                        .expect("under wgsl/")
-                        .to_string_lossy()
-                        .replace('\\', "/");
+                    let rel =
+                        path.strip_prefix(&root).expect("under wgsl/").to_string_lossy().replace('\\', "/");
                     assert!(
                         used.contains(&rel.as_str()),
                         "wgsl/{rel} is in no shader module, so nothing validates it"

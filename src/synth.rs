@@ -13,9 +13,7 @@ pub struct Synth {
 impl Synth {
     /// A generator for `seed`.
     pub fn new(seed: u64) -> Self {
-        Synth {
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        }
+        Synth { rng: ChaCha8Rng::seed_from_u64(seed) }
     }
 
     /// `n` values uniform in `[-scale, scale)`.

@@ -16,30 +16,15 @@ const FUSED: RouteMode = RouteMode::Fused { write_logits: true };
 /// The three scoring variants every size runs with.
 fn variants(hidden: u32, experts: u32, k: u32) -> Vec<(&'static str, RouteConfig)> {
     let plain = RouteConfig::new(hidden, experts, k);
-    let deepseek = RouteConfig {
-        gating: Gating::Sigmoid,
-        bias: true,
-        renormalize: true,
-        scale: 2.5,
-        ..plain
-    };
-    let n_group = (1..=8)
-        .rev()
-        .find(|n| experts % n == 0 && experts / n >= 2)
-        .unwrap_or(1);
+    let deepseek =
+        RouteConfig { gating: Gating::Sigmoid, bias: true, renormalize: true, scale: 2.5, ..plain };
+    let n_group = (1..=8).rev().find(|n| experts.is_multiple_of(*n) && experts / n >= 2).unwrap_or(1);
     let gs = experts / n_group;
     let grouped = RouteConfig {
-        groups: Some(GroupLimit {
-            n_group,
-            topk_group: k.div_ceil(gs).max(n_group / 2),
-        }),
+        groups: Some(GroupLimit { n_group, topk_group: k.div_ceil(gs).max(n_group / 2) }),
         ..deepseek
     };
-    vec![
-        ("softmax", plain),
-        ("sigmoid+bias+renorm", deepseek),
-        ("sigmoid+bias+groups", grouped),
-    ]
+    vec![("softmax", plain), ("sigmoid+bias+renorm", deepseek), ("sigmoid+bias+groups", grouped)]
 }
 
 #[test]
@@ -47,22 +32,15 @@ fn gpu_matches_reference_on_random_inputs() {
     for ctx in contexts() {
         let mut r = rng(7);
         let (mut bit_equal, mut total) = (0, 0);
-        for (tokens, experts, k, hidden) in [
-            (1, 8, 1, 37),
-            (7, 60, 2, 64),
-            (130, 256, 8, 96),
-            (33, 384, 8, 21),
-        ] {
+        for (tokens, experts, k, hidden) in
+            [(1, 8, 1, 37), (7, 60, 2, 64), (130, 256, 8, 96), (33, 384, 8, 21)]
+        {
             for (name, cfg) in variants(hidden, experts, k) {
-                let what = format!(
-                    "{} {name} M={tokens} E={experts} k={k} H={hidden}",
-                    ctx.adapter().slug()
-                );
+                let what = format!("{} {name} M={tokens} E={experts} k={k} H={hidden}", ctx.adapter().slug());
                 let x = uniform(&mut r, (tokens * hidden) as usize, 1.0);
                 let gate = uniform(&mut r, (experts * hidden) as usize, 0.5);
                 let bias = cfg.bias.then(|| uniform(&mut r, experts as usize, 0.05));
-                let got =
-                    route_host(&ctx, &cfg, &x, &gate, bias.as_deref(), RouteMode::Unfused).unwrap();
+                let got = route_host(&ctx, &cfg, &x, &gate, bias.as_deref(), RouteMode::Unfused).unwrap();
                 let logits = reference::gate_logits(&x, &gate, hidden as usize);
                 let gpu_logits = got.logits.as_ref().unwrap();
                 bit_equal += assert_close(&format!("{what} logits"), gpu_logits, &logits);
@@ -143,15 +121,11 @@ fn fused_and_unfused_are_bit_identical_on_adversarial_inputs() {
             for k in [1u32, 2, 8] {
                 for tokens in [1u32, 2, 8, 1031] {
                     for (name, cfg) in variants(16, experts, k) {
-                        let what = format!(
-                            "{} {name} M={tokens} E={experts} k={k}",
-                            ctx.adapter().slug()
-                        );
+                        let what = format!("{} {name} M={tokens} E={experts} k={k}", ctx.adapter().slug());
                         let (x, gate) = adversarial(&mut r, tokens, experts, 16);
                         let bias = cfg.bias.then(|| adversarial_bias(&mut r, experts));
                         let a =
-                            route_host(&ctx, &cfg, &x, &gate, bias.as_deref(), RouteMode::Unfused)
-                                .unwrap();
+                            route_host(&ctx, &cfg, &x, &gate, bias.as_deref(), RouteMode::Unfused).unwrap();
                         let b = route_host(&ctx, &cfg, &x, &gate, bias.as_deref(), FUSED).unwrap();
                         assert_eq!(a.indices, b.indices, "{what}: indices");
                         assert_eq!(bits(&a.weights), bits(&b.weights), "{what}: weights");
@@ -166,26 +140,16 @@ fn fused_and_unfused_are_bit_identical_on_adversarial_inputs() {
                             &x,
                             &gate,
                             bias.as_deref(),
-                            RouteMode::Fused {
-                                write_logits: false,
-                            },
+                            RouteMode::Fused { write_logits: false },
                         )
                         .unwrap();
                         assert_eq!(quiet.logits, None);
-                        assert_eq!(
-                            bits(&quiet.weights),
-                            bits(&b.weights),
-                            "{what}: fused without logits"
-                        );
+                        assert_eq!(bits(&quiet.weights), bits(&b.weights), "{what}: fused without logits");
                         for row in a.indices.chunks_exact(k as usize) {
                             let mut seen = row.to_vec();
                             seen.sort_unstable();
                             seen.dedup();
-                            assert_eq!(
-                                seen.len(),
-                                k as usize,
-                                "{what}: an expert repeated in {row:?}"
-                            );
+                            assert_eq!(seen.len(), k as usize, "{what}: an expert repeated in {row:?}");
                             assert!(
                                 row.iter().all(|&e| e < experts),
                                 "{what}: index out of range in {row:?}"
@@ -196,10 +160,7 @@ fn fused_and_unfused_are_bit_identical_on_adversarial_inputs() {
                 }
             }
         }
-        eprintln!(
-            "{}: {cases} adversarial cases bit-identical",
-            ctx.adapter().slug()
-        );
+        eprintln!("{}: {cases} adversarial cases bit-identical", ctx.adapter().slug());
     }
 }
 
@@ -214,15 +175,8 @@ fn route_rows(
     let alone = topk_host(ctx, cfg, logits, bias).unwrap();
     let cfg1 = RouteConfig { hidden: 1, ..*cfg };
     let fused = route_host(ctx, &cfg1, &[1.0], logits, bias, FUSED).unwrap();
-    assert_eq!(
-        alone.indices, fused.indices,
-        "top-k kernel vs fused on {logits:?}"
-    );
-    assert_eq!(
-        bits(&alone.weights),
-        bits(&fused.weights),
-        "weights, top-k kernel vs fused on {logits:?}"
-    );
+    assert_eq!(alone.indices, fused.indices, "top-k kernel vs fused on {logits:?}");
+    assert_eq!(bits(&alone.weights), bits(&fused.weights), "weights, top-k kernel vs fused on {logits:?}");
     let (ref_idx, _) = reference::topk(cfg, logits, bias);
     assert_eq!(alone.indices, ref_idx, "GPU vs reference on {logits:?}");
     (alone.indices, alone.weights)
@@ -233,47 +187,21 @@ fn tie_break_contract_holds_as_documented() {
     let inf = f32::INFINITY;
     let cases: &[(&str, Vec<f32>, u32, Vec<u32>)] = &[
         ("all equal", vec![0.5; 10], 4, vec![0, 1, 2, 3]),
-        (
-            "exact tie straddling the k-th place",
-            vec![1.0, 3.0, 2.0, 2.0, 2.0, 0.0],
-            3,
-            vec![1, 2, 3],
-        ),
-        (
-            "-0.0 equals +0.0",
-            vec![-1.0, 0.0, -0.0, -0.0],
-            2,
-            vec![1, 2],
-        ),
-        (
-            "NaN ranks below -inf",
-            vec![f32::NAN, -inf, -5.0, f32::NAN],
-            4,
-            vec![2, 1, 0, 3],
-        ),
+        ("exact tie straddling the k-th place", vec![1.0, 3.0, 2.0, 2.0, 2.0, 0.0], 3, vec![1, 2, 3]),
+        ("-0.0 equals +0.0", vec![-1.0, 0.0, -0.0, -0.0], 2, vec![1, 2]),
+        ("NaN ranks below -inf", vec![f32::NAN, -inf, -5.0, f32::NAN], 4, vec![2, 1, 0, 3]),
         ("+inf first", vec![3.0, inf, 2.0], 2, vec![1, 0]),
-        (
-            "all -inf: every expert once",
-            vec![-inf; 5],
-            5,
-            vec![0, 1, 2, 3, 4],
-        ),
+        ("all -inf: every expert once", vec![-inf; 5], 5, vec![0, 1, 2, 3, 4]),
     ];
     for ctx in contexts() {
         for (name, logits, k, want) in cases {
             for gating in [Gating::Softmax, Gating::Sigmoid] {
-                let cfg = RouteConfig {
-                    gating,
-                    ..RouteConfig::new(1, logits.len() as u32, *k)
-                };
+                let cfg = RouteConfig { gating, ..RouteConfig::new(1, logits.len() as u32, *k) };
                 let (got, weights) = route_rows(&ctx, &cfg, logits, None);
                 assert_eq!(&got, want, "{}: {name} ({gating:?})", ctx.adapter().slug());
                 let nan_chosen = got.iter().any(|&e| logits[e as usize].is_nan());
                 if !nan_chosen {
-                    assert!(
-                        weights.iter().all(|w| !w.is_nan()),
-                        "{name}: NaN weight {weights:?}"
-                    );
+                    assert!(weights.iter().all(|w| !w.is_nan()), "{name}: NaN weight {weights:?}");
                 }
             }
         }
@@ -283,11 +211,7 @@ fn tie_break_contract_holds_as_documented() {
         let (_, w) = route_rows(&ctx, &RouteConfig::new(1, 4, 2), &[-inf; 4], None);
         assert_eq!(w, vec![0.25, 0.25]);
         // Bias selects, the unbiased score weighs; equal biased values go to the lower index.
-        let cfg = RouteConfig {
-            gating: Gating::Sigmoid,
-            bias: true,
-            ..RouteConfig::new(1, 4, 2)
-        };
+        let cfg = RouteConfig { gating: Gating::Sigmoid, bias: true, ..RouteConfig::new(1, 4, 2) };
         let (idx, w) = route_rows(&ctx, &cfg, &[0.0; 4], Some(&[0.0, 0.1, 0.1, -0.1]));
         assert_eq!(idx, vec![1, 2]);
         assert_eq!(w, vec![0.5, 0.5]);
@@ -301,18 +225,10 @@ fn tie_break_contract_holds_as_documented() {
         // top-2 sum, so with one kept group nothing outside experts 2 and 3 is chosen.
         let cfg = RouteConfig {
             gating: Gating::Sigmoid,
-            groups: Some(GroupLimit {
-                n_group: 4,
-                topk_group: 1,
-            }),
+            groups: Some(GroupLimit { n_group: 4, topk_group: 1 }),
             ..RouteConfig::new(1, 8, 2)
         };
-        let (idx, _) = route_rows(
-            &ctx,
-            &cfg,
-            &[5.0, -5.0, 3.0, 2.5, 0.0, 0.0, -1.0, 1.0],
-            None,
-        );
+        let (idx, _) = route_rows(&ctx, &cfg, &[5.0, -5.0, 3.0, 2.5, 0.0, 0.0, -1.0, 1.0], None);
         assert_eq!(idx, vec![2, 3]);
     }
 }
@@ -322,10 +238,7 @@ fn expect_err(result: moeflow::Result<impl std::fmt::Debug>, needle: &str) {
         Ok(v) => panic!("expected an error mentioning `{needle}`, got Ok({v:?})"),
         Err(e) => {
             let msg = e.to_string();
-            assert!(
-                msg.contains(needle),
-                "error `{msg}` does not mention `{needle}`"
-            );
+            assert!(msg.contains(needle), "error `{msg}` does not mention `{needle}`");
         }
     }
 }
@@ -342,10 +255,7 @@ fn bad_input_is_an_error_that_names_the_problem() {
     expect_err(with(&|c| c.k = 9), "larger than the number of experts");
     expect_err(with(&|c| c.experts = 0), "experts must be at least 1");
     expect_err(with(&|c| c.hidden = 0), "hidden size");
-    expect_err(
-        with(&|c| c.experts = 2048),
-        "experts is 2048, past the limit of 1024",
-    );
+    expect_err(with(&|c| c.experts = 2048), "experts is 2048, past the limit of 1024");
     expect_err(
         with(&|c| {
             c.experts = 64;
@@ -354,65 +264,23 @@ fn bad_input_is_an_error_that_names_the_problem() {
         "k is 33, past the limit of 32",
     );
     expect_err(with(&|c| c.scale = f32::NAN), "scale must be finite");
-    expect_err(
-        with(&|c| {
-            c.groups = Some(GroupLimit {
-                n_group: 3,
-                topk_group: 1,
-            })
-        }),
-        "does not divide",
-    );
-    expect_err(
-        with(&|c| {
-            c.groups = Some(GroupLimit {
-                n_group: 8,
-                topk_group: 1,
-            })
-        }),
-        "at least 2",
-    );
-    expect_err(
-        with(&|c| {
-            c.groups = Some(GroupLimit {
-                n_group: 4,
-                topk_group: 5,
-            })
-        }),
-        "topk_group = 5",
-    );
+    expect_err(with(&|c| c.groups = Some(GroupLimit { n_group: 3, topk_group: 1 })), "does not divide");
+    expect_err(with(&|c| c.groups = Some(GroupLimit { n_group: 8, topk_group: 1 })), "at least 2");
+    expect_err(with(&|c| c.groups = Some(GroupLimit { n_group: 4, topk_group: 5 })), "topk_group = 5");
     expect_err(
         with(&|c| {
             c.k = 4;
-            c.groups = Some(GroupLimit {
-                n_group: 4,
-                topk_group: 1,
-            })
+            c.groups = Some(GroupLimit { n_group: 4, topk_group: 1 })
         }),
         "only 2 experts are in the 1 kept groups",
     );
     for ctx in contexts() {
-        expect_err(
-            route_host(&ctx, &base, &[0.0; 7], &[0.0; 32], None, FUSED),
-            "`x`",
-        );
-        expect_err(
-            route_host(&ctx, &base, &[0.0; 8], &[0.0; 31], None, FUSED),
-            "`gate`",
-        );
-        expect_err(
-            route_host(&ctx, &base, &[0.0; 8], &[0.0; 32], Some(&[0.0; 8]), FUSED),
-            "bias = false",
-        );
+        expect_err(route_host(&ctx, &base, &[0.0; 7], &[0.0; 32], None, FUSED), "`x`");
+        expect_err(route_host(&ctx, &base, &[0.0; 8], &[0.0; 31], None, FUSED), "`gate`");
+        expect_err(route_host(&ctx, &base, &[0.0; 8], &[0.0; 32], Some(&[0.0; 8]), FUSED), "bias = false");
         let biased = RouteConfig { bias: true, ..base };
-        expect_err(
-            route_host(&ctx, &biased, &[0.0; 8], &[0.0; 32], None, FUSED),
-            "no bias buffer",
-        );
-        expect_err(
-            route_host(&ctx, &biased, &[0.0; 8], &[0.0; 32], Some(&[0.0; 3]), FUSED),
-            "`bias`",
-        );
+        expect_err(route_host(&ctx, &biased, &[0.0; 8], &[0.0; 32], None, FUSED), "no bias buffer");
+        expect_err(route_host(&ctx, &biased, &[0.0; 8], &[0.0; 32], Some(&[0.0; 3]), FUSED), "`bias`");
         expect_err(topk_host(&ctx, &base, &[0.0; 12], None), "`logits`");
         // A plan whose buffers are smaller than its shapes.
         let small = ctx.zeroed("small", 16);
@@ -424,27 +292,18 @@ fn bad_input_is_an_error_that_names_the_problem() {
             indices: &small,
             weights: &small,
         };
-        expect_err(
-            plan_route(&ctx, &base, 3, &bufs, RouteMode::Unfused),
-            "at least 48 bytes",
-        );
+        expect_err(plan_route(&ctx, &base, 3, &bufs, RouteMode::Unfused), "at least 48 bytes");
         expect_err(
             plan_route(
                 &ctx,
                 &base,
                 1,
-                &RouteBuffers {
-                    gate: &ctx.zeroed("g", 128),
-                    ..bufs
-                },
+                &RouteBuffers { gate: &ctx.zeroed("g", 128), ..bufs },
                 RouteMode::Unfused,
             ),
             "no logits buffer",
         );
-        expect_err(
-            plan_route(&ctx, &base, u32::MAX, &bufs, RouteMode::Unfused),
-            "tokens * experts",
-        );
+        expect_err(plan_route(&ctx, &base, u32::MAX, &bufs, RouteMode::Unfused), "tokens * experts");
     }
 }
 
@@ -464,18 +323,12 @@ fn limits_of_an_app_owned_device_are_respected() {
         .expect("device with small limits");
         let ctx = Context::from_wgpu(device, queue);
         assert_eq!(ctx.limits().max_storage_buffer_binding_size, 1024);
-        assert!(
-            !ctx.capabilities().timestamps,
-            "an app device without TIMESTAMP_QUERY has no timestamps"
-        );
+        assert!(!ctx.capabilities().timestamps, "an app device without TIMESTAMP_QUERY has no timestamps");
         let cfg = RouteConfig::new(64, 2, 1);
         // 8 tokens x 64 hidden x 4 bytes = 2048 bytes: past this device's binding limit.
         let err = route_host(&ctx, &cfg, &[0.5; 512], &[0.5; 128], None, FUSED).unwrap_err();
         assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
-        assert!(
-            err.to_string().contains("max_storage_buffer_binding_size"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("max_storage_buffer_binding_size"), "{err}");
         // Within the limits the same device routes normally.
         let ok = route_host(&ctx, &cfg, &[0.5; 128], &[0.5; 128], None, FUSED).unwrap();
         assert_eq!(ok.indices, vec![0, 0]);

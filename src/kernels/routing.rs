@@ -30,20 +30,12 @@ const MATVEC_WG: u32 = 64;
 
 static GATE_MATVEC_SHADER: ShaderSource = ShaderSource {
     name: "routing/gate_matvec",
-    parts: &[
-        wgsl!("routing/params.wgsl"),
-        wgsl!("routing/gate.wgsl"),
-        wgsl!("routing/gate_matvec.wgsl"),
-    ],
+    parts: &[wgsl!("routing/params.wgsl"), wgsl!("routing/gate.wgsl"), wgsl!("routing/gate_matvec.wgsl")],
     entry_points: &["gate_matvec"],
 };
 static TOPK_SHADER: ShaderSource = ShaderSource {
     name: "routing/topk",
-    parts: &[
-        wgsl!("routing/params.wgsl"),
-        wgsl!("routing/select.wgsl"),
-        wgsl!("routing/topk.wgsl"),
-    ],
+    parts: &[wgsl!("routing/params.wgsl"), wgsl!("routing/select.wgsl"), wgsl!("routing/topk.wgsl")],
     entry_points: &["topk"],
 };
 static FUSED_SHADER: ShaderSource = ShaderSource {
@@ -63,12 +55,7 @@ pub(crate) static SHADERS: &[&ShaderSource] = &[&GATE_MATVEC_SHADER, &TOPK_SHADE
 static GATE_MATVEC: KernelSpec = KernelSpec {
     shader: &GATE_MATVEC_SHADER,
     entry: "gate_matvec",
-    bindings: &[
-        (0, Access::Uniform),
-        (1, Access::Read),
-        (2, Access::Read),
-        (3, Access::ReadWrite),
-    ],
+    bindings: &[(0, Access::Uniform), (1, Access::Read), (2, Access::Read), (3, Access::ReadWrite)],
 };
 static TOPK: KernelSpec = KernelSpec {
     shader: &TOPK_SHADER,
@@ -187,19 +174,13 @@ impl RouteConfig {
             ));
         }
         if !self.scale.is_finite() {
-            return Err(Error::invalid(format!(
-                "scale must be finite, got {}",
-                self.scale
-            )));
+            return Err(Error::invalid(format!("scale must be finite, got {}", self.scale)));
         }
         if let Some(g) = self.groups {
             if g.n_group == 0 || g.n_group > MAX_GROUPS {
-                return Err(Error::invalid(format!(
-                    "n_group = {} must be in 1..={MAX_GROUPS}",
-                    g.n_group
-                )));
+                return Err(Error::invalid(format!("n_group = {} must be in 1..={MAX_GROUPS}", g.n_group)));
             }
-            if self.experts % g.n_group != 0 {
+            if !self.experts.is_multiple_of(g.n_group) {
                 return Err(Error::invalid(format!(
                     "n_group = {} does not divide experts = {}",
                     g.n_group, self.experts
@@ -230,10 +211,7 @@ impl RouteConfig {
 
     fn constants(&self) -> [(&'static str, f64); 4] {
         [
-            (
-                "GATING",
-                f64::from(u8::from(self.gating == Gating::Sigmoid)),
-            ),
+            ("GATING", f64::from(u8::from(self.gating == Gating::Sigmoid))),
             ("HAS_BIAS", f64::from(u8::from(self.bias))),
             ("HAS_GROUPS", f64::from(u8::from(self.groups.is_some()))),
             ("RENORMALIZE", f64::from(u8::from(self.renormalize))),
@@ -324,12 +302,7 @@ struct Checked {
     no_logits: wgpu::Buffer,
 }
 
-fn prepare(
-    ctx: &Context,
-    cfg: &RouteConfig,
-    tokens: u32,
-    bias: Option<&wgpu::Buffer>,
-) -> Result<Checked> {
+fn prepare(ctx: &Context, cfg: &RouteConfig, tokens: u32, bias: Option<&wgpu::Buffer>) -> Result<Checked> {
     cfg.validate()?;
     if cfg.bias != bias.is_some() {
         return Err(Error::invalid(if cfg.bias {
@@ -338,27 +311,18 @@ fn prepare(
             "a bias buffer was given but the config has bias = false"
         }));
     }
-    for (what, n) in [
-        ("tokens * experts", u64::from(cfg.experts)),
-        ("tokens * hidden", u64::from(cfg.hidden)),
-    ] {
+    for (what, n) in
+        [("tokens * experts", u64::from(cfg.experts)), ("tokens * hidden", u64::from(cfg.hidden))]
+    {
         let elems = u64::from(tokens) * n;
         if elems > u64::from(u32::MAX) {
-            return Err(Error::limit(
-                what,
-                elems,
-                u32::MAX.into(),
-                "shader indices are u32",
-            ));
+            return Err(Error::limit(what, elems, u32::MAX.into(), "shader indices are u32"));
         }
     }
     if let Some(b) = bias {
         ctx.check_binding("bias", b, u64::from(cfg.experts) * F32, Access::Read)?;
     }
-    let g = cfg.groups.unwrap_or(GroupLimit {
-        n_group: 1,
-        topk_group: 1,
-    });
+    let g = cfg.groups.unwrap_or(GroupLimit { n_group: 1, topk_group: 1 });
     let params = ctx.uniform(
         "moeflow route params",
         &Params {
@@ -393,16 +357,9 @@ pub fn plan_route(
 ) -> Result<RoutePlan> {
     let c = prepare(ctx, cfg, tokens, bufs.bias)?;
     if tokens == 0 {
-        return Ok(RoutePlan {
-            dispatches: Vec::new(),
-        });
+        return Ok(RoutePlan { dispatches: Vec::new() });
     }
-    let (t, h, e, k) = (
-        u64::from(tokens),
-        u64::from(cfg.hidden),
-        u64::from(cfg.experts),
-        u64::from(cfg.k),
-    );
+    let (t, h, e, k) = (u64::from(tokens), u64::from(cfg.hidden), u64::from(cfg.experts), u64::from(cfg.k));
     ctx.check_binding("x", bufs.x, t * h * F32, Access::Read)?;
     ctx.check_binding("gate", bufs.gate, e * h * F32, Access::Read)?;
     ctx.check_binding("indices", bufs.indices, t * k * 4, Access::ReadWrite)?;
@@ -410,49 +367,19 @@ pub fn plan_route(
     let logits = match (bufs.logits, mode.writes_logits()) {
         (Some(l), true) => {
             ctx.check_binding("logits", l, t * e * F32, Access::ReadWrite)?;
-            Binding {
-                binding: 3,
-                buffer: l,
-                size: t * e * F32,
-            }
+            Binding { binding: 3, buffer: l, size: t * e * F32 }
         }
         (None, true) => {
-            return Err(Error::invalid(format!(
-                "{mode:?} writes logits but no logits buffer was given"
-            )));
+            return Err(Error::invalid(format!("{mode:?} writes logits but no logits buffer was given")));
         }
-        (_, false) => Binding {
-            binding: 3,
-            buffer: &c.no_logits,
-            size: 4,
-        },
+        (_, false) => Binding { binding: 3, buffer: &c.no_logits, size: 4 },
     };
-    let params = Binding {
-        binding: 0,
-        buffer: &c.params,
-        size: 32,
-    };
-    let x = Binding {
-        binding: 1,
-        buffer: bufs.x,
-        size: t * h * F32,
-    };
-    let gate = Binding {
-        binding: 2,
-        buffer: bufs.gate,
-        size: e * h * F32,
-    };
+    let params = Binding { binding: 0, buffer: &c.params, size: 32 };
+    let x = Binding { binding: 1, buffer: bufs.x, size: t * h * F32 };
+    let gate = Binding { binding: 2, buffer: bufs.gate, size: e * h * F32 };
     let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
-    let indices = Binding {
-        binding: 5,
-        buffer: bufs.indices,
-        size: t * k * 4,
-    };
-    let weights = Binding {
-        binding: 6,
-        buffer: bufs.weights,
-        size: t * k * F32,
-    };
+    let indices = Binding { binding: 5, buffer: bufs.indices, size: t * k * 4 };
+    let weights = Binding { binding: 6, buffer: bufs.weights, size: t * k * F32 };
     let per_token = ctx.grid(t, "routing (one workgroup per token)")?;
     let dispatches = match mode {
         RouteMode::Unfused => {
@@ -468,11 +395,7 @@ pub fn plan_route(
             let mut constants = cfg.constants().to_vec();
             constants.push(("WRITE_LOGITS", f64::from(u8::from(write_logits))));
             let fused = ctx.kernel(&ROUTE_FUSED, &constants)?;
-            vec![ctx.dispatch(
-                &fused,
-                &[params, x, gate, logits, bias, indices, weights],
-                per_token,
-            )?]
+            vec![ctx.dispatch(&fused, &[params, x, gate, logits, bias, indices, weights], per_token)?]
         }
     };
     Ok(RoutePlan { dispatches })
@@ -490,9 +413,7 @@ pub fn plan_topk(
 ) -> Result<RoutePlan> {
     let c = prepare(ctx, cfg, tokens, bias)?;
     if tokens == 0 {
-        return Ok(RoutePlan {
-            dispatches: Vec::new(),
-        });
+        return Ok(RoutePlan { dispatches: Vec::new() });
     }
     let (t, e, k) = (u64::from(tokens), u64::from(cfg.experts), u64::from(cfg.k));
     ctx.check_binding("logits", logits, t * e * F32, Access::Read)?;
@@ -500,32 +421,14 @@ pub fn plan_topk(
     ctx.check_binding("weights", weights, t * k * F32, Access::ReadWrite)?;
     let topk = ctx.kernel(&TOPK, &cfg.constants())?;
     let bindings = [
-        Binding {
-            binding: 0,
-            buffer: &c.params,
-            size: 32,
-        },
-        Binding {
-            binding: 3,
-            buffer: logits,
-            size: t * e * F32,
-        },
+        Binding { binding: 0, buffer: &c.params, size: 32 },
+        Binding { binding: 3, buffer: logits, size: t * e * F32 },
         bias_binding(cfg, bias, &c.no_bias),
-        Binding {
-            binding: 5,
-            buffer: indices,
-            size: t * k * 4,
-        },
-        Binding {
-            binding: 6,
-            buffer: weights,
-            size: t * k * F32,
-        },
+        Binding { binding: 5, buffer: indices, size: t * k * 4 },
+        Binding { binding: 6, buffer: weights, size: t * k * F32 },
     ];
     let grid = ctx.grid(t, "top-k (one workgroup per token)")?;
-    Ok(RoutePlan {
-        dispatches: vec![ctx.dispatch(&topk, &bindings, grid)?],
-    })
+    Ok(RoutePlan { dispatches: vec![ctx.dispatch(&topk, &bindings, grid)?] })
 }
 
 fn bias_binding<'a>(
@@ -534,16 +437,8 @@ fn bias_binding<'a>(
     placeholder: &'a wgpu::Buffer,
 ) -> Binding<'a> {
     match bias {
-        Some(b) => Binding {
-            binding: 4,
-            buffer: b,
-            size: u64::from(cfg.experts) * F32,
-        },
-        None => Binding {
-            binding: 4,
-            buffer: placeholder,
-            size: 4,
-        },
+        Some(b) => Binding { binding: 4, buffer: b, size: u64::from(cfg.experts) * F32 },
+        None => Binding { binding: 4, buffer: placeholder, size: 4 },
     }
 }
 
@@ -560,20 +455,11 @@ pub struct RouteOutput {
 
 fn rows(what: &str, len: usize, cols: u32) -> Result<u32> {
     let cols = cols as usize;
-    if len % cols != 0 {
-        return Err(Error::shape(
-            what,
-            format!("a multiple of {cols} elements (rows of {cols})"),
-            len,
-        ));
+    if !len.is_multiple_of(cols) {
+        return Err(Error::shape(what, format!("a multiple of {cols} elements (rows of {cols})"), len));
     }
     u32::try_from(len / cols).map_err(|_| {
-        Error::limit(
-            format!("rows of {what}"),
-            (len / cols) as u64,
-            u32::MAX.into(),
-            "u32 token count",
-        )
+        Error::limit(format!("rows of {what}"), (len / cols) as u64, u32::MAX.into(), "u32 token count")
     })
 }
 
@@ -597,11 +483,7 @@ pub fn route_host(
 ) -> Result<RouteOutput> {
     cfg.validate()?;
     let tokens = rows("x", x.len(), cfg.hidden)?;
-    check_len(
-        "gate",
-        gate.len(),
-        u64::from(cfg.experts) * u64::from(cfg.hidden),
-    )?;
+    check_len("gate", gate.len(), u64::from(cfg.experts) * u64::from(cfg.hidden))?;
     if let Some(b) = bias {
         check_len("bias", b.len(), cfg.experts.into())?;
     }
@@ -642,15 +524,7 @@ pub fn topk_host(
     let lb = ctx.upload("logits", logits);
     let bb = bias.map(|b| ctx.upload("bias", b));
     let out = Outputs::new(ctx, cfg, tokens);
-    let plan = plan_topk(
-        ctx,
-        cfg,
-        tokens,
-        &lb,
-        bb.as_ref(),
-        &out.indices,
-        &out.weights,
-    )?;
+    let plan = plan_topk(ctx, cfg, tokens, &lb, bb.as_ref(), &out.indices, &out.weights)?;
     ctx.run(&plan.dispatches())?;
     out.read(ctx, cfg, tokens, false)
 }
@@ -671,22 +545,12 @@ impl Outputs {
         }
     }
 
-    fn read(
-        &self,
-        ctx: &Context,
-        cfg: &RouteConfig,
-        tokens: u32,
-        logits: bool,
-    ) -> Result<RouteOutput> {
+    fn read(&self, ctx: &Context, cfg: &RouteConfig, tokens: u32, logits: bool) -> Result<RouteOutput> {
         let t = tokens as usize;
         Ok(RouteOutput {
             indices: ctx.read_back(&self.indices, t * cfg.k as usize)?,
             weights: ctx.read_back(&self.weights, t * cfg.k as usize)?,
-            logits: if logits {
-                Some(ctx.read_back(&self.logits, t * cfg.experts as usize)?)
-            } else {
-                None
-            },
+            logits: if logits { Some(ctx.read_back(&self.logits, t * cfg.experts as usize)?) } else { None },
         })
     }
 }

@@ -29,11 +29,7 @@ pub fn order_key(v: f32) -> u32 {
     if b == 0x8000_0000 {
         b = 0;
     }
-    if b & 0x8000_0000 != 0 {
-        !b
-    } else {
-        b | 0x8000_0000
-    }
+    if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 }
 }
 
 fn key_value(k: u32) -> f32 {
@@ -87,23 +83,13 @@ pub fn scores(gating: Gating, logits: &[f32]) -> Vec<f32> {
                     _ => (l - m).exp(),
                 })
                 .collect();
-            let summed: Vec<f32> = e
-                .iter()
-                .map(|&v| if v.is_nan() { 0.0 } else { v })
-                .collect();
+            let summed: Vec<f32> = e.iter().map(|&v| if v.is_nan() { 0.0 } else { v }).collect();
             let total = workgroup_sum(&summed);
             e.iter().map(|v| v / total).collect()
         }
-        Gating::Sigmoid => logits
-            .iter()
-            .map(|&l| {
-                if l.is_nan() {
-                    f32::NAN
-                } else {
-                    1.0 / (1.0 + (-l).exp())
-                }
-            })
-            .collect(),
+        Gating::Sigmoid => {
+            logits.iter().map(|&l| if l.is_nan() { f32::NAN } else { 1.0 / (1.0 + (-l).exp()) }).collect()
+        }
     }
 }
 
@@ -206,15 +192,8 @@ mod tests {
 
     #[test]
     fn order_key_is_a_total_order_with_nan_last_and_signed_zeros_equal() {
-        let ordered = [
-            f32::NEG_INFINITY,
-            -1.0,
-            -f32::MIN_POSITIVE,
-            0.0,
-            f32::MIN_POSITIVE,
-            1.0,
-            f32::INFINITY,
-        ];
+        let ordered =
+            [f32::NEG_INFINITY, -1.0, -f32::MIN_POSITIVE, 0.0, f32::MIN_POSITIVE, 1.0, f32::INFINITY];
         for w in ordered.windows(2) {
             assert!(order_key(w[0]) < order_key(w[1]), "{} vs {}", w[0], w[1]);
         }
@@ -244,10 +223,6 @@ mod tests {
         assert_eq!(idx, vec![2, 3, 1]);
         let cfg = RouteConfig::new(1, 4, 4);
         let (idx, _) = select(&cfg, &[f32::NEG_INFINITY; 4], None);
-        assert_eq!(
-            idx,
-            vec![0, 1, 2, 3],
-            "every expert exactly once even when all are -inf"
-        );
+        assert_eq!(idx, vec![0, 1, 2, 3], "every expert exactly once even when all are -inf");
     }
 }

@@ -15,13 +15,11 @@ pub fn contexts() -> Vec<Context> {
 
 /// Every wgpu adapter (for tests that create their own devices), with the same rule.
 pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    let adapters: Vec<wgpu::Adapter> =
-        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
-            .into_iter()
-            .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
-            .collect();
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapters: Vec<wgpu::Adapter> = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .into_iter()
+        .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
+        .collect();
     require_some(adapters.len());
     adapters
 }
@@ -29,9 +27,7 @@ pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
 fn require_some(found: usize) {
     if found == 0 {
         if std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref() == Ok("1") {
-            panic!(
-                "MOEFLOW_REQUIRE_ADAPTER=1 but wgpu found no adapter (install mesa-vulkan-drivers)"
-            );
+            panic!("MOEFLOW_REQUIRE_ADAPTER=1 but wgpu found no adapter (install mesa-vulkan-drivers)");
         }
         eprintln!("skipped: wgpu found no adapter (install mesa-vulkan-drivers to run GPU tests)");
     }
