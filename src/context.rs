@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::pipeline::PipelineCache;
@@ -12,7 +12,7 @@ use crate::pipeline::PipelineCache;
 pub const ADAPTER_ENV: &str = "MOEFLOW_ADAPTER";
 
 /// Optional features moeflow enables when the adapter has them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
     /// Timestamp queries around passes (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
@@ -49,7 +49,7 @@ impl Capabilities {
 }
 
 /// The limits that bound moeflow's kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyLimits {
     /// Largest storage-buffer binding, in bytes.
     pub max_storage_buffer_binding_size: u64,
@@ -79,7 +79,7 @@ impl From<&wgpu::Limits> for KeyLimits {
 }
 
 /// One adapter as `moeflow::adapters()` and the benchmark records describe it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdapterDescription {
     /// Backend name: `vulkan`, `metal`, `dx12` or `gl`.
     pub backend: String,
@@ -208,8 +208,16 @@ impl FromStr for AdapterSelector {
 
 impl AdapterSelector {
     fn matches(&self, info: &wgpu::AdapterInfo) -> bool {
-        self.backends.contains(wgpu::Backends::from(info.backend))
-            && self.name.as_ref().is_none_or(|n| info.name.to_lowercase().contains(&n.to_lowercase()))
+        self.backends.contains(wgpu::Backends::from(info.backend)) && self.matches_name(&info.name)
+    }
+
+    fn matches_name(&self, name: &str) -> bool {
+        self.name.as_ref().is_none_or(|n| name.to_lowercase().contains(&n.to_lowercase()))
+    }
+
+    /// Whether an adapter description (e.g. of an open [`Context`]) matches.
+    pub fn matches_description(&self, d: &AdapterDescription) -> bool {
+        parse_backend(&d.backend).is_some_and(|b| self.backends.contains(b)) && self.matches_name(&d.name)
     }
 }
 

@@ -26,6 +26,9 @@ pub enum Error {
     /// wgpu reported a validation or out-of-memory error, or the device was lost.
     #[error("GPU error in {context}: {message}")]
     Gpu { context: String, message: String },
+    /// A benchmark's outputs disagreed with their reference, so it reports no timing.
+    #[error("validation failed {0}")]
+    Validation(String),
     /// Reading a buffer back to the host failed.
     #[error("buffer readback failed: {0}")]
     Readback(String),
@@ -50,7 +53,8 @@ impl Error {
         Error::LimitExceeded { what: what.into(), value, limit, why: why.into() }
     }
 
-    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+    /// An [`Error::InvalidArgument`] with `msg`.
+    pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }
 }

@@ -6,6 +6,7 @@
 //! [`Dispatch`]es that you record into your own encoder. [`reference`] holds the CPU
 //! oracles that mirror every kernel's accumulation order.
 
+pub mod bench;
 pub mod context;
 pub mod error;
 pub mod gpu;

@@ -284,6 +284,11 @@ impl RoutePlan {
         self.dispatches.iter().collect()
     }
 
+    /// The dispatches, owned.
+    pub fn into_dispatches(self) -> Vec<Dispatch> {
+        self.dispatches
+    }
+
     /// Records the plan into `pass`.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
         for d in &self.dispatches {

@@ -1,0 +1,83 @@
+//! What a kernel family registers with the benchmark matrix: a named A/B comparison with
+//! two size sets (GPU and CPU adapters), each with held-out sizes for confirmation.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::context::{AdapterDescription, Context};
+use crate::error::Result;
+use crate::pipeline::Dispatch;
+
+/// Which size set runs: the one named in the issues for real GPUs, or a smaller one for
+/// adapters that run shaders on the CPU (lavapipe, llvmpipe), so the matrix stays short there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SizeSet {
+    /// Sizes for GPUs.
+    Gpu,
+    /// Smaller sizes for CPU adapters.
+    Cpu,
+}
+
+impl SizeSet {
+    /// `Cpu` for CPU adapters, `Gpu` otherwise.
+    pub fn for_adapter(adapter: &AdapterDescription) -> Self {
+        if adapter.is_cpu() { SizeSet::Cpu } else { SizeSet::Gpu }
+    }
+}
+
+/// One size of a comparison: named integer parameters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Size(pub Vec<(String, u32)>);
+
+impl Size {
+    /// A size from `(name, value)` pairs.
+    pub fn of(params: &[(&str, u32)]) -> Self {
+        Size(params.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+    }
+
+    /// The value of `name` (0 when absent).
+    pub fn get(&self, name: &str) -> u32 {
+        self.0.iter().find(|(k, _)| k == name).map_or(0, |(_, v)| *v)
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        f.write_str(&parts.join(" "))
+    }
+}
+
+/// A boxed check that reads the variants' outputs back and compares them.
+pub type Validate = Box<dyn Fn(&Context) -> Result<()>>;
+
+/// One size of a comparison, built on a context and ready to time.
+pub struct Case {
+    /// Dispatches of variant A (the baseline), recorded in order.
+    pub a: Vec<Dispatch>,
+    /// Dispatches of variant B.
+    pub b: Vec<Dispatch>,
+    /// Floating-point operations of one run of the work (0 where it does not apply).
+    pub flops: f64,
+    /// Bytes the work must move at least once per run (0 where it does not apply).
+    pub bytes: f64,
+    /// Reads both variants' outputs and checks them (A against the CPU oracle, B against A
+    /// as the contract requires). Called before warm-up and after the timed sequence.
+    pub validate: Validate,
+}
+
+/// A registered A/B comparison.
+pub trait Comparison {
+    /// Stable name, e.g. `route/fused-vs-unfused`.
+    fn name(&self) -> &'static str;
+    /// One sentence: what is compared and why.
+    fn description(&self) -> &'static str;
+    /// Names of variants A and B.
+    fn variants(&self) -> (&'static str, &'static str);
+    /// Sizes of `set`; `held_out` gives the confirmation sizes.
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size>;
+    /// Builds the case for one size with data from `seed`.
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case>;
+}

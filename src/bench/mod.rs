@@ -1,0 +1,24 @@
+//! Measurement: the A/B protocol (ABBA blocks, two clocks, verdicts), per-adapter
+//! calibration, the registry of comparisons, and the benchmark matrix's records and reports.
+//!
+//! Every speed claim in moeflow is a ratio measured in one run under this protocol; see
+//! `docs/benchmarks/README.md` for how to read and reproduce the committed results.
+
+pub mod calibrate;
+pub mod comparison;
+pub mod record;
+pub mod report;
+pub mod routing;
+pub mod runner;
+pub mod timer;
+pub mod verdict;
+
+pub use comparison::{Case, Comparison, Size, SizeSet};
+pub use record::{Calibration, RunRecord, Settings};
+pub use runner::{run_case, run_comparison};
+pub use verdict::{Block, Rules, Summary, Verdict};
+
+/// Every registered comparison, in matrix order.
+pub fn comparisons() -> Vec<Box<dyn Comparison>> {
+    vec![Box::new(routing::FusedRoute)]
+}

@@ -1,0 +1,156 @@
+//! Runs a comparison under the protocol: validate, warm up, ABBA blocks, validate again.
+
+use super::comparison::{Case, Comparison, Size, SizeSet};
+use super::record::{Calibration, CaseRecord, ComparisonRecord, Settings, VariantFigures};
+use super::timer::{Sample, Sampler};
+use super::verdict::{Block, Counts, Summary, geomean_change, summarize};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::pipeline::Dispatch;
+
+/// Seed of held-out runs (different data as well as different sizes).
+pub const HELD_OUT_SEED: u64 = 7919;
+
+fn validation(stage: &str, e: Error) -> Error {
+    match e {
+        Error::Validation(msg) => Error::Validation(format!("{stage}: {msg}")),
+        other => Error::Validation(format!("{stage}: {other}")),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn blocks(samples: &[f64], reps: u32) -> Vec<Block> {
+    samples
+        .chunks_exact(4)
+        .map(|s| {
+            let r = f64::from(reps);
+            Block { a: [s[0] / r, s[3] / r], b: [s[1] / r, s[2] / r] }
+        })
+        .collect()
+}
+
+fn figures(seconds: f64, case: &Case, cal: &Calibration, dispatches: usize) -> VariantFigures {
+    let gflops = (case.flops > 0.0).then(|| case.flops / seconds / 1e9);
+    let gbps = (case.bytes > 0.0).then(|| case.bytes / seconds / 1e9);
+    VariantFigures {
+        seconds,
+        gflops,
+        gbps,
+        fraction_of_fma: gflops.map(|g| g / cal.fma_gflops),
+        fraction_of_bandwidth: gbps.map(|g| g / cal.copy_gbps),
+        dispatches,
+    }
+}
+
+/// Times one case: validation before warm-up, `warmup` untimed ABBA blocks, `blocks`
+/// recorded ABBA blocks, validation after. A validation failure is an
+/// [`Error::Validation`] and no timing is returned.
+pub fn run_case(
+    ctx: &Context,
+    size: &Size,
+    case: &Case,
+    s: &Settings,
+    cal: &Calibration,
+) -> Result<CaseRecord> {
+    let a: Vec<&Dispatch> = case.a.iter().collect();
+    let b: Vec<&Dispatch> = case.b.iter().collect();
+    let mut sampler = Sampler::new(ctx, 4 * s.blocks)?;
+    // One untimed run of each produces the outputs to validate; A's wall time then sets the
+    // repetitions per sample.
+    sampler.untimed(&b, 1)?;
+    let probe = sampler.untimed(&a, 1)?;
+    (case.validate)(ctx).map_err(|e| validation("before warm-up", e))?;
+    let reps = ((s.min_sample_s / probe.wall_s.max(1e-9)).ceil() as u32).clamp(1, s.max_reps);
+    for _ in 0..s.warmup {
+        for v in [&a, &b, &b, &a] {
+            sampler.untimed(v, reps)?;
+        }
+    }
+    let mut samples: Vec<Sample> = Vec::with_capacity(4 * s.blocks as usize);
+    for _ in 0..s.blocks {
+        for v in [&a, &b, &b, &a] {
+            samples.push(sampler.sample(v, reps)?);
+            if s.readback_each_run {
+                (case.validate)(ctx).map_err(|e| validation("during the timed sequence", e))?;
+            }
+        }
+    }
+    (case.validate)(ctx).map_err(|e| validation("after the timed sequence", e))?;
+
+    let wall: Vec<f64> = samples.iter().map(|x| x.wall_s).collect();
+    let gpu: Option<Vec<f64>> = sampler.gpu_seconds(&samples)?.into_iter().collect();
+    let blocks_wall = blocks(&wall, reps);
+    let blocks_gpu = gpu.as_ref().map(|g| blocks(g, reps));
+    let wall_summary = summarize(&blocks_wall, &s.rules);
+    let gpu_summary = blocks_gpu.as_ref().map(|b| summarize(b, &s.rules));
+    let (clock, primary, per_run): (&str, &Summary, &Vec<Block>) = match (&gpu_summary, &blocks_gpu) {
+        (Some(sum), Some(bl)) => ("gpu", sum, bl),
+        _ => ("wall", &wall_summary, &blocks_wall),
+    };
+    let a_s = median(per_run.iter().flat_map(|b| b.a).collect());
+    let b_s = median(per_run.iter().flat_map(|b| b.b).collect());
+    Ok(CaseRecord {
+        size: size.to_string(),
+        params: size.0.clone(),
+        reps,
+        verdict: primary.verdict,
+        ratio: primary.ratio,
+        clock: clock.into(),
+        a: figures(a_s, case, cal, case.a.len()),
+        b: figures(b_s, case, cal, case.b.len()),
+        gpu: gpu_summary.clone(),
+        wall: wall_summary,
+        blocks_gpu,
+        blocks_wall,
+    })
+}
+
+/// Runs every size of `cmp` in `set`, calling `progress` after each size. A validation
+/// failure stops the comparison and is recorded in `error`, with no timings for that size.
+pub fn run_comparison(
+    ctx: &Context,
+    cmp: &dyn Comparison,
+    set: SizeSet,
+    s: &Settings,
+    cal: &Calibration,
+    mut progress: impl FnMut(&str),
+) -> ComparisonRecord {
+    let seed = if s.held_out { HELD_OUT_SEED } else { s.seed };
+    let (a, b) = cmp.variants();
+    let mut rec = ComparisonRecord {
+        name: cmp.name().into(),
+        description: cmp.description().into(),
+        a: a.into(),
+        b: b.into(),
+        cases: Vec::new(),
+        geomean_change: f64::NAN,
+        geomean_change_wall: f64::NAN,
+        verdicts: Counts::default(),
+        error: None,
+    };
+    for size in cmp.sizes(set, s.held_out) {
+        progress(&format!("{} {size}", cmp.name()));
+        let result = cmp.build(ctx, &size, seed).and_then(|case| run_case(ctx, &size, &case, s, cal));
+        match result {
+            Ok(c) => {
+                rec.verdicts.add(c.verdict);
+                rec.cases.push(c);
+            }
+            Err(e) => {
+                rec.error = Some(format!("{size}: {e}"));
+                break;
+            }
+        }
+    }
+    rec.geomean_change = geomean_change(&rec.cases.iter().map(|c| c.ratio).collect::<Vec<_>>());
+    rec.geomean_change_wall = geomean_change(&rec.cases.iter().map(|c| c.wall.ratio).collect::<Vec<_>>());
+    rec
+}

@@ -1,0 +1,134 @@
+//! Two clocks for one sample of GPU work: timestamp queries around the compute pass
+//! (resolved once, after the whole timed sequence) and host wall time from submit to
+//! completion.
+
+use std::time::Instant;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::pipeline::Dispatch;
+
+/// Most samples one sampler times with timestamps (two queries each, within wgpu's 4096).
+pub const MAX_TIMED_SAMPLES: u32 = 2048;
+
+/// Records samples of dispatch sequences and, where the adapter has timestamp queries,
+/// their GPU durations.
+pub struct Sampler<'c> {
+    ctx: &'c Context,
+    queries: Option<wgpu::QuerySet>,
+    capacity: u32,
+    used: u32,
+}
+
+/// One timed sample.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    /// Host wall time from submit to completion, seconds.
+    pub wall_s: f64,
+    query: Option<u32>,
+}
+
+impl<'c> Sampler<'c> {
+    /// A sampler for up to `samples` timed samples.
+    pub fn new(ctx: &'c Context, samples: u32) -> Result<Self> {
+        if samples > MAX_TIMED_SAMPLES {
+            return Err(Error::limit(
+                "timed samples",
+                samples.into(),
+                MAX_TIMED_SAMPLES.into(),
+                "two timestamp queries per sample",
+            ));
+        }
+        let queries = ctx.capabilities().timestamps.then(|| {
+            ctx.device().create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("moeflow timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * samples.max(1),
+            })
+        });
+        Ok(Sampler { ctx, queries, capacity: samples, used: 0 })
+    }
+
+    /// Whether GPU times will be available.
+    pub fn has_gpu_clock(&self) -> bool {
+        self.queries.is_some()
+    }
+
+    fn run(&mut self, dispatches: &[&Dispatch], reps: u32, timed: bool) -> Result<Sample> {
+        let query = match (&self.queries, timed) {
+            (Some(_), true) if self.used < self.capacity => {
+                self.used += 1;
+                Some(self.used - 1)
+            }
+            (Some(_), true) => {
+                return Err(Error::invalid(format!("sampler holds {} timed samples", self.capacity)));
+            }
+            _ => None,
+        };
+        let mut encoder = self.ctx.encoder("moeflow sample");
+        {
+            let timestamp_writes = match (&self.queries, query) {
+                (Some(qs), Some(q)) => Some(wgpu::ComputePassTimestampWrites {
+                    query_set: qs,
+                    beginning_of_pass_write_index: Some(2 * q),
+                    end_of_pass_write_index: Some(2 * q + 1),
+                }),
+                _ => None,
+            };
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("moeflow sample"),
+                timestamp_writes,
+            });
+            for _ in 0..reps {
+                for d in dispatches {
+                    d.record(&mut pass);
+                }
+            }
+        }
+        let start = Instant::now();
+        self.ctx.submit_and_wait(encoder)?;
+        Ok(Sample { wall_s: start.elapsed().as_secs_f64(), query })
+    }
+
+    /// Runs `dispatches` `reps` times in one pass and times it on both clocks.
+    pub fn sample(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
+        self.run(dispatches, reps, true)
+    }
+
+    /// Runs `dispatches` `reps` times in one pass without a timestamp (warm-up).
+    pub fn untimed(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
+        self.run(dispatches, reps, false)
+    }
+
+    /// GPU seconds of each timed sample, in the order given (None without timestamps, or
+    /// where the adapter returned an end before the beginning).
+    pub fn gpu_seconds(&self, samples: &[Sample]) -> Result<Vec<Option<f64>>> {
+        let Some(qs) = &self.queries else {
+            return Ok(vec![None; samples.len()]);
+        };
+        if self.used == 0 {
+            return Ok(vec![None; samples.len()]);
+        }
+        let count = 2 * self.used;
+        let resolve = self.ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("moeflow timestamp resolve"),
+            size: u64::from(count) * 8,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.ctx.encoder("moeflow resolve timestamps");
+        encoder.resolve_query_set(qs, 0..count, &resolve, 0);
+        self.ctx.submit_and_wait(encoder)?;
+        let ticks: Vec<u64> = self.ctx.read_back(&resolve, count as usize)?;
+        let period_ns = f64::from(self.ctx.queue().get_timestamp_period());
+        Ok(samples
+            .iter()
+            .map(|s| {
+                s.query.and_then(|q| {
+                    let (begin, end) = (ticks[2 * q as usize], ticks[2 * q as usize + 1]);
+                    (end > begin).then(|| (end - begin) as f64 * period_ns * 1e-9)
+                })
+            })
+            .collect())
+    }
+}
