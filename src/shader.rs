@@ -54,6 +54,7 @@ pub(crate) use wgsl;
 pub fn all_shaders() -> Vec<&'static ShaderSource> {
     let mut all = Vec::new();
     all.extend_from_slice(crate::kernels::routing::SHADERS);
+    all.extend_from_slice(crate::kernels::dispatch::SHADERS);
     all.extend_from_slice(crate::bench::calibrate::SHADERS);
     all
 }

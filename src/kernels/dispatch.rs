@@ -1,0 +1,562 @@
+//! Token dispatch on the device: from `indices[tokens, k]` to a stable, tile-padded grouping
+//! of rows by expert (counts, offsets, permutation and inverse, tile -> expert map), and
+//! bucket routing with a capacity bound and an overflow list. No readback, no atomic
+//! placement cursors, no look-back scans: see `docs/dispatch.md`.
+
+use bytemuck::{Pod, Zeroable};
+use serde::{Deserialize, Serialize};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::reference::dispatch::{Layout, Meta};
+use crate::shader::{ShaderSource, wgsl};
+
+/// Entries per placement block (and workgroup size of the block kernels).
+pub const DISPATCH_WG: u32 = 256;
+/// Largest supported expert (or bucket) count.
+pub const MAX_EXPERTS: u32 = 65536;
+/// Largest supported tile (tiles are powers of two).
+pub const MAX_TILE: u32 = 256;
+
+static LAYOUT_SHADER: ShaderSource = ShaderSource {
+    name: "dispatch/layout",
+    parts: &[wgsl!("dispatch/params.wgsl"), wgsl!("dispatch/layout.wgsl")],
+    entry_points: &["block_hist", "expert_base", "scan", "scatter"],
+};
+static BUCKET_SHADER: ShaderSource = ShaderSource {
+    name: "dispatch/bucket",
+    parts: &[wgsl!("dispatch/params.wgsl"), wgsl!("dispatch/bucket.wgsl")],
+    entry_points: &["bucket_slots", "bucket_overflow"],
+};
+
+/// The dispatch family's shader modules.
+pub(crate) static SHADERS: &[&ShaderSource] = &[&LAYOUT_SHADER, &BUCKET_SHADER];
+
+use Access::{Read, ReadWrite, Uniform};
+static BLOCK_HIST: KernelSpec = KernelSpec {
+    shader: &LAYOUT_SHADER,
+    entry: "block_hist",
+    bindings: &[(0, Uniform), (1, Read), (2, ReadWrite)],
+};
+static EXPERT_BASE: KernelSpec = KernelSpec {
+    shader: &LAYOUT_SHADER,
+    entry: "expert_base",
+    bindings: &[(0, Uniform), (2, ReadWrite), (3, ReadWrite)],
+};
+static SCAN: KernelSpec = KernelSpec {
+    shader: &LAYOUT_SHADER,
+    entry: "scan",
+    bindings: &[
+        (0, Uniform),
+        (3, ReadWrite),
+        (4, ReadWrite),
+        (5, ReadWrite),
+        (6, ReadWrite),
+        (8, ReadWrite),
+        (9, ReadWrite),
+        (10, ReadWrite),
+    ],
+};
+static SCATTER: KernelSpec = KernelSpec {
+    shader: &LAYOUT_SHADER,
+    entry: "scatter",
+    bindings: &[(0, Uniform), (1, Read), (2, ReadWrite), (5, ReadWrite), (6, ReadWrite), (7, ReadWrite)],
+};
+static BUCKET_SLOTS: KernelSpec = KernelSpec {
+    shader: &BUCKET_SHADER,
+    entry: "bucket_slots",
+    bindings: &[(0, Uniform), (3, Read), (4, Read), (6, Read), (11, ReadWrite)],
+};
+static BUCKET_OVERFLOW: KernelSpec = KernelSpec {
+    shader: &BUCKET_SHADER,
+    entry: "bucket_overflow",
+    bindings: &[(0, Uniform), (1, Read), (4, Read), (7, Read), (10, Read), (12, ReadWrite)],
+};
+
+/// What to group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DispatchConfig {
+    /// Number of experts `E`, `1..=MAX_EXPERTS`.
+    pub experts: u32,
+    /// Experts per token.
+    pub k: u32,
+    /// Row tile of the grouped GEMM: a power of two in `1..=MAX_TILE`. Each expert's rows are
+    /// padded to a multiple of it so no tile straddles two experts.
+    pub tile: u32,
+}
+
+impl DispatchConfig {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<()> {
+        if self.experts == 0 {
+            return Err(Error::invalid("experts must be at least 1"));
+        }
+        if self.experts > MAX_EXPERTS {
+            return Err(Error::limit("experts", self.experts.into(), MAX_EXPERTS.into(), "dispatch kernels"));
+        }
+        if self.k == 0 {
+            return Err(Error::invalid("k must be at least 1"));
+        }
+        if !self.tile.is_power_of_two() || self.tile > MAX_TILE {
+            return Err(Error::invalid(format!(
+                "tile = {} is not supported: use a power of two from 1 to {MAX_TILE}",
+                self.tile
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+struct Params {
+    entries: u32,
+    k: u32,
+    experts: u32,
+    tile: u32,
+    blocks: u32,
+    bound: u32,
+    max_tiles: u32,
+    pad0: u32,
+}
+
+/// Expert load, from a layout's counts and meta words.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoadStats {
+    /// Entries per expert.
+    pub per_expert: Vec<u32>,
+    /// Entries placed.
+    pub rows: u32,
+    /// Largest count.
+    pub max: u32,
+    /// Mean count over all experts.
+    pub mean: f64,
+    /// `max / mean` (1.0 is perfectly balanced; 0 when nothing was routed).
+    pub imbalance: f64,
+    /// Experts with at least one entry.
+    pub nonempty: u32,
+    /// Entries past a bucket bound: sent to the overflow list, or dropped under
+    /// [`OverflowPolicy::Drop`].
+    pub over_bound: u32,
+    /// Entries whose expert index was out of range.
+    pub invalid: u32,
+}
+
+impl LoadStats {
+    fn new(per_expert: Vec<u32>, meta: Meta) -> Self {
+        let mean = f64::from(meta.rows) / per_expert.len().max(1) as f64;
+        LoadStats {
+            rows: meta.rows,
+            max: meta.max_count,
+            mean,
+            imbalance: if meta.rows == 0 { 0.0 } else { f64::from(meta.max_count) / mean },
+            nonempty: meta.nonempty,
+            over_bound: meta.overflow,
+            invalid: meta.invalid,
+            per_expert,
+        }
+    }
+}
+
+/// Device buffers of one grouped layout for `tokens` tokens, and the dispatches that fill
+/// them from an indices buffer. Built once per shape; every forward re-records the same plan,
+/// and every consumer (expert projections, combine) reads the same buffers.
+#[derive(Debug)]
+pub struct DispatchLayout {
+    cfg: DispatchConfig,
+    tokens: u32,
+    entries: u32,
+    blocks: u32,
+    max_rows: u32,
+    max_tiles: u32,
+    params: wgpu::Buffer,
+    hist: wgpu::Buffer,
+    counts: wgpu::Buffer,
+    offsets: wgpu::Buffer,
+    padded: wgpu::Buffer,
+    perm: wgpu::Buffer,
+    inverse: wgpu::Buffer,
+    tile_expert: wgpu::Buffer,
+    meta: wgpu::Buffer,
+    overflow_offsets: wgpu::Buffer,
+}
+
+const U32: u64 = 4;
+
+impl DispatchLayout {
+    /// Allocates a layout for `tokens` tokens; `bound` (0: none) sets the capacity used for
+    /// overflow accounting.
+    pub fn new(ctx: &Context, cfg: DispatchConfig, tokens: u32, bound: u32) -> Result<Self> {
+        cfg.validate()?;
+        let entries64 = u64::from(tokens) * u64::from(cfg.k);
+        let e = u64::from(cfg.experts);
+        let max_rows64 = entries64 + e * u64::from(cfg.tile - 1);
+        if max_rows64 > u64::from(u32::MAX) {
+            return Err(Error::limit(
+                "tokens * k + experts * (tile - 1)",
+                max_rows64,
+                u32::MAX.into(),
+                "u32 row indices",
+            ));
+        }
+        let (entries, max_rows) = (entries64 as u32, max_rows64 as u32);
+        let blocks = entries.div_ceil(DISPATCH_WG);
+        let max_tiles = max_rows.div_ceil(cfg.tile);
+        let hist_bytes = u64::from(blocks.max(1)) * e * U32;
+        for (what, bytes) in [
+            ("dispatch block histogram (blocks x experts)", hist_bytes),
+            ("perm", u64::from(max_rows) * U32),
+            ("indices", entries64 * U32),
+        ] {
+            let limit = ctx.limits().max_storage_buffer_binding_size;
+            if bytes > limit {
+                return Err(Error::limit(what, bytes, limit, "max_storage_buffer_binding_size"));
+            }
+        }
+        let params = ctx.uniform(
+            "dispatch params",
+            &Params {
+                entries,
+                k: cfg.k,
+                experts: cfg.experts,
+                tile: cfg.tile,
+                blocks,
+                bound,
+                max_tiles,
+                pad0: 0,
+            },
+        );
+        Ok(DispatchLayout {
+            cfg,
+            tokens,
+            entries,
+            blocks,
+            max_rows,
+            max_tiles,
+            params,
+            hist: ctx.zeroed("dispatch hist", hist_bytes),
+            counts: ctx.zeroed("expert counts", e * U32),
+            offsets: ctx.zeroed("expert offsets", (e + 1) * U32),
+            padded: ctx.zeroed("padded offsets", (e + 1) * U32),
+            perm: ctx.zeroed("perm", u64::from(max_rows) * U32),
+            inverse: ctx.zeroed("inverse perm", entries64 * U32),
+            tile_expert: ctx.zeroed("tile expert", u64::from(max_tiles) * U32),
+            meta: ctx.zeroed("dispatch meta", 8 * U32),
+            overflow_offsets: ctx.zeroed("overflow offsets", (e + 1) * U32),
+        })
+    }
+
+    fn bind<'a>(&'a self, binding: u32, indices: &'a wgpu::Buffer) -> Binding<'a> {
+        let e1 = u64::from(self.cfg.experts) + 1;
+        let (buffer, elems) = match binding {
+            0 => return Binding { binding, buffer: &self.params, size: 32 },
+            1 => (indices, u64::from(self.entries)),
+            2 => (&self.hist, u64::from(self.blocks.max(1)) * u64::from(self.cfg.experts)),
+            3 => (&self.counts, e1 - 1),
+            4 => (&self.offsets, e1),
+            5 => (&self.padded, e1),
+            6 => (&self.perm, u64::from(self.max_rows)),
+            7 => (&self.inverse, u64::from(self.entries)),
+            8 => (&self.tile_expert, u64::from(self.max_tiles)),
+            9 => (&self.meta, 8),
+            _ => (&self.overflow_offsets, e1),
+        };
+        Binding { binding, buffer, size: elems * U32 }
+    }
+
+    fn dispatch(
+        &self,
+        ctx: &Context,
+        spec: &'static KernelSpec,
+        indices: &wgpu::Buffer,
+        grid: [u32; 3],
+    ) -> Result<Dispatch> {
+        let kernel = ctx.kernel(spec, &[])?;
+        let bindings: Vec<Binding<'_>> = spec.bindings.iter().map(|&(b, _)| self.bind(b, indices)).collect();
+        ctx.dispatch(&kernel, &bindings, grid)
+    }
+
+    /// The four dispatches that fill the layout from `indices[tokens, k]` (u32).
+    pub fn plan(&self, ctx: &Context, indices: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
+        ctx.check_binding("indices", indices, u64::from(self.entries) * U32, Access::Read)?;
+        let blocks = ctx.grid(u64::from(self.blocks), "dispatch blocks")?;
+        let experts = ctx.grid(u64::from(self.cfg.experts).div_ceil(64), "dispatch experts")?;
+        Ok(vec![
+            self.dispatch(ctx, &BLOCK_HIST, indices, blocks)?,
+            self.dispatch(ctx, &EXPERT_BASE, indices, experts)?,
+            self.dispatch(ctx, &SCAN, indices, [1, 1, 1])?,
+            self.dispatch(ctx, &SCATTER, indices, blocks)?,
+        ])
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> DispatchConfig {
+        self.cfg
+    }
+    /// Tokens the layout was built for.
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+    /// Upper bound on padded rows (`tokens * k + experts * (tile - 1)`); `perm` has this many.
+    pub fn max_rows(&self) -> u32 {
+        self.max_rows
+    }
+    /// Upper bound on tiles; `tile_expert` has this many, NONE past the tiles in use.
+    pub fn max_tiles(&self) -> u32 {
+        self.max_tiles
+    }
+    /// `counts[E]`.
+    pub fn counts(&self) -> &wgpu::Buffer {
+        &self.counts
+    }
+    /// `offsets[E + 1]` (unpadded).
+    pub fn offsets(&self) -> &wgpu::Buffer {
+        &self.offsets
+    }
+    /// `padded[E + 1]` (tile-padded offsets).
+    pub fn padded_offsets(&self) -> &wgpu::Buffer {
+        &self.padded
+    }
+    /// `perm[max_rows]`: grouped row -> entry `token * k + slot`, NONE for padding.
+    pub fn perm(&self) -> &wgpu::Buffer {
+        &self.perm
+    }
+    /// `inverse[tokens * k]`: entry -> grouped row.
+    pub fn inverse(&self) -> &wgpu::Buffer {
+        &self.inverse
+    }
+    /// `tile_expert[max_tiles]`: tile -> expert, NONE for unused tiles.
+    pub fn tile_expert(&self) -> &wgpu::Buffer {
+        &self.tile_expert
+    }
+    /// `meta[8]`: rows, padded rows, tiles, max count, non-empty experts, over-bound rows,
+    /// invalid entries, 0.
+    pub fn meta(&self) -> &wgpu::Buffer {
+        &self.meta
+    }
+
+    /// Reads the layout back (trimmed to the rows and tiles in use).
+    pub fn read(&self, ctx: &Context) -> Result<Layout> {
+        let e = self.cfg.experts as usize;
+        let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, 8)?);
+        Ok(Layout {
+            counts: ctx.read_back(&self.counts, e)?,
+            offsets: ctx.read_back(&self.offsets, e + 1)?,
+            padded: ctx.read_back(&self.padded, e + 1)?,
+            perm: ctx.read_back(&self.perm, meta.padded_rows as usize)?,
+            inverse: ctx.read_back(&self.inverse, self.entries as usize)?,
+            tile_expert: ctx.read_back(&self.tile_expert, meta.tiles as usize)?,
+            overflow_offsets: ctx.read_back(&self.overflow_offsets, e + 1)?,
+            meta,
+        })
+    }
+
+    /// The whole tile map, including the NONE entries past the tiles in use.
+    pub fn read_tile_map(&self, ctx: &Context) -> Result<Vec<u32>> {
+        ctx.read_back(&self.tile_expert, self.max_tiles as usize)
+    }
+
+    /// Expert load statistics (reads counts and meta).
+    pub fn stats(&self, ctx: &Context) -> Result<LoadStats> {
+        let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, 8)?);
+        Ok(LoadStats::new(ctx.read_back(&self.counts, self.cfg.experts as usize)?, meta))
+    }
+
+    /// Writes a host-built layout into the device buffers (the host-dispatch path).
+    pub fn upload(&self, ctx: &Context, l: &Layout) -> Result<()> {
+        let e = self.cfg.experts as usize;
+        let mut tiles = l.tile_expert.clone();
+        tiles.resize(self.max_tiles as usize, crate::reference::dispatch::NONE);
+        let fits = l.counts.len() == e
+            && l.inverse.len() == self.entries as usize
+            && l.perm.len() <= self.max_rows as usize;
+        if !fits {
+            return Err(Error::shape(
+                "host layout",
+                format!("E = {e}, {} entries", self.entries),
+                format!("E = {}, {} entries", l.counts.len(), l.inverse.len()),
+            ));
+        }
+        let q = ctx.queue();
+        q.write_buffer(&self.counts, 0, bytemuck::cast_slice(&l.counts));
+        q.write_buffer(&self.offsets, 0, bytemuck::cast_slice(&l.offsets));
+        q.write_buffer(&self.padded, 0, bytemuck::cast_slice(&l.padded));
+        q.write_buffer(&self.perm, 0, bytemuck::cast_slice(&l.perm));
+        q.write_buffer(&self.inverse, 0, bytemuck::cast_slice(&l.inverse));
+        q.write_buffer(&self.tile_expert, 0, bytemuck::cast_slice(&tiles));
+        q.write_buffer(&self.overflow_offsets, 0, bytemuck::cast_slice(&l.overflow_offsets));
+        q.write_buffer(&self.meta, 0, bytemuck::cast_slice(&l.meta.to_words()));
+        Ok(())
+    }
+}
+
+/// Host baseline: reads `indices` back, stable-sorts on the CPU, and uploads the layout.
+/// One readback and eight uploads per call; kept as the A side of the dispatch A/B.
+pub fn host_dispatch(
+    ctx: &Context,
+    layout: &DispatchLayout,
+    indices: &wgpu::Buffer,
+    bound: u32,
+) -> Result<Layout> {
+    let host: Vec<u32> = ctx.read_back(indices, layout.entries as usize)?;
+    let l = crate::reference::dispatch::layout(&host, layout.cfg.experts, layout.cfg.tile, bound);
+    layout.upload(ctx, &l)?;
+    Ok(l)
+}
+
+/// What happens to tokens past a bucket's bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OverflowPolicy {
+    /// Listed for a second pass; nothing is lost.
+    Overflow,
+    /// Dropped and counted.
+    Drop,
+}
+
+/// Bucket ("caps") routing: top-1 winners grouped per bucket with at most `bound` rows each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketConfig {
+    /// Number of buckets.
+    pub n_caps: u32,
+    /// Rows per bucket, at least 1.
+    pub bound: u32,
+    /// Overflow or drop past the bound.
+    pub policy: OverflowPolicy,
+}
+
+/// A bucket layout: the k = 1 grouping plus `pad_perm[n_caps * bound]` and the overflow list.
+#[derive(Debug)]
+pub struct BucketLayout {
+    cfg: BucketConfig,
+    layout: DispatchLayout,
+    pad_perm: wgpu::Buffer,
+    overflow: wgpu::Buffer,
+}
+
+/// Bucket lists read back to the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostBuckets {
+    /// Token of rank r in bucket c at `c * bound + r`, NONE past the bucket's count.
+    pub pad_perm: Vec<u32>,
+    /// Tokens past the bound in (bucket, rank) order (empty under the drop policy).
+    pub overflow: Vec<u32>,
+    /// Tokens past the bound (overflowed or dropped).
+    pub over_bound: u32,
+}
+
+impl BucketLayout {
+    /// Allocates the bucket layout for `tokens` tokens.
+    pub fn new(ctx: &Context, cfg: BucketConfig, tokens: u32) -> Result<Self> {
+        if cfg.bound == 0 {
+            return Err(Error::invalid("bucket bound must be at least 1"));
+        }
+        let layout = DispatchLayout::new(
+            ctx,
+            DispatchConfig { experts: cfg.n_caps, k: 1, tile: 1 },
+            tokens,
+            cfg.bound,
+        )?;
+        let slots = u64::from(cfg.n_caps) * u64::from(cfg.bound);
+        if slots * U32 > ctx.limits().max_storage_buffer_binding_size {
+            return Err(Error::limit(
+                "pad_perm bytes (n_caps x bound)",
+                slots * U32,
+                ctx.limits().max_storage_buffer_binding_size,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        if slots > u64::from(u32::MAX) {
+            return Err(Error::limit("n_caps x bound", slots, u32::MAX.into(), "u32 slot indices"));
+        }
+        Ok(BucketLayout {
+            cfg,
+            pad_perm: ctx.zeroed("pad perm", slots * U32),
+            overflow: ctx.zeroed("overflow list", u64::from(tokens) * U32),
+            layout,
+        })
+    }
+
+    /// The grouping underneath (k = 1, tile = 1).
+    pub fn layout(&self) -> &DispatchLayout {
+        &self.layout
+    }
+    /// `pad_perm[n_caps * bound]`.
+    pub fn pad_perm(&self) -> &wgpu::Buffer {
+        &self.pad_perm
+    }
+    /// Overflow list (its length is the layout's over-bound count).
+    pub fn overflow(&self) -> &wgpu::Buffer {
+        &self.overflow
+    }
+
+    /// Dispatches that fill the bucket layout from `winners[tokens]` (u32).
+    pub fn plan(&self, ctx: &Context, winners: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
+        let mut ds = self.layout.plan(ctx, winners)?;
+        let slots = u64::from(self.cfg.n_caps) * u64::from(self.cfg.bound);
+        let extra = |binding: u32| match binding {
+            11 => Some(Binding { binding, buffer: &self.pad_perm, size: slots * U32 }),
+            12 => Some(Binding {
+                binding,
+                buffer: &self.overflow,
+                size: u64::from(self.layout.tokens.max(1)) * U32,
+            }),
+            _ => None,
+        };
+        let mut specs = vec![(&BUCKET_SLOTS, slots)];
+        if self.cfg.policy == OverflowPolicy::Overflow {
+            specs.push((&BUCKET_OVERFLOW, u64::from(self.layout.entries)));
+        }
+        for (spec, threads) in specs {
+            let kernel = ctx.kernel(spec, &[])?;
+            let bindings: Vec<Binding<'_>> = spec
+                .bindings
+                .iter()
+                .map(|&(b, _)| extra(b).unwrap_or_else(|| self.layout.bind(b, winners)))
+                .collect();
+            ds.push(ctx.dispatch(&kernel, &bindings, ctx.grid(threads.div_ceil(64), spec.entry)?)?);
+        }
+        Ok(ds)
+    }
+
+    /// Reads the bucket lists back.
+    pub fn read(&self, ctx: &Context) -> Result<HostBuckets> {
+        let meta = Meta::from_words(&ctx.read_back::<u32>(self.layout.meta(), 8)?);
+        let slots = (self.cfg.n_caps * self.cfg.bound) as usize;
+        Ok(HostBuckets {
+            pad_perm: ctx.read_back(&self.pad_perm, slots)?,
+            overflow: match self.cfg.policy {
+                OverflowPolicy::Overflow => ctx.read_back(&self.overflow, meta.overflow as usize)?,
+                OverflowPolicy::Drop => Vec::new(),
+            },
+            over_bound: meta.overflow,
+        })
+    }
+}
+
+/// Checks host-side indices before upload: every index must be below `experts`.
+pub fn check_indices(indices: &[u32], experts: u32) -> Result<()> {
+    match indices.iter().position(|&i| i >= experts) {
+        None => Ok(()),
+        Some(p) => Err(Error::invalid(format!(
+            "indices[{p}] = {} is not below the expert count {experts}",
+            indices[p]
+        ))),
+    }
+}
+
+/// Groups host `indices[tokens * k]` on the device and reads the layout back.
+pub fn dispatch_host_indices(ctx: &Context, cfg: DispatchConfig, indices: &[u32]) -> Result<Layout> {
+    cfg.validate()?;
+    check_indices(indices, cfg.experts)?;
+    if !indices.len().is_multiple_of(cfg.k as usize) {
+        return Err(Error::shape("indices", format!("a multiple of k = {}", cfg.k), indices.len()));
+    }
+    let tokens = u32::try_from(indices.len() / cfg.k as usize)
+        .map_err(|_| Error::limit("tokens", indices.len() as u64, u32::MAX.into(), "u32 token count"))?;
+    let layout = DispatchLayout::new(ctx, cfg, tokens, 0)?;
+    let buf = ctx.upload("indices", indices);
+    let plan = layout.plan(ctx, &buf)?;
+    ctx.run(&plan.iter().collect::<Vec<_>>())?;
+    layout.read(ctx)
+}
