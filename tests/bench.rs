@@ -8,6 +8,7 @@ use std::rc::Rc;
 
 use common::contexts;
 use moeflow::bench::calibrate::calibrate;
+use moeflow::bench::comparison::Work;
 use moeflow::bench::record::Calibration;
 use moeflow::bench::routing::FusedRoute;
 use moeflow::bench::{Case, Comparison, Settings, Size, SizeSet, Verdict, run_case, run_comparison};
@@ -53,8 +54,8 @@ impl Comparison for Scripted {
         let plan = |ctx| plan_route(ctx, &cfg, m, &bufs, RouteMode::Fused { write_logits: false });
         let (fail, calls) = (self.fail, self.calls.clone());
         Ok(Case {
-            a: plan(ctx)?.into_dispatches(),
-            b: plan(ctx)?.into_dispatches(),
+            a: Work::Gpu(plan(ctx)?.into_dispatches()),
+            b: Work::Gpu(plan(ctx)?.into_dispatches()),
             flops: 0.0,
             bytes: 0.0,
             validate: Box::new(move |_| {

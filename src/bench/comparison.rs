@@ -53,12 +53,49 @@ impl fmt::Display for Size {
 /// A boxed check that reads the variants' outputs back and compares them.
 pub type Validate = Box<dyn Fn(&Context) -> Result<()>>;
 
+/// Host-driven work: runs once per call and returns when its effects are complete.
+pub type HostRun = Box<dyn Fn(&Context) -> Result<()>>;
+
+/// What one variant runs per repetition.
+pub enum Work {
+    /// Dispatches recorded in order into one compute pass: timed on the GPU clock (where the
+    /// adapter has timestamps) and the wall clock.
+    Gpu(Vec<Dispatch>),
+    /// Work driven from the host (readbacks, CPU steps, uploads): wall clock only.
+    Host {
+        /// The work.
+        run: HostRun,
+        /// Dispatches it submits per run.
+        dispatches: usize,
+        /// Device-to-host readbacks per run.
+        readbacks: u32,
+    },
+}
+
+impl Work {
+    /// Dispatches per run.
+    pub fn dispatches(&self) -> usize {
+        match self {
+            Work::Gpu(d) => d.len(),
+            Work::Host { dispatches, .. } => *dispatches,
+        }
+    }
+
+    /// Device-to-host readbacks per run.
+    pub fn readbacks(&self) -> u32 {
+        match self {
+            Work::Gpu(_) => 0,
+            Work::Host { readbacks, .. } => *readbacks,
+        }
+    }
+}
+
 /// One size of a comparison, built on a context and ready to time.
 pub struct Case {
-    /// Dispatches of variant A (the baseline), recorded in order.
-    pub a: Vec<Dispatch>,
-    /// Dispatches of variant B.
-    pub b: Vec<Dispatch>,
+    /// Variant A (the baseline).
+    pub a: Work,
+    /// Variant B.
+    pub b: Work,
     /// Floating-point operations of one run of the work (0 where it does not apply).
     pub flops: f64,
     /// Bytes the work must move at least once per run (0 where it does not apply).

@@ -6,6 +6,7 @@
 
 pub mod calibrate;
 pub mod comparison;
+pub mod dispatch;
 pub mod record;
 pub mod report;
 pub mod routing;
@@ -16,9 +17,10 @@ pub mod verdict;
 pub use comparison::{Case, Comparison, Size, SizeSet};
 pub use record::{Calibration, RunRecord, Settings};
 pub use runner::{run_case, run_comparison};
+pub use timer::Sampler;
 pub use verdict::{Block, Rules, Summary, Verdict};
 
 /// Every registered comparison, in matrix order.
 pub fn comparisons() -> Vec<Box<dyn Comparison>> {
-    vec![Box::new(routing::FusedRoute)]
+    vec![Box::new(routing::FusedRoute), Box::new(dispatch::DeviceDispatch)]
 }

@@ -108,6 +108,8 @@ pub struct VariantFigures {
     pub fraction_of_bandwidth: Option<f64>,
     /// Dispatches per run.
     pub dispatches: usize,
+    /// Device-to-host readbacks per run.
+    pub readbacks: u32,
 }
 
 /// One size of one comparison.

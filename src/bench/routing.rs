@@ -1,6 +1,6 @@
 //! Routing comparisons: fused vs unfused route.
 
-use super::comparison::{Case, Comparison, Size, SizeSet};
+use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
@@ -84,8 +84,8 @@ impl Comparison for FusedRoute {
         };
         let (mf, ef, hf) = (f64::from(m), f64::from(e), f64::from(h));
         Ok(Case {
-            a: a.into_dispatches(),
-            b: b.into_dispatches(),
+            a: Work::Gpu(a.into_dispatches()),
+            b: Work::Gpu(b.into_dispatches()),
             flops: 2.0 * mf * ef * hf,
             bytes: 4.0 * (mf * hf + ef * hf + 2.0 * mf * f64::from(k)),
             validate: Box::new(validate),

@@ -1,6 +1,8 @@
 //! Runs a comparison under the protocol: validate, warm up, ABBA blocks, validate again.
 
-use super::comparison::{Case, Comparison, Size, SizeSet};
+use std::time::Instant;
+
+use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use super::record::{Calibration, CaseRecord, ComparisonRecord, Settings, VariantFigures};
 use super::timer::{Sample, Sampler};
 use super::verdict::{Block, Counts, Summary, geomean_change, summarize};
@@ -37,7 +39,7 @@ fn blocks(samples: &[f64], reps: u32) -> Vec<Block> {
         .collect()
 }
 
-fn figures(seconds: f64, case: &Case, cal: &Calibration, dispatches: usize) -> VariantFigures {
+fn figures(seconds: f64, case: &Case, cal: &Calibration, work: &Work) -> VariantFigures {
     let gflops = (case.flops > 0.0).then(|| case.flops / seconds / 1e9);
     let gbps = (case.bytes > 0.0).then(|| case.bytes / seconds / 1e9);
     VariantFigures {
@@ -46,13 +48,40 @@ fn figures(seconds: f64, case: &Case, cal: &Calibration, dispatches: usize) -> V
         gbps,
         fraction_of_fma: gflops.map(|g| g / cal.fma_gflops),
         fraction_of_bandwidth: gbps.map(|g| g / cal.copy_gbps),
-        dispatches,
+        dispatches: work.dispatches(),
+        readbacks: work.readbacks(),
     }
 }
 
-/// Times one case: validation before warm-up, `warmup` untimed ABBA blocks, `blocks`
-/// recorded ABBA blocks, validation after. A validation failure is an
-/// [`Error::Validation`] and no timing is returned.
+struct Runner<'c> {
+    sampler: Sampler<'c>,
+    ctx: &'c Context,
+}
+
+impl Runner<'_> {
+    /// One sample of `work` repeated `reps` times; timed samples get a GPU timestamp pair
+    /// when the work is GPU-only.
+    fn run(&mut self, work: &Work, reps: u32, timed: bool) -> Result<Sample> {
+        match work {
+            Work::Gpu(ds) => {
+                let ds: Vec<&Dispatch> = ds.iter().collect();
+                if timed { self.sampler.sample(&ds, reps) } else { self.sampler.untimed(&ds, reps) }
+            }
+            Work::Host { run, .. } => {
+                let start = Instant::now();
+                for _ in 0..reps {
+                    run(self.ctx)?;
+                }
+                Ok(Sample::wall_only(start.elapsed().as_secs_f64()))
+            }
+        }
+    }
+}
+
+/// Times one case: one untimed run of each variant, validation, `warmup` untimed ABBA
+/// blocks, `blocks` recorded ABBA blocks, validation again. A validation failure is an
+/// [`Error::Validation`] and no timing is returned. Cases with host-driven work are judged
+/// on the wall clock.
 pub fn run_case(
     ctx: &Context,
     size: &Size,
@@ -60,33 +89,34 @@ pub fn run_case(
     s: &Settings,
     cal: &Calibration,
 ) -> Result<CaseRecord> {
-    let a: Vec<&Dispatch> = case.a.iter().collect();
-    let b: Vec<&Dispatch> = case.b.iter().collect();
-    let mut sampler = Sampler::new(ctx, 4 * s.blocks)?;
+    let mut r = Runner { sampler: Sampler::new(ctx, 4 * s.blocks)?, ctx };
     // One untimed run of each produces the outputs to validate; A's wall time then sets the
     // repetitions per sample.
-    sampler.untimed(&b, 1)?;
-    let probe = sampler.untimed(&a, 1)?;
+    r.run(&case.b, 1, false)?;
+    let probe = r.run(&case.a, 1, false)?;
     (case.validate)(ctx).map_err(|e| validation("before warm-up", e))?;
     let reps = ((s.min_sample_s / probe.wall_s.max(1e-9)).ceil() as u32).clamp(1, s.max_reps);
+    let (a, b) = (&case.a, &case.b);
     for _ in 0..s.warmup {
-        for v in [&a, &b, &b, &a] {
-            sampler.untimed(v, reps)?;
+        for v in [a, b, b, a] {
+            r.run(v, reps, false)?;
         }
     }
     let mut samples: Vec<Sample> = Vec::with_capacity(4 * s.blocks as usize);
     for _ in 0..s.blocks {
-        for v in [&a, &b, &b, &a] {
-            samples.push(sampler.sample(v, reps)?);
+        for v in [a, b, b, a] {
+            samples.push(r.run(v, reps, true)?);
             if s.readback_each_run {
                 (case.validate)(ctx).map_err(|e| validation("during the timed sequence", e))?;
             }
         }
     }
+    let sampler = r.sampler;
     (case.validate)(ctx).map_err(|e| validation("after the timed sequence", e))?;
 
     let wall: Vec<f64> = samples.iter().map(|x| x.wall_s).collect();
     let gpu: Option<Vec<f64>> = sampler.gpu_seconds(&samples)?.into_iter().collect();
+    let gpu = gpu.filter(|_| matches!((a, b), (Work::Gpu(_), Work::Gpu(_))));
     let blocks_wall = blocks(&wall, reps);
     let blocks_gpu = gpu.as_ref().map(|g| blocks(g, reps));
     let wall_summary = summarize(&blocks_wall, &s.rules);
@@ -104,8 +134,8 @@ pub fn run_case(
         verdict: primary.verdict,
         ratio: primary.ratio,
         clock: clock.into(),
-        a: figures(a_s, case, cal, case.a.len()),
-        b: figures(b_s, case, cal, case.b.len()),
+        a: figures(a_s, case, cal, &case.a),
+        b: figures(b_s, case, cal, &case.b),
         gpu: gpu_summary.clone(),
         wall: wall_summary,
         blocks_gpu,

@@ -28,6 +28,13 @@ pub struct Sample {
     query: Option<u32>,
 }
 
+impl Sample {
+    /// A sample timed on the wall clock only.
+    pub fn wall_only(wall_s: f64) -> Self {
+        Sample { wall_s, query: None }
+    }
+}
+
 impl<'c> Sampler<'c> {
     /// A sampler for up to `samples` timed samples.
     pub fn new(ctx: &'c Context, samples: u32) -> Result<Self> {

@@ -21,7 +21,7 @@
 @group(0) @binding(9) var<storage, read_write> meta_words: array<u32>;
 @group(0) @binding(10) var<storage, read_write> overflow_offsets: array<u32>;
 
-var<workgroup> block_expert: array<u32, DISPATCH_WG>;
+var<workgroup> block_expert: array<vec4<u32>, DISPATCH_WG / 4u>;
 var<workgroup> part_rows: array<u32, DISPATCH_WG>;
 var<workgroup> part_padded: array<u32, DISPATCH_WG>;
 var<workgroup> part_over: array<u32, DISPATCH_WG>;
@@ -182,7 +182,7 @@ fn scatter(
             e = NONE;
         }
     }
-    block_expert[lid] = e;
+    block_expert[lid / 4u][lid % 4u] = e;
     workgroupBarrier();
     if i >= params.entries {
         return;
@@ -191,10 +191,17 @@ fn scatter(
         inverse[i] = NONE;
         return;
     }
-    var rank = 0u;
-    for (var j = 0u; j < lid; j++) {
-        rank += select(0u, 1u, block_expert[j] == e);
+    // rank = entries before this one in the block with the same expert, four at a time.
+    let ev = vec4<u32>(e);
+    let one = vec4<u32>(1u);
+    var acc = vec4<u32>(0u);
+    let full = lid / 4u;
+    for (var j = 0u; j < full; j++) {
+        acc += select(vec4<u32>(0u), one, block_expert[j] == ev);
     }
+    let lanes = vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(lid % 4u);
+    acc += select(vec4<u32>(0u), one, (block_expert[full] == ev) & lanes);
+    let rank = (acc.x + acc.y) + (acc.z + acc.w);
     let row = padded[e] + atomicLoad(&hist[b * params.experts + e]) + rank;
     perm[row] = i;
     inverse[i] = row;
