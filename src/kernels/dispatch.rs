@@ -477,6 +477,10 @@ impl BucketLayout {
         })
     }
 
+    /// The bucket configuration.
+    pub fn config(&self) -> BucketConfig {
+        self.cfg
+    }
     /// The grouping underneath (k = 1, tile = 1).
     pub fn layout(&self) -> &DispatchLayout {
         &self.layout

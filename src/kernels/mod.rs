@@ -2,4 +2,5 @@
 //! pipeline, and return [`Dispatch`](crate::pipeline::Dispatch)es for the caller to record.
 
 pub mod dispatch;
+pub mod gemm;
 pub mod routing;

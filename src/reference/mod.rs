@@ -4,4 +4,5 @@
 //! may differ by a few ULP on a GPU, which the comparison bound `2e-5 + 2e-5 * |ref|` covers.
 
 pub mod dispatch;
+pub mod gemm;
 pub mod routing;

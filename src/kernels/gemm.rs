@@ -1,0 +1,591 @@
+//! Expert projections: SwiGLU expert FFNs over dispatched rows in one grouped GEMM per
+//! projection, plus the comparison paths (bucketed with overflow, dense, all experts) and the
+//! row-wise decode path. Weights are f32, f16 or bf16, packed in u32 words and unpacked in the
+//! shader; accumulation is f32 in one fixed K order (see `wgsl/gemm/common.wgsl`), so a
+//! token's outputs are bitwise the same whatever the batch, tile or path.
+//!
+//! Shapes: `x[tokens, H]`; `gate`, `up` `[E, F, H]`; `down` `[E, H, F]`;
+//! `indices[tokens, k]`; output `partial[tokens * k, H]` indexed by entry `token * k + slot`.
+
+use bytemuck::{Pod, Zeroable};
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::dispatch::{BucketLayout, DispatchLayout};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::shader::{ShaderSource, wgsl};
+
+/// Rows per tiled-GEMM workgroup block; dispatch tiles must be multiples of it.
+pub const BLOCK_ROWS: u32 = 32;
+/// Columns per tiled-GEMM workgroup block.
+pub const BLOCK_COLS: u32 = 32;
+/// Token counts up to this use the row-wise decode path when the path is chosen automatically.
+pub const DECODE_MAX_TOKENS: u32 = 8;
+
+static TILED_SHADER: ShaderSource = ShaderSource {
+    name: "gemm/tiled",
+    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/tiled.wgsl")],
+    entry_points: &["tiled"],
+};
+static ROWWISE_SHADER: ShaderSource = ShaderSource {
+    name: "gemm/rowwise",
+    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/rowwise.wgsl")],
+    entry_points: &["rowwise"],
+};
+
+/// The gemm family's shader modules.
+pub(crate) static SHADERS: &[&ShaderSource] = &[&TILED_SHADER, &ROWWISE_SHADER];
+
+use Access::{Read, ReadWrite, Uniform};
+static TILED: KernelSpec = KernelSpec {
+    shader: &TILED_SHADER,
+    entry: "tiled",
+    bindings: &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)],
+};
+static ROWWISE: KernelSpec = KernelSpec {
+    shader: &ROWWISE_SHADER,
+    entry: "rowwise",
+    bindings: &[
+        (0, Uniform),
+        (1, Read),
+        (2, Read),
+        (3, Read),
+        (4, Read),
+        (6, ReadWrite),
+        (7, Read),
+        (8, Read),
+    ],
+};
+
+/// Storage type of expert weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightDtype {
+    /// 32-bit floats.
+    #[default]
+    F32,
+    /// IEEE half precision, two per u32 word (low half first).
+    F16,
+    /// bfloat16, two per u32 word (low half first).
+    Bf16,
+}
+
+impl WeightDtype {
+    fn code(self) -> f64 {
+        match self {
+            WeightDtype::F32 => 0.0,
+            WeightDtype::F16 => 1.0,
+            WeightDtype::Bf16 => 2.0,
+        }
+    }
+
+    /// Rounds f32 values to this dtype (nearest even) and back: the values the shader sees.
+    pub fn round(self, data: &[f32]) -> Vec<f32> {
+        match self {
+            WeightDtype::F32 => data.to_vec(),
+            WeightDtype::F16 => data.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+            WeightDtype::Bf16 => data.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+        }
+    }
+
+    /// Packs f32 values into u32 words of this dtype.
+    pub fn pack(self, data: &[f32]) -> Vec<u32> {
+        let halves: Vec<u16> = match self {
+            WeightDtype::F32 => return data.iter().map(|v| v.to_bits()).collect(),
+            WeightDtype::F16 => data.iter().map(|&v| f16::from_f32(v).to_bits()).collect(),
+            WeightDtype::Bf16 => data.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(),
+        };
+        halves.chunks(2).map(|p| u32::from(p[0]) | (u32::from(*p.get(1).unwrap_or(&0)) << 16)).collect()
+    }
+
+    /// Bytes of `n` elements as packed.
+    pub fn packed_bytes(self, n: u64) -> u64 {
+        match self {
+            WeightDtype::F32 => 4 * n,
+            _ => 4 * n.div_ceil(2),
+        }
+    }
+}
+
+/// Weights of `E` experts, each `[n, k]` (out x in), packed on the device.
+#[derive(Debug)]
+pub struct ExpertWeights {
+    buffer: wgpu::Buffer,
+    dtype: WeightDtype,
+    experts: u32,
+    n: u32,
+    k: u32,
+}
+
+impl ExpertWeights {
+    /// Uploads `data[experts, n, k]`, rounding to `dtype`.
+    pub fn from_f32(
+        ctx: &Context,
+        data: &[f32],
+        dtype: WeightDtype,
+        experts: u32,
+        n: u32,
+        k: u32,
+    ) -> Result<Self> {
+        let elems = u64::from(experts) * u64::from(n) * u64::from(k);
+        if data.len() as u64 != elems {
+            return Err(Error::shape(
+                "expert weights",
+                format!("[{experts}, {n}, {k}] = {elems} elements"),
+                data.len(),
+            ));
+        }
+        if experts == 0 || n == 0 || k == 0 {
+            return Err(Error::invalid(format!(
+                "expert weights [{experts}, {n}, {k}] have an empty dimension"
+            )));
+        }
+        let bytes = dtype.packed_bytes(elems);
+        let limit = ctx.limits().max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(Error::limit(
+                format!("expert weights [{experts}, {n}, {k}] as {dtype:?}"),
+                bytes,
+                limit,
+                "max_storage_buffer_binding_size; no split plan covers one weight tensor past it",
+            ));
+        }
+        if elems > u64::from(u32::MAX) {
+            return Err(Error::limit("expert weight elements", elems, u32::MAX.into(), "u32 shader indices"));
+        }
+        Ok(ExpertWeights { buffer: ctx.upload("expert weights", &dtype.pack(data)), dtype, experts, n, k })
+    }
+
+    /// Storage dtype.
+    pub fn dtype(&self) -> WeightDtype {
+        self.dtype
+    }
+    /// `[experts, n, k]`.
+    pub fn shape(&self) -> [u32; 3] {
+        [self.experts, self.n, self.k]
+    }
+    fn bytes(&self) -> u64 {
+        self.dtype.packed_bytes(u64::from(self.experts) * u64::from(self.n) * u64::from(self.k))
+    }
+}
+
+/// A SwiGLU expert FFN: `down(silu(gate(x)) * up(x))` per expert.
+#[derive(Debug)]
+pub struct ExpertFfn {
+    /// `[E, F, H]`.
+    pub gate: ExpertWeights,
+    /// `[E, F, H]`.
+    pub up: ExpertWeights,
+    /// `[E, H, F]`.
+    pub down: ExpertWeights,
+}
+
+impl ExpertFfn {
+    /// Checks that the three projections fit together; returns it.
+    pub fn new(gate: ExpertWeights, up: ExpertWeights, down: ExpertWeights) -> Result<Self> {
+        let [e, f, h] = gate.shape();
+        if up.shape() != [e, f, h] {
+            return Err(Error::shape(
+                "up projection",
+                format!("{:?}", [e, f, h]),
+                format!("{:?}", up.shape()),
+            ));
+        }
+        if down.shape() != [e, h, f] {
+            return Err(Error::shape(
+                "down projection",
+                format!("{:?}", [e, h, f]),
+                format!("{:?}", down.shape()),
+            ));
+        }
+        if gate.dtype != up.dtype || gate.dtype != down.dtype {
+            return Err(Error::invalid(format!(
+                "expert weights mix dtypes: gate {:?}, up {:?}, down {:?}",
+                gate.dtype, up.dtype, down.dtype
+            )));
+        }
+        Ok(ExpertFfn { gate, up, down })
+    }
+    /// Experts.
+    pub fn experts(&self) -> u32 {
+        self.gate.experts
+    }
+    /// Hidden size H.
+    pub fn hidden(&self) -> u32 {
+        self.gate.k
+    }
+    /// FFN size F.
+    pub fn ffn(&self) -> u32 {
+        self.gate.n
+    }
+}
+
+/// How rows reach the expert projections.
+#[derive(Clone, Copy, Debug)]
+pub enum FfnRouting<'a> {
+    /// (a) Padded-tile grouped GEMM over a dispatch layout (tile a multiple of 32).
+    Grouped(&'a DispatchLayout),
+    /// (b) One grouped matmul per bucket over `pad_perm` and a row-wise overflow pass. The
+    /// bucket layout groups the flattened entries (`tokens * k` of them, k = 1).
+    Bucketed(&'a BucketLayout),
+    /// Row-wise over entries directly (decode: a handful of tokens, no layout needed).
+    Decode,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    n: u32,
+    kdim: u32,
+    k_route: u32,
+    row_offset: u32,
+    fixed_expert: u32,
+    tile_rows: u32,
+    count_word: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
+struct Pass<'a> {
+    swiglu: bool,
+    gather: bool,
+    out_entry: bool,
+    identity_rows: bool,
+    x: &'a wgpu::Buffer,
+    w: &'a ExpertWeights,
+    w_up: &'a ExpertWeights,
+    row_entry: &'a wgpu::Buffer,
+    out: &'a wgpu::Buffer,
+    params: Params,
+}
+
+impl Pass<'_> {
+    fn constants(&self) -> Vec<(&'static str, f64)> {
+        let b = |v: bool| f64::from(u8::from(v));
+        vec![
+            ("DTYPE", self.w.dtype.code()),
+            ("GATHER", b(self.gather)),
+            ("OUT_ENTRY", b(self.out_entry)),
+            ("SWIGLU", b(self.swiglu)),
+            ("IDENTITY_ROWS", b(self.identity_rows)),
+        ]
+    }
+
+    fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> [Binding<'b>; 6] {
+        [
+            Binding { binding: 0, buffer: params, size: 32 },
+            Binding { binding: 1, buffer: self.x, size: self.x.size() },
+            Binding { binding: 2, buffer: &self.w.buffer, size: self.w.bytes() },
+            Binding { binding: 3, buffer: &self.w_up.buffer, size: self.w_up.bytes() },
+            Binding { binding: 4, buffer: self.row_entry, size: self.row_entry.size() },
+            Binding { binding: 6, buffer: self.out, size: self.out.size() },
+        ]
+    }
+
+    /// A tiled dispatch; `tiles` is the tile -> expert map, or None for `params.fixed_expert`.
+    fn tiled(&self, ctx: &Context, tiles: Option<&wgpu::Buffer>) -> Result<Dispatch> {
+        let mut constants = self.constants();
+        constants.push(("EXPERT_FROM_TILES", f64::from(u8::from(tiles.is_some()))));
+        let kernel = ctx.kernel(&TILED, &constants)?;
+        let params = ctx.uniform("gemm params", &self.params);
+        let placeholder = ctx.zeroed("no tile map", 4);
+        let tiles = tiles.unwrap_or(&placeholder);
+        let mut bindings = self.common(&params).to_vec();
+        bindings.push(Binding { binding: 5, buffer: tiles, size: tiles.size() });
+        let max = ctx.limits().max_compute_workgroups_per_dimension;
+        let grid = [self.params.rows.div_ceil(BLOCK_ROWS), self.params.n.div_ceil(BLOCK_COLS), 1];
+        if grid[0] > max || grid[1] > max {
+            return Err(Error::limit(
+                "tiled GEMM workgroups per dimension",
+                grid[0].max(grid[1]).into(),
+                max.into(),
+                "max_compute_workgroups_per_dimension",
+            ));
+        }
+        ctx.dispatch(&kernel, &bindings, grid)
+    }
+
+    /// A row-wise dispatch; experts from `indices` (or `params.fixed_expert`), live rows
+    /// `min(params.rows, count[params.count_word])`.
+    fn rowwise(
+        &self,
+        ctx: &Context,
+        indices: Option<&wgpu::Buffer>,
+        count: &wgpu::Buffer,
+    ) -> Result<Dispatch> {
+        let mut constants = self.constants();
+        constants.push(("EXPERT_FROM_INDICES", f64::from(u8::from(indices.is_some()))));
+        let kernel = ctx.kernel(&ROWWISE, &constants)?;
+        let params = ctx.uniform("gemm params", &self.params);
+        let placeholder = ctx.zeroed("no indices", 4);
+        let indices = indices.unwrap_or(&placeholder);
+        let mut bindings = self.common(&params).to_vec();
+        bindings.push(Binding { binding: 7, buffer: count, size: count.size() });
+        bindings.push(Binding { binding: 8, buffer: indices, size: indices.size() });
+        let threads = u64::from(self.params.rows) * u64::from(self.params.n);
+        ctx.dispatch(&kernel, &bindings, ctx.grid(threads.div_ceil(64), "row-wise GEMM")?)
+    }
+}
+
+/// The fused gate/up projection over `rows`: `act[row] = silu(x . gate) * (x . up)`, with the
+/// input row gathered from the entry's token.
+fn up_pass<'a>(
+    ffn: &'a ExpertFfn,
+    base: Params,
+    x: &'a wgpu::Buffer,
+    rows: &'a wgpu::Buffer,
+    act: &'a wgpu::Buffer,
+) -> Pass<'a> {
+    Pass {
+        swiglu: true,
+        gather: true,
+        out_entry: false,
+        identity_rows: false,
+        x,
+        w: &ffn.gate,
+        w_up: &ffn.up,
+        row_entry: rows,
+        out: act,
+        params: Params { n: ffn.ffn(), kdim: ffn.hidden(), ..base },
+    }
+}
+
+/// The down projection over the same rows as `up`: reads `act[row]`, writes `partial[entry]`.
+fn down_pass<'a>(
+    up: &Pass<'a>,
+    ffn: &'a ExpertFfn,
+    act: &'a wgpu::Buffer,
+    partial: &'a wgpu::Buffer,
+) -> Pass<'a> {
+    Pass {
+        swiglu: false,
+        gather: false,
+        out_entry: true,
+        x: act,
+        w: &ffn.down,
+        w_up: &ffn.down,
+        out: partial,
+        params: Params { n: ffn.hidden(), kdim: ffn.ffn(), ..up.params },
+        ..*up
+    }
+}
+
+/// Dispatches of an expert FFN.
+#[derive(Debug)]
+pub struct FfnPlan {
+    dispatches: Vec<Dispatch>,
+}
+
+impl FfnPlan {
+    /// The dispatches in order.
+    pub fn dispatches(&self) -> Vec<&Dispatch> {
+        self.dispatches.iter().collect()
+    }
+    /// The dispatches, owned.
+    pub fn into_dispatches(self) -> Vec<Dispatch> {
+        self.dispatches
+    }
+}
+
+/// The path chosen automatically: row-wise decode up to [`DECODE_MAX_TOKENS`] tokens, else
+/// the grouped GEMM.
+pub fn uses_decode_path(tokens: u32) -> bool {
+    tokens <= DECODE_MAX_TOKENS
+}
+
+/// Plans the expert FFN for `tokens` tokens routed `k` ways: reads `x[tokens, H]` and
+/// `indices[tokens, k]`, writes `partial[tokens * k, H]` (entry-indexed).
+pub fn plan_ffn(
+    ctx: &Context,
+    ffn: &ExpertFfn,
+    tokens: u32,
+    k: u32,
+    x: &wgpu::Buffer,
+    indices: &wgpu::Buffer,
+    partial: &wgpu::Buffer,
+    routing: FfnRouting<'_>,
+) -> Result<FfnPlan> {
+    let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
+    let entries = u64::from(tokens) * u64::from(k);
+    ctx.check_binding("x", x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
+    ctx.check_binding("indices", indices, entries * 4, Access::Read)?;
+    ctx.check_binding("partial", partial, entries * u64::from(h) * 4, Access::ReadWrite)?;
+    for w in [&ffn.gate, &ffn.up, &ffn.down] {
+        ctx.check_binding("expert weights", &w.buffer, w.bytes(), Access::Read)?;
+    }
+    if k == 0 {
+        return Err(Error::invalid("k must be at least 1"));
+    }
+    if entries == 0 {
+        return Ok(FfnPlan { dispatches: Vec::new() });
+    }
+    let entries32 = u32::try_from(entries)
+        .map_err(|_| Error::limit("tokens * k", entries, u32::MAX.into(), "u32 entries"))?;
+    let base = Params { k_route: k, fixed_expert: NONE, ..Params::default() };
+    let mut ds = Vec::new();
+    match routing {
+        FfnRouting::Grouped(layout) => {
+            let cfg = layout.config();
+            if cfg.experts != e || cfg.k != k || layout.tokens() != tokens {
+                return Err(Error::invalid(format!(
+                    "dispatch layout is for E={}, k={}, {} tokens; the FFN needs E={e}, k={k}, {tokens} tokens",
+                    cfg.experts,
+                    cfg.k,
+                    layout.tokens()
+                )));
+            }
+            if cfg.tile % BLOCK_ROWS != 0 {
+                return Err(Error::invalid(format!(
+                    "the grouped GEMM needs a dispatch tile that is a multiple of {BLOCK_ROWS}, got {}",
+                    cfg.tile
+                )));
+            }
+            let rows = layout.max_rows();
+            let act = ctx.zeroed("ffn activations", u64::from(rows) * u64::from(f) * 4);
+            let mut p = up_pass(ffn, base, x, layout.perm(), &act);
+            p.params.rows = rows;
+            p.params.tile_rows = cfg.tile;
+            ds.push(p.tiled(ctx, Some(layout.tile_expert()))?);
+            let down = down_pass(&p, ffn, &act, partial);
+            ds.push(down.tiled(ctx, Some(layout.tile_expert()))?);
+        }
+        FfnRouting::Bucketed(buckets) => {
+            let inner = buckets.layout();
+            if inner.tokens() != entries32 || inner.config().experts != e {
+                return Err(Error::invalid(format!(
+                    "bucket layout is for {} entries over {} buckets; the FFN needs {entries32} entries over {e} experts",
+                    inner.tokens(),
+                    inner.config().experts
+                )));
+            }
+            let bound = buckets.config().bound;
+            let act = ctx.zeroed("bucket activations", u64::from(e) * u64::from(bound) * u64::from(f) * 4);
+            for expert in 0..e {
+                let mut p = up_pass(ffn, base, x, buckets.pad_perm(), &act);
+                p.params.rows = bound;
+                p.params.row_offset = expert * bound;
+                p.params.fixed_expert = expert;
+                ds.push(p.tiled(ctx, None)?);
+                let down = Pass {
+                    swiglu: false,
+                    gather: false,
+                    out_entry: true,
+                    x: &act,
+                    w: &ffn.down,
+                    w_up: &ffn.down,
+                    out: partial,
+                    params: Params { n: h, kdim: f, ..p.params },
+                    ..p
+                };
+                ds.push(down.tiled(ctx, None)?);
+            }
+            let over_act = ctx.zeroed("overflow activations", entries * u64::from(f) * 4);
+            let mut p = up_pass(ffn, base, x, buckets.overflow(), &over_act);
+            p.params.rows = entries32;
+            p.params.count_word = 5;
+            ds.push(p.rowwise(ctx, Some(indices), inner.meta())?);
+            let down = down_pass(&p, ffn, &over_act, partial);
+            ds.push(down.rowwise(ctx, Some(indices), inner.meta())?);
+        }
+        FfnRouting::Decode => {
+            let act = ctx.zeroed("decode activations", entries * u64::from(f) * 4);
+            let count = ctx.upload("decode rows", &[entries32]);
+            let mut p = up_pass(ffn, base, x, &count, &act);
+            p.identity_rows = true;
+            p.params.rows = entries32;
+            ds.push(p.rowwise(ctx, Some(indices), &count)?);
+            let down = down_pass(&p, ffn, &act, partial);
+            ds.push(down.rowwise(ctx, Some(indices), &count)?);
+        }
+    }
+    Ok(FfnPlan { dispatches: ds })
+}
+
+/// (d) Every token through every expert: `all[E, tokens, H]`, the FFN of expert e on token t
+/// at `(e * tokens + t) * H`. A correctness oracle (E times the work), not a path to use.
+pub fn plan_ffn_all_experts(
+    ctx: &Context,
+    ffn: &ExpertFfn,
+    tokens: u32,
+    x: &wgpu::Buffer,
+    all: &wgpu::Buffer,
+) -> Result<FfnPlan> {
+    let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
+    let rows = u64::from(e) * u64::from(tokens);
+    ctx.check_binding("x", x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
+    ctx.check_binding("all-expert output", all, rows * u64::from(h) * 4, Access::ReadWrite)?;
+    let act = ctx.zeroed("all-expert activations", rows * u64::from(f) * 4);
+    let unused = ctx.zeroed("identity rows", 4);
+    let mut ds = Vec::new();
+    for expert in 0..e {
+        let params = Params {
+            rows: tokens,
+            n: f,
+            kdim: h,
+            k_route: 1,
+            row_offset: expert * tokens,
+            fixed_expert: expert,
+            tile_rows: 1,
+            count_word: 0,
+        };
+        let up = Pass {
+            swiglu: true,
+            gather: true,
+            out_entry: false,
+            identity_rows: true,
+            x,
+            w: &ffn.gate,
+            w_up: &ffn.up,
+            row_entry: &unused,
+            out: &act,
+            params,
+        };
+        ds.push(up.tiled(ctx, None)?);
+        let down = Pass {
+            swiglu: false,
+            gather: false,
+            x: &act,
+            w: &ffn.down,
+            w_up: &ffn.down,
+            out: all,
+            params: Params { n: h, kdim: f, ..params },
+            ..up
+        };
+        ds.push(down.tiled(ctx, None)?);
+    }
+    Ok(FfnPlan { dispatches: ds })
+}
+
+/// (c) Dense GEMM `y[rows, N] = x[rows, K] . w[0]^T`: the throughput yardstick for the grouped
+/// GEMM (same kernel, one expert, no gather).
+pub fn plan_dense(
+    ctx: &Context,
+    w: &ExpertWeights,
+    rows: u32,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Result<FfnPlan> {
+    let [_, n, k] = w.shape();
+    ctx.check_binding("x", x, u64::from(rows) * u64::from(k) * 4, Access::Read)?;
+    ctx.check_binding("y", y, u64::from(rows) * u64::from(n) * 4, Access::ReadWrite)?;
+    let unused = ctx.zeroed("identity rows", 4);
+    let params =
+        Params { rows, n, kdim: k, k_route: 1, row_offset: 0, fixed_expert: 0, tile_rows: 1, count_word: 0 };
+    let pass = Pass {
+        swiglu: false,
+        gather: false,
+        out_entry: false,
+        identity_rows: true,
+        x,
+        w,
+        w_up: w,
+        row_entry: &unused,
+        out: y,
+        params,
+    };
+    Ok(FfnPlan { dispatches: vec![pass.tiled(ctx, None)?] })
+}

@@ -1,0 +1,79 @@
+//! Reference expert projections in the kernels' K order (`wgsl/gemm/common.wgsl`).
+
+/// `sum_k x[k] * w[k]`: K in groups of four (entries past K read as 0.0), lane j of the
+/// group accumulating with `mul_add` from 0.0, result `(l0 + l1) + (l2 + l3)`.
+pub fn dot(x: &[f32], w: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 4];
+    for (xg, wg) in x.chunks(4).zip(w.chunks(4)) {
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            let xv = xg.get(j).copied().unwrap_or(0.0);
+            let wv = wg.get(j).copied().unwrap_or(0.0);
+            *lane = xv.mul_add(wv, *lane);
+        }
+    }
+    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+}
+
+/// `silu(g) * u` as the kernels compute it: `g / (1 + exp(-g)) * u`.
+pub fn silu_mul(g: f32, u: f32) -> f32 {
+    g / (1.0 + (-g).exp()) * u
+}
+
+/// The SwiGLU FFN of `expert` on one input row: `down(silu(gate x) * (up x))`.
+/// `gate`, `up`: `[E, F, H]`; `down`: `[E, H, F]` (already rounded to the weight dtype).
+pub fn ffn_row(
+    x: &[f32],
+    expert: usize,
+    gate: &[f32],
+    up: &[f32],
+    down: &[f32],
+    hidden: usize,
+    ffn: usize,
+) -> Vec<f32> {
+    let act: Vec<f32> = (0..ffn)
+        .map(|n| {
+            let at = (expert * ffn + n) * hidden;
+            silu_mul(dot(x, &gate[at..at + hidden]), dot(x, &up[at..at + hidden]))
+        })
+        .collect();
+    (0..hidden)
+        .map(|n| {
+            let at = (expert * hidden + n) * ffn;
+            dot(&act, &down[at..at + ffn])
+        })
+        .collect()
+}
+
+/// `partial[tokens * k, H]`: entry `t * k + j` is expert `indices[t * k + j]` applied to `x[t]`.
+pub fn expert_ffn(
+    x: &[f32],
+    indices: &[u32],
+    k: usize,
+    gate: &[f32],
+    up: &[f32],
+    down: &[f32],
+    hidden: usize,
+    ffn: usize,
+) -> Vec<f32> {
+    indices
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &e)| {
+            let t = i / k;
+            ffn_row(&x[t * hidden..(t + 1) * hidden], e as usize, gate, up, down, hidden, ffn)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_groups_by_four_and_pads_with_zero() {
+        // k = 0 and k = 4 share lane 0 and cancel; the 1.0 in lane 1 survives.
+        assert_eq!(dot(&[1e8, 1.0, 0.0, 0.0, -1e8], &[1.0; 5]), 1.0);
+        // K = 5: lanes 1..3 of the second group read zeros.
+        assert_eq!(dot(&[1.0, 2.0, 3.0, 4.0, 5.0], &[1.0, 1.0, 1.0, 1.0, 2.0]), 20.0);
+    }
+}

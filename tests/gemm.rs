@@ -1,0 +1,313 @@
+//! Expert projections on every adapter: against the CPU reference for every dtype, bitwise
+//! equal across paths (grouped, bucketed with overflow, decode, all experts) and across
+//! batches (batch invariance), and bad input.
+
+mod common;
+
+use common::{bits, contexts, rng, uniform};
+use moeflow::Context;
+use moeflow::kernels::dispatch::{
+    BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
+};
+use moeflow::kernels::gemm::{
+    ExpertFfn, ExpertWeights, FfnRouting, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
+};
+use moeflow::reference::gemm as reference;
+use rand::Rng;
+
+struct Model {
+    e: u32,
+    h: u32,
+    f: u32,
+    dtype: WeightDtype,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+impl Model {
+    fn new(seed: u64, e: u32, h: u32, f: u32, dtype: WeightDtype) -> Self {
+        let mut r = rng(seed);
+        let n = (e * h * f) as usize;
+        let (sh, sf) = (1.0 / (h as f32).sqrt(), 1.0 / (f as f32).sqrt());
+        Model {
+            e,
+            h,
+            f,
+            dtype,
+            gate: dtype.round(&uniform(&mut r, n, sh)),
+            up: dtype.round(&uniform(&mut r, n, sh)),
+            down: dtype.round(&uniform(&mut r, n, sf)),
+        }
+    }
+
+    fn upload(&self, ctx: &Context) -> ExpertFfn {
+        let w = |d: &[f32], n, k| ExpertWeights::from_f32(ctx, d, self.dtype, self.e, n, k).unwrap();
+        ExpertFfn::new(
+            w(&self.gate, self.f, self.h),
+            w(&self.up, self.f, self.h),
+            w(&self.down, self.h, self.f),
+        )
+        .unwrap()
+    }
+
+    fn reference(&self, x: &[f32], idx: &[u32], k: u32) -> Vec<f32> {
+        reference::expert_ffn(
+            x,
+            idx,
+            k as usize,
+            &self.gate,
+            &self.up,
+            &self.down,
+            self.h as usize,
+            self.f as usize,
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    Grouped,
+    Bucketed(u32),
+    Decode,
+}
+
+/// Runs the FFN for host data along `path`; returns `partial[tokens * k, H]`.
+fn run(ctx: &Context, ffn: &ExpertFfn, x: &[f32], idx: &[u32], k: u32, path: Path) -> Vec<f32> {
+    let h = ffn.hidden();
+    let tokens = x.len() as u32 / h;
+    let (xb, ib) = (ctx.upload("x", x), ctx.upload("indices", idx));
+    let partial = ctx.zeroed("partial", u64::from(tokens * k * h) * 4);
+    let mut ds = Vec::new();
+    let layout;
+    let buckets;
+    let routing = match path {
+        Path::Grouped => {
+            layout =
+                DispatchLayout::new(ctx, DispatchConfig { experts: ffn.experts(), k, tile: 32 }, tokens, 0)
+                    .unwrap();
+            ds.extend(layout.plan(ctx, &ib).unwrap());
+            FfnRouting::Grouped(&layout)
+        }
+        Path::Bucketed(bound) => {
+            let cfg = BucketConfig { n_caps: ffn.experts(), bound, policy: OverflowPolicy::Overflow };
+            buckets = BucketLayout::new(ctx, cfg, tokens * k).unwrap();
+            ds.extend(buckets.plan(ctx, &ib).unwrap());
+            FfnRouting::Bucketed(&buckets)
+        }
+        Path::Decode => FfnRouting::Decode,
+    };
+    ds.extend(plan_ffn(ctx, ffn, tokens, k, &xb, &ib, &partial, routing).unwrap().into_dispatches());
+    ctx.run(&ds.iter().collect::<Vec<_>>()).unwrap();
+    ctx.read_back(&partial, (tokens * k * h) as usize).unwrap()
+}
+
+/// k distinct experts per token; with `skew`, experts are drawn towards 0 and odd ones above 2
+/// stay empty.
+fn routes(seed: u64, tokens: u32, e: u32, k: u32, skew: bool) -> Vec<u32> {
+    let mut r = rng(seed);
+    let mut out = Vec::new();
+    for _ in 0..tokens {
+        let start = out.len();
+        while out.len() - start < k as usize {
+            let c = if skew {
+                let u: f32 = r.random::<f32>();
+                let x = ((u * u * e as f32) as u32).min(e - 1);
+                if x > 2 && x % 2 == 1 { x - 1 } else { x }
+            } else {
+                r.random_range(0..e)
+            };
+            if !out[start..].contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Bound relative to each row's scale: |got - ref| <= 2e-5 + 2e-5 * max|ref row|.
+fn assert_rows_close(what: &str, got: &[f32], want: &[f32], width: usize) -> usize {
+    let mut bit_equal = 0;
+    for (r, (g, w)) in got.chunks(width).zip(want.chunks(width)).enumerate() {
+        let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (c, (a, b)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (a - b).abs() <= 2e-5 + 2e-5 * scale,
+                "{what}: row {r} col {c}: {a:e} vs reference {b:e}"
+            );
+            bit_equal += usize::from(a.to_bits() == b.to_bits());
+        }
+    }
+    bit_equal
+}
+
+#[test]
+fn grouped_ffn_matches_the_reference_for_every_dtype() {
+    for ctx in contexts() {
+        let (mut bit_equal, mut total) = (0, 0);
+        for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+            for (e, k, skew) in [(1u32, 1u32, false), (8, 2, true), (60, 4, true), (128, 8, false)] {
+                let m = Model::new(u64::from(e), e, 70, 45, dtype);
+                let ffn = m.upload(&ctx);
+                let tokens = 37;
+                let x = uniform(&mut rng(3), (tokens * m.h) as usize, 1.0);
+                let idx = routes(u64::from(e) + 1, tokens, e, k, skew);
+                let got = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
+                let want = m.reference(&x, &idx, k);
+                let what = format!("{} {dtype:?} E={e} k={k}", ctx.adapter().slug());
+                bit_equal += assert_rows_close(&what, &got, &want, m.h as usize);
+                total += got.len();
+            }
+        }
+        eprintln!("{}: {bit_equal}/{total} outputs bit-equal to the reference", ctx.adapter().slug());
+    }
+}
+
+#[test]
+fn every_path_is_bitwise_identical() {
+    for ctx in contexts() {
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+            let (e, k, tokens) = (8u32, 2u32, 40u32);
+            let m = Model::new(5, e, 64, 40, dtype);
+            let ffn = m.upload(&ctx);
+            let x = uniform(&mut rng(8), (tokens * m.h) as usize, 1.0);
+            let idx = routes(9, tokens, e, k, true);
+            let grouped = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
+            // A bound of 3 sends most rows of the popular experts through the overflow pass.
+            let bucketed = run(&ctx, &ffn, &x, &idx, k, Path::Bucketed(3));
+            let roomy = run(&ctx, &ffn, &x, &idx, k, Path::Bucketed(tokens * k));
+            let decode = run(&ctx, &ffn, &x, &idx, k, Path::Decode);
+            let what = format!("{} {dtype:?}", ctx.adapter().slug());
+            assert_eq!(bits(&grouped), bits(&bucketed), "{what}: grouped vs bucketed with overflow");
+            assert_eq!(bits(&grouped), bits(&roomy), "{what}: grouped vs bucketed without overflow");
+            assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped vs row-wise");
+            // (d) every token through every expert, then pick each entry's expert.
+            let xb = ctx.upload("x", &x);
+            let h = m.h as usize;
+            let all = ctx.zeroed("all", u64::from(e * tokens * m.h) * 4);
+            let plan = plan_ffn_all_experts(&ctx, &ffn, tokens, &xb, &all).unwrap();
+            ctx.run(&plan.dispatches()).unwrap();
+            let all: Vec<f32> = ctx.read_back(&all, (e * tokens * m.h) as usize).unwrap();
+            let picked: Vec<f32> = idx
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &ex)| {
+                    let at = (ex as usize * tokens as usize + i / k as usize) * h;
+                    all[at..at + h].to_vec()
+                })
+                .collect();
+            assert_eq!(bits(&grouped), bits(&picked), "{what}: grouped vs every-token-every-expert");
+        }
+    }
+}
+
+#[test]
+fn a_tokens_output_does_not_depend_on_its_batch() {
+    for ctx in contexts() {
+        let (e, k) = (16u32, 4u32);
+        let m = Model::new(21, e, 48, 36, WeightDtype::F16);
+        let ffn = m.upload(&ctx);
+        let h = m.h as usize;
+        let mut r = rng(22);
+        let token = uniform(&mut r, h, 1.0);
+        let token_routes = vec![3u32, 0, 15, 7];
+        let batch = |n: u32, at: u32, seed: u64| {
+            let mut x = uniform(&mut rng(seed), (n as usize) * h, 1.0);
+            let mut idx = routes(seed, n, e, k, true);
+            x[at as usize * h..(at as usize + 1) * h].copy_from_slice(&token);
+            idx[(at * k) as usize..((at + 1) * k) as usize].copy_from_slice(&token_routes);
+            (x, idx)
+        };
+        let slice = |out: &[f32], at: u32| out[(at * k) as usize * h..((at + 1) * k) as usize * h].to_vec();
+        let alone = run(&ctx, &ffn, &token, &token_routes, k, Path::Decode);
+        let (x7, i7) = batch(7, 4, 30);
+        let in7 = slice(&run(&ctx, &ffn, &x7, &i7, k, Path::Decode), 4);
+        let (xb, ib) = batch(4096, 2049, 31);
+        let big = run(&ctx, &ffn, &xb, &ib, k, Path::Grouped);
+        let in4096 = slice(&big, 2049);
+        let (xc, ic) = batch(4096, 17, 32);
+        let other = slice(&run(&ctx, &ffn, &xc, &ic, k, Path::Grouped), 17);
+        let what = ctx.adapter().slug();
+        assert_eq!(bits(&alone), bits(&in7), "{what}: alone vs batch of 7");
+        assert_eq!(bits(&alone), bits(&in4096), "{what}: alone vs batch of 4096");
+        assert_eq!(bits(&alone), bits(&other), "{what}: batch of 4096 with other neighbours");
+        assert_rows_close(&what, &alone, &m.reference(&token, &token_routes, k), h);
+    }
+}
+
+#[test]
+fn dense_gemm_matches_the_reference_dot() {
+    for ctx in contexts() {
+        let (rows, n, kd) = (45u32, 33u32, 70u32);
+        let mut r = rng(40);
+        let x = uniform(&mut r, (rows * kd) as usize, 1.0);
+        let w = uniform(&mut r, (n * kd) as usize, 0.1);
+        let weights = ExpertWeights::from_f32(&ctx, &w, WeightDtype::F32, 1, n, kd).unwrap();
+        let (xb, yb) = (ctx.upload("x", &x), ctx.zeroed("y", u64::from(rows * n) * 4));
+        ctx.run(&plan_dense(&ctx, &weights, rows, &xb, &yb).unwrap().dispatches()).unwrap();
+        let y: Vec<f32> = ctx.read_back(&yb, (rows * n) as usize).unwrap();
+        let want: Vec<f32> = x
+            .chunks(kd as usize)
+            .flat_map(|xr| w.chunks(kd as usize).map(move |wr| reference::dot(xr, wr)))
+            .collect();
+        assert_rows_close(&ctx.adapter().slug(), &y, &want, n as usize);
+    }
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    for ctx in contexts() {
+        let w = |e, n, k, d| ExpertWeights::from_f32(&ctx, &vec![0.0; (e * n * k) as usize], d, e, n, k);
+        let err =
+            ExpertWeights::from_f32(&ctx, &[0.0; 10], WeightDtype::F32, 2, 2, 3).unwrap_err().to_string();
+        assert!(err.contains("[2, 2, 3] = 12 elements"), "{err}");
+        let f32w = WeightDtype::F32;
+        let err =
+            ExpertFfn::new(w(2, 4, 6, f32w).unwrap(), w(2, 4, 5, f32w).unwrap(), w(2, 6, 4, f32w).unwrap())
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("`up projection`"), "{err}");
+        let err =
+            ExpertFfn::new(w(2, 4, 6, f32w).unwrap(), w(2, 4, 6, f32w).unwrap(), w(2, 4, 6, f32w).unwrap())
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("`down projection`"), "{err}");
+        let err = ExpertFfn::new(
+            w(2, 4, 6, f32w).unwrap(),
+            w(2, 4, 6, WeightDtype::F16).unwrap(),
+            w(2, 6, 4, f32w).unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("mix dtypes"), "{err}");
+        let ffn =
+            ExpertFfn::new(w(2, 4, 6, f32w).unwrap(), w(2, 4, 6, f32w).unwrap(), w(2, 6, 4, f32w).unwrap())
+                .unwrap();
+        let (x, idx, out) = (ctx.zeroed("x", 4 * 6 * 4), ctx.zeroed("i", 4 * 4), ctx.zeroed("o", 4 * 6 * 4));
+        let layout16 =
+            DispatchLayout::new(&ctx, DispatchConfig { experts: 2, k: 1, tile: 16 }, 4, 0).unwrap();
+        let err = plan_ffn(&ctx, &ffn, 4, 1, &x, &idx, &out, FfnRouting::Grouped(&layout16))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("multiple of 32"), "{err}");
+        let layout = DispatchLayout::new(&ctx, DispatchConfig { experts: 3, k: 1, tile: 32 }, 4, 0).unwrap();
+        let err =
+            plan_ffn(&ctx, &ffn, 4, 1, &x, &idx, &out, FfnRouting::Grouped(&layout)).unwrap_err().to_string();
+        assert!(err.contains("the FFN needs E=2"), "{err}");
+        let err = plan_ffn(&ctx, &ffn, 8, 1, &x, &idx, &out, FfnRouting::Decode).unwrap_err().to_string();
+        assert!(err.contains("`x`"), "{err}");
+    }
+    for adapter in common::wgpu_adapters() {
+        let limits =
+            wgpu::Limits { max_storage_buffer_binding_size: 1 << 12, ..wgpu::Limits::downlevel_defaults() };
+        let (device, queue) = pollster::block_on(
+            adapter.request_device(&wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() }),
+        )
+        .unwrap();
+        let ctx = Context::from_wgpu(device, queue);
+        let err =
+            ExpertWeights::from_f32(&ctx, &vec![0.0; 8 * 16 * 16], WeightDtype::F32, 8, 16, 16).unwrap_err();
+        assert!(err.to_string().contains("no split plan"), "{err}");
+        assert!(ExpertWeights::from_f32(&ctx, &vec![0.0; 8 * 16 * 16], WeightDtype::F16, 4, 16, 32).is_ok());
+    }
+}

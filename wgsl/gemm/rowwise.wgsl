@@ -1,0 +1,58 @@
+// Row-wise expert projection: one invocation per (row, column) output, dot products read
+// straight from memory. Used for decode (few tokens: rows are entries, no dispatch needed)
+// and for the overflow pass of the bucketed path. The expert of a row is indices[entry]
+// (or params.fixed_expert when EXPERT_FROM_INDICES is false). Same accumulation order as
+// every other path (common.wgsl).
+
+// Live row count: rows = min(params.rows, row_count[params.count_word]).
+@group(0) @binding(7) var<storage, read> row_count: array<u32>;
+@group(0) @binding(8) var<storage, read> expert_of_entry: array<u32>;
+
+override EXPERT_FROM_INDICES: bool = true;
+
+@compute @workgroup_size(64)
+fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 64u;
+    let rows = min(params.rows, row_count[params.count_word]);
+    if i >= rows * params.n {
+        return;
+    }
+    let row = i / params.n;
+    let col = i % params.n;
+    let entry = entry_of(row);
+    if entry == NONE {
+        return;
+    }
+    var expert = params.fixed_expert;
+    if EXPERT_FROM_INDICES {
+        expert = expert_of_entry[entry];
+    }
+    let kdim = params.kdim;
+    let xr = input_row(row, entry) * kdim;
+    let wr = (expert * params.n + col) * kdim;
+    var acc = vec4<f32>(0.0);
+    var acc_up = vec4<f32>(0.0);
+    for (var k = 0u; k < kdim; k += 4u) {
+        var xv = vec4<f32>(0.0);
+        var wv = vec4<f32>(0.0);
+        var uv = vec4<f32>(0.0);
+        for (var j = 0u; j < 4u; j++) {
+            if k + j < kdim {
+                xv[j] = x[xr + k + j];
+                wv[j] = weight_from(false, wr + k + j);
+                if SWIGLU {
+                    uv[j] = weight_from(true, wr + k + j);
+                }
+            }
+        }
+        acc = fma(xv, wv, acc);
+        if SWIGLU {
+            acc_up = fma(xv, uv, acc_up);
+        }
+    }
+    var v = lanes_sum(acc);
+    if SWIGLU {
+        v = silu_mul(v, lanes_sum(acc_up));
+    }
+    store(row, entry, col, v);
+}
