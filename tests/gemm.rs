@@ -10,7 +10,7 @@ use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
 };
 use moeflow::kernels::gemm::{
-    ExpertFfn, ExpertWeights, FfnRouting, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
+    ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use rand::Rng;
@@ -52,16 +52,14 @@ impl Model {
     }
 
     fn reference(&self, x: &[f32], idx: &[u32], k: u32) -> Vec<f32> {
-        reference::expert_ffn(
-            x,
-            idx,
-            k as usize,
-            &self.gate,
-            &self.up,
-            &self.down,
-            self.h as usize,
-            self.f as usize,
-        )
+        let w = reference::FfnWeights {
+            gate: &self.gate,
+            up: &self.up,
+            down: &self.down,
+            hidden: self.h as usize,
+            ffn: self.f as usize,
+        };
+        reference::expert_ffn(x, idx, k as usize, &w)
     }
 }
 
@@ -97,7 +95,8 @@ fn run(ctx: &Context, ffn: &ExpertFfn, x: &[f32], idx: &[u32], k: u32, path: Pat
         }
         Path::Decode => FfnRouting::Decode,
     };
-    ds.extend(plan_ffn(ctx, ffn, tokens, k, &xb, &ib, &partial, routing).unwrap().into_dispatches());
+    let bufs = FfnBuffers { x: &xb, indices: &ib, partial: &partial };
+    ds.extend(plan_ffn(ctx, ffn, tokens, k, &bufs, routing).unwrap().into_dispatches());
     ctx.run(&ds.iter().collect::<Vec<_>>()).unwrap();
     ctx.read_back(&partial, (tokens * k * h) as usize).unwrap()
 }
@@ -284,17 +283,15 @@ fn bad_input_is_an_error() {
             ExpertFfn::new(w(2, 4, 6, f32w).unwrap(), w(2, 4, 6, f32w).unwrap(), w(2, 6, 4, f32w).unwrap())
                 .unwrap();
         let (x, idx, out) = (ctx.zeroed("x", 4 * 6 * 4), ctx.zeroed("i", 4 * 4), ctx.zeroed("o", 4 * 6 * 4));
+        let bufs = FfnBuffers { x: &x, indices: &idx, partial: &out };
         let layout16 =
             DispatchLayout::new(&ctx, DispatchConfig { experts: 2, k: 1, tile: 16 }, 4, 0).unwrap();
-        let err = plan_ffn(&ctx, &ffn, 4, 1, &x, &idx, &out, FfnRouting::Grouped(&layout16))
-            .unwrap_err()
-            .to_string();
+        let err = plan_ffn(&ctx, &ffn, 4, 1, &bufs, FfnRouting::Grouped(&layout16)).unwrap_err().to_string();
         assert!(err.contains("multiple of 32"), "{err}");
         let layout = DispatchLayout::new(&ctx, DispatchConfig { experts: 3, k: 1, tile: 32 }, 4, 0).unwrap();
-        let err =
-            plan_ffn(&ctx, &ffn, 4, 1, &x, &idx, &out, FfnRouting::Grouped(&layout)).unwrap_err().to_string();
+        let err = plan_ffn(&ctx, &ffn, 4, 1, &bufs, FfnRouting::Grouped(&layout)).unwrap_err().to_string();
         assert!(err.contains("the FFN needs E=2"), "{err}");
-        let err = plan_ffn(&ctx, &ffn, 8, 1, &x, &idx, &out, FfnRouting::Decode).unwrap_err().to_string();
+        let err = plan_ffn(&ctx, &ffn, 8, 1, &bufs, FfnRouting::Decode).unwrap_err().to_string();
         assert!(err.contains("`x`"), "{err}");
     }
     for adapter in common::wgpu_adapters() {

@@ -397,19 +397,29 @@ pub fn uses_decode_path(tokens: u32) -> bool {
     tokens <= DECODE_MAX_TOKENS
 }
 
-/// Plans the expert FFN for `tokens` tokens routed `k` ways: reads `x[tokens, H]` and
-/// `indices[tokens, k]`, writes `partial[tokens * k, H]` (entry-indexed).
+/// Device buffers of an expert FFN.
+#[derive(Clone, Copy, Debug)]
+pub struct FfnBuffers<'a> {
+    /// `x[tokens, H]`.
+    pub x: &'a wgpu::Buffer,
+    /// `indices[tokens, k]` (u32).
+    pub indices: &'a wgpu::Buffer,
+    /// `partial[tokens * k, H]`, written, indexed by entry `token * k + slot`.
+    pub partial: &'a wgpu::Buffer,
+}
+
+/// Plans the expert FFN for `tokens` tokens routed `k` ways: reads `x` and `indices`, writes
+/// `partial` (see [`FfnBuffers`]).
 pub fn plan_ffn(
     ctx: &Context,
     ffn: &ExpertFfn,
     tokens: u32,
     k: u32,
-    x: &wgpu::Buffer,
-    indices: &wgpu::Buffer,
-    partial: &wgpu::Buffer,
+    bufs: &FfnBuffers<'_>,
     routing: FfnRouting<'_>,
 ) -> Result<FfnPlan> {
     let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
+    let FfnBuffers { x, indices, partial } = *bufs;
     let entries = u64::from(tokens) * u64::from(k);
     ctx.check_binding("x", x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
     ctx.check_binding("indices", indices, entries * 4, Access::Read)?;

@@ -19,52 +19,50 @@ pub fn silu_mul(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
 }
 
+/// Expert FFN weights on the host, rounded to the weight dtype: `gate`, `up` `[E, F, H]`,
+/// `down` `[E, H, F]`.
+#[derive(Clone, Copy, Debug)]
+pub struct FfnWeights<'a> {
+    /// `[E, F, H]`.
+    pub gate: &'a [f32],
+    /// `[E, F, H]`.
+    pub up: &'a [f32],
+    /// `[E, H, F]`.
+    pub down: &'a [f32],
+    /// H.
+    pub hidden: usize,
+    /// F.
+    pub ffn: usize,
+}
+
 /// The SwiGLU FFN of `expert` on one input row: `down(silu(gate x) * (up x))`.
-/// `gate`, `up`: `[E, F, H]`; `down`: `[E, H, F]` (already rounded to the weight dtype).
-pub fn ffn_row(
-    x: &[f32],
-    expert: usize,
-    gate: &[f32],
-    up: &[f32],
-    down: &[f32],
-    hidden: usize,
-    ffn: usize,
-) -> Vec<f32> {
+pub fn ffn_row(x: &[f32], expert: usize, w: &FfnWeights<'_>) -> Vec<f32> {
+    let (hidden, ffn) = (w.hidden, w.ffn);
     let act: Vec<f32> = (0..ffn)
         .map(|n| {
             let at = (expert * ffn + n) * hidden;
-            silu_mul(dot(x, &gate[at..at + hidden]), dot(x, &up[at..at + hidden]))
+            silu_mul(dot(x, &w.gate[at..at + hidden]), dot(x, &w.up[at..at + hidden]))
         })
         .collect();
     (0..hidden)
         .map(|n| {
             let at = (expert * hidden + n) * ffn;
-            dot(&act, &down[at..at + ffn])
+            dot(&act, &w.down[at..at + ffn])
         })
         .collect()
 }
 
 /// `partial[tokens * k, H]`: entry `t * k + j` is expert `indices[t * k + j]` applied to `x[t]`.
-pub fn expert_ffn(
-    x: &[f32],
-    indices: &[u32],
-    k: usize,
-    gate: &[f32],
-    up: &[f32],
-    down: &[f32],
-    hidden: usize,
-    ffn: usize,
-) -> Vec<f32> {
+pub fn expert_ffn(x: &[f32], indices: &[u32], k: usize, w: &FfnWeights<'_>) -> Vec<f32> {
     indices
         .iter()
         .enumerate()
         .flat_map(|(i, &e)| {
             let t = i / k;
-            ffn_row(&x[t * hidden..(t + 1) * hidden], e as usize, gate, up, down, hidden, ffn)
+            ffn_row(&x[t * w.hidden..(t + 1) * w.hidden], e as usize, w)
         })
         .collect()
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
