@@ -7,6 +7,7 @@
 pub mod calibrate;
 pub mod comparison;
 pub mod dispatch;
+pub mod gemm;
 pub mod record;
 pub mod report;
 pub mod routing;
@@ -22,5 +23,11 @@ pub use verdict::{Block, Rules, Summary, Verdict};
 
 /// Every registered comparison, in matrix order.
 pub fn comparisons() -> Vec<Box<dyn Comparison>> {
-    vec![Box::new(routing::FusedRoute), Box::new(dispatch::DeviceDispatch)]
+    vec![
+        Box::new(routing::FusedRoute),
+        Box::new(dispatch::DeviceDispatch),
+        Box::new(gemm::GroupedVsDense),
+        Box::new(gemm::GroupedVsBucketed),
+        Box::new(gemm::DecodeVsGrouped),
+    ]
 }

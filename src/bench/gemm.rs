@@ -1,0 +1,283 @@
+//! Expert-projection comparisons: grouped GEMM against a dense GEMM of equal FLOPs, against
+//! the bucketed path with overflow, and the row-wise decode path against the grouped one.
+
+use std::rc::Rc;
+
+use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use super::dispatch::skewed_indices;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
+use crate::kernels::gemm::{
+    ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
+};
+use crate::pipeline::Dispatch;
+use crate::reference::gemm as reference;
+use crate::synth::Synth;
+
+/// Entries checked against the CPU reference at each validation (first and last ones).
+const CHECKED_ENTRIES: usize = 8;
+
+struct Problem {
+    tokens: u32,
+    k: u32,
+    h: u32,
+    f: u32,
+    e: u32,
+    x: Vec<f32>,
+    idx: Vec<u32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+impl Problem {
+    fn new(size: &Size, seed: u64) -> Self {
+        let (tokens, h, f, e, k) =
+            (size.get("M"), size.get("H"), size.get("F"), size.get("E"), size.get("k"));
+        let mut s = Synth::new(seed);
+        let n = (e * f * h) as usize;
+        let (sh, sf) = (1.0 / (h as f32).sqrt(), 1.0 / (f as f32).sqrt());
+        Problem {
+            tokens,
+            k,
+            h,
+            f,
+            e,
+            x: s.uniform((tokens * h) as usize, 1.0),
+            idx: skewed_indices(seed, tokens, e, k),
+            gate: s.uniform(n, sh),
+            up: s.uniform(n, sh),
+            down: s.uniform(n, sf),
+        }
+    }
+
+    fn entries(&self) -> u32 {
+        self.tokens * self.k
+    }
+
+    fn ffn(&self, ctx: &Context) -> Result<ExpertFfn> {
+        let w = |d: &[f32], n, k| ExpertWeights::from_f32(ctx, d, WeightDtype::F32, self.e, n, k);
+        ExpertFfn::new(
+            w(&self.gate, self.f, self.h)?,
+            w(&self.up, self.f, self.h)?,
+            w(&self.down, self.h, self.f)?,
+        )
+    }
+
+    /// FLOPs of the expert FFN: three projections of 2 * H * F per entry.
+    fn flops(&self) -> f64 {
+        6.0 * f64::from(self.entries()) * f64::from(self.h) * f64::from(self.f)
+    }
+
+    /// Checks the first and last entries of `partial` against the CPU reference.
+    fn check(&self, ctx: &Context, partial: &wgpu::Buffer, what: &str) -> Result<Vec<f32>> {
+        let h = self.h as usize;
+        let n = self.entries() as usize;
+        let got: Vec<f32> = ctx.read_back(partial, n * h)?;
+        let w = reference::FfnWeights {
+            gate: &self.gate,
+            up: &self.up,
+            down: &self.down,
+            hidden: h,
+            ffn: self.f as usize,
+        };
+        let picks: Vec<usize> =
+            (0..n.min(CHECKED_ENTRIES)).chain(n.saturating_sub(CHECKED_ENTRIES)..n).collect();
+        for i in picks {
+            let t = i / self.k as usize;
+            let want = reference::ffn_row(&self.x[t * h..(t + 1) * h], self.idx[i] as usize, &w);
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            if let Some(c) = (0..h).find(|&c| (got[i * h + c] - want[c]).abs() > 2e-5 + 2e-5 * scale) {
+                return Err(Error::Validation(format!(
+                    "{what}: entry {i} column {c}: {} vs reference {}",
+                    got[i * h + c],
+                    want[c]
+                )));
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// Plans the grouped path (dispatch layout + FFN) into `partial`.
+fn grouped(
+    ctx: &Context,
+    p: &Problem,
+    ffn: &ExpertFfn,
+    x: &wgpu::Buffer,
+    idx: &wgpu::Buffer,
+    partial: &wgpu::Buffer,
+) -> Result<Vec<Dispatch>> {
+    let layout = DispatchLayout::new(ctx, DispatchConfig { experts: p.e, k: p.k, tile: 32 }, p.tokens, 0)?;
+    let mut ds = layout.plan(ctx, idx)?;
+    let bufs = FfnBuffers { x, indices: idx, partial };
+    ds.extend(plan_ffn(ctx, ffn, p.tokens, p.k, &bufs, FfnRouting::Grouped(&layout))?.into_dispatches());
+    Ok(ds)
+}
+
+fn gemm_sizes(set: SizeSet, held_out: bool, decode: bool) -> Vec<Size> {
+    let shapes: &[(u32, u32, u32, u32, u32)] = match (set, held_out, decode) {
+        (SizeSet::Gpu, false, false) => {
+            &[(512, 1024, 512, 64, 8), (4096, 1024, 512, 64, 8), (512, 1024, 2048, 8, 2)]
+        }
+        (SizeSet::Gpu, true, false) => &[(1024, 1024, 512, 64, 8), (2048, 1024, 2048, 8, 2)],
+        (SizeSet::Cpu, false, false) => {
+            &[(64, 256, 128, 16, 4), (256, 256, 128, 16, 4), (64, 256, 512, 8, 2)]
+        }
+        (SizeSet::Cpu, true, false) => &[(128, 256, 128, 16, 4), (128, 256, 512, 8, 2)],
+        (SizeSet::Gpu, false, true) => &[(1, 1024, 512, 64, 8), (4, 1024, 512, 64, 8)],
+        (SizeSet::Gpu, true, true) => &[(2, 1024, 512, 64, 8), (8, 1024, 2048, 8, 2)],
+        (SizeSet::Cpu, false, true) => &[(1, 256, 128, 16, 4), (4, 256, 128, 16, 4)],
+        (SizeSet::Cpu, true, true) => &[(2, 256, 128, 16, 4), (8, 256, 512, 8, 2)],
+    };
+    shapes
+        .iter()
+        .map(|&(m, h, f, e, k)| Size::of(&[("M", m), ("H", h), ("F", f), ("E", e), ("k", k)]))
+        .collect()
+}
+
+/// Grouped GEMM (B) against three dense GEMMs of the same FLOPs (A).
+pub struct GroupedVsDense;
+
+impl Comparison for GroupedVsDense {
+    fn name(&self) -> &'static str {
+        "gemm/grouped-vs-dense"
+    }
+    fn description(&self) -> &'static str {
+        "SwiGLU expert FFN as padded-tile grouped GEMMs with the dispatch (B) against dense GEMMs of \
+         the same FLOPs on one weight matrix (A): the throughput yardstick"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("dense", "grouped")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        gemm_sizes(set, held_out, false)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let p = Problem::new(size, seed);
+        let ffn = p.ffn(ctx)?;
+        let (x, idx) = (ctx.upload("x", &p.x), ctx.upload("indices", &p.idx));
+        let partial = ctx.zeroed("partial", u64::from(p.entries() * p.h) * 4);
+        let b = grouped(ctx, &p, &ffn, &x, &idx, &partial)?;
+        // Dense: [entries, H] x [F, H]^T twice, then [entries, F] x [H, F]^T.
+        let rows = p.entries();
+        let xd = ctx.upload("dense x", &Synth::new(seed + 1).uniform((rows * p.f.max(p.h)) as usize, 1.0));
+        let one =
+            |d: &[f32], n, k| ExpertWeights::from_f32(ctx, &d[..(n * k) as usize], WeightDtype::F32, 1, n, k);
+        let (wg, wu, wd) = (one(&p.gate, p.f, p.h)?, one(&p.up, p.f, p.h)?, one(&p.down, p.h, p.f)?);
+        let (yg, yu, yd) = (
+            ctx.zeroed("dense gate", u64::from(rows * p.f) * 4),
+            ctx.zeroed("dense up", u64::from(rows * p.f) * 4),
+            ctx.zeroed("dense down", u64::from(rows * p.h) * 4),
+        );
+        let mut a = plan_dense(ctx, &wg, rows, &xd, &yg)?.into_dispatches();
+        a.extend(plan_dense(ctx, &wu, rows, &xd, &yu)?.into_dispatches());
+        a.extend(plan_dense(ctx, &wd, rows, &xd, &yd)?.into_dispatches());
+        let flops = p.flops();
+        let validate = move |ctx: &Context| p.check(ctx, &partial, "grouped").map(|_| ());
+        Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, validate: Box::new(validate) })
+    }
+}
+
+/// Grouped GEMM (B) against seed 000's path (A): one grouped matmul per bucket with a bound of
+/// the mean load, plus a row-wise overflow pass. Outputs are bitwise equal.
+pub struct GroupedVsBucketed;
+
+impl Comparison for GroupedVsBucketed {
+    fn name(&self) -> &'static str {
+        "gemm/grouped-vs-bucketed"
+    }
+    fn description(&self) -> &'static str {
+        "padded-tile grouped GEMM (B) against per-bucket grouped matmuls bounded at the mean load \
+         with an overflow pass (A); both include their dispatch, outputs bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("bucketed", "grouped")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        gemm_sizes(set, held_out, false)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let p = Problem::new(size, seed);
+        let ffn = p.ffn(ctx)?;
+        let (x, idx) = (ctx.upload("x", &p.x), ctx.upload("indices", &p.idx));
+        let bytes = u64::from(p.entries() * p.h) * 4;
+        let (pa, pb) = (ctx.zeroed("bucketed partial", bytes), ctx.zeroed("grouped partial", bytes));
+        let b = grouped(ctx, &p, &ffn, &x, &idx, &pb)?;
+        let bound = p.entries().div_ceil(p.e).max(1);
+        let buckets = BucketLayout::new(
+            ctx,
+            BucketConfig { n_caps: p.e, bound, policy: OverflowPolicy::Overflow },
+            p.entries(),
+        )?;
+        let mut a = buckets.plan(ctx, &idx)?;
+        let bufs = FfnBuffers { x: &x, indices: &idx, partial: &pa };
+        a.extend(
+            plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Bucketed(&buckets))?.into_dispatches(),
+        );
+        let flops = p.flops();
+        let validate = move |ctx: &Context| {
+            let got_a = p.check(ctx, &pa, "bucketed")?;
+            let got_b: Vec<f32> = ctx.read_back(&pb, got_a.len())?;
+            if got_a.iter().zip(&got_b).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                return Err(Error::Validation(
+                    "grouped output is not bitwise equal to the bucketed path".into(),
+                ));
+            }
+            Ok(())
+        };
+        Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, validate: Box::new(validate) })
+    }
+}
+
+/// Row-wise decode path (B) against the grouped path with its dispatch (A) at decode sizes.
+pub struct DecodeVsGrouped;
+
+impl Comparison for DecodeVsGrouped {
+    fn name(&self) -> &'static str {
+        "gemm/decode-vs-grouped"
+    }
+    fn description(&self) -> &'static str {
+        "row-wise expert FFN over the routed entries (B) against dispatch + grouped GEMM (A) for a \
+         few tokens; bandwidth counts the selected experts' weights; outputs bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("grouped", "decode")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        gemm_sizes(set, held_out, true)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let p = Rc::new(Problem::new(size, seed));
+        let ffn = p.ffn(ctx)?;
+        let (x, idx) = (ctx.upload("x", &p.x), ctx.upload("indices", &p.idx));
+        let bytes = u64::from(p.entries() * p.h) * 4;
+        let (pa, pb) = (ctx.zeroed("grouped partial", bytes), ctx.zeroed("decode partial", bytes));
+        let a = grouped(ctx, &p, &ffn, &x, &idx, &pa)?;
+        let bufs = FfnBuffers { x: &x, indices: &idx, partial: &pb };
+        let b = plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Decode)?.into_dispatches();
+        let mut distinct = p.idx.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let weight_bytes = 3.0 * 4.0 * distinct.len() as f64 * f64::from(p.h) * f64::from(p.f);
+        let flops = p.flops();
+        let validate = move |ctx: &Context| {
+            let got_b = p.check(ctx, &pb, "decode")?;
+            let got_a: Vec<f32> = ctx.read_back(&pa, got_b.len())?;
+            if got_a.iter().zip(&got_b).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                return Err(Error::Validation(
+                    "decode output is not bitwise equal to the grouped path".into(),
+                ));
+            }
+            Ok(())
+        };
+        Ok(Case {
+            a: Work::Gpu(a),
+            b: Work::Gpu(b),
+            flops,
+            bytes: weight_bytes,
+            validate: Box::new(validate),
+        })
+    }
+}
