@@ -11,6 +11,7 @@ pub mod context;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
+pub mod layer;
 pub mod pipeline;
 pub mod reference;
 pub mod shader;

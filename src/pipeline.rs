@@ -91,15 +91,24 @@ pub(crate) fn checked<T>(device: &wgpu::Device, context: &str, f: impl FnOnce() 
     }
 }
 
-/// One buffer bound at `binding`, covering bytes `[0, size)`.
+/// One buffer bound at `binding`, covering bytes `[offset, offset + size)`.
 #[derive(Clone, Copy, Debug)]
 pub struct Binding<'a> {
     /// Binding index in group 0.
     pub binding: u32,
     /// The buffer.
     pub buffer: &'a wgpu::Buffer,
-    /// Bytes bound from offset 0 (at least 4).
+    /// Bytes bound (at least 4).
     pub size: u64,
+    /// First byte (a multiple of the adapter's offset alignment).
+    pub offset: u64,
+}
+
+impl<'a> Binding<'a> {
+    /// `size` bytes of `buffer` from its start.
+    pub fn new(binding: u32, buffer: &'a wgpu::Buffer, size: u64) -> Self {
+        Binding { binding, buffer, size, offset: 0 }
+    }
 }
 
 /// A recorded-to-be dispatch: pipeline, bind group and grid. Recording it into a compute
@@ -255,7 +264,7 @@ impl Context {
                 binding: b.binding,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: b.buffer,
-                    offset: 0,
+                    offset: b.offset,
                     size: NonZeroU64::new(b.size.max(4)),
                 }),
             })

@@ -56,6 +56,7 @@ pub fn all_shaders() -> Vec<&'static ShaderSource> {
     all.extend_from_slice(crate::kernels::routing::SHADERS);
     all.extend_from_slice(crate::kernels::dispatch::SHADERS);
     all.extend_from_slice(crate::kernels::gemm::SHADERS);
+    all.extend_from_slice(crate::kernels::combine::SHADERS);
     all.extend_from_slice(crate::bench::calibrate::SHADERS);
     all
 }

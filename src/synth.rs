@@ -4,6 +4,8 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::layer::{MoeConfig, MoeWeights};
+
 /// A seeded generator of uniform f32 tensors.
 #[derive(Clone, Debug)]
 pub struct Synth {
@@ -27,5 +29,28 @@ impl Synth {
         let x = self.uniform(tokens * hidden, 1.0);
         let gate = self.uniform(experts * hidden, 1.0 / (hidden as f32).sqrt());
         (x, gate)
+    }
+
+    /// Weights for every tensor `cfg` needs, scaled like initialised linear layers (router
+    /// rows by 1/sqrt(H), down projections by 1/sqrt(F)).
+    pub fn moe_weights(&mut self, cfg: &MoeConfig) -> MoeWeights {
+        let (h, f, e) = (cfg.hidden as usize, cfg.ffn as usize, cfg.experts as usize);
+        let (sh, sf) = (1.0 / (h as f32).sqrt(), 1.0 / (f as f32).sqrt());
+        MoeWeights {
+            router: self.uniform(e * h, sh),
+            bias: cfg.bias.then(|| self.uniform(e, 0.05)),
+            gate: self.uniform(e * f * h, sh),
+            up: self.uniform(e * f * h, sh),
+            down: self.uniform(e * h * f, sf),
+            shared: cfg.shared_ffn.map(|fs| {
+                let fs = fs as usize;
+                (
+                    self.uniform(fs * h, sh),
+                    self.uniform(fs * h, sh),
+                    self.uniform(h * fs, 1.0 / (fs as f32).sqrt()),
+                )
+            }),
+            shared_gate: cfg.shared_gate.then(|| self.uniform(h, sh)),
+        }
     }
 }

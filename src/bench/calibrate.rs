@@ -70,11 +70,7 @@ pub fn calibrate(ctx: &Context, set: SizeSet) -> Result<Calibration> {
     let copy = ctx.kernel(&COPY, &[])?;
     let d = ctx.dispatch(
         &copy,
-        &[
-            Binding { binding: 0, buffer: &copy_params, size: 16 },
-            Binding { binding: 1, buffer: &src, size: bytes },
-            Binding { binding: 2, buffer: &dst, size: bytes },
-        ],
+        &[Binding::new(0, &copy_params, 16), Binding::new(1, &src, bytes), Binding::new(2, &dst, bytes)],
         ctx.grid(u64::from(n).div_ceil(256), "copy probe")?,
     )?;
     let (copy_s, clock) = time(ctx, &d)?;
@@ -84,10 +80,7 @@ pub fn calibrate(ctx: &Context, set: SizeSet) -> Result<Calibration> {
     let fma = ctx.kernel(&FMA, &[])?;
     let d = ctx.dispatch(
         &fma,
-        &[
-            Binding { binding: 0, buffer: &fma_params, size: 16 },
-            Binding { binding: 1, buffer: &sink, size: u64::from(invocations) * 4 },
-        ],
+        &[Binding::new(0, &fma_params, 16), Binding::new(1, &sink, u64::from(invocations) * 4)],
         ctx.grid(u64::from(invocations).div_ceil(256), "fma probe")?,
     )?;
     let (fma_s, _) = time(ctx, &d)?;

@@ -250,7 +250,7 @@ impl DispatchLayout {
     fn bind<'a>(&'a self, binding: u32, indices: &'a wgpu::Buffer) -> Binding<'a> {
         let e1 = u64::from(self.cfg.experts) + 1;
         let (buffer, elems) = match binding {
-            0 => return Binding { binding, buffer: &self.params, size: 32 },
+            0 => return Binding::new(binding, &self.params, 32),
             1 => (indices, u64::from(self.entries)),
             2 => (&self.hist, u64::from(self.blocks.max(1)) * u64::from(self.cfg.experts)),
             3 => (&self.counts, e1 - 1),
@@ -262,7 +262,7 @@ impl DispatchLayout {
             9 => (&self.meta, 8),
             _ => (&self.overflow_offsets, e1),
         };
-        Binding { binding, buffer, size: elems * U32 }
+        Binding::new(binding, buffer, elems * U32)
     }
 
     fn dispatch(
@@ -499,12 +499,8 @@ impl BucketLayout {
         let mut ds = self.layout.plan(ctx, winners)?;
         let slots = u64::from(self.cfg.n_caps) * u64::from(self.cfg.bound);
         let extra = |binding: u32| match binding {
-            11 => Some(Binding { binding, buffer: &self.pad_perm, size: slots * U32 }),
-            12 => Some(Binding {
-                binding,
-                buffer: &self.overflow,
-                size: u64::from(self.layout.tokens.max(1)) * U32,
-            }),
+            11 => Some(Binding::new(binding, &self.pad_perm, slots * U32)),
+            12 => Some(Binding::new(binding, &self.overflow, u64::from(self.layout.tokens.max(1)) * U32)),
             _ => None,
         };
         let mut specs = vec![(&BUCKET_SLOTS, slots)];

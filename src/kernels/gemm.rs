@@ -277,12 +277,12 @@ impl Pass<'_> {
 
     fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> [Binding<'b>; 6] {
         [
-            Binding { binding: 0, buffer: params, size: 32 },
-            Binding { binding: 1, buffer: self.x, size: self.x.size() },
-            Binding { binding: 2, buffer: &self.w.buffer, size: self.w.bytes() },
-            Binding { binding: 3, buffer: &self.w_up.buffer, size: self.w_up.bytes() },
-            Binding { binding: 4, buffer: self.row_entry, size: self.row_entry.size() },
-            Binding { binding: 6, buffer: self.out, size: self.out.size() },
+            Binding::new(0, params, 32),
+            Binding::new(1, self.x, self.x.size()),
+            Binding::new(2, &self.w.buffer, self.w.bytes()),
+            Binding::new(3, &self.w_up.buffer, self.w_up.bytes()),
+            Binding::new(4, self.row_entry, self.row_entry.size()),
+            Binding::new(6, self.out, self.out.size()),
         ]
     }
 
@@ -295,7 +295,7 @@ impl Pass<'_> {
         let placeholder = ctx.zeroed("no tile map", 4);
         let tiles = tiles.unwrap_or(&placeholder);
         let mut bindings = self.common(&params).to_vec();
-        bindings.push(Binding { binding: 5, buffer: tiles, size: tiles.size() });
+        bindings.push(Binding::new(5, tiles, tiles.size()));
         let max = ctx.limits().max_compute_workgroups_per_dimension;
         let grid = [self.params.rows.div_ceil(BLOCK_ROWS), self.params.n.div_ceil(BLOCK_COLS), 1];
         if grid[0] > max || grid[1] > max {
@@ -324,8 +324,8 @@ impl Pass<'_> {
         let placeholder = ctx.zeroed("no indices", 4);
         let indices = indices.unwrap_or(&placeholder);
         let mut bindings = self.common(&params).to_vec();
-        bindings.push(Binding { binding: 7, buffer: count, size: count.size() });
-        bindings.push(Binding { binding: 8, buffer: indices, size: indices.size() });
+        bindings.push(Binding::new(7, count, count.size()));
+        bindings.push(Binding::new(8, indices, indices.size()));
         let threads = u64::from(self.params.rows) * u64::from(self.params.n);
         ctx.dispatch(&kernel, &bindings, ctx.grid(threads.div_ceil(64), "row-wise GEMM")?)
     }

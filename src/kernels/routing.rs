@@ -372,19 +372,19 @@ pub fn plan_route(
     let logits = match (bufs.logits, mode.writes_logits()) {
         (Some(l), true) => {
             ctx.check_binding("logits", l, t * e * F32, Access::ReadWrite)?;
-            Binding { binding: 3, buffer: l, size: t * e * F32 }
+            Binding::new(3, l, t * e * F32)
         }
         (None, true) => {
             return Err(Error::invalid(format!("{mode:?} writes logits but no logits buffer was given")));
         }
-        (_, false) => Binding { binding: 3, buffer: &c.no_logits, size: 4 },
+        (_, false) => Binding::new(3, &c.no_logits, 4),
     };
-    let params = Binding { binding: 0, buffer: &c.params, size: 32 };
-    let x = Binding { binding: 1, buffer: bufs.x, size: t * h * F32 };
-    let gate = Binding { binding: 2, buffer: bufs.gate, size: e * h * F32 };
+    let params = Binding::new(0, &c.params, 32);
+    let x = Binding::new(1, bufs.x, t * h * F32);
+    let gate = Binding::new(2, bufs.gate, e * h * F32);
     let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
-    let indices = Binding { binding: 5, buffer: bufs.indices, size: t * k * 4 };
-    let weights = Binding { binding: 6, buffer: bufs.weights, size: t * k * F32 };
+    let indices = Binding::new(5, bufs.indices, t * k * 4);
+    let weights = Binding::new(6, bufs.weights, t * k * F32);
     let per_token = ctx.grid(t, "routing (one workgroup per token)")?;
     let dispatches = match mode {
         RouteMode::Unfused => {
@@ -426,11 +426,11 @@ pub fn plan_topk(
     ctx.check_binding("weights", weights, t * k * F32, Access::ReadWrite)?;
     let topk = ctx.kernel(&TOPK, &cfg.constants())?;
     let bindings = [
-        Binding { binding: 0, buffer: &c.params, size: 32 },
-        Binding { binding: 3, buffer: logits, size: t * e * F32 },
+        Binding::new(0, &c.params, 32),
+        Binding::new(3, logits, t * e * F32),
         bias_binding(cfg, bias, &c.no_bias),
-        Binding { binding: 5, buffer: indices, size: t * k * 4 },
-        Binding { binding: 6, buffer: weights, size: t * k * F32 },
+        Binding::new(5, indices, t * k * 4),
+        Binding::new(6, weights, t * k * F32),
     ];
     let grid = ctx.grid(t, "top-k (one workgroup per token)")?;
     Ok(RoutePlan { dispatches: vec![ctx.dispatch(&topk, &bindings, grid)?] })
@@ -442,8 +442,8 @@ fn bias_binding<'a>(
     placeholder: &'a wgpu::Buffer,
 ) -> Binding<'a> {
     match bias {
-        Some(b) => Binding { binding: 4, buffer: b, size: u64::from(cfg.experts) * F32 },
-        None => Binding { binding: 4, buffer: placeholder, size: 4 },
+        Some(b) => Binding::new(4, b, u64::from(cfg.experts) * F32),
+        None => Binding::new(4, placeholder, 4),
     }
 }
 

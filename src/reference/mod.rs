@@ -5,4 +5,5 @@
 
 pub mod dispatch;
 pub mod gemm;
+pub mod layer;
 pub mod routing;

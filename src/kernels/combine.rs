@@ -1,0 +1,232 @@
+//! Combine: `y[t] = sum_j w[t, j] * partial[t * k + j] (+ shared[t])`, in one launch over
+//! `tokens x hidden`, or sequentially (a clear, one dispatch per token and slot, one for the
+//! shared row) as the A side of the A/B and the oracle of the bit-identity test. Both use the
+//! same operations in the same order (see `wgsl/combine/combine.wgsl`), so they are
+//! bit-identical.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::shader::{ShaderSource, wgsl};
+
+static COMBINE_SHADER: ShaderSource = ShaderSource {
+    name: "combine/combine",
+    parts: &[wgsl!("combine/combine.wgsl")],
+    entry_points: &["combine", "clear_row", "add_scaled", "add_shared", "fill_zero"],
+};
+
+/// The combine family's shader modules.
+pub(crate) static SHADERS: &[&ShaderSource] = &[&COMBINE_SHADER];
+
+use Access::{Read, ReadWrite, Uniform};
+const ALL: &[(u32, Access)] = &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite)];
+static COMBINE: KernelSpec = KernelSpec { shader: &COMBINE_SHADER, entry: "combine", bindings: ALL };
+static CLEAR_ROW: KernelSpec =
+    KernelSpec { shader: &COMBINE_SHADER, entry: "clear_row", bindings: &[(0, Uniform), (5, ReadWrite)] };
+static ADD_SCALED: KernelSpec = KernelSpec {
+    shader: &COMBINE_SHADER,
+    entry: "add_scaled",
+    bindings: &[(0, Uniform), (1, Read), (2, Read), (5, ReadWrite)],
+};
+static ADD_SHARED: KernelSpec = KernelSpec {
+    shader: &COMBINE_SHADER,
+    entry: "add_shared",
+    bindings: &[(0, Uniform), (3, Read), (4, Read), (5, ReadWrite)],
+};
+static FILL_ZERO: KernelSpec =
+    KernelSpec { shader: &COMBINE_SHADER, entry: "fill_zero", bindings: &[(0, Uniform), (5, ReadWrite)] };
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct Params {
+    tokens: u32,
+    hidden: u32,
+    k: u32,
+    token: u32,
+    slot: u32,
+    pad: [u32; 3],
+}
+
+/// The shared expert's contribution.
+#[derive(Clone, Copy, Debug)]
+pub struct Shared<'a> {
+    /// `shared[tokens, hidden]`: the shared expert FFN's output.
+    pub rows: &'a wgpu::Buffer,
+    /// `shared_logit[tokens]`: gate logits (Qwen2-MoE's `shared_expert_gate`), scaled by
+    /// their sigmoid; None adds the rows as they are.
+    pub gate_logits: Option<&'a wgpu::Buffer>,
+}
+
+/// Buffers of the combine.
+#[derive(Clone, Copy, Debug)]
+pub struct CombineBuffers<'a> {
+    /// `weights[tokens, k]`.
+    pub weights: &'a wgpu::Buffer,
+    /// `partial[tokens * k, hidden]`.
+    pub partial: &'a wgpu::Buffer,
+    /// Shared expert, if any.
+    pub shared: Option<Shared<'a>>,
+    /// `y[tokens, hidden]`, written.
+    pub y: &'a wgpu::Buffer,
+}
+
+/// One-launch or sequential.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CombineMode {
+    /// One dispatch over `tokens x hidden`.
+    #[default]
+    OneLaunch,
+    /// `tokens * (k + 1 + shared)` dispatches, as a host loop would issue them.
+    Sequential,
+}
+
+struct Bound<'a> {
+    params: wgpu::Buffer,
+    placeholder: wgpu::Buffer,
+    bufs: CombineBuffers<'a>,
+    t: u64,
+    h: u64,
+    k: u64,
+}
+
+impl Bound<'_> {
+    fn bindings(&self, spec: &KernelSpec, offset: u64) -> Vec<Binding<'_>> {
+        let shared = self.bufs.shared;
+        spec.bindings
+            .iter()
+            .map(|&(b, _)| match b {
+                0 => Binding { binding: 0, buffer: &self.params, size: 32, offset },
+                1 => Binding::new(1, self.bufs.weights, self.t * self.k * 4),
+                2 => Binding::new(2, self.bufs.partial, self.t * self.k * self.h * 4),
+                3 => match shared {
+                    Some(s) => Binding::new(3, s.rows, self.t * self.h * 4),
+                    None => Binding::new(3, &self.placeholder, 4),
+                },
+                4 => match shared.and_then(|s| s.gate_logits) {
+                    Some(g) => Binding::new(4, g, self.t * 4),
+                    None => Binding::new(4, &self.placeholder, 4),
+                },
+                _ => Binding::new(5, self.bufs.y, self.t * self.h * 4),
+            })
+            .collect()
+    }
+}
+
+fn constants(bufs: &CombineBuffers<'_>) -> [(&'static str, f64); 2] {
+    let b = |v: bool| f64::from(u8::from(v));
+    [
+        ("HAS_SHARED", b(bufs.shared.is_some())),
+        ("SHARED_GATED", b(bufs.shared.is_some_and(|s| s.gate_logits.is_some()))),
+    ]
+}
+
+fn check(
+    ctx: &Context,
+    tokens: u32,
+    hidden: u32,
+    k: u32,
+    bufs: &CombineBuffers<'_>,
+) -> Result<(u64, u64, u64)> {
+    if hidden == 0 || k == 0 {
+        return Err(Error::invalid(format!(
+            "combine needs hidden >= 1 and k >= 1, got hidden = {hidden}, k = {k}"
+        )));
+    }
+    let (t, h, kk) = (u64::from(tokens), u64::from(hidden), u64::from(k));
+    ctx.check_binding("weights", bufs.weights, t * kk * 4, Read)?;
+    ctx.check_binding("partial", bufs.partial, t * kk * h * 4, Read)?;
+    ctx.check_binding("y", bufs.y, t * h * 4, ReadWrite)?;
+    if let Some(s) = bufs.shared {
+        ctx.check_binding("shared", s.rows, t * h * 4, Read)?;
+        if let Some(g) = s.gate_logits {
+            ctx.check_binding("shared gate logits", g, t * 4, Read)?;
+        }
+    }
+    if t * kk * h > u64::from(u32::MAX) {
+        return Err(Error::limit("tokens * k * hidden", t * kk * h, u32::MAX.into(), "u32 shader indices"));
+    }
+    Ok((t, h, kk))
+}
+
+/// Plans the combine for `tokens` tokens in `mode`.
+pub fn plan_combine(
+    ctx: &Context,
+    tokens: u32,
+    hidden: u32,
+    k: u32,
+    bufs: &CombineBuffers<'_>,
+    mode: CombineMode,
+) -> Result<Vec<Dispatch>> {
+    let (t, h, kk) = check(ctx, tokens, hidden, k, bufs)?;
+    if tokens == 0 {
+        return Ok(Vec::new());
+    }
+    let consts = constants(bufs);
+    let base = Params { tokens, hidden, k, ..Params::default() };
+    match mode {
+        CombineMode::OneLaunch => {
+            let bound = Bound {
+                params: ctx.uniform("combine params", &base),
+                placeholder: ctx.zeroed("no shared", 4),
+                bufs: *bufs,
+                t,
+                h,
+                k: kk,
+            };
+            let kernel = ctx.kernel(&COMBINE, &consts)?;
+            Ok(vec![ctx.dispatch(
+                &kernel,
+                &bound.bindings(&COMBINE, 0),
+                ctx.grid((t * h).div_ceil(64), "combine")?,
+            )?])
+        }
+        CombineMode::Sequential => {
+            // One 256-byte slot of parameters per step, each bound at its own offset.
+            let stride = u64::from(ctx.device().limits().min_uniform_buffer_offset_alignment).max(32);
+            let mut steps: Vec<(&'static KernelSpec, Params)> = Vec::new();
+            for token in 0..tokens {
+                steps.push((&CLEAR_ROW, Params { token, ..base }));
+                for slot in 0..k {
+                    steps.push((&ADD_SCALED, Params { token, slot, ..base }));
+                }
+                if bufs.shared.is_some() {
+                    steps.push((&ADD_SHARED, Params { token, ..base }));
+                }
+            }
+            let mut bytes = vec![0u8; steps.len() * stride as usize];
+            for (i, (_, p)) in steps.iter().enumerate() {
+                let at = i * stride as usize;
+                bytes[at..at + 32].copy_from_slice(bytemuck::bytes_of(p));
+            }
+            let params = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("sequential combine params"),
+                size: bytes.len() as u64,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            ctx.queue().write_buffer(&params, 0, &bytes);
+            let bound = Bound { params, placeholder: ctx.zeroed("no shared", 4), bufs: *bufs, t, h, k: kk };
+            let groups = [hidden.div_ceil(64), 1, 1];
+            steps
+                .iter()
+                .enumerate()
+                .map(|(i, (spec, _))| {
+                    let kernel = ctx.kernel(spec, &consts)?;
+                    ctx.dispatch(&kernel, &bound.bindings(spec, i as u64 * stride), groups)
+                })
+                .collect()
+        }
+    }
+}
+
+/// Zero-fills the first `elems` floats of `buf` (rows of dropped entries must read as 0).
+pub fn plan_fill_zero(ctx: &Context, buf: &wgpu::Buffer, elems: u32) -> Result<Dispatch> {
+    ctx.check_binding("fill target", buf, u64::from(elems) * 4, ReadWrite)?;
+    let params = ctx.uniform("fill params", &Params { tokens: elems, hidden: 1, ..Params::default() });
+    let kernel = ctx.kernel(&FILL_ZERO, &[])?;
+    let bindings = [Binding::new(0, &params, 32), Binding::new(5, buf, u64::from(elems.max(1)) * 4)];
+    ctx.dispatch(&kernel, &bindings, ctx.grid(u64::from(elems).div_ceil(64), "fill")?)
+}

@@ -1,0 +1,423 @@
+//! `MoeLayer`: routing, dispatch, expert projections and combine recorded into one encoder,
+//! with no host readback inside a forward pass.
+//!
+//! Stages of a forward (see `docs/layer.md`):
+//! `route` (gate matvec + top-k) -> `dispatch` (stable padded grouping; skipped on the decode
+//! path) -> `experts` (SwiGLU expert FFN) -> `shared` (shared expert over all tokens, if any)
+//! -> `combine` (weighted sum in slot order, plus the shared row).
+
+use serde::{Deserialize, Serialize};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::combine::{CombineBuffers, CombineMode, Shared, plan_combine, plan_fill_zero};
+use crate::kernels::dispatch::{
+    BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, LoadStats, OverflowPolicy,
+};
+use crate::kernels::gemm::{
+    ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
+    plan_ffn_all_experts, uses_decode_path,
+};
+use crate::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
+use crate::pipeline::Dispatch;
+
+/// Row tile of the dispatch layout used by the grouped GEMM.
+pub const LAYER_TILE: u32 = 32;
+
+/// How expert capacity is handled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Capacity {
+    /// Every routed entry is computed (padded-tile grouped GEMM; row-wise for decode sizes).
+    #[default]
+    Dropless,
+    /// At most `bound` entries per expert in the grouped matmuls; the rest overflow to a
+    /// second pass or are dropped (their contribution is zero).
+    Bounded {
+        /// Entries per expert.
+        bound: u32,
+        /// Overflow or drop.
+        policy: OverflowPolicy,
+    },
+}
+
+/// Everything that shapes a MoE layer.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    /// Hidden size H.
+    pub hidden: u32,
+    /// Routed expert FFN size F.
+    pub ffn: u32,
+    /// Routed experts E.
+    pub experts: u32,
+    /// Experts per token.
+    pub k: u32,
+    /// Softmax or sigmoid scores.
+    pub gating: Gating,
+    /// Renormalise the selected weights.
+    pub renormalize: bool,
+    /// Routed scaling factor.
+    pub scale: f32,
+    /// Selection bias (DeepSeek-V3 `e_score_correction_bias`).
+    pub bias: bool,
+    /// Group-limited routing.
+    pub groups: Option<GroupLimit>,
+    /// FFN size of the shared expert(s), all shared experts concatenated; None without.
+    pub shared_ffn: Option<u32>,
+    /// The shared expert's output is scaled by sigmoid(x . g) (Qwen2-MoE).
+    pub shared_gate: bool,
+    /// Capacity policy.
+    pub capacity: Capacity,
+    /// Storage dtype of expert weights (the router stays f32).
+    pub weight_dtype: WeightDtype,
+    /// Fused or unfused routing (bit-identical).
+    pub route_mode: RouteMode,
+    /// One-launch or sequential combine (bit-identical).
+    pub combine: CombineMode,
+}
+
+impl MoeConfig {
+    /// Softmax top-k routing over `experts` experts, renormalised, no shared expert.
+    pub fn new(hidden: u32, ffn: u32, experts: u32, k: u32) -> Self {
+        MoeConfig {
+            hidden,
+            ffn,
+            experts,
+            k,
+            gating: Gating::Softmax,
+            renormalize: true,
+            scale: 1.0,
+            bias: false,
+            groups: None,
+            shared_ffn: None,
+            shared_gate: false,
+            capacity: Capacity::Dropless,
+            weight_dtype: WeightDtype::F32,
+            route_mode: RouteMode::Fused { write_logits: false },
+            combine: CombineMode::OneLaunch,
+        }
+    }
+
+    /// The routing part of the configuration.
+    pub fn route(&self) -> RouteConfig {
+        RouteConfig {
+            hidden: self.hidden,
+            experts: self.experts,
+            k: self.k,
+            gating: self.gating,
+            renormalize: self.renormalize,
+            scale: self.scale,
+            bias: self.bias,
+            groups: self.groups,
+        }
+    }
+
+    /// Checks every field.
+    pub fn validate(&self) -> Result<()> {
+        self.route().validate()?;
+        if self.ffn == 0 || self.shared_ffn == Some(0) {
+            return Err(Error::invalid("FFN sizes must be at least 1"));
+        }
+        if self.shared_gate && self.shared_ffn.is_none() {
+            return Err(Error::invalid("shared_gate needs a shared expert (shared_ffn)"));
+        }
+        if let Capacity::Bounded { bound: 0, .. } = self.capacity {
+            return Err(Error::invalid("capacity bound must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Host weights of a MoE layer (f32; rounded to `weight_dtype` on upload).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MoeWeights {
+    /// Router `[E, H]`.
+    pub router: Vec<f32>,
+    /// Selection bias `[E]`.
+    pub bias: Option<Vec<f32>>,
+    /// Expert gate projections `[E, F, H]`.
+    pub gate: Vec<f32>,
+    /// Expert up projections `[E, F, H]`.
+    pub up: Vec<f32>,
+    /// Expert down projections `[E, H, F]`.
+    pub down: Vec<f32>,
+    /// Shared expert `(gate [Fs, H], up [Fs, H], down [H, Fs])`.
+    pub shared: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+    /// Shared expert gate `[H]`.
+    pub shared_gate: Option<Vec<f32>>,
+}
+
+fn expect_len(what: &str, got: usize, dims: &[u32]) -> Result<()> {
+    let want: u64 = dims.iter().map(|&d| u64::from(d)).product();
+    if got as u64 != want {
+        return Err(Error::shape(what, format!("{dims:?} = {want} elements"), got));
+    }
+    Ok(())
+}
+
+impl MoeWeights {
+    /// Checks every tensor against `cfg`.
+    pub fn check(&self, cfg: &MoeConfig) -> Result<()> {
+        let (h, f, e) = (cfg.hidden, cfg.ffn, cfg.experts);
+        expect_len("router", self.router.len(), &[e, h])?;
+        expect_len("experts gate", self.gate.len(), &[e, f, h])?;
+        expect_len("experts up", self.up.len(), &[e, f, h])?;
+        expect_len("experts down", self.down.len(), &[e, h, f])?;
+        match (&self.bias, cfg.bias) {
+            (Some(b), true) => expect_len("bias", b.len(), &[e])?,
+            (None, false) => {}
+            (Some(_), false) => return Err(Error::invalid("weights have a bias but the config does not")),
+            (None, true) => {
+                return Err(Error::invalid("the config selects with a bias but the weights have none"));
+            }
+        }
+        match (&self.shared, cfg.shared_ffn) {
+            (Some((g, u, d)), Some(fs)) => {
+                expect_len("shared gate_proj", g.len(), &[fs, h])?;
+                expect_len("shared up_proj", u.len(), &[fs, h])?;
+                expect_len("shared down_proj", d.len(), &[h, fs])?;
+            }
+            (None, None) => {}
+            _ => return Err(Error::invalid("shared expert weights and config.shared_ffn disagree")),
+        }
+        match (&self.shared_gate, cfg.shared_gate) {
+            (Some(g), true) => expect_len("shared expert gate", g.len(), &[h]),
+            (None, false) => Ok(()),
+            _ => Err(Error::invalid("shared expert gate weights and config.shared_gate disagree")),
+        }
+    }
+}
+
+/// A MoE layer with its weights on the device.
+#[derive(Debug)]
+pub struct MoeLayer {
+    cfg: MoeConfig,
+    router: wgpu::Buffer,
+    bias: Option<wgpu::Buffer>,
+    experts: ExpertFfn,
+    shared: Option<ExpertFfn>,
+    shared_gate: Option<ExpertWeights>,
+}
+
+/// Intermediate buffers and dispatches of a forward for one batch size. Build it once per
+/// shape with [`MoeLayer::plan`] and record it every forward.
+#[derive(Debug)]
+pub struct ForwardPlan {
+    tokens: u32,
+    stages: Vec<(&'static str, Vec<Dispatch>)>,
+    indices: wgpu::Buffer,
+    weights: wgpu::Buffer,
+    layout: Option<DispatchLayout>,
+    buckets: Option<BucketLayout>,
+}
+
+impl ForwardPlan {
+    /// Stages in order, each with its dispatches.
+    pub fn stages(&self) -> Vec<(&'static str, Vec<&Dispatch>)> {
+        self.stages.iter().map(|(n, ds)| (*n, ds.iter().collect())).collect()
+    }
+
+    /// Every dispatch in order.
+    pub fn dispatches(&self) -> Vec<&Dispatch> {
+        self.stages.iter().flat_map(|(_, ds)| ds.iter()).collect()
+    }
+
+    /// Records the forward into `encoder` (one compute pass).
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
+        crate::gpu::record(encoder, &self.dispatches());
+    }
+
+    /// Tokens per forward.
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+    /// `indices[tokens, k]` written by the route stage.
+    pub fn indices(&self) -> &wgpu::Buffer {
+        &self.indices
+    }
+    /// `weights[tokens, k]` written by the route stage.
+    pub fn weights(&self) -> &wgpu::Buffer {
+        &self.weights
+    }
+
+    /// Expert load of the last forward (reads counts back; not part of the forward).
+    pub fn load(&self, ctx: &Context, experts: u32) -> Result<LoadStats> {
+        if let Some(l) = &self.layout {
+            return l.stats(ctx);
+        }
+        if let Some(b) = &self.buckets {
+            return b.layout().stats(ctx);
+        }
+        // Decode path: no layout was built; count on the host.
+        let idx: Vec<u32> = ctx.read_back(&self.indices, self.indices.size() as usize / 4)?;
+        let l = crate::reference::dispatch::layout(&idx, experts, 1, 0);
+        let mean = f64::from(l.meta.rows) / f64::from(experts);
+        Ok(LoadStats {
+            per_expert: l.counts,
+            rows: l.meta.rows,
+            max: l.meta.max_count,
+            mean,
+            imbalance: if l.meta.rows == 0 { 0.0 } else { f64::from(l.meta.max_count) / mean },
+            nonempty: l.meta.nonempty,
+            over_bound: 0,
+            invalid: l.meta.invalid,
+        })
+    }
+}
+
+/// A forward's results read back to the host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForwardOutput {
+    /// `y[tokens, hidden]`.
+    pub y: Vec<f32>,
+    /// `indices[tokens, k]`.
+    pub indices: Vec<u32>,
+    /// `weights[tokens, k]`.
+    pub weights: Vec<f32>,
+}
+
+impl MoeLayer {
+    /// Uploads `weights` for `cfg`.
+    pub fn new(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights) -> Result<Self> {
+        cfg.validate()?;
+        weights.check(&cfg)?;
+        let (h, f, e, dt) = (cfg.hidden, cfg.ffn, cfg.experts, cfg.weight_dtype);
+        let ew = |d: &[f32], e, n, k| ExpertWeights::from_f32(ctx, d, dt, e, n, k);
+        let experts = ExpertFfn::new(
+            ew(&weights.gate, e, f, h)?,
+            ew(&weights.up, e, f, h)?,
+            ew(&weights.down, e, h, f)?,
+        )?;
+        let shared = match (&weights.shared, cfg.shared_ffn) {
+            (Some((g, u, d)), Some(fs)) => {
+                Some(ExpertFfn::new(ew(g, 1, fs, h)?, ew(u, 1, fs, h)?, ew(d, 1, h, fs)?)?)
+            }
+            _ => None,
+        };
+        let shared_gate = match &weights.shared_gate {
+            Some(g) => Some(ExpertWeights::from_f32(ctx, g, WeightDtype::F32, 1, 1, h)?),
+            None => None,
+        };
+        Ok(MoeLayer {
+            cfg,
+            router: ctx.upload("router", &weights.router),
+            bias: weights.bias.as_ref().map(|b| ctx.upload("router bias", b)),
+            experts,
+            shared,
+            shared_gate,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MoeConfig {
+        &self.cfg
+    }
+
+    /// Plans a forward of `tokens` tokens from `x[tokens, H]` into `y[tokens, H]`.
+    pub fn plan(
+        &self,
+        ctx: &Context,
+        tokens: u32,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<ForwardPlan> {
+        let c = &self.cfg;
+        let (t, h, k) = (u64::from(tokens), u64::from(c.hidden), u64::from(c.k));
+        let entries = tokens
+            .checked_mul(c.k)
+            .ok_or_else(|| Error::limit("tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
+        let indices = ctx.zeroed("topk indices", t * k * 4);
+        let weights = ctx.zeroed("topk weights", t * k * 4);
+        let logits = ctx.zeroed("router logits", t * u64::from(c.experts) * 4);
+        let partial = ctx.zeroed("expert outputs", t * k * h * 4);
+        let mut stages = Vec::new();
+        let route_bufs = RouteBuffers {
+            x,
+            gate: &self.router,
+            bias: self.bias.as_ref(),
+            logits: Some(&logits),
+            indices: &indices,
+            weights: &weights,
+        };
+        stages.push((
+            "route",
+            plan_route(ctx, &c.route(), tokens, &route_bufs, c.route_mode)?.into_dispatches(),
+        ));
+        let ffn_bufs = FfnBuffers { x, indices: &indices, partial: &partial };
+        let (mut layout, mut buckets) = (None, None);
+        match c.capacity {
+            Capacity::Dropless if uses_decode_path(tokens) => {
+                stages.push((
+                    "experts",
+                    plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Decode)?
+                        .into_dispatches(),
+                ));
+            }
+            Capacity::Dropless => {
+                let l = DispatchLayout::new(
+                    ctx,
+                    DispatchConfig { experts: c.experts, k: c.k, tile: LAYER_TILE },
+                    tokens,
+                    0,
+                )?;
+                stages.push(("dispatch", l.plan(ctx, &indices)?));
+                stages.push((
+                    "experts",
+                    plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Grouped(&l))?
+                        .into_dispatches(),
+                ));
+                layout = Some(l);
+            }
+            Capacity::Bounded { bound, policy } => {
+                let b = BucketLayout::new(ctx, BucketConfig { n_caps: c.experts, bound, policy }, entries)?;
+                let mut ds = b.plan(ctx, &indices)?;
+                if policy == OverflowPolicy::Drop {
+                    ds.push(plan_fill_zero(ctx, &partial, entries * c.hidden)?);
+                }
+                stages.push(("dispatch", ds));
+                stages.push((
+                    "experts",
+                    plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Bucketed(&b))?
+                        .into_dispatches(),
+                ));
+                buckets = Some(b);
+            }
+        }
+        let shared_rows = ctx.zeroed("shared expert output", t * h * 4);
+        let shared_logits = ctx.zeroed("shared gate logits", t * 4);
+        if let Some(s) = &self.shared {
+            let mut ds = plan_ffn_all_experts(ctx, s, tokens, x, &shared_rows)?.into_dispatches();
+            if let Some(g) = &self.shared_gate {
+                ds.extend(plan_dense(ctx, g, tokens, x, &shared_logits)?.into_dispatches());
+            }
+            stages.push(("shared", ds));
+        }
+        let shared = self.shared.as_ref().map(|_| Shared {
+            rows: &shared_rows,
+            gate_logits: self.shared_gate.as_ref().map(|_| &shared_logits),
+        });
+        let combine = CombineBuffers { weights: &weights, partial: &partial, shared, y };
+        stages.push(("combine", plan_combine(ctx, tokens, c.hidden, c.k, &combine, c.combine)?));
+        Ok(ForwardPlan { tokens, stages, indices, weights, layout, buckets })
+    }
+
+    /// Runs one forward on host data and reads the results back (for tests, examples and
+    /// one-off use; an application records a [`ForwardPlan`] instead).
+    pub fn forward_host(&self, ctx: &Context, x: &[f32]) -> Result<ForwardOutput> {
+        let h = self.cfg.hidden as usize;
+        if !x.len().is_multiple_of(h) {
+            return Err(Error::shape("x", format!("rows of hidden = {h}"), x.len()));
+        }
+        let tokens = u32::try_from(x.len() / h)
+            .map_err(|_| Error::limit("tokens", (x.len() / h) as u64, u32::MAX.into(), "u32"))?;
+        let xb = ctx.upload("x", x);
+        let yb = ctx.zeroed("y", x.len() as u64 * 4);
+        let plan = self.plan(ctx, tokens, &xb, &yb)?;
+        ctx.run(&plan.dispatches())?;
+        let n = tokens as usize * self.cfg.k as usize;
+        Ok(ForwardOutput {
+            y: ctx.read_back(&yb, x.len())?,
+            indices: ctx.read_back(plan.indices(), n)?,
+            weights: ctx.read_back(plan.weights(), n)?,
+        })
+    }
+}

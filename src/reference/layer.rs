@@ -1,0 +1,53 @@
+//! Reference MoE layer: the routing, expert FFN and combine references composed in the
+//! layer's order.
+
+use crate::kernels::dispatch::OverflowPolicy;
+use crate::layer::{Capacity, MoeConfig, MoeWeights};
+use crate::reference::{dispatch, gemm, routing};
+
+/// `(y[tokens, H], indices[tokens, k], weights[tokens, k])` for `x[tokens, H]`.
+pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+    let (h, k) = (cfg.hidden as usize, cfg.k as usize);
+    let logits = routing::gate_logits(x, &w.router, h);
+    let (indices, weights) = routing::topk(&cfg.route(), &logits, w.bias.as_deref());
+    let round = |v: &[f32]| cfg.weight_dtype.round(v);
+    let (gate, up, down) = (round(&w.gate), round(&w.up), round(&w.down));
+    let experts = gemm::FfnWeights { gate: &gate, up: &up, down: &down, hidden: h, ffn: cfg.ffn as usize };
+    let mut partial = gemm::expert_ffn(x, &indices, k, &experts);
+    if let Capacity::Bounded { bound, policy: OverflowPolicy::Drop } = cfg.capacity {
+        let l = dispatch::layout(&indices, cfg.experts, 1, bound);
+        for (i, &row) in l.inverse.iter().enumerate() {
+            if row - l.offsets[indices[i] as usize] >= bound {
+                partial[i * h..(i + 1) * h].fill(0.0);
+            }
+        }
+    }
+    let shared = w.shared.as_ref().map(|(g, u, d)| (round(g), round(u), round(d)));
+    let mut y = vec![0.0f32; x.len()];
+    for (t, row) in y.chunks_mut(h).enumerate() {
+        let xt = &x[t * h..(t + 1) * h];
+        let shared_row = shared.as_ref().map(|(g, u, d)| {
+            let sw = gemm::FfnWeights {
+                gate: g,
+                up: u,
+                down: d,
+                hidden: h,
+                ffn: cfg.shared_ffn.unwrap_or(0) as usize,
+            };
+            gemm::ffn_row(xt, 0, &sw)
+        });
+        let s = w.shared_gate.as_ref().map_or(1.0, |g| 1.0 / (1.0 + (-gemm::dot(xt, g)).exp()));
+        for (c, out) in row.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for j in 0..k {
+                let e = t * k + j;
+                acc = weights[e].mul_add(partial[e * h + c], acc);
+            }
+            if let Some(sr) = &shared_row {
+                acc = s.mul_add(sr[c], acc);
+            }
+            *out = acc;
+        }
+    }
+    (y, indices, weights)
+}
