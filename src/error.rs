@@ -45,11 +45,13 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub(crate) fn shape(what: impl Into<String>, expected: impl ToString, got: impl ToString) -> Self {
+    /// An [`Error::Shape`] for `what`.
+    pub fn shape(what: impl Into<String>, expected: impl ToString, got: impl ToString) -> Self {
         Error::Shape { what: what.into(), expected: expected.to_string(), got: got.to_string() }
     }
 
-    pub(crate) fn limit(what: impl Into<String>, value: u64, limit: u64, why: impl Into<String>) -> Self {
+    /// An [`Error::LimitExceeded`] for `what`.
+    pub fn limit(what: impl Into<String>, value: u64, limit: u64, why: impl Into<String>) -> Self {
         Error::LimitExceeded { what: what.into(), value, limit, why: why.into() }
     }
 

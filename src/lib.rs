@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod reference;
 pub mod shader;
 pub mod synth;
+pub mod weights;
 
 pub use context::{AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters};
 pub use error::{Error, Result};

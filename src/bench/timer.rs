@@ -97,6 +97,43 @@ impl<'c> Sampler<'c> {
         Ok(Sample { wall_s: start.elapsed().as_secs_f64(), query })
     }
 
+    /// Runs each stage in its own timestamped pass, all in one submission. Every returned
+    /// sample carries the wall time of the whole submission.
+    pub fn sample_stages(&mut self, stages: &[Vec<&Dispatch>]) -> Result<Vec<Sample>> {
+        let n = stages.len() as u32;
+        if self.queries.is_some() && self.used + n > self.capacity {
+            return Err(Error::invalid(format!("sampler holds {} timed samples", self.capacity)));
+        }
+        let mut encoder = self.ctx.encoder("moeflow stages");
+        let mut queries = Vec::with_capacity(stages.len());
+        for stage in stages {
+            let query = self.queries.as_ref().map(|_| {
+                self.used += 1;
+                self.used - 1
+            });
+            queries.push(query);
+            let timestamp_writes = match (&self.queries, query) {
+                (Some(qs), Some(q)) => Some(wgpu::ComputePassTimestampWrites {
+                    query_set: qs,
+                    beginning_of_pass_write_index: Some(2 * q),
+                    end_of_pass_write_index: Some(2 * q + 1),
+                }),
+                _ => None,
+            };
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("moeflow stage"),
+                timestamp_writes,
+            });
+            for d in stage {
+                d.record(&mut pass);
+            }
+        }
+        let start = Instant::now();
+        self.ctx.submit_and_wait(encoder)?;
+        let wall_s = start.elapsed().as_secs_f64();
+        Ok(queries.into_iter().map(|query| Sample { wall_s, query }).collect())
+    }
+
     /// Runs `dispatches` `reps` times in one pass and times it on both clocks.
     pub fn sample(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
         self.run(dispatches, reps, true)
