@@ -10,7 +10,7 @@
 //!
 //! `cargo run --release --example moe_layer -- --help` lists every option.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -145,7 +145,7 @@ fn run(args: &Args) -> Result<bool> {
     }
 }
 
-fn run_file(ctx: &Context, args: &Args, weights: &PathBuf) -> Result<bool> {
+fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
     let config = match &args.config {
         Some(p) => Some(
             serde_json::from_slice(&read_file(p)?)
