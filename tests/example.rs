@@ -1,0 +1,273 @@
+//! The `moe_layer` example as a user runs it: with no arguments, and on small safetensors
+//! models written with each naming scheme (Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V3), checked
+//! against the CPU reference layer. Also the loader's errors for missing or mis-shaped tensors.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use half::{bf16, f16};
+use moeflow::kernels::gemm::WeightDtype;
+use moeflow::kernels::routing::{Gating, GroupLimit};
+use moeflow::layer::{MoeConfig, MoeWeights};
+use moeflow::reference::layer as reference;
+use moeflow::synth::Synth;
+use moeflow::weights::{LoadOptions, load_layer};
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+
+/// The example binary, built by `cargo test` next to this test's directory.
+fn example() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target profile directory");
+    dir.join("examples").join(format!("moe_layer{}", std::env::consts::EXE_SUFFIX))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("moeflow-example-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+        Dtype::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+fn write(path: &Path, tensors: Vec<(String, Vec<usize>, Vec<f32>)>, dtype: Dtype) {
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
+        tensors.into_iter().map(|(n, s, v)| (n, s, encode(&v, dtype))).collect();
+    let views: Vec<(String, TensorView<'_>)> =
+        bytes.iter().map(|(n, s, b)| (n.clone(), TensorView::new(dtype, s.clone(), b).unwrap())).collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Scheme {
+    Mixtral,
+    Qwen2,
+    Olmoe,
+    DeepSeek,
+}
+
+/// Tensors of one layer under `prefix` with `scheme`'s names.
+fn tensors(
+    scheme: Scheme,
+    prefix: &str,
+    cfg: &MoeConfig,
+    w: &MoeWeights,
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let (h, f, e) = (cfg.hidden as usize, cfg.ffn as usize, cfg.experts as usize);
+    let mut out = Vec::new();
+    let router = match scheme {
+        Scheme::Mixtral => "block_sparse_moe.gate.weight",
+        _ => "mlp.gate.weight",
+    };
+    out.push((format!("{prefix}{router}"), vec![e, h], w.router.clone()));
+    for i in 0..e {
+        let names = match scheme {
+            Scheme::Mixtral => {
+                ["w1", "w3", "w2"].map(|p| format!("{prefix}block_sparse_moe.experts.{i}.{p}.weight"))
+            }
+            _ => ["gate_proj", "up_proj", "down_proj"].map(|p| format!("{prefix}mlp.experts.{i}.{p}.weight")),
+        };
+        let [g, u, d] = names;
+        out.push((g, vec![f, h], w.gate[i * f * h..(i + 1) * f * h].to_vec()));
+        out.push((u, vec![f, h], w.up[i * f * h..(i + 1) * f * h].to_vec()));
+        out.push((d, vec![h, f], w.down[i * h * f..(i + 1) * h * f].to_vec()));
+    }
+    if let Some(b) = &w.bias {
+        out.push((format!("{prefix}mlp.gate.e_score_correction_bias"), vec![e], b.clone()));
+    }
+    if let Some((g, u, d)) = &w.shared {
+        let base = match scheme {
+            Scheme::DeepSeek => "mlp.shared_experts.",
+            _ => "mlp.shared_expert.",
+        };
+        let fs = g.len() / h;
+        out.push((format!("{prefix}{base}gate_proj.weight"), vec![fs, h], g.clone()));
+        out.push((format!("{prefix}{base}up_proj.weight"), vec![fs, h], u.clone()));
+        out.push((format!("{prefix}{base}down_proj.weight"), vec![h, fs], d.clone()));
+    }
+    if let Some(g) = &w.shared_gate {
+        out.push((format!("{prefix}mlp.shared_expert_gate.weight"), vec![1, h], g.clone()));
+    }
+    out
+}
+
+fn case(scheme: Scheme) -> (MoeConfig, Dtype, Option<serde_json::Value>, Vec<&'static str>) {
+    let base = MoeConfig::new(32, 24, 8, 2);
+    match scheme {
+        Scheme::Mixtral => (base, Dtype::F32, None, vec!["--k", "2"]),
+        Scheme::Qwen2 => (
+            MoeConfig {
+                renormalize: false,
+                shared_ffn: Some(40),
+                shared_gate: true,
+                weight_dtype: WeightDtype::Bf16,
+                ..base
+            },
+            Dtype::BF16,
+            Some(serde_json::json!({"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false})),
+            vec![],
+        ),
+        Scheme::Olmoe => (
+            MoeConfig { renormalize: false, weight_dtype: WeightDtype::F16, ..base },
+            Dtype::F16,
+            Some(serde_json::json!({"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false})),
+            vec![],
+        ),
+        Scheme::DeepSeek => (
+            MoeConfig {
+                k: 3,
+                gating: Gating::Sigmoid,
+                bias: true,
+                scale: 2.5,
+                groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+                shared_ffn: Some(24),
+                ..base
+            },
+            Dtype::F32,
+            Some(serde_json::json!({
+                "n_routed_experts": 8, "num_experts_per_tok": 3, "scoring_func": "sigmoid",
+                "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": true
+            })),
+            vec![],
+        ),
+    }
+}
+
+#[test]
+fn example_runs_a_users_layer_for_every_naming_scheme() {
+    let adapters = common::wgpu_adapters();
+    if adapters.is_empty() {
+        return;
+    }
+    for scheme in [Scheme::Mixtral, Scheme::Qwen2, Scheme::Olmoe, Scheme::DeepSeek] {
+        let dir = scratch(&format!("{scheme:?}"));
+        let (cfg, file_dtype, config, extra) = case(scheme);
+        let mut w = Synth::new(7).moe_weights(&cfg);
+        // What the file holds is what the layer sees: round to the file's dtype first.
+        let r = |v: &mut Vec<f32>| *v = cfg.weight_dtype.round(v);
+        for v in [&mut w.gate, &mut w.up, &mut w.down, &mut w.router] {
+            r(v);
+        }
+        if let Some(b) = w.bias.as_mut() {
+            r(b);
+        }
+        if let Some((g, u, d)) = w.shared.as_mut() {
+            r(g);
+            r(u);
+            r(d);
+        }
+        if let Some(g) = w.shared_gate.as_mut() {
+            r(g);
+        }
+        let prefix = "model.layers.3.";
+        write(&dir.join("w.safetensors"), tensors(scheme, prefix, &cfg, &w), file_dtype);
+        let tokens = 11usize;
+        let x = Synth::new(8).uniform(tokens * cfg.hidden as usize, 1.0);
+        write(
+            &dir.join("x.safetensors"),
+            vec![("x".into(), vec![tokens, cfg.hidden as usize], x.clone())],
+            Dtype::F32,
+        );
+        let mut cmd = Command::new(example());
+        cmd.arg("--weights").arg(dir.join("w.safetensors"));
+        cmd.arg("--input").arg(dir.join("x.safetensors"));
+        cmd.arg("--output").arg(dir.join("y.safetensors"));
+        cmd.args(&extra);
+        if let Some(c) = &config {
+            std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+            cmd.arg("--config").arg(dir.join("config.json"));
+        }
+        if matches!(scheme, Scheme::Olmoe) {
+            cmd.args(["--adapter", "gl", "--prefix", prefix]);
+        }
+        let out = cmd.output().expect("running the example");
+        assert!(
+            out.status.success(),
+            "{scheme:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let y: Vec<f32> = st
+            .tensor("output")
+            .unwrap()
+            .data()
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let idx: Vec<u32> = st
+            .tensor("topk_indices")
+            .unwrap()
+            .data()
+            .chunks(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(st.tensor("topk_weights").unwrap().shape(), &[tokens, cfg.k as usize]);
+        let counts = st.tensor("expert_counts").unwrap();
+        assert_eq!(counts.shape(), &[cfg.experts as usize]);
+        let (ry, ridx, _) = reference::forward(&cfg, &w, &x);
+        assert_eq!(idx, ridx, "{scheme:?}: routing");
+        let h = cfg.hidden as usize;
+        for (t, (g, r)) in y.chunks(h).zip(ry.chunks(h)).enumerate() {
+            let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (a, b) in g.iter().zip(r) {
+                assert!((a - b).abs() <= 2e-5 + 2e-5 * scale, "{scheme:?} token {t}: {a} vs {b}");
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[test]
+fn example_runs_without_arguments() {
+    if common::wgpu_adapters().is_empty() {
+        return;
+    }
+    let out = Command::new(example()).output().expect("running the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for needle in ["adapter:", "per-stage GPU time", "tokens/s", "expert load", "result: PASS"] {
+        assert!(stdout.contains(needle), "missing `{needle}` in:\n{stdout}");
+    }
+}
+
+#[test]
+fn loader_errors_name_the_tensor_and_its_expected_shape() {
+    let cfg = MoeConfig::new(16, 12, 4, 2);
+    let w = Synth::new(1).moe_weights(&cfg);
+    let dir = scratch("loader");
+    let mut t = tensors(Scheme::Mixtral, "", &cfg, &w);
+    t.retain(|(n, _, _)| n != "block_sparse_moe.experts.2.w3.weight");
+    write(&dir.join("missing.safetensors"), t, Dtype::F32);
+    let opts = LoadOptions { k: Some(2), ..LoadOptions::default() };
+    let err = load_layer(&std::fs::read(dir.join("missing.safetensors")).unwrap(), "missing", &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("block_sparse_moe.experts.2.w3.weight") && err.contains("[12, 16]"), "{err}");
+    let mut t = tensors(Scheme::Olmoe, "", &cfg, &w);
+    for (n, s, v) in t.iter_mut() {
+        if n == "mlp.experts.1.down_proj.weight" {
+            *s = vec![12, 16];
+            v.truncate(12 * 16);
+        }
+    }
+    write(&dir.join("shape.safetensors"), t, Dtype::F32);
+    let err = load_layer(&std::fs::read(dir.join("shape.safetensors")).unwrap(), "shape", &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("mlp.experts.1.down_proj.weight") && err.contains("[16, 12]"), "{err}");
+    write(&dir.join("good.safetensors"), tensors(Scheme::Olmoe, "", &cfg, &w), Dtype::F32);
+    let good = std::fs::read(dir.join("good.safetensors")).unwrap();
+    let err = load_layer(&good, "good", &LoadOptions::default()).unwrap_err().to_string();
+    assert!(err.contains("experts per token is not in the weights"), "{err}");
+    assert!(load_layer(&good, "good", &opts).is_ok());
+    std::fs::remove_dir_all(&dir).ok();
+}
