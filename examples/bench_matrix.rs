@@ -49,6 +49,9 @@ struct Args {
     /// Data seed (held-out runs use their own).
     #[arg(long, default_value_t = Settings::default().seed)]
     seed: u64,
+    /// Each sample repeats the work until variant A takes at least this long (milliseconds).
+    #[arg(long, default_value_t = Settings::default().min_sample_s * 1e3)]
+    min_sample_ms: f64,
     /// Read outputs back after every timed sample (shows what readback does to timings).
     #[arg(long)]
     readback_each_run: bool,
@@ -89,6 +92,7 @@ fn run(args: &Args) -> moeflow::Result<()> {
         seed: args.seed,
         held_out: args.held_out,
         readback_each_run: args.readback_each_run,
+        min_sample_s: args.min_sample_ms / 1e3,
         ..Settings::default()
     };
     let chosen: Vec<Box<dyn moeflow::bench::Comparison>> = comparisons()

@@ -221,6 +221,11 @@ impl ForwardPlan {
         self.stages.iter().flat_map(|(_, ds)| ds.iter()).collect()
     }
 
+    /// Every dispatch in order, owned (the buffers they use stay alive with them).
+    pub fn into_dispatches(self) -> Vec<Dispatch> {
+        self.stages.into_iter().flat_map(|(_, ds)| ds).collect()
+    }
+
     /// Records the forward into `encoder` (one compute pass).
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
         crate::gpu::record(encoder, &self.dispatches());

@@ -58,6 +58,7 @@ impl Comparison for Scripted {
             b: Work::Gpu(plan(ctx)?.into_dispatches()),
             flops: 0.0,
             bytes: 0.0,
+            tokens: 0,
             validate: Box::new(move |_| {
                 calls.set(calls.get() + 1);
                 if fail { Err(Error::Validation("deliberately wrong outputs".into())) } else { Ok(()) }

@@ -100,6 +100,8 @@ pub struct Case {
     pub flops: f64,
     /// Bytes the work must move at least once per run (0 where it does not apply).
     pub bytes: f64,
+    /// Tokens processed per run (0 where it does not apply), for tokens/s.
+    pub tokens: u32,
     /// Reads both variants' outputs and checks them (A against the CPU oracle, B against A
     /// as the contract requires). Called before warm-up and after the timed sequence.
     pub validate: Validate,

@@ -174,9 +174,9 @@ impl Comparison for GroupedVsDense {
         let mut a = plan_dense(ctx, &wg, rows, &xd, &yg)?.into_dispatches();
         a.extend(plan_dense(ctx, &wu, rows, &xd, &yu)?.into_dispatches());
         a.extend(plan_dense(ctx, &wd, rows, &xd, &yd)?.into_dispatches());
-        let flops = p.flops();
+        let (flops, tokens) = (p.flops(), p.tokens);
         let validate = move |ctx: &Context| p.check(ctx, &partial, "grouped").map(|_| ());
-        Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, validate: Box::new(validate) })
+        Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, tokens, validate: Box::new(validate) })
     }
 }
 
@@ -216,7 +216,7 @@ impl Comparison for GroupedVsBucketed {
         a.extend(
             plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Bucketed(&buckets))?.into_dispatches(),
         );
-        let flops = p.flops();
+        let (flops, tokens) = (p.flops(), p.tokens);
         let validate = move |ctx: &Context| {
             let got_a = p.check(ctx, &pa, "bucketed")?;
             let got_b: Vec<f32> = ctx.read_back(&pb, got_a.len())?;
@@ -227,7 +227,7 @@ impl Comparison for GroupedVsBucketed {
             }
             Ok(())
         };
-        Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, validate: Box::new(validate) })
+        Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, tokens, validate: Box::new(validate) })
     }
 }
 
@@ -261,7 +261,7 @@ impl Comparison for DecodeVsGrouped {
         distinct.sort_unstable();
         distinct.dedup();
         let weight_bytes = 3.0 * 4.0 * distinct.len() as f64 * f64::from(p.h) * f64::from(p.f);
-        let flops = p.flops();
+        let (flops, tokens) = (p.flops(), p.tokens);
         let validate = move |ctx: &Context| {
             let got_b = p.check(ctx, &pb, "decode")?;
             let got_a: Vec<f32> = ctx.read_back(&pa, got_b.len())?;
@@ -277,6 +277,7 @@ impl Comparison for DecodeVsGrouped {
             b: Work::Gpu(b),
             flops,
             bytes: weight_bytes,
+            tokens,
             validate: Box::new(validate),
         })
     }

@@ -8,6 +8,7 @@ pub mod calibrate;
 pub mod comparison;
 pub mod dispatch;
 pub mod gemm;
+pub mod layer;
 pub mod record;
 pub mod report;
 pub mod routing;
@@ -29,5 +30,7 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(gemm::GroupedVsDense),
         Box::new(gemm::GroupedVsBucketed),
         Box::new(gemm::DecodeVsGrouped),
+        Box::new(layer::OneLaunchCombine),
+        Box::new(layer::LayerRoute),
     ]
 }

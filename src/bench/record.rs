@@ -110,6 +110,8 @@ pub struct VariantFigures {
     pub dispatches: usize,
     /// Device-to-host readbacks per run.
     pub readbacks: u32,
+    /// Tokens per second where the case processes tokens.
+    pub tokens_per_s: Option<f64>,
 }
 
 /// One size of one comparison.

@@ -29,6 +29,15 @@ fn cell(c: &CaseRecord) -> String {
     if let Some(f) = c.b.fraction_of_bandwidth {
         let _ = write!(s, ", {:.1}% BW", 100.0 * f);
     }
+    if let Some(t) = c.b.tokens_per_s {
+        let _ = write!(s, ", {t:.0} tok/s");
+    }
+    if c.a.dispatches != c.b.dispatches {
+        let _ = write!(s, "; {}→{} dispatches", c.a.dispatches, c.b.dispatches);
+    }
+    if c.a.readbacks != c.b.readbacks {
+        let _ = write!(s, "; {}→{} readbacks", c.a.readbacks, c.b.readbacks);
+    }
     s
 }
 

@@ -88,6 +88,7 @@ impl Comparison for FusedRoute {
             b: Work::Gpu(b.into_dispatches()),
             flops: 2.0 * mf * ef * hf,
             bytes: 4.0 * (mf * hf + ef * hf + 2.0 * mf * f64::from(k)),
+            tokens: m,
             validate: Box::new(validate),
         })
     }

@@ -50,6 +50,7 @@ fn figures(seconds: f64, case: &Case, cal: &Calibration, work: &Work) -> Variant
         fraction_of_bandwidth: gbps.map(|g| g / cal.copy_gbps),
         dispatches: work.dispatches(),
         readbacks: work.readbacks(),
+        tokens_per_s: (case.tokens > 0).then(|| f64::from(case.tokens) / seconds),
     }
 }
 

@@ -1,0 +1,166 @@
+//! Combine and whole-layer comparisons.
+
+use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::combine::{CombineBuffers, CombineMode, plan_combine};
+use crate::kernels::routing::RouteMode;
+use crate::layer::{MoeConfig, MoeLayer};
+use crate::reference::layer as reference;
+use crate::synth::Synth;
+
+fn bitwise_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// One-launch combine (B) against one dispatch per token and slot (A).
+pub struct OneLaunchCombine;
+
+impl Comparison for OneLaunchCombine {
+    fn name(&self) -> &'static str {
+        "combine/one-launch-vs-sequential"
+    }
+    fn description(&self) -> &'static str {
+        "weighted scatter-reduce of k expert rows per token in one dispatch (B) against a clear, one \
+         dispatch per token and slot, as a host loop issues them (A); bit-identical"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("sequential", "one-launch")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        let (tokens, hidden): (&[u32], &[u32]) = match (set, held_out) {
+            (SizeSet::Gpu, false) => (&[64, 4096], &[1024, 2048]),
+            (SizeSet::Gpu, true) => (&[256, 2048], &[1536]),
+            (SizeSet::Cpu, false) => (&[16, 256], &[256, 1024]),
+            (SizeSet::Cpu, true) => (&[32, 128], &[512]),
+        };
+        tokens
+            .iter()
+            .flat_map(|&m| hidden.iter().map(move |&h| Size::of(&[("M", m), ("H", h), ("k", 8)])))
+            .collect()
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let (m, h, k) = (size.get("M"), size.get("H"), size.get("k"));
+        let mut s = Synth::new(seed);
+        let weights = s.uniform((m * k) as usize, 1.0);
+        let partial = s.uniform((m * k * h) as usize, 1.0);
+        let (wb, pb) = (ctx.upload("weights", &weights), ctx.upload("partial", &partial));
+        let (ya, yb) = (
+            ctx.zeroed("y sequential", u64::from(m * h) * 4),
+            ctx.zeroed("y one launch", u64::from(m * h) * 4),
+        );
+        let bufs = |y| CombineBuffers { weights: &wb, partial: &pb, shared: None, y };
+        let a = plan_combine(ctx, m, h, k, &bufs(&ya), CombineMode::Sequential)?;
+        let b = plan_combine(ctx, m, h, k, &bufs(&yb), CombineMode::OneLaunch)?;
+        let (hu, ku) = (h as usize, k as usize);
+        let validate = move |ctx: &Context| -> Result<()> {
+            let n = m as usize * hu;
+            let (got_a, got_b): (Vec<f32>, Vec<f32>) = (ctx.read_back(&ya, n)?, ctx.read_back(&yb, n)?);
+            for (i, g) in got_a.iter().enumerate() {
+                let (t, c) = (i / hu, i % hu);
+                let mut want = 0.0f32;
+                for j in 0..ku {
+                    want = weights[t * ku + j].mul_add(partial[(t * ku + j) * hu + c], want);
+                }
+                if (g - want).abs() > 2e-5 + 2e-5 * want.abs() {
+                    return Err(Error::Validation(format!(
+                        "sequential combine y[{i}] = {g}, reference {want}"
+                    )));
+                }
+            }
+            if !bitwise_equal(&got_a, &got_b) {
+                return Err(Error::Validation(
+                    "one-launch combine is not bit-identical to the sequential one".into(),
+                ));
+            }
+            Ok(())
+        };
+        Ok(Case {
+            a: Work::Gpu(a),
+            b: Work::Gpu(b),
+            flops: 2.0 * f64::from(m * k * h),
+            bytes: 4.0 * f64::from(m * k * h + m * k + m * h),
+            tokens: m,
+            validate: Box::new(validate),
+        })
+    }
+}
+
+/// The whole layer with fused routing (B) against unfused routing (A).
+pub struct LayerRoute;
+
+impl Comparison for LayerRoute {
+    fn name(&self) -> &'static str {
+        "layer/fused-vs-unfused-route"
+    }
+    fn description(&self) -> &'static str {
+        "the whole MoE layer (route, dispatch, SwiGLU experts, shared expert, combine) with the fused \
+         route (B) against the unfused route (A); bit-identical; decode figures are bandwidth, prefill FLOPs"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("unfused route", "fused route")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        let (tokens, h, f, e, k): (&[u32], u32, u32, u32, u32) = match (set, held_out) {
+            (SizeSet::Gpu, false) => (&[1, 512, 4096], 1024, 512, 64, 8),
+            (SizeSet::Gpu, true) => (&[4, 1024], 1024, 512, 64, 8),
+            (SizeSet::Cpu, false) => (&[1, 64, 256], 256, 128, 16, 4),
+            (SizeSet::Cpu, true) => (&[4, 128], 256, 128, 16, 4),
+        };
+        tokens.iter().map(|&m| Size::of(&[("M", m), ("H", h), ("F", f), ("E", e), ("k", k)])).collect()
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let (m, h, f, e, k) = (size.get("M"), size.get("H"), size.get("F"), size.get("E"), size.get("k"));
+        let cfg = MoeConfig { shared_ffn: Some(f), ..MoeConfig::new(h, f, e, k) };
+        let mut s = Synth::new(seed);
+        let w = s.moe_weights(&cfg);
+        let x = s.uniform((m * h) as usize, 1.0);
+        let xb = ctx.upload("x", &x);
+        let (ya, yb) =
+            (ctx.zeroed("y unfused", u64::from(m * h) * 4), ctx.zeroed("y fused", u64::from(m * h) * 4));
+        let unfused = MoeLayer::new(ctx, MoeConfig { route_mode: RouteMode::Unfused, ..cfg }, &w)?;
+        let fused = MoeLayer::new(ctx, cfg, &w)?;
+        let pa = unfused.plan(ctx, m, &xb, &ya)?;
+        let pb = fused.plan(ctx, m, &xb, &yb)?;
+        let (mf, hf, ff) = (f64::from(m), f64::from(h), f64::from(f));
+        let flops = 6.0 * mf * f64::from(k) * hf * ff + 6.0 * mf * hf * ff + 2.0 * mf * f64::from(e) * hf;
+        // Weights a decode step must read: at most min(E, M * k) experts, the shared expert and
+        // the router.
+        let experts_read = f64::from(e.min(m * k));
+        let bytes = 4.0 * (3.0 * (experts_read + 1.0) * hf * ff + f64::from(e) * hf);
+        let picks: Vec<usize> = (0..(m as usize).min(4)).collect();
+        let hu = h as usize;
+        let validate = move |ctx: &Context| -> Result<()> {
+            let n = m as usize * hu;
+            let (got_a, got_b): (Vec<f32>, Vec<f32>) = (ctx.read_back(&ya, n)?, ctx.read_back(&yb, n)?);
+            let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * hu..(t + 1) * hu].to_vec()).collect();
+            let (want, _, _) = reference::forward(&cfg, &w, &xs);
+            for (r, &t) in picks.iter().enumerate() {
+                let row = &want[r * hu..(r + 1) * hu];
+                let scale = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                if let Some(c) = (0..hu).find(|&c| (got_a[t * hu + c] - row[c]).abs() > 2e-5 + 2e-5 * scale) {
+                    return Err(Error::Validation(format!(
+                        "layer token {t} column {c}: {} vs reference {}",
+                        got_a[t * hu + c],
+                        row[c]
+                    )));
+                }
+            }
+            if !bitwise_equal(&got_a, &got_b) {
+                return Err(Error::Validation(
+                    "fused-route layer is not bit-identical to the unfused one".into(),
+                ));
+            }
+            Ok(())
+        };
+        let decode = m <= 8;
+        Ok(Case {
+            a: Work::Gpu(pa.into_dispatches()),
+            b: Work::Gpu(pb.into_dispatches()),
+            flops: if decode { 0.0 } else { flops },
+            bytes: if decode { bytes } else { 0.0 },
+            tokens: m,
+            validate: Box::new(validate),
+        })
+    }
+}
