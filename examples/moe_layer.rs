@@ -65,7 +65,7 @@ struct Args {
     /// The model's Hugging Face config.json.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Experts per token when no config.json says.
+    /// Experts per token (synthetic model: default 8; weights file: when no config.json says).
     #[arg(long)]
     k: Option<u32>,
     /// Expert weight dtype on the device (default: the file's, or f32 for the synthetic model).
@@ -89,6 +89,9 @@ struct Args {
     /// Synthetic model: experts.
     #[arg(long, default_value_t = 64)]
     experts: u32,
+    /// Synthetic model: FFN size of the shared expert (0: none).
+    #[arg(long, default_value_t = 512)]
+    shared_ffn: u32,
     /// Synthetic model: seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -202,16 +205,21 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
 fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
     let cfg = apply_modes(
         MoeConfig {
-            shared_ffn: Some(args.ffn),
+            shared_ffn: (args.shared_ffn > 0).then_some(args.shared_ffn),
             weight_dtype: args.dtype.map_or(WeightDtype::F32, dtype),
-            ..MoeConfig::new(args.hidden, args.ffn, args.experts, 8.min(args.experts))
+            ..MoeConfig::new(args.hidden, args.ffn, args.experts, args.k.unwrap_or(8).min(args.experts))
         },
         args,
     );
     let (m, h) = (args.tokens as usize, args.hidden as usize);
     println!(
-        "synthetic layer: M={m} H={h} F={} E={} k={} + 1 shared expert, softmax top-k renormalised, {:?} weights, seed {}",
-        cfg.ffn, cfg.experts, cfg.k, cfg.weight_dtype, args.seed
+        "synthetic layer: M={m} H={h} F={} E={} k={}{}, softmax top-k renormalised, {:?} weights, seed {}",
+        cfg.ffn,
+        cfg.experts,
+        cfg.k,
+        cfg.shared_ffn.map(|f| format!(" + shared expert F={f}")).unwrap_or_default(),
+        cfg.weight_dtype,
+        args.seed
     );
     let mut synth = Synth::new(args.seed);
     let w: MoeWeights = synth.moe_weights(&cfg);

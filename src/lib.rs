@@ -21,3 +21,8 @@ pub mod weights;
 pub use context::{AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters};
 pub use error::{Error, Result};
 pub use pipeline::Dispatch;
+
+/// `docs/layer.md`, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/layer.md")]
+pub struct LayerGuide;
