@@ -15,7 +15,7 @@ use crate::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, LoadStats, OverflowPolicy,
 };
 use crate::kernels::gemm::{
-    ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
+    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
     plan_ffn_all_experts, uses_decode_path,
 };
 use crate::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
@@ -392,7 +392,9 @@ impl MoeLayer {
         if let Some(s) = &self.shared {
             let mut ds = plan_ffn_all_experts(ctx, s, tokens, x, &shared_rows)?.into_dispatches();
             if let Some(g) = &self.shared_gate {
-                ds.extend(plan_dense(ctx, g, tokens, x, &shared_logits)?.into_dispatches());
+                ds.extend(
+                    plan_dense(ctx, g, tokens, x, &shared_logits, DenseKernel::Rowwise)?.into_dispatches(),
+                );
             }
             stages.push(("shared", ds));
         }

@@ -67,11 +67,21 @@ mod tests {
     use naga::back::{glsl, hlsl, msl, spv};
     use naga::valid::{Capabilities, ValidationFlags, Validator};
 
+    /// Modules that start with `enable f16;` need shader-f16 (never on GL adapters).
+    fn needs_f16(source: &ShaderSource) -> bool {
+        source.parts.first().is_some_and(|p| p.text.contains("enable f16;"))
+    }
+
     fn validate(source: &ShaderSource) -> (naga::Module, naga::valid::ModuleInfo) {
         let text = source.compose();
         let module = naga::front::wgsl::parse_str(&text)
             .unwrap_or_else(|e| panic!("{}: {}", source.name, e.emit_to_string(&text)));
-        let info = Validator::new(ValidationFlags::all(), Capabilities::default())
+        let caps = if needs_f16(source) {
+            Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+        } else {
+            Capabilities::default()
+        };
+        let info = Validator::new(ValidationFlags::all(), caps)
             .validate(&module)
             .unwrap_or_else(|e| panic!("{}: {}", source.name, e.emit_to_string(&text)));
         (module, info)
@@ -109,11 +119,22 @@ mod tests {
                 let hlsl_opts = hlsl::PipelineOptions {
                     entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
                 };
-                hlsl::Writer::new(&mut text, &hlsl::Options::default(), &hlsl_opts)
+                let hlsl_options = if needs_f16(source) {
+                    hlsl::Options { shader_model: hlsl::ShaderModel::V6_2, ..Default::default() }
+                } else {
+                    hlsl::Options::default()
+                };
+                hlsl::Writer::new(&mut text, &hlsl_options, &hlsl_opts)
                     .write(&module, &info, None)
                     .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
                 assert!(text.contains("numthreads"), "{what}: HLSL has no numthreads");
-                for version in [glsl::Version::new_gles(310), glsl::Version::Desktop(430)] {
+                // GL adapters never offer shader-f16, so f16 modules have no GLSL target.
+                let glsl_versions = if needs_f16(source) {
+                    vec![]
+                } else {
+                    vec![glsl::Version::new_gles(310), glsl::Version::Desktop(430)]
+                };
+                for version in glsl_versions {
                     let mut text = String::new();
                     let opts = glsl::Options { version, ..Default::default() };
                     let pipeline = glsl::PipelineOptions {

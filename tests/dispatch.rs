@@ -160,6 +160,48 @@ fn buckets_keep_stable_order_and_overflow_or_drop_past_the_bound() {
 }
 
 #[test]
+fn bucket_winners_are_an_argmax_with_the_routing_tie_rule() {
+    use moeflow::reference::routing::order_key;
+    for ctx in contexts() {
+        let (tokens, n_caps, bound) = (300u32, 330u32, 2u32);
+        let mut r = rng(12);
+        // Scores quantised to a few levels so exact ties are common; a NaN here and there.
+        let scores: Vec<f32> = (0..tokens * n_caps)
+            .map(|i| if i % 97 == 0 { f32::NAN } else { f32::from(r.random_range(0u8..6)) })
+            .collect();
+        let want: Vec<u32> = scores
+            .chunks(n_caps as usize)
+            .map(|row| {
+                let mut best = 0usize;
+                for (e, v) in row.iter().enumerate() {
+                    if order_key(*v) > order_key(row[best]) {
+                        best = e;
+                    }
+                }
+                best as u32
+            })
+            .collect();
+        let sb = ctx.upload("scores", &scores);
+        let winners = ctx.zeroed("winners", u64::from(tokens) * 4);
+        let values = ctx.zeroed("values", u64::from(tokens) * 4);
+        let argmax =
+            moeflow::kernels::routing::plan_argmax(&ctx, &sb, tokens, n_caps, &winners, &values).unwrap();
+        let cfg = BucketConfig { n_caps, bound, policy: OverflowPolicy::Overflow };
+        let buckets = BucketLayout::new(&ctx, cfg, tokens).unwrap();
+        let bplan = buckets.plan(&ctx, &winners).unwrap();
+        let mut ds = argmax.dispatches();
+        ds.extend(bplan.iter());
+        ctx.run(&ds).unwrap();
+        let got: Vec<u32> = ctx.read_back(&winners, tokens as usize).unwrap();
+        assert_eq!(got, want, "{}: argmax with lower-index ties", ctx.adapter().slug());
+        let (pad, over) = reference::buckets(&reference::layout(&want, n_caps, 1, bound), bound);
+        let host = buckets.read(&ctx).unwrap();
+        assert_eq!(host.pad_perm, pad);
+        assert_eq!(host.overflow, over);
+    }
+}
+
+#[test]
 fn load_statistics_come_from_counts_and_meta() {
     for ctx in contexts() {
         let idx = [3u32, 3, 3, 1];

@@ -10,7 +10,8 @@ use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
 };
 use moeflow::kernels::gemm::{
-    ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
+    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
+    plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use rand::Rng;
@@ -243,8 +244,14 @@ fn dense_gemm_matches_the_reference_dot() {
         let w = uniform(&mut r, (n * kd) as usize, 0.1);
         let weights = ExpertWeights::from_f32(&ctx, &w, WeightDtype::F32, 1, n, kd).unwrap();
         let (xb, yb) = (ctx.upload("x", &x), ctx.zeroed("y", u64::from(rows * n) * 4));
-        ctx.run(&plan_dense(&ctx, &weights, rows, &xb, &yb).unwrap().dispatches()).unwrap();
+        ctx.run(&plan_dense(&ctx, &weights, rows, &xb, &yb, DenseKernel::Tiled).unwrap().dispatches())
+            .unwrap();
         let y: Vec<f32> = ctx.read_back(&yb, (rows * n) as usize).unwrap();
+        let yr = ctx.zeroed("y rowwise", u64::from(rows * n) * 4);
+        ctx.run(&plan_dense(&ctx, &weights, rows, &xb, &yr, DenseKernel::Rowwise).unwrap().dispatches())
+            .unwrap();
+        let rowwise: Vec<f32> = ctx.read_back(&yr, (rows * n) as usize).unwrap();
+        assert_eq!(bits(&y), bits(&rowwise), "{}: tiled vs row-wise dense", ctx.adapter().slug());
         let want: Vec<f32> = x
             .chunks(kd as usize)
             .flat_map(|xr| w.chunks(kd as usize).map(move |wr| reference::dot(xr, wr)))
@@ -306,5 +313,44 @@ fn bad_input_is_an_error() {
             ExpertWeights::from_f32(&ctx, &vec![0.0; 8 * 16 * 16], WeightDtype::F32, 8, 16, 16).unwrap_err();
         assert!(err.to_string().contains("no split plan"), "{err}");
         assert!(ExpertWeights::from_f32(&ctx, &vec![0.0; 8 * 16 * 16], WeightDtype::F16, 4, 16, 32).is_ok());
+    }
+}
+
+#[test]
+fn native_f16_loads_equal_the_packed_path_bitwise() {
+    for ctx in contexts() {
+        let m = Model::new(50, 8, 52, 36, WeightDtype::F16);
+        let upload = |native: bool| {
+            let w = |d: &[f32], n, k| {
+                ExpertWeights::from_f32(&ctx, d, WeightDtype::F16, m.e, n, k)
+                    .and_then(|w| w.with_native_f16(&ctx, native))
+            };
+            let (g, u, d) = (w(&m.gate, m.f, m.h), w(&m.up, m.f, m.h), w(&m.down, m.h, m.f));
+            match (g, u, d) {
+                (Ok(g), Ok(u), Ok(d)) => Ok(ExpertFfn::new(g, u, d).unwrap()),
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
+            }
+        };
+        if !ctx.capabilities().shader_f16 {
+            let err = upload(true).unwrap_err();
+            assert!(err.to_string().contains("shader-f16"), "{err}");
+            eprintln!("{}: native f16 skipped: the adapter has no shader-f16", ctx.adapter().slug());
+            continue;
+        }
+        let (native, packed) = (upload(true).unwrap(), upload(false).unwrap());
+        assert!(native.gate.native_f16() && !packed.gate.native_f16());
+        let (k, tokens) = (2u32, 45u32);
+        let x = uniform(&mut rng(51), (tokens * m.h) as usize, 1.0);
+        let idx = routes(52, tokens, m.e, k, true);
+        for path in [Path::Grouped, Path::Decode] {
+            let a = run(&ctx, &native, &x, &idx, k, path);
+            let b = run(&ctx, &packed, &x, &idx, k, path);
+            assert_eq!(bits(&a), bits(&b), "{} {path:?}: native f16 vs packed", ctx.adapter().slug());
+        }
+        let err = ExpertWeights::from_f32(&ctx, &m.gate, WeightDtype::Bf16, m.e, m.f, m.h)
+            .unwrap()
+            .with_native_f16(&ctx, true)
+            .unwrap_err();
+        assert!(err.to_string().contains("need f16 weights"), "{err}");
     }
 }

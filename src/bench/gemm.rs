@@ -9,7 +9,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
 use crate::kernels::gemm::{
-    ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
+    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
 };
 use crate::pipeline::Dispatch;
 use crate::reference::gemm as reference;
@@ -171,9 +171,9 @@ impl Comparison for GroupedVsDense {
             ctx.zeroed("dense up", u64::from(rows * p.f) * 4),
             ctx.zeroed("dense down", u64::from(rows * p.h) * 4),
         );
-        let mut a = plan_dense(ctx, &wg, rows, &xd, &yg)?.into_dispatches();
-        a.extend(plan_dense(ctx, &wu, rows, &xd, &yu)?.into_dispatches());
-        a.extend(plan_dense(ctx, &wd, rows, &xd, &yd)?.into_dispatches());
+        let mut a = plan_dense(ctx, &wg, rows, &xd, &yg, DenseKernel::Tiled)?.into_dispatches();
+        a.extend(plan_dense(ctx, &wu, rows, &xd, &yu, DenseKernel::Tiled)?.into_dispatches());
+        a.extend(plan_dense(ctx, &wd, rows, &xd, &yd, DenseKernel::Tiled)?.into_dispatches());
         let (flops, tokens) = (p.flops(), p.tokens);
         let validate = move |ctx: &Context| p.check(ctx, &partial, "grouped").map(|_| ());
         Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, tokens, validate: Box::new(validate) })
@@ -278,6 +278,77 @@ impl Comparison for DecodeVsGrouped {
             flops,
             bytes: weight_bytes,
             tokens,
+            validate: Box::new(validate),
+        })
+    }
+}
+
+/// The dense GEMM through workgroup-memory tiles (B) against one output per invocation read
+/// straight from memory (A): which kernel suits the adapter. Bit-identical outputs.
+pub struct TiledVsRowwise;
+
+impl Comparison for TiledVsRowwise {
+    fn name(&self) -> &'static str {
+        "gemm/tiled-vs-rowwise-dense"
+    }
+    fn description(&self) -> &'static str {
+        "dense GEMM with 32x32 workgroup-memory tiles and 4x4 register blocks (B) against one output \
+         per invocation without workgroup memory (A); bit-identical"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("rowwise", "tiled")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        let shapes: &[(u32, u32, u32)] = match (set, held_out) {
+            (SizeSet::Gpu, false) => &[(4096, 512, 1024), (4096, 1024, 512)],
+            (SizeSet::Gpu, true) => &[(2048, 2048, 1024)],
+            (SizeSet::Cpu, false) => &[(256, 128, 256), (256, 256, 128)],
+            (SizeSet::Cpu, true) => &[(512, 128, 256)],
+        };
+        shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let (rows, n, k) = (size.get("rows"), size.get("N"), size.get("K"));
+        let mut s = Synth::new(seed);
+        let (x, w) =
+            (s.uniform((rows * k) as usize, 1.0), s.uniform((n * k) as usize, 1.0 / (k as f32).sqrt()));
+        let weights = ExpertWeights::from_f32(ctx, &w, WeightDtype::F32, 1, n, k)?;
+        let xb = ctx.upload("x", &x);
+        let (ya, yb) = (
+            ctx.zeroed("y rowwise", u64::from(rows * n) * 4),
+            ctx.zeroed("y tiled", u64::from(rows * n) * 4),
+        );
+        let a = plan_dense(ctx, &weights, rows, &xb, &ya, DenseKernel::Rowwise)?.into_dispatches();
+        let b = plan_dense(ctx, &weights, rows, &xb, &yb, DenseKernel::Tiled)?.into_dispatches();
+        let (nu, ku) = (n as usize, k as usize);
+        let validate = move |ctx: &Context| -> Result<()> {
+            let total = rows as usize * nu;
+            let (got_a, got_b): (Vec<f32>, Vec<f32>) =
+                (ctx.read_back(&ya, total)?, ctx.read_back(&yb, total)?);
+            for r in [0, rows as usize - 1] {
+                for c in 0..nu {
+                    let want = reference::dot(&x[r * ku..(r + 1) * ku], &w[c * ku..(c + 1) * ku]);
+                    if (got_a[r * nu + c] - want).abs() > 2e-5 + 2e-5 * want.abs().max(1.0) {
+                        return Err(Error::Validation(format!(
+                            "row-wise dense y[{r}, {c}] = {}, reference {want}",
+                            got_a[r * nu + c]
+                        )));
+                    }
+                }
+            }
+            if got_a.iter().zip(&got_b).any(|(p, q)| p.to_bits() != q.to_bits()) {
+                return Err(Error::Validation(
+                    "tiled dense GEMM is not bit-identical to the row-wise one".into(),
+                ));
+            }
+            Ok(())
+        };
+        Ok(Case {
+            a: Work::Gpu(a),
+            b: Work::Gpu(b),
+            flops: 2.0 * f64::from(rows) * f64::from(n) * f64::from(k),
+            bytes: 0.0,
+            tokens: 0,
             validate: Box::new(validate),
         })
     }

@@ -30,6 +30,7 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(gemm::GroupedVsDense),
         Box::new(gemm::GroupedVsBucketed),
         Box::new(gemm::DecodeVsGrouped),
+        Box::new(gemm::TiledVsRowwise),
         Box::new(layer::OneLaunchCombine),
         Box::new(layer::LayerRoute),
     ]

@@ -415,6 +415,7 @@ pub enum OverflowPolicy {
 }
 
 /// Bucket ("caps") routing: top-1 winners grouped per bucket with at most `bound` rows each.
+/// The winners come from [`crate::kernels::routing::plan_argmax`] (same tie rule as top-k).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BucketConfig {
     /// Number of buckets.

@@ -26,38 +26,51 @@ pub const DECODE_MAX_TOKENS: u32 = 8;
 
 static TILED_SHADER: ShaderSource = ShaderSource {
     name: "gemm/tiled",
-    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/tiled.wgsl")],
+    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), wgsl!("gemm/tiled.wgsl")],
     entry_points: &["tiled"],
 };
 static ROWWISE_SHADER: ShaderSource = ShaderSource {
     name: "gemm/rowwise",
-    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/rowwise.wgsl")],
+    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), wgsl!("gemm/rowwise.wgsl")],
+    entry_points: &["rowwise"],
+};
+static TILED_F16_SHADER: ShaderSource = ShaderSource {
+    name: "gemm/tiled_f16",
+    parts: &[
+        wgsl!("gemm/enable_f16.wgsl"),
+        wgsl!("gemm/common.wgsl"),
+        wgsl!("gemm/weights_f16.wgsl"),
+        wgsl!("gemm/tiled.wgsl"),
+    ],
+    entry_points: &["tiled"],
+};
+static ROWWISE_F16_SHADER: ShaderSource = ShaderSource {
+    name: "gemm/rowwise_f16",
+    parts: &[
+        wgsl!("gemm/enable_f16.wgsl"),
+        wgsl!("gemm/common.wgsl"),
+        wgsl!("gemm/weights_f16.wgsl"),
+        wgsl!("gemm/rowwise.wgsl"),
+    ],
     entry_points: &["rowwise"],
 };
 
-/// The gemm family's shader modules.
-pub(crate) static SHADERS: &[&ShaderSource] = &[&TILED_SHADER, &ROWWISE_SHADER];
+/// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature).
+pub(crate) static SHADERS: &[&ShaderSource] =
+    &[&TILED_SHADER, &ROWWISE_SHADER, &TILED_F16_SHADER, &ROWWISE_F16_SHADER];
 
 use Access::{Read, ReadWrite, Uniform};
-static TILED: KernelSpec = KernelSpec {
-    shader: &TILED_SHADER,
-    entry: "tiled",
-    bindings: &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)],
-};
-static ROWWISE: KernelSpec = KernelSpec {
-    shader: &ROWWISE_SHADER,
-    entry: "rowwise",
-    bindings: &[
-        (0, Uniform),
-        (1, Read),
-        (2, Read),
-        (3, Read),
-        (4, Read),
-        (6, ReadWrite),
-        (7, Read),
-        (8, Read),
-    ],
-};
+const TILED_BINDINGS: &[(u32, Access)] =
+    &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)];
+const ROWWISE_BINDINGS: &[(u32, Access)] =
+    &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read)];
+static TILED: KernelSpec = KernelSpec { shader: &TILED_SHADER, entry: "tiled", bindings: TILED_BINDINGS };
+static ROWWISE: KernelSpec =
+    KernelSpec { shader: &ROWWISE_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
+static TILED_F16: KernelSpec =
+    KernelSpec { shader: &TILED_F16_SHADER, entry: "tiled", bindings: TILED_BINDINGS };
+static ROWWISE_F16: KernelSpec =
+    KernelSpec { shader: &ROWWISE_F16_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
 
 /// Storage type of expert weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -117,6 +130,7 @@ pub struct ExpertWeights {
     experts: u32,
     n: u32,
     k: u32,
+    native_f16: bool,
 }
 
 impl ExpertWeights {
@@ -155,7 +169,36 @@ impl ExpertWeights {
         if elems > u64::from(u32::MAX) {
             return Err(Error::limit("expert weight elements", elems, u32::MAX.into(), "u32 shader indices"));
         }
-        Ok(ExpertWeights { buffer: ctx.upload("expert weights", &dtype.pack(data)), dtype, experts, n, k })
+        Ok(ExpertWeights {
+            buffer: ctx.upload("expert weights", &dtype.pack(data)),
+            dtype,
+            experts,
+            n,
+            k,
+            native_f16: dtype == WeightDtype::F16 && ctx.capabilities().shader_f16,
+        })
+    }
+
+    /// Chooses native f16 loads (the default for f16 weights where the device has
+    /// shader-f16) or the packed integer unpacking; both see the same values. Asking for
+    /// native loads without shader-f16, or for non-f16 weights, is an error.
+    pub fn with_native_f16(mut self, ctx: &Context, on: bool) -> Result<Self> {
+        if on && !ctx.capabilities().shader_f16 {
+            return Err(Error::MissingFeature("native f16 weights need the shader-f16 feature".into()));
+        }
+        if on && self.dtype != WeightDtype::F16 {
+            return Err(Error::invalid(format!(
+                "native f16 loads need f16 weights, these are {:?}",
+                self.dtype
+            )));
+        }
+        self.native_f16 = on;
+        Ok(self)
+    }
+
+    /// Whether the kernels load these weights as native f16.
+    pub fn native_f16(&self) -> bool {
+        self.native_f16
     }
 
     /// Storage dtype.
@@ -205,6 +248,9 @@ impl ExpertFfn {
                 "expert weights mix dtypes: gate {:?}, up {:?}, down {:?}",
                 gate.dtype, up.dtype, down.dtype
             )));
+        }
+        if gate.native_f16 != up.native_f16 || gate.native_f16 != down.native_f16 {
+            return Err(Error::invalid("expert weights mix native f16 and packed loads"));
         }
         Ok(ExpertFfn { gate, up, down })
     }
@@ -290,7 +336,7 @@ impl Pass<'_> {
     fn tiled(&self, ctx: &Context, tiles: Option<&wgpu::Buffer>) -> Result<Dispatch> {
         let mut constants = self.constants();
         constants.push(("EXPERT_FROM_TILES", f64::from(u8::from(tiles.is_some()))));
-        let kernel = ctx.kernel(&TILED, &constants)?;
+        let kernel = ctx.kernel(if self.w.native_f16 { &TILED_F16 } else { &TILED }, &constants)?;
         let params = ctx.uniform("gemm params", &self.params);
         let placeholder = ctx.zeroed("no tile map", 4);
         let tiles = tiles.unwrap_or(&placeholder);
@@ -319,7 +365,7 @@ impl Pass<'_> {
     ) -> Result<Dispatch> {
         let mut constants = self.constants();
         constants.push(("EXPERT_FROM_INDICES", f64::from(u8::from(indices.is_some()))));
-        let kernel = ctx.kernel(&ROWWISE, &constants)?;
+        let kernel = ctx.kernel(if self.w.native_f16 { &ROWWISE_F16 } else { &ROWWISE }, &constants)?;
         let params = ctx.uniform("gemm params", &self.params);
         let placeholder = ctx.zeroed("no indices", 4);
         let indices = indices.unwrap_or(&placeholder);
@@ -570,14 +616,25 @@ pub fn plan_ffn_all_experts(
     Ok(FfnPlan { dispatches: ds })
 }
 
+/// Which kernel runs a dense GEMM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DenseKernel {
+    /// 32 x 32 blocks through workgroup memory, 4 x 4 outputs per invocation.
+    #[default]
+    Tiled,
+    /// One output per invocation straight from memory (no workgroup memory, no barriers).
+    Rowwise,
+}
+
 /// (c) Dense GEMM `y[rows, N] = x[rows, K] . w[0]^T`: the throughput yardstick for the grouped
-/// GEMM (same kernel, one expert, no gather).
+/// GEMM (same kernels, one expert, no gather). Both kernels give bit-identical results.
 pub fn plan_dense(
     ctx: &Context,
     w: &ExpertWeights,
     rows: u32,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    kernel: DenseKernel,
 ) -> Result<FfnPlan> {
     let [_, n, k] = w.shape();
     ctx.check_binding("x", x, u64::from(rows) * u64::from(k) * 4, Access::Read)?;
@@ -597,5 +654,9 @@ pub fn plan_dense(
         out: y,
         params,
     };
-    Ok(FfnPlan { dispatches: vec![pass.tiled(ctx, None)?] })
+    let dispatch = match kernel {
+        DenseKernel::Tiled => pass.tiled(ctx, None)?,
+        DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows]))?,
+    };
+    Ok(FfnPlan { dispatches: vec![dispatch] })
 }

@@ -91,6 +91,18 @@ pub enum Gating {
     Softmax,
     /// Sigmoid per expert (DeepSeek-V3).
     Sigmoid,
+    /// The logits themselves (argmax routing such as bucket winners; weights are the logits).
+    Raw,
+}
+
+impl Gating {
+    fn code(self) -> f64 {
+        match self {
+            Gating::Softmax => 0.0,
+            Gating::Sigmoid => 1.0,
+            Gating::Raw => 2.0,
+        }
+    }
 }
 
 /// Group-limited selection (DeepSeek-V3): experts are split into `n_group` equal groups, the
@@ -211,7 +223,7 @@ impl RouteConfig {
 
     fn constants(&self) -> [(&'static str, f64); 4] {
         [
-            ("GATING", f64::from(u8::from(self.gating == Gating::Sigmoid))),
+            ("GATING", self.gating.code()),
             ("HAS_BIAS", f64::from(u8::from(self.bias))),
             ("HAS_GROUPS", f64::from(u8::from(self.groups.is_some()))),
             ("RENORMALIZE", f64::from(u8::from(self.renormalize))),
@@ -434,6 +446,21 @@ pub fn plan_topk(
     ];
     let grid = ctx.grid(t, "top-k (one workgroup per token)")?;
     Ok(RoutePlan { dispatches: vec![ctx.dispatch(&topk, &bindings, grid)?] })
+}
+
+/// Plans `winners[t] = argmax_e scores[t, e]` over `scores[tokens, n_caps]` with the routing
+/// tie rule (equal scores: lower index; NaN last); `values[t]` receives the winning score.
+/// This is the top-k kernel with `k = 1` on raw scores, the winner list bucket routing takes.
+pub fn plan_argmax(
+    ctx: &Context,
+    scores: &wgpu::Buffer,
+    tokens: u32,
+    n_caps: u32,
+    winners: &wgpu::Buffer,
+    values: &wgpu::Buffer,
+) -> Result<RoutePlan> {
+    let cfg = RouteConfig { gating: Gating::Raw, ..RouteConfig::new(1, n_caps, 1) };
+    plan_topk(ctx, &cfg, tokens, scores, None, winners, values)
 }
 
 fn bias_binding<'a>(

@@ -87,6 +87,7 @@ pub fn scores(gating: Gating, logits: &[f32]) -> Vec<f32> {
             let total = workgroup_sum(&summed);
             e.iter().map(|v| v / total).collect()
         }
+        Gating::Raw => logits.to_vec(),
         Gating::Sigmoid => {
             logits.iter().map(|&l| if l.is_nan() { f32::NAN } else { 1.0 / (1.0 + (-l).exp()) }).collect()
         }

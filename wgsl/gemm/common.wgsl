@@ -1,4 +1,5 @@
-// Shared by the expert-projection kernels: parameters, bindings, weight unpacking, and the
+// Shared by the expert-projection kernels: parameters, bindings (the weights, bindings 2 and 3,
+// come from weights_packed.wgsl or weights_f16.wgsl, which define weight_from), and the
 // K-accumulation order that makes every path batch-invariant.
 //
 // Accumulation order (mirrored by reference::gemm::dot): K is taken in groups of four,
@@ -29,10 +30,6 @@ struct GemmParams {
 @group(0) @binding(0) var<uniform> params: GemmParams;
 // Input rows [*, K] (f32).
 @group(0) @binding(1) var<storage, read> x: array<f32>;
-// Weights [E, N, K], packed in u32 words as DTYPE says.
-@group(0) @binding(2) var<storage, read> w: array<u32>;
-// Second weights (up projection) for SWIGLU, same shape and dtype.
-@group(0) @binding(3) var<storage, read> w_up: array<u32>;
 // Row -> entry (token * k + slot), NONE for padding.
 @group(0) @binding(4) var<storage, read> row_entry: array<u32>;
 // Tile -> expert (EXPERT_SOURCE == 0).
@@ -52,42 +49,6 @@ override OUT_ENTRY: bool = false;
 override SWIGLU: bool = false;
 // Rows are entries directly (row_entry unused).
 override IDENTITY_ROWS: bool = false;
-
-fn weight_from(buf_is_up: bool, idx: u32) -> f32 {
-    var word: u32;
-    if DTYPE == 0u {
-        if buf_is_up {
-            return bitcast<f32>(w_up[idx]);
-        }
-        return bitcast<f32>(w[idx]);
-    }
-    if buf_is_up {
-        word = w_up[idx >> 1u];
-    } else {
-        word = w[idx >> 1u];
-    }
-    let bits16 = (word >> ((idx & 1u) * 16u)) & 0xffffu;
-    if DTYPE == 1u {
-        return f16_bits_to_f32(bits16);
-    }
-    return bitcast<f32>(bits16 << 16u);
-}
-
-// Exact IEEE half -> f32 with integer operations only (no f16 capability needed).
-fn f16_bits_to_f32(h: u32) -> f32 {
-    let sign = (h & 0x8000u) << 16u;
-    let exponent = (h >> 10u) & 0x1fu;
-    let mantissa = h & 0x3ffu;
-    if exponent == 0u {
-        // Zero or subnormal: mantissa * 2^-24, exact in f32.
-        let magnitude = f32(mantissa) * 5.9604644775390625e-8;
-        return bitcast<f32>(bitcast<u32>(magnitude) | sign);
-    }
-    if exponent == 31u {
-        return bitcast<f32>(sign | 0x7f800000u | (mantissa << 13u));
-    }
-    return bitcast<f32>(sign | ((exponent + 112u) << 23u) | (mantissa << 13u));
-}
 
 fn silu_mul(g: f32, u: f32) -> f32 {
     return g / (1.0 + exp(-g)) * u;

@@ -15,7 +15,7 @@ const MAX_K: u32 = 32u;
 const MAX_GROUPS: u32 = 64u;
 const NO_EXPERT: u32 = 0xffffffffu;
 
-// 0: softmax over the row; 1: sigmoid per expert.
+// 0: softmax over the row; 1: sigmoid per expert; 2: raw (scores are the logits).
 override GATING: u32 = 0u;
 // Select on score + bias[e]; weights still come from the unbiased score.
 override HAS_BIAS: bool = false;
@@ -90,7 +90,7 @@ fn eligible(e: u32) -> bool {
 // exp(l_e - m); each invocation sums the s_e of its non-NaN experts e = lid, lid + ROUTE_WG,
 // ... in ascending e from 0.0, then a tree over invocations (stride 32, 16, ..., 1:
 // part[i] = part[i] + part[i + stride]); score_e = s_e / total.
-// Sigmoid: score_e = 1.0 / (1.0 + exp(-l_e)).
+// Sigmoid: score_e = 1.0 / (1.0 + exp(-l_e)). Raw: score_e = l_e.
 // A NaN logit gets a NaN score and adds nothing to the softmax sum, so it never poisons the
 // other experts and ranks last.
 fn scores_from_logits(lid: u32) {
@@ -136,7 +136,7 @@ fn scores_from_logits(lid: u32) {
         for (var e = lid; e < n; e += ROUTE_WG) {
             score[e] = score[e] / total;
         }
-    } else {
+    } else if GATING == 1u {
         for (var e = lid; e < n; e += ROUTE_WG) {
             var v = quiet_nan();
             if order_key(score[e]) != 0u {

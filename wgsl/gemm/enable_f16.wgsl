@@ -1,0 +1,2 @@
+// First part of the native-f16 expert-projection modules.
+enable f16;
