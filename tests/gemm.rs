@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bits, contexts, rng, uniform};
+use common::{assert_rows_close, bits, contexts, rng, uniform};
 use moeflow::Context;
 use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
@@ -123,22 +123,6 @@ fn routes(seed: u64, tokens: u32, e: u32, k: u32, skew: bool) -> Vec<u32> {
         }
     }
     out
-}
-
-/// Bound relative to each row's scale: |got - ref| <= 2e-5 + 2e-5 * max|ref row|.
-fn assert_rows_close(what: &str, got: &[f32], want: &[f32], width: usize) -> usize {
-    let mut bit_equal = 0;
-    for (r, (g, w)) in got.chunks(width).zip(want.chunks(width)).enumerate() {
-        let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        for (c, (a, b)) in g.iter().zip(w).enumerate() {
-            assert!(
-                (a - b).abs() <= 2e-5 + 2e-5 * scale,
-                "{what}: row {r} col {c}: {a:e} vs reference {b:e}"
-            );
-            bit_equal += usize::from(a.to_bits() == b.to_bits());
-        }
-    }
-    bit_equal
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{bits, contexts};
+use common::{assert_rows_close, bits, contexts};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::OverflowPolicy;
 use moeflow::kernels::gemm::WeightDtype;
@@ -40,21 +40,6 @@ fn configs() -> Vec<(&'static str, MoeConfig)> {
         ("bounded-overflow", overflow),
         ("bounded-drop", drop),
     ]
-}
-
-fn assert_rows_close(what: &str, got: &[f32], want: &[f32], width: usize) -> usize {
-    let mut bit_equal = 0;
-    for (r, (g, w)) in got.chunks(width).zip(want.chunks(width)).enumerate() {
-        let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        for (c, (a, b)) in g.iter().zip(w).enumerate() {
-            assert!(
-                (a - b).abs() <= 2e-5 + 2e-5 * scale,
-                "{what}: token {r} column {c}: {a:e} vs reference {b:e}"
-            );
-            bit_equal += usize::from(a.to_bits() == b.to_bits());
-        }
-    }
-    bit_equal
 }
 
 #[test]

@@ -1,8 +1,6 @@
 //! Expert-projection comparisons: grouped GEMM against a dense GEMM of equal FLOPs, against
 //! the bucketed path with overflow, and the row-wise decode path against the grouped one.
 
-use std::rc::Rc;
-
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use super::dispatch::skewed_indices;
 use crate::context::Context;
@@ -50,6 +48,32 @@ impl Problem {
             up: s.uniform(n, sh),
             down: s.uniform(n, sf),
         }
+    }
+
+    /// The problem for `size`, its weights on the device, and `x` and `indices` uploaded.
+    fn setup(ctx: &Context, size: &Size, seed: u64) -> Result<(Self, ExpertFfn, wgpu::Buffer, wgpu::Buffer)> {
+        let p = Problem::new(size, seed);
+        let ffn = p.ffn(ctx)?;
+        let (x, idx) = (ctx.upload("x", &p.x), ctx.upload("indices", &p.idx));
+        Ok((p, ffn, x, idx))
+    }
+
+    /// Checks `checked` against the reference and `other` bitwise against it.
+    fn check_pair(
+        &self,
+        ctx: &Context,
+        checked: (&wgpu::Buffer, &str),
+        other: (&wgpu::Buffer, &str),
+    ) -> Result<()> {
+        let got = self.check(ctx, checked.0, checked.1)?;
+        let got_other: Vec<f32> = ctx.read_back(other.0, got.len())?;
+        if got.iter().zip(&got_other).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            return Err(Error::Validation(format!(
+                "{} output is not bitwise equal to {}",
+                other.1, checked.1
+            )));
+        }
+        Ok(())
     }
 
     fn entries(&self) -> u32 {
@@ -155,9 +179,7 @@ impl Comparison for GroupedVsDense {
         gemm_sizes(set, held_out, false)
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let p = Problem::new(size, seed);
-        let ffn = p.ffn(ctx)?;
-        let (x, idx) = (ctx.upload("x", &p.x), ctx.upload("indices", &p.idx));
+        let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
         let partial = ctx.zeroed("partial", u64::from(p.entries() * p.h) * 4);
         let b = grouped(ctx, &p, &ffn, &x, &idx, &partial)?;
         // Dense: [entries, H] x [F, H]^T twice, then [entries, F] x [H, F]^T.
@@ -199,9 +221,7 @@ impl Comparison for GroupedVsBucketed {
         gemm_sizes(set, held_out, false)
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let p = Problem::new(size, seed);
-        let ffn = p.ffn(ctx)?;
-        let (x, idx) = (ctx.upload("x", &p.x), ctx.upload("indices", &p.idx));
+        let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
         let bytes = u64::from(p.entries() * p.h) * 4;
         let (pa, pb) = (ctx.zeroed("bucketed partial", bytes), ctx.zeroed("grouped partial", bytes));
         let b = grouped(ctx, &p, &ffn, &x, &idx, &pb)?;
@@ -217,16 +237,7 @@ impl Comparison for GroupedVsBucketed {
             plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Bucketed(&buckets))?.into_dispatches(),
         );
         let (flops, tokens) = (p.flops(), p.tokens);
-        let validate = move |ctx: &Context| {
-            let got_a = p.check(ctx, &pa, "bucketed")?;
-            let got_b: Vec<f32> = ctx.read_back(&pb, got_a.len())?;
-            if got_a.iter().zip(&got_b).any(|(a, b)| a.to_bits() != b.to_bits()) {
-                return Err(Error::Validation(
-                    "grouped output is not bitwise equal to the bucketed path".into(),
-                ));
-            }
-            Ok(())
-        };
+        let validate = move |ctx: &Context| p.check_pair(ctx, (&pa, "bucketed"), (&pb, "grouped"));
         Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, tokens, validate: Box::new(validate) })
     }
 }
@@ -249,9 +260,7 @@ impl Comparison for DecodeVsGrouped {
         gemm_sizes(set, held_out, true)
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let p = Rc::new(Problem::new(size, seed));
-        let ffn = p.ffn(ctx)?;
-        let (x, idx) = (ctx.upload("x", &p.x), ctx.upload("indices", &p.idx));
+        let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
         let bytes = u64::from(p.entries() * p.h) * 4;
         let (pa, pb) = (ctx.zeroed("grouped partial", bytes), ctx.zeroed("decode partial", bytes));
         let a = grouped(ctx, &p, &ffn, &x, &idx, &pa)?;
@@ -262,16 +271,7 @@ impl Comparison for DecodeVsGrouped {
         distinct.dedup();
         let weight_bytes = 3.0 * 4.0 * distinct.len() as f64 * f64::from(p.h) * f64::from(p.f);
         let (flops, tokens) = (p.flops(), p.tokens);
-        let validate = move |ctx: &Context| {
-            let got_b = p.check(ctx, &pb, "decode")?;
-            let got_a: Vec<f32> = ctx.read_back(&pa, got_b.len())?;
-            if got_a.iter().zip(&got_b).any(|(a, b)| a.to_bits() != b.to_bits()) {
-                return Err(Error::Validation(
-                    "decode output is not bitwise equal to the grouped path".into(),
-                ));
-            }
-            Ok(())
-        };
+        let validate = move |ctx: &Context| p.check_pair(ctx, (&pb, "decode"), (&pa, "grouped"));
         Ok(Case {
             a: Work::Gpu(a),
             b: Work::Gpu(b),

@@ -61,6 +61,18 @@ impl<'c> Sampler<'c> {
         self.queries.is_some()
     }
 
+    /// Timestamp writes at the beginning and end of a pass for sample `query`.
+    fn timestamp_writes(&self, query: Option<u32>) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        match (&self.queries, query) {
+            (Some(qs), Some(q)) => Some(wgpu::ComputePassTimestampWrites {
+                query_set: qs,
+                beginning_of_pass_write_index: Some(2 * q),
+                end_of_pass_write_index: Some(2 * q + 1),
+            }),
+            _ => None,
+        }
+    }
+
     fn run(&mut self, dispatches: &[&Dispatch], reps: u32, timed: bool) -> Result<Sample> {
         let query = match (&self.queries, timed) {
             (Some(_), true) if self.used < self.capacity => {
@@ -74,14 +86,7 @@ impl<'c> Sampler<'c> {
         };
         let mut encoder = self.ctx.encoder("moeflow sample");
         {
-            let timestamp_writes = match (&self.queries, query) {
-                (Some(qs), Some(q)) => Some(wgpu::ComputePassTimestampWrites {
-                    query_set: qs,
-                    beginning_of_pass_write_index: Some(2 * q),
-                    end_of_pass_write_index: Some(2 * q + 1),
-                }),
-                _ => None,
-            };
+            let timestamp_writes = self.timestamp_writes(query);
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("moeflow sample"),
                 timestamp_writes,
@@ -112,14 +117,7 @@ impl<'c> Sampler<'c> {
                 self.used - 1
             });
             queries.push(query);
-            let timestamp_writes = match (&self.queries, query) {
-                (Some(qs), Some(q)) => Some(wgpu::ComputePassTimestampWrites {
-                    query_set: qs,
-                    beginning_of_pass_write_index: Some(2 * q),
-                    end_of_pass_write_index: Some(2 * q + 1),
-                }),
-                _ => None,
-            };
+            let timestamp_writes = self.timestamp_writes(query);
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("moeflow stage"),
                 timestamp_writes,

@@ -4,9 +4,19 @@
 //! `bias[experts]`, `logits[tokens, experts]`, `indices[tokens, k]` (u32),
 //! `weights[tokens, k]`.
 //!
-//! The accumulation orders and the tie-break contract are stated in `docs/routing.md` and
-//! in the WGSL (`wgsl/routing/`); [`crate::reference::routing`] mirrors them on the CPU.
-//! Fused and unfused plans give bit-identical indices and weights on the same adapter.
+//! # Tie-break contract
+//!
+//! Part of the API, tested with hand-written expectations on every adapter:
+//! - slots are in descending selection value (the score, or `score + bias[e]` with a bias);
+//! - equal values go to the lower expert index;
+//! - `-0.0` equals `+0.0`;
+//! - NaN never outranks a number (it ranks below `-inf`);
+//! - an expert chosen once is excluded by its index, never by rewriting its value to `-inf`,
+//!   so a row of all `-inf` still yields `k` distinct experts.
+//!
+//! The accumulation orders are stated in `docs/routing.md` and in the WGSL
+//! (`wgsl/routing/`); [`crate::reference::routing`] mirrors them on the CPU. Fused and
+//! unfused plans give bit-identical indices and weights on the same adapter.
 
 use bytemuck::{Pod, Zeroable};
 use serde::{Deserialize, Serialize};

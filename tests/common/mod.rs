@@ -66,3 +66,21 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32]) -> usize {
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
+
+/// Bound relative to each row's scale: |got - ref| <= 2e-5 + 2e-5 * max|ref row|, for outputs
+/// of sums whose terms cancel. Returns how many elements were bit-equal.
+pub fn assert_rows_close(what: &str, got: &[f32], want: &[f32], width: usize) -> usize {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let mut bit_equal = 0;
+    for (r, (g, w)) in got.chunks(width).zip(want.chunks(width)).enumerate() {
+        let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (c, (a, b)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (a - b).abs() <= 2e-5 + 2e-5 * scale,
+                "{what}: row {r} col {c}: {a:e} vs reference {b:e}"
+            );
+            bit_equal += usize::from(a.to_bits() == b.to_bits());
+        }
+    }
+    bit_equal
+}
