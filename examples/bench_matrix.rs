@@ -58,6 +58,14 @@ struct Args {
     /// Output folder.
     #[arg(long, default_value = "docs/benchmarks")]
     out: PathBuf,
+    /// Run nothing: rebuild the Markdown table and SVG chart from these JSON records (for
+    /// example to put records from several machines in one table), written as
+    /// `<out>/<report-name>.md` and `.svg`.
+    #[arg(long, num_args = 1..)]
+    report: Vec<PathBuf>,
+    /// File stem of `--report`'s outputs.
+    #[arg(long, default_value = "matrix")]
+    report_name: String,
 }
 
 fn write(path: &Path, text: &str) -> moeflow::Result<()> {
@@ -76,7 +84,36 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes the Markdown table and SVG chart of `records` as `<out>/<stem>.md` and `.svg`.
+fn write_reports(out: &Path, stem: &str, records: &[RunRecord]) -> moeflow::Result<()> {
+    let md = report::markdown(records);
+    let md_path = out.join(format!("{stem}.md"));
+    write(&md_path, &md)?;
+    let svg_path = out.join(format!("{stem}.svg"));
+    write(&svg_path, &report::svg(records)?)?;
+    println!("{md}");
+    println!("wrote {} and {}", md_path.display(), svg_path.display());
+    Ok(())
+}
+
+fn report_only(args: &Args) -> moeflow::Result<()> {
+    let records = args
+        .report
+        .iter()
+        .map(|p| {
+            let bytes =
+                std::fs::read(p).map_err(|source| Error::Io { path: p.display().to_string(), source })?;
+            serde_json::from_slice::<RunRecord>(&bytes)
+                .map_err(|e| Error::invalid(format!("{} is not a benchmark record: {e}", p.display())))
+        })
+        .collect::<moeflow::Result<Vec<_>>>()?;
+    write_reports(&args.out, &args.report_name, &records)
+}
+
 fn run(args: &Args) -> moeflow::Result<()> {
+    if !args.report.is_empty() {
+        return report_only(args);
+    }
     let selector: AdapterSelector = args.adapter.as_deref().unwrap_or("").parse()?;
     let ctxs: Vec<Context> =
         Context::all()?.into_iter().filter(|c| selector.matches_description(c.adapter())).collect();
@@ -154,12 +191,6 @@ fn run(args: &Args) -> moeflow::Result<()> {
         records.push(record);
     }
     bar.finish_and_clear();
-    let md = report::markdown(&records);
-    let md_path = args.out.join(format!("{date}-matrix{tag}.md"));
-    write(&md_path, &md)?;
-    let svg_path = args.out.join(format!("{date}-matrix{tag}.svg"));
-    write(&svg_path, &report::svg(&records)?)?;
-    println!("{md}");
-    println!("wrote {} and {}", md_path.display(), svg_path.display());
+    write_reports(&args.out, &format!("{date}-matrix{tag}"), &records)?;
     Ok(())
 }

@@ -132,3 +132,34 @@ fn calibration_measures_positive_limits() {
         assert_eq!(cal.clock, expected);
     }
 }
+
+#[test]
+fn reports_show_every_case_and_round_trip_through_json() {
+    use moeflow::bench::record::{GitState, RUNTIME_CHECKS, SCHEMA_VERSION, WGPU_VERSION};
+    use moeflow::bench::{RunRecord, report};
+    for ctx in contexts() {
+        let cmp = Scripted { fail: false, calls: Rc::new(Cell::new(0)) };
+        let comparison = run_comparison(&ctx, &cmp, SizeSet::Cpu, &quick(), &calibration(), |_| {});
+        let record = RunRecord {
+            schema_version: SCHEMA_VERSION,
+            moeflow_version: "test".into(),
+            created_utc: "2026-01-01T00:00:00Z".into(),
+            adapter: ctx.adapter().clone(),
+            wgpu_version: WGPU_VERSION.into(),
+            runtime_checks: RUNTIME_CHECKS.into(),
+            git: GitState { revision: "0123456789abcdef".into(), dirty: false },
+            settings: quick(),
+            size_set: SizeSet::Cpu,
+            calibration: calibration(),
+            comparisons: vec![comparison],
+        };
+        let json = serde_json::to_string(&record).unwrap();
+        let back: RunRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.comparisons[0].cases.len(), 2);
+        let md = report::markdown(std::slice::from_ref(&back));
+        assert!(md.contains("| test/scripted (same → same) | M=3 |") && md.contains("| M=5 |"), "{md}");
+        assert!(md.contains(&ctx.adapter().slug()));
+        let svg = report::svg(&[back]).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("M=5"), "{svg:.200}");
+    }
+}

@@ -128,33 +128,37 @@ fn plot_err(e: impl std::fmt::Display) -> Error {
     Error::invalid(format!("drawing the chart: {e}"))
 }
 
-/// An SVG bar chart of the B/A ratios: one group per comparison size, one bar per adapter,
-/// and a line at 1.0.
+/// An SVG bar chart of the B/A ratios on a log scale: one group per comparison size, one bar
+/// per adapter drawn from 1.0 (up: B slower, down: B faster).
 pub fn svg(records: &[RunRecord]) -> Result<String> {
     let rows = rows(records);
     let n = rows.len().max(1);
-    let max_ratio = records
+    let finite: Vec<f64> = records
         .iter()
         .flat_map(|r| r.comparisons.iter().flat_map(|c| c.cases.iter().map(|c| c.ratio)))
-        .filter(|r| r.is_finite())
-        .fold(1.0f64, f64::max)
-        * 1.15;
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    let max_ratio = finite.iter().copied().fold(1.0f64, f64::max) * 1.5;
+    let min_ratio = finite.iter().copied().fold(1.0f64, f64::min) / 1.5;
     let mut text = String::new();
     {
         let width = (120 + 170 * n as u32).max(640);
         let root = SVGBackend::with_string(&mut text, (width, 480)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
         let mut chart = ChartBuilder::on(&root)
-            .caption("moeflow: B/A time ratio per comparison size (below 1: B faster)", ("sans-serif", 18))
+            .caption(
+                "moeflow: B/A time ratio per comparison size (log scale; below 1: B faster)",
+                ("sans-serif", 18),
+            )
             .margin(12)
             .x_label_area_size(70)
             .y_label_area_size(50)
-            .build_cartesian_2d(0f64..n as f64, 0f64..max_ratio)
+            .build_cartesian_2d(0f64..n as f64, (min_ratio..max_ratio).log_scale())
             .map_err(plot_err)?;
         chart.configure_mesh().disable_x_mesh().x_labels(0).y_desc("B/A").draw().map_err(plot_err)?;
         let label_style = ("sans-serif", 12).into_font().color(&BLACK).pos(Pos::new(HPos::Center, VPos::Top));
         for (i, (name, size)) in rows.iter().enumerate() {
-            let (px, py) = chart.backend_coord(&(i as f64 + 0.5, 0.0));
+            let (px, py) = chart.backend_coord(&(i as f64 + 0.5, min_ratio));
             root.draw(&Text::new(name.clone(), (px, py + 6), label_style.clone())).map_err(plot_err)?;
             root.draw(&Text::new(size.clone(), (px, py + 22), label_style.clone())).map_err(plot_err)?;
         }
@@ -170,7 +174,8 @@ pub fn svg(records: &[RunRecord]) -> Result<String> {
                 .filter_map(|(i, (name, size))| {
                     let c = find(r, name, size)?;
                     let x0 = i as f64 + 0.1 + j as f64 * bar_w;
-                    Some(Rectangle::new([(x0, 0.0), (x0 + bar_w, c.ratio.min(max_ratio))], color.filled()))
+                    let ratio = c.ratio.clamp(min_ratio, max_ratio);
+                    Some(Rectangle::new([(x0, 1.0), (x0 + bar_w, ratio)], color.filled()))
                 })
                 .collect();
             chart
