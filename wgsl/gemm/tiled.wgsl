@@ -1,18 +1,18 @@
 // Tiled grouped GEMM: a workgroup of 8 x 8 invocations computes a block of BM = 32 rows by
 // BN = 32 columns, each invocation 4 rows x 4 columns, streaming K through workgroup memory in
-// chunks of BK = 16. All rows of a block share one expert: the tile map's entry for the block
+// chunks of 32 (BK4 = 8 groups of four). All rows of a block share one expert: the tile map's entry for the block
 // (dispatch tiles are multiples of BM), or params.fixed_expert. Blocks of unused tiles exit at
 // once, so empty experts cost nothing. Accumulation order: see common.wgsl.
 
 const BM: u32 = 32u;
 const BN: u32 = 32u;
-const BK4: u32 = 4u;
+const BK4: u32 = 8u;
 
 override EXPERT_FROM_TILES: bool = true;
 
-var<workgroup> xs: array<vec4<f32>, 128>;
-var<workgroup> ws: array<vec4<f32>, 128>;
-var<workgroup> us: array<vec4<f32>, 128>;
+var<workgroup> xs: array<vec4<f32>, 256>;
+var<workgroup> ws: array<vec4<f32>, 256>;
+var<workgroup> us: array<vec4<f32>, 256>;
 var<workgroup> block_entry: array<u32, 32>;
 
 fn weight4(is_up: bool, base: u32, k: u32) -> vec4<f32> {
@@ -62,7 +62,7 @@ fn tiled(
     }
     for (var k0 = 0u; k0 < kdim; k0 += 4u * BK4) {
         // Load: 128 vec4 of x (32 rows x 4 groups) and of w (32 cols x 4 groups), two each.
-        for (var s = lid; s < 128u; s += 64u) {
+        for (var s = lid; s < BM * BK4; s += 64u) {
             let r = s / BK4;
             let g = s % BK4;
             let k = k0 + 4u * g;
