@@ -142,6 +142,11 @@ fn run(args: &Args) -> Result<bool> {
         None => Context::new()?,
     };
     println!("adapter: {}", ctx.adapter());
+    let caps = ctx.capabilities();
+    println!(
+        "features: timestamps={} subgroups={} shader-f16={}",
+        caps.timestamps, caps.subgroups, caps.shader_f16
+    );
     match &args.weights {
         Some(w) => run_file(&ctx, args, w),
         None => run_synthetic(&ctx, args),
