@@ -255,17 +255,7 @@ impl ForwardPlan {
         // Decode path: no layout was built; count on the host.
         let idx: Vec<u32> = ctx.read_back(&self.indices, self.indices.size() as usize / 4)?;
         let l = crate::reference::dispatch::layout(&idx, experts, 1, 0);
-        let mean = f64::from(l.meta.rows) / f64::from(experts);
-        Ok(LoadStats {
-            per_expert: l.counts,
-            rows: l.meta.rows,
-            max: l.meta.max_count,
-            mean,
-            imbalance: if l.meta.rows == 0 { 0.0 } else { f64::from(l.meta.max_count) / mean },
-            nonempty: l.meta.nonempty,
-            over_bound: 0,
-            invalid: l.meta.invalid,
-        })
+        Ok(LoadStats::new(l.counts, l.meta))
     }
 }
 

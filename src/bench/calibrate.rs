@@ -7,6 +7,7 @@ use bytemuck::{Pod, Zeroable};
 use super::comparison::SizeSet;
 use super::record::Calibration;
 use super::timer::Sampler;
+use super::verdict::median;
 use crate::context::Context;
 use crate::error::Result;
 use crate::pipeline::{Access, Binding, KernelSpec};
@@ -52,8 +53,7 @@ fn time(ctx: &Context, d: &crate::pipeline::Dispatch) -> Result<(f64, &'static s
         Some(g) => (g, "gpu"),
         None => (samples.iter().map(|s| s.wall_s).collect(), "wall"),
     };
-    v.sort_by(f64::total_cmp);
-    Ok((v[SAMPLES / 2], clock))
+    Ok((median(&mut v), clock))
 }
 
 /// Measures the adapter's copy bandwidth and FMA rate with sizes fit for `set`.

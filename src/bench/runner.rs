@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use super::record::{Calibration, CaseRecord, ComparisonRecord, Settings, VariantFigures};
 use super::timer::{Sample, Sampler};
-use super::verdict::{Block, Counts, Summary, geomean_change, summarize};
+use super::verdict::{Block, Counts, Summary, geomean_change, median, summarize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::Dispatch;
@@ -17,15 +17,6 @@ fn validation(stage: &str, e: Error) -> Error {
     match e {
         Error::Validation(msg) => Error::Validation(format!("{stage}: {msg}")),
         other => Error::Validation(format!("{stage}: {other}")),
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -126,8 +117,8 @@ pub fn run_case(
         (Some(sum), Some(bl)) => ("gpu", sum, bl),
         _ => ("wall", &wall_summary, &blocks_wall),
     };
-    let a_s = median(per_run.iter().flat_map(|b| b.a).collect());
-    let b_s = median(per_run.iter().flat_map(|b| b.b).collect());
+    let a_s = median(&mut per_run.iter().flat_map(|b| b.a).collect::<Vec<_>>());
+    let b_s = median(&mut per_run.iter().flat_map(|b| b.b).collect::<Vec<_>>());
     Ok(CaseRecord {
         size: size.to_string(),
         params: size.0.clone(),

@@ -120,7 +120,8 @@ pub struct Summary {
     pub blocks: Counts,
 }
 
-fn median(values: &mut [f64]) -> f64 {
+/// Median of `values` (sorted in place; NaN when empty).
+pub(crate) fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
     if n == 0 {

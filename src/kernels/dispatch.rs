@@ -144,7 +144,8 @@ pub struct LoadStats {
 }
 
 impl LoadStats {
-    fn new(per_expert: Vec<u32>, meta: Meta) -> Self {
+    /// Statistics from per-expert counts and a layout's meta words.
+    pub(crate) fn new(per_expert: Vec<u32>, meta: Meta) -> Self {
         let mean = f64::from(meta.rows) / per_expert.len().max(1) as f64;
         LoadStats {
             rows: meta.rows,
