@@ -226,6 +226,11 @@ impl ForwardPlan {
         self.stages.into_iter().flat_map(|(_, ds)| ds).collect()
     }
 
+    /// The named stages, owned (the buffers they use stay alive with them).
+    pub fn into_stages(self) -> Vec<(&'static str, Vec<Dispatch>)> {
+        self.stages
+    }
+
     /// Records the forward into `encoder` (one compute pass).
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
         crate::gpu::record(encoder, &self.dispatches());

@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod context;
+pub mod dag;
 pub mod error;
 pub mod gpu;
 pub mod kernels;

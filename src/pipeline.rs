@@ -113,7 +113,7 @@ impl<'a> Binding<'a> {
 
 /// A recorded-to-be dispatch: pipeline, bind group and grid. Recording it into a compute
 /// pass is all that is left; submission belongs to the caller.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Dispatch {
     kernel: Arc<Kernel>,
     bind_group: wgpu::BindGroup,

@@ -57,6 +57,8 @@ pub fn all_shaders() -> Vec<&'static ShaderSource> {
     all.extend_from_slice(crate::kernels::dispatch::SHADERS);
     all.extend_from_slice(crate::kernels::gemm::SHADERS);
     all.extend_from_slice(crate::kernels::combine::SHADERS);
+    all.extend_from_slice(crate::dag::executor::SHADERS);
+    all.extend_from_slice(crate::dag::probe::SHADERS);
     all.extend_from_slice(crate::bench::calibrate::SHADERS);
     all
 }

@@ -1,0 +1,645 @@
+//! The three executors of a [`RowGraph`]: one dispatch per stage, fused static passes, and
+//! the persistent queue, all running the same WGSL code (`wgsl/dag/`), so they agree bit for
+//! bit on one adapter.
+
+use bytemuck::{Pod, Zeroable};
+use serde::Serialize;
+
+use super::chain::RowGraph;
+use super::plan::{Fusion, Plan, plan};
+use super::probe::probe;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::shader::{ShaderSource, wgsl};
+
+static STATIC_SHADER: ShaderSource = ShaderSource {
+    name: "dag/static",
+    parts: &[wgsl!("dag/program.wgsl"), wgsl!("dag/static.wgsl")],
+    entry_points: &["static_pass"],
+};
+static QUEUE_SHADER: ShaderSource = ShaderSource {
+    name: "dag/queue",
+    parts: &[wgsl!("dag/program.wgsl"), wgsl!("dag/queue.wgsl")],
+    entry_points: &["reset_queue", "persistent"],
+};
+
+/// The DAG family's shader modules.
+pub(crate) static SHADERS: &[&ShaderSource] = &[&STATIC_SHADER, &QUEUE_SHADER];
+
+use Access::{Read, ReadWrite, Uniform};
+static STATIC_PASS: KernelSpec = KernelSpec {
+    shader: &STATIC_SHADER,
+    entry: "static_pass",
+    bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite)],
+};
+static RESET_QUEUE: KernelSpec =
+    KernelSpec { shader: &QUEUE_SHADER, entry: "reset_queue", bindings: &[(0, Uniform), (4, ReadWrite)] };
+static PERSISTENT: KernelSpec = KernelSpec {
+    shader: &QUEUE_SHADER,
+    entry: "persistent",
+    bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite), (4, ReadWrite)],
+};
+
+/// Workgroup size of every DAG kernel.
+const WG: u32 = 64;
+/// Words before the per-task counters in the queue's state buffer.
+const STATE_HEADER: u32 = 5;
+const NONE: u32 = u32::MAX;
+/// Default bound on one dependency wait, in polls of the leader invocation.
+pub const DEFAULT_SPIN_LIMIT: u32 = 1 << 24;
+
+/// Task size of the persistent queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Granularity {
+    /// One task per stage and tile.
+    Fine,
+    /// One task per pass of the plan with this fusion and tile (macro tasks).
+    Coarse(Fusion),
+}
+
+/// Settings of the persistent queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct QueueOptions {
+    /// Worker workgroups (at least 1, at most the probe's bound).
+    pub workers: u32,
+    /// Task size.
+    pub granularity: Granularity,
+    /// Diagnostic: run the scheduling (tickets, waits, signals) without the arithmetic. Not
+    /// equivalent work; its outputs are not valid.
+    pub coordination_only: bool,
+    /// Polls one dependency wait may take before the queue gives up.
+    pub spin_limit: u32,
+    /// Diagnostic: make this task wait for one dependency more than it has, so the run times
+    /// out (to exercise the fallback).
+    pub stall_task: Option<u32>,
+}
+
+impl QueueOptions {
+    /// `workers` workers at `granularity`, real work, the default spin bound.
+    pub fn new(workers: u32, granularity: Granularity) -> Self {
+        QueueOptions {
+            workers,
+            granularity,
+            coordination_only: false,
+            spin_limit: DEFAULT_SPIN_LIMIT,
+            stall_task: None,
+        }
+    }
+}
+
+/// How a graph runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Executor {
+    /// One dispatch per stage, all in one encoder and one submission.
+    Staged,
+    /// One dispatch per pass of the planner's plan with this fusion.
+    Fused(Fusion),
+    /// One dispatch of persistent workers taking tasks from a ready queue (plus one that
+    /// clears the queue's state).
+    Queue(QueueOptions),
+}
+
+/// What a run did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RunReport {
+    /// The executor that produced the outputs.
+    pub ran: String,
+    /// Why the requested executor was replaced, if it was.
+    pub fallback: Option<String>,
+}
+
+/// The queue's state words after a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct QueueStatus {
+    /// Tickets handed out (claims past the end included).
+    pub tickets: u32,
+    /// 0 when the run was clean; 1 after a dependency wait timed out; 2 when the driver cut
+    /// a loop short (llvmpipe caps the loop iterations of one invocation).
+    pub status: u32,
+    /// Tasks completed.
+    pub done: u32,
+    /// Most polls one successful wait took.
+    pub max_spins: u32,
+    /// Earlier runs on this state buffer that stopped early (counted by the next run's
+    /// reset), so one readback after many runs checks them all.
+    pub earlier_faults: u32,
+    /// Tasks in the run.
+    pub tasks: u32,
+}
+
+impl QueueStatus {
+    /// Whether the last run completed every task without stopping early.
+    pub fn complete(&self) -> bool {
+        self.status == 0 && self.done == self.tasks
+    }
+
+    /// Whether the last run completed and no earlier run on this state buffer stopped early.
+    pub fn all_clean(&self) -> bool {
+        self.complete() && self.earlier_faults == 0
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    tile_rows: u32,
+    tiles: u32,
+    stage_off: u32,
+    pass_off: u32,
+    task_off: u32,
+    tasks: u32,
+    scratch_base: u32,
+    scratch_steps: u32,
+    scratch_extra: u32,
+    pass_index: u32,
+    spin_limit: u32,
+    work: u32,
+    canary: u32,
+    pad: u32,
+}
+
+/// The graph input and every stage's parameters, in one read-only buffer.
+#[derive(Debug)]
+pub struct RowInputs {
+    buffer: wgpu::Buffer,
+    param_off: Vec<u32>,
+}
+
+impl RowInputs {
+    /// Uploads `x[rows, cols]` and the stages' parameters.
+    pub fn upload(ctx: &Context, graph: &RowGraph, x: &[f32]) -> Result<Self> {
+        let g = graph.graph();
+        let n = g.rows() as usize * graph.cols() as usize;
+        if x.len() != n {
+            return Err(Error::shape(
+                "row graph input",
+                format!("{} x {} values", g.rows(), graph.cols()),
+                x.len(),
+            ));
+        }
+        let mut data = x.to_vec();
+        let mut param_off = Vec::with_capacity(g.stages().len());
+        for stage in g.stages() {
+            param_off.push(u32::try_from(data.len()).map_err(|_| too_large("row graph inputs", data.len()))?);
+            data.extend(stage.kernel.params());
+        }
+        let bytes = data.len() as u64 * 4;
+        if bytes > ctx.limits().max_storage_buffer_binding_size {
+            return Err(Error::limit(
+                "row graph inputs",
+                bytes,
+                ctx.limits().max_storage_buffer_binding_size,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        Ok(RowInputs { buffer: ctx.upload("row graph inputs", &data), param_off })
+    }
+}
+
+fn too_large(what: &str, n: usize) -> Error {
+    Error::limit(what, n as u64, u32::MAX.into(), "u32 indices in the DAG shaders")
+}
+
+fn to_u32(what: &str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| too_large(what, n))
+}
+
+/// Scratch sizing shared by a run and its fallback.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    stage_elems: u64,
+    steps: u32,
+    extra: u32,
+    slots: u32,
+}
+
+impl Layout {
+    fn elems(&self, cols: u32) -> u64 {
+        self.stage_elems
+            + u64::from(self.slots) * u64::from(self.steps) * 2 * u64::from(self.extra) * u64::from(cols)
+    }
+}
+
+/// One prepared program: the encoded plan and its dispatches.
+#[derive(Debug)]
+struct Prepared {
+    label: String,
+    plan: Plan,
+    dispatches: Vec<Dispatch>,
+    tasks: u32,
+}
+
+/// A graph prepared for one executor on its own output buffers. [`Self::dispatches`] can
+/// be recorded into any encoder; [`Self::run`] submits them and, for the queue, checks its
+/// status and falls back to fused passes after a timeout.
+#[derive(Debug)]
+pub struct RowRun {
+    executor: Executor,
+    main: Prepared,
+    fallback: Option<Prepared>,
+    refused: Option<String>,
+    vals: wgpu::Buffer,
+    state: wgpu::Buffer,
+    rows: u32,
+    cols: u32,
+    stages: usize,
+}
+
+/// Program words: the stage table, the plan's passes and steps, and its task table.
+fn encode(
+    graph: &RowGraph,
+    inputs: &RowInputs,
+    plan: &Plan,
+    queue: Option<&QueueOptions>,
+) -> Result<(Vec<u32>, Params)> {
+    let g = graph.graph();
+    let mut words = Vec::new();
+    let stage_off = 0u32;
+    for (s, _) in g.stages().iter().enumerate() {
+        let kind = g.stages()[s].kernel.code();
+        let src = graph.source(s).map_or(Ok(NONE), |q| to_u32("stage index", q))?;
+        words.extend([kind, src, inputs.param_off[s]]);
+    }
+    let pass_off = to_u32("program words", words.len())?;
+    let steps_start = pass_off as usize + 2 * plan.passes.len();
+    let mut steps = Vec::new();
+    let mut pass_words = Vec::new();
+    for pass in &plan.passes {
+        pass_words.extend([
+            to_u32("program words", steps_start + steps.len())?,
+            to_u32("steps", pass.steps.len())?,
+        ]);
+        for step in &pass.steps {
+            let src_step = graph
+                .source(step.stage)
+                .and_then(|q| pass.steps.iter().position(|p| p.stage == q))
+                .map_or(Ok(NONE), |j| to_u32("step index", j))?;
+            steps.extend([to_u32("stage index", step.stage)?, step.extra, src_step]);
+        }
+    }
+    words.extend(pass_words);
+    words.extend(steps);
+    let task_off = to_u32("program words", words.len())?;
+    let tasks = plan.tasks(g);
+    let mut consumers: Vec<Vec<u32>> = vec![Vec::new(); tasks.len()];
+    for (i, t) in tasks.iter().enumerate() {
+        for &d in &t.deps {
+            consumers[d].push(to_u32("task index", i)?);
+        }
+    }
+    let cons_start = task_off as usize + 5 * tasks.len();
+    let mut cons_words: Vec<u32> = Vec::new();
+    for (i, t) in tasks.iter().enumerate() {
+        let stall = queue.and_then(|q| q.stall_task).is_some_and(|s| s as usize == i);
+        let need = to_u32("dependencies", t.deps.len())? + u32::from(stall);
+        words.extend([
+            to_u32("pass index", t.pass)?,
+            t.tile,
+            need,
+            to_u32("program words", cons_start + cons_words.len())?,
+            to_u32("consumers", consumers[i].len())?,
+        ]);
+        cons_words.extend(&consumers[i]);
+    }
+    words.extend(cons_words);
+    let params = Params {
+        rows: g.rows(),
+        cols: graph.cols(),
+        tile_rows: g.tile_rows(),
+        tiles: g.tiles(),
+        stage_off,
+        pass_off,
+        task_off,
+        tasks: to_u32("tasks", tasks.len())?,
+        spin_limit: queue.map_or(0, |q| q.spin_limit),
+        work: u32::from(!queue.is_some_and(|q| q.coordination_only)),
+        canary: 2,
+        ..Params::default()
+    };
+    Ok((words, params))
+}
+
+impl RowRun {
+    /// Prepares `graph` on `inputs` for `executor`. A queue on an adapter whose probe
+    /// refuses it runs fused passes instead; [`Self::refused`] says why.
+    pub fn prepare(ctx: &Context, graph: &RowGraph, inputs: &RowInputs, executor: Executor) -> Result<Self> {
+        let refused = match executor {
+            Executor::Queue(q) => match probe(ctx)?.max_workers() {
+                Err(reason) => Some(format!("the adapter's probe refused the queue: {reason}")),
+                Ok(max) if q.workers > max => {
+                    return Err(Error::limit(
+                        "queue workers",
+                        q.workers.into(),
+                        max.into(),
+                        "the adapter probe's worker bound",
+                    ));
+                }
+                Ok(_) => None,
+            },
+            Executor::Staged | Executor::Fused(_) => None,
+        };
+        Self::build(ctx, graph, inputs, executor, refused)
+    }
+
+    /// A queue run without consulting the probe (the probe's own progress test).
+    pub(crate) fn prepare_unprobed(
+        ctx: &Context,
+        graph: &RowGraph,
+        inputs: &RowInputs,
+        q: QueueOptions,
+    ) -> Result<Self> {
+        Self::build(ctx, graph, inputs, Executor::Queue(q), None)
+    }
+
+    fn build(
+        ctx: &Context,
+        graph: &RowGraph,
+        inputs: &RowInputs,
+        executor: Executor,
+        refused: Option<String>,
+    ) -> Result<Self> {
+        let g = graph.graph();
+        if inputs.param_off.len() != g.stages().len() {
+            return Err(Error::shape(
+                "row graph inputs",
+                format!("{} stages", g.stages().len()),
+                inputs.param_off.len(),
+            ));
+        }
+        if g.stages().is_empty() {
+            return Err(Error::invalid("the row graph has no stages"));
+        }
+        let max_groups = ctx.limits().max_compute_workgroups_per_dimension;
+        if g.tiles() > max_groups {
+            return Err(Error::limit(
+                "row tiles",
+                g.tiles().into(),
+                max_groups.into(),
+                "max_compute_workgroups_per_dimension",
+            ));
+        }
+        let fallback_plan = plan(g, Fusion::Neighbours);
+        let (main_plan, queue) = match executor {
+            Executor::Staged => (plan(g, Fusion::None), None),
+            Executor::Fused(f) => (plan(g, f), None),
+            Executor::Queue(q) => {
+                let tasks_plan = match q.granularity {
+                    Granularity::Fine => plan(g, Fusion::None),
+                    Granularity::Coarse(f) => plan(g, f),
+                };
+                let total = tasks_plan.passes.len() as u64 * u64::from(g.tiles());
+                if q.workers == 0 {
+                    return Err(Error::invalid("the queue needs at least one worker"));
+                }
+                if q.workers > max_groups {
+                    return Err(Error::limit(
+                        "queue workers",
+                        q.workers.into(),
+                        max_groups.into(),
+                        "max_compute_workgroups_per_dimension",
+                    ));
+                }
+                if let Some(s) = q.stall_task
+                    && u64::from(s) >= total
+                {
+                    return Err(Error::invalid(format!("stall task {s} is not one of the {total} tasks")));
+                }
+                (tasks_plan, Some(q))
+            }
+        };
+        let slots = queue.map_or(0, |q| q.workers).max(g.tiles());
+        let stage_elems = g.stages().len() as u64 * u64::from(g.rows()) * u64::from(graph.cols());
+        let layout = Layout {
+            stage_elems,
+            steps: to_u32("steps", main_plan.max_steps().max(fallback_plan.max_steps()))?,
+            extra: main_plan.max_extra().max(fallback_plan.max_extra()),
+            slots,
+        };
+        let elems = layout.elems(graph.cols());
+        if elems > u64::from(u32::MAX) {
+            return Err(Error::limit(
+                "row graph values",
+                elems,
+                u32::MAX.into(),
+                "u32 indices in the DAG shaders",
+            ));
+        }
+        let vals = ctx.zeroed("row graph values", elems * 4);
+        ctx.check_binding("row graph values", &vals, elems * 4, ReadWrite)?;
+        let state_words = match queue {
+            Some(_) => u64::from(STATE_HEADER) + main_plan.passes.len() as u64 * u64::from(g.tiles()),
+            None => 1,
+        };
+        let state = ctx.zeroed("queue state", state_words * 4);
+        let b = Buffers { graph, inputs, vals: &vals, state: &state, layout };
+        let (main, fallback) = match (queue, &refused) {
+            (Some(q), None) => {
+                (b.queue(ctx, main_plan, &q)?, Some(b.fused(ctx, fallback_plan, "fused (fallback)".into())?))
+            }
+            (Some(_), Some(_)) => (b.fused(ctx, fallback_plan, "fused (queue refused)".into())?, None),
+            (None, _) => {
+                let label = match executor {
+                    Executor::Staged => "staged".to_string(),
+                    _ => format!("fused ({} passes)", main_plan.passes.len()),
+                };
+                (b.fused(ctx, main_plan, label)?, None)
+            }
+        };
+        Ok(RowRun {
+            executor,
+            main,
+            fallback,
+            refused,
+            vals,
+            state,
+            rows: g.rows(),
+            cols: graph.cols(),
+            stages: g.stages().len(),
+        })
+    }
+}
+
+/// What every prepared program of one run binds.
+struct Buffers<'a> {
+    graph: &'a RowGraph,
+    inputs: &'a RowInputs,
+    vals: &'a wgpu::Buffer,
+    state: &'a wgpu::Buffer,
+    layout: Layout,
+}
+
+impl Buffers<'_> {
+    fn program(
+        &self,
+        ctx: &Context,
+        plan: &Plan,
+        queue: Option<&QueueOptions>,
+    ) -> Result<(wgpu::Buffer, Params)> {
+        let (words, mut params) = encode(self.graph, self.inputs, plan, queue)?;
+        params.scratch_base = to_u32("scratch offset", self.layout.stage_elems as usize)?;
+        params.scratch_steps = self.layout.steps;
+        params.scratch_extra = self.layout.extra;
+        Ok((ctx.upload("dag program", &words), params))
+    }
+
+    /// One static dispatch per pass of `plan`.
+    fn fused(&self, ctx: &Context, plan: Plan, label: String) -> Result<Prepared> {
+        let (program, params) = self.program(ctx, &plan, None)?;
+        let kernel = ctx.kernel(&STATIC_PASS, &[])?;
+        let mut dispatches = Vec::with_capacity(plan.passes.len());
+        for p in 0..plan.passes.len() {
+            let u = ctx.uniform("dag pass", &Params { pass_index: to_u32("pass index", p)?, ..params });
+            let bindings = [
+                Binding::new(0, &u, std::mem::size_of::<Params>() as u64),
+                Binding::new(1, &program, program.size()),
+                Binding::new(2, &self.inputs.buffer, self.inputs.buffer.size()),
+                Binding::new(3, self.vals, self.vals.size()),
+            ];
+            dispatches.push(ctx.dispatch(&kernel, &bindings, [self.graph.graph().tiles(), 1, 1])?);
+        }
+        Ok(Prepared { label, plan, dispatches, tasks: 0 })
+    }
+
+    /// A state reset and one persistent dispatch of `q.workers` workers over `plan`'s tasks.
+    fn queue(&self, ctx: &Context, plan: Plan, q: &QueueOptions) -> Result<Prepared> {
+        let (program, params) = self.program(ctx, &plan, Some(q))?;
+        let u = ctx.uniform("dag queue", &params);
+        let params_bytes = std::mem::size_of::<Params>() as u64;
+        let reset = ctx.dispatch(
+            &ctx.kernel(&RESET_QUEUE, &[])?,
+            &[Binding::new(0, &u, params_bytes), Binding::new(4, self.state, self.state.size())],
+            [(STATE_HEADER + params.tasks).div_ceil(WG), 1, 1],
+        )?;
+        let bindings = [
+            Binding::new(0, &u, params_bytes),
+            Binding::new(1, &program, program.size()),
+            Binding::new(2, &self.inputs.buffer, self.inputs.buffer.size()),
+            Binding::new(3, self.vals, self.vals.size()),
+            Binding::new(4, self.state, self.state.size()),
+        ];
+        let persistent = ctx.dispatch(&ctx.kernel(&PERSISTENT, &[])?, &bindings, [q.workers, 1, 1])?;
+        let kind = match q.granularity {
+            Granularity::Fine => "fine".to_string(),
+            Granularity::Coarse(_) => format!("coarse, {} passes", plan.passes.len()),
+        };
+        let diag = if q.coordination_only { ", coordination only" } else { "" };
+        Ok(Prepared {
+            label: format!("queue ({kind}, {} workers{diag})", q.workers),
+            plan,
+            dispatches: vec![reset, persistent],
+            tasks: params.tasks,
+        })
+    }
+}
+
+impl RowRun {
+    /// The executor asked for.
+    pub fn executor(&self) -> Executor {
+        self.executor
+    }
+
+    /// The plan the dispatches follow (the fallback's when the probe refused the queue).
+    pub fn plan(&self) -> &Plan {
+        &self.main.plan
+    }
+
+    /// Why the queue was refused on this adapter (its dispatches are then fused passes).
+    pub fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
+    /// What the dispatches run, e.g. `fused (3 passes)` or `queue (fine, 8 workers)`.
+    pub fn label(&self) -> &str {
+        &self.main.label
+    }
+
+    /// The dispatches of one run, in order (record them in one compute pass).
+    pub fn dispatches(&self) -> &[Dispatch] {
+        &self.main.dispatches
+    }
+
+    /// Tasks of one queue run (0 for static executors).
+    pub fn tasks(&self) -> u32 {
+        self.main.tasks
+    }
+
+    /// Reads the queue's state words (for a static run, an all-zero status).
+    pub fn queue_status(&self, ctx: &Context) -> Result<QueueStatus> {
+        if self.main.tasks == 0 {
+            return Ok(QueueStatus {
+                tickets: 0,
+                status: 0,
+                done: 0,
+                max_spins: 0,
+                earlier_faults: 0,
+                tasks: 0,
+            });
+        }
+        let w: Vec<u32> = ctx.read_back(&self.state, STATE_HEADER as usize)?;
+        Ok(QueueStatus {
+            tickets: w[0],
+            status: w[1],
+            done: w[2],
+            max_spins: w[3],
+            earlier_faults: w[4],
+            tasks: self.main.tasks,
+        })
+    }
+
+    /// Runs once and waits. A queue run whose status shows a timeout or missing tasks is
+    /// rerun with fused passes, and the report says so.
+    pub fn run(&self, ctx: &Context) -> Result<RunReport> {
+        ctx.run(&self.dispatches().iter().collect::<Vec<_>>())?;
+        let fallback = match (&self.fallback, self.refused.as_ref()) {
+            (_, Some(reason)) => Some(reason.clone()),
+            (Some(fb), None) => {
+                let s = self.queue_status(ctx)?;
+                if s.complete() {
+                    None
+                } else {
+                    ctx.run(&fb.dispatches.iter().collect::<Vec<_>>())?;
+                    Some(format!(
+                        "queue stopped ({} of {} tasks done, status {}: {}); reran as {}",
+                        s.done,
+                        s.tasks,
+                        s.status,
+                        match s.status {
+                            0 => "tasks missing",
+                            1 => "a dependency wait timed out",
+                            _ => "the driver cut a shader loop short",
+                        },
+                        fb.label
+                    ))
+                }
+            }
+            (None, None) => None,
+        };
+        let ran = match (&fallback, &self.fallback) {
+            (Some(_), Some(fb)) if self.refused.is_none() => fb.label.clone(),
+            _ => self.main.label.clone(),
+        };
+        Ok(RunReport { ran, fallback })
+    }
+
+    /// Stage `s`'s output, `rows x cols`.
+    pub fn read_stage(&self, ctx: &Context, s: usize) -> Result<Vec<f32>> {
+        if s >= self.stages {
+            return Err(Error::invalid(format!("stage {s} of a graph with {} stages", self.stages)));
+        }
+        let n = self.rows as usize * self.cols as usize;
+        let all: Vec<f32> = ctx.read_back(&self.vals, (s + 1) * n)?;
+        Ok(all[s * n..].to_vec())
+    }
+
+    /// Every stage's output, in stage order.
+    pub fn read_all(&self, ctx: &Context) -> Result<Vec<Vec<f32>>> {
+        let n = self.rows as usize * self.cols as usize;
+        let all: Vec<f32> = ctx.read_back(&self.vals, self.stages * n)?;
+        Ok(all.chunks_exact(n).map(<[f32]>::to_vec).collect())
+    }
+}

@@ -1,0 +1,76 @@
+//! The MoE layer as a graph: route → dispatch → expert projections → combine, with the
+//! shared expert beside them. Its stages are whole-stage dispatches (a scan needs every
+//! count, a grouped GEMM every placement), so every read is [`Reach::Whole`]: the planner can
+//! only put independent stages into one pass, and the queue has no form for them.
+
+use super::executor::{Executor, RunReport};
+use super::graph::{Graph, Reach, Read, Source};
+use super::plan::{Fusion, Plan, plan};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::layer::ForwardPlan;
+use crate::pipeline::Dispatch;
+
+/// A graph whose stages are lists of dispatches that run whole.
+pub type DispatchGraph = Graph<Vec<Dispatch>>;
+
+/// What each layer stage reads, by stage name.
+fn reads_of(name: &str) -> Result<&'static [&'static str]> {
+    Ok(match name {
+        "route" | "shared" => &[],
+        "dispatch" => &["route"],
+        "experts" => &["route", "dispatch"],
+        "combine" => &["route", "experts", "shared"],
+        other => return Err(Error::invalid(format!("unknown layer stage `{other}`"))),
+    })
+}
+
+/// The layer's forward plan as a graph over its tokens (one tile).
+pub fn layer_graph(forward: ForwardPlan) -> Result<DispatchGraph> {
+    let tokens = forward.tokens().max(1);
+    let mut graph = Graph::new(tokens, tokens)?;
+    let mut names: Vec<&'static str> = Vec::new();
+    for (name, dispatches) in forward.into_stages() {
+        let mut reads: Vec<Read> = reads_of(name)?
+            .iter()
+            .filter_map(|r| names.iter().position(|n| n == r))
+            .map(|s| Read { source: Source::Stage(s), reach: Reach::Whole })
+            .collect();
+        if reads.is_empty() {
+            reads.push(Read { source: Source::Input, reach: Reach::Whole });
+        }
+        graph.add(name, dispatches, reads)?;
+        names.push(name);
+    }
+    Ok(graph)
+}
+
+/// The passes `executor` gives a dispatch graph, and why a queue, if asked for, was not used.
+pub fn dispatch_plan(graph: &DispatchGraph, executor: Executor) -> (Plan, Option<String>) {
+    match executor {
+        Executor::Staged => (plan(graph, Fusion::None), None),
+        Executor::Fused(f) => (plan(graph, f), None),
+        Executor::Queue(_) => (
+            plan(graph, Fusion::Neighbours),
+            Some("whole-stage dispatches have no queue form; ran fused passes".to_string()),
+        ),
+    }
+}
+
+/// Records `plan` of `graph`: one compute pass per pass, its stages' dispatches in order.
+pub fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &DispatchGraph, plan: &Plan) {
+    for pass in &plan.passes {
+        let dispatches: Vec<&Dispatch> =
+            pass.steps.iter().flat_map(|s| graph.stages()[s.stage].kernel.iter()).collect();
+        crate::gpu::record(encoder, &dispatches);
+    }
+}
+
+/// Runs `graph` with `executor` in one encoder and one submission, and waits.
+pub fn run_dispatch_graph(ctx: &Context, graph: &DispatchGraph, executor: Executor) -> Result<RunReport> {
+    let (plan, fallback) = dispatch_plan(graph, executor);
+    let mut encoder = ctx.encoder("moeflow dag");
+    record_dispatch_graph(&mut encoder, graph, &plan);
+    ctx.submit_and_wait(encoder)?;
+    Ok(RunReport { ran: format!("{} passes of whole-stage dispatches", plan.passes.len()), fallback })
+}

@@ -1,0 +1,18 @@
+//! The DAG layer: a graph of stages over row tiles, a planner that fuses chains into static
+//! passes (recomputing halo rows where needed), and three executors for the same graph —
+//! one dispatch per stage, fused static passes, and a persistent task queue gated by a
+//! per-adapter probe. Every executor runs the same WGSL code for each value, so all of them
+//! are bit-identical to the staged one on one adapter. See `docs/dag.md`.
+
+pub mod chain;
+pub mod executor;
+pub mod graph;
+pub mod layer;
+pub mod plan;
+pub mod probe;
+
+pub use chain::{RowGraph, RowOp};
+pub use executor::{Executor, Granularity, QueueOptions, QueueStatus, RowInputs, RowRun, RunReport};
+pub use graph::{Graph, Reach, Read, Source, Stage};
+pub use plan::{Fusion, Pass, Plan, Step, Task, plan};
+pub use probe::{ProbeReport, ProbeVerdict, probe};

@@ -1,0 +1,67 @@
+//! CPU oracle of the DAG layer's row ops, in `wgsl/dag/program.wgsl`'s order: every stage
+//! over every row, stage by stage.
+
+use crate::dag::{RowGraph, RowOp};
+
+/// Lanes of the shader's RMS reduction (its workgroup size).
+const LANES: usize = 64;
+const RMS_EPS: f32 = 1e-6;
+
+/// Sum of squares of `row` as the shader forms it: lane `l` accumulates columns
+/// `l, l + 64, ...` with `fma`, then a pairwise tree over the lanes (stride 32 down to 1).
+fn sum_squares(row: &[f32]) -> f32 {
+    let mut partial = [0f32; LANES];
+    for (lane, acc) in partial.iter_mut().enumerate() {
+        for v in row.iter().skip(lane).step_by(LANES) {
+            *acc = v.mul_add(*v, *acc);
+        }
+    }
+    let mut stride = LANES / 2;
+    while stride > 0 {
+        for l in 0..stride {
+            partial[l] += partial[l + stride];
+        }
+        stride /= 2;
+    }
+    partial[0]
+}
+
+/// Every stage's output (`rows x cols`, row-major), in stage order, for input `x`.
+pub fn row_graph(g: &RowGraph, x: &[f32]) -> Vec<Vec<f32>> {
+    let (rows, cols) = (g.graph().rows() as usize, g.cols() as usize);
+    let mut outs: Vec<Vec<f32>> = Vec::with_capacity(g.graph().stages().len());
+    for (s, stage) in g.graph().stages().iter().enumerate() {
+        let src: &[f32] = match g.source(s) {
+            Some(q) => &outs[q],
+            None => x,
+        };
+        let mut out = vec![0f32; rows * cols];
+        for r in 0..rows {
+            let row = &src[r * cols..(r + 1) * cols];
+            let dst = &mut out[r * cols..(r + 1) * cols];
+            match &stage.kernel {
+                RowOp::Affine { w, b } => {
+                    for c in 0..cols {
+                        dst[c] = row[c].mul_add(w[c], b[c]);
+                    }
+                }
+                RowOp::Silu => {
+                    let (up, down) = (r.saturating_sub(1), (r + 1).min(rows - 1));
+                    for c in 0..cols {
+                        let quarter_down = 0.25 * src[down * cols + c];
+                        let h = 0.25f32.mul_add(src[up * cols + c], 0.5f32.mul_add(row[c], quarter_down));
+                        dst[c] = h / (1.0 + (-h).exp());
+                    }
+                }
+                RowOp::Rms { gamma } => {
+                    let inv = 1.0 / (sum_squares(row) / cols as f32 + RMS_EPS).sqrt();
+                    for c in 0..cols {
+                        dst[c] = (row[c] * inv) * gamma[c];
+                    }
+                }
+            }
+        }
+        outs.push(out);
+    }
+    outs
+}

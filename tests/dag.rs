@@ -1,0 +1,340 @@
+//! The DAG layer on every adapter: the planner's passes and tasks, every executor bit-identical
+//! to the staged one (and the staged one against the CPU oracle) on adversarial inputs, the
+//! probe, a forced queue timeout falling back instead of hanging, the MoE layer as a graph,
+//! and bad input.
+
+mod common;
+
+use std::sync::{Mutex, MutexGuard};
+
+use common::{assert_close, bits, contexts};
+use moeflow::Context;
+use moeflow::dag::layer::{dispatch_plan, layer_graph, run_dispatch_graph};
+use moeflow::dag::{
+    Executor, Fusion, Granularity, Graph, ProbeVerdict, QueueOptions, Reach, Read, RowGraph, RowInputs,
+    RowOp, RowRun, Source, plan, probe,
+};
+use moeflow::layer::{MoeConfig, MoeLayer};
+use moeflow::reference::dag as reference;
+use moeflow::synth::Synth;
+
+/// Input with exact ties, 1-ulp neighbours, signed zeros, and one row each of NaN and inf.
+fn adversarial(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut x = Synth::new(seed).uniform(rows * cols, 2.0);
+    for c in 0..cols {
+        x[c] = if c % 2 == 0 { 0.0 } else { -0.0 };
+        if rows > 3 {
+            x[cols + c] = 0.75;
+            x[2 * cols + c] = f32::from_bits(0.75f32.to_bits() + (c as u32 % 2));
+        }
+    }
+    if rows > 6 {
+        x[5 * cols + 3] = f32::NAN;
+        x[6 * cols + 1] = f32::INFINITY;
+        x[6 * cols + 2] = f32::NEG_INFINITY;
+    }
+    x
+}
+
+/// Asserts every stage bit-identical, naming the first differing stage, row and column.
+fn assert_bitwise(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], cols: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: stages");
+    for (s, (g, w)) in got.iter().zip(want).enumerate() {
+        if let Some(i) = (0..w.len()).find(|&i| g[i].to_bits() != w[i].to_bits()) {
+            let n = (0..w.len()).filter(|&i| g[i].to_bits() != w[i].to_bits()).count();
+            panic!(
+                "{what}: stage {s} row {} col {}: {:e} vs staged {:e} ({n} differ)",
+                i / cols,
+                i % cols,
+                g[i],
+                w[i]
+            );
+        }
+    }
+}
+
+/// Serialises the tests that run the queue: on CPU adapters, workers of two tests at once
+/// compete for the same cores, and a descheduled producer makes waits run long.
+fn exclusive() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `e` once, or a queue up to three times: on CPU adapters a queue run can stop early
+/// (llvmpipe caps the loop iterations of an invocation, and a long wait uses them up) and
+/// is then rerun with fused passes. Every run's outputs must match `want` bit for bit, and a
+/// queue must complete cleanly at least once. Returns the label and the last outputs.
+fn run_checked(
+    ctx: &Context,
+    g: &RowGraph,
+    inputs: &RowInputs,
+    e: Executor,
+    want: Option<&[Vec<f32>]>,
+) -> (String, Vec<Vec<f32>>) {
+    let r = RowRun::prepare(ctx, g, inputs, e).expect("prepare");
+    let tries = if r.tasks() > 0 { 3 } else { 1 };
+    let mut clean = false;
+    let mut last = Vec::new();
+    for attempt in 0..tries {
+        let report = r.run(ctx).expect("run");
+        last = r.read_all(ctx).expect("read");
+        if let Some(want) = want {
+            assert_bitwise(
+                &format!("{} (run {attempt}, fallback {:?})", r.label(), report.fallback),
+                &last,
+                want,
+                g.cols() as usize,
+            );
+        }
+        match report.fallback {
+            None => {
+                if r.tasks() > 0 {
+                    assert!(r.queue_status(ctx).expect("status").complete());
+                }
+                clean = true;
+                break;
+            }
+            Some(reason) => {
+                assert!(
+                    reason.contains("cut a shader loop short") || reason.contains("timed out"),
+                    "{reason}"
+                );
+                eprintln!("{}: {reason}", r.label());
+            }
+        }
+    }
+    assert!(clean, "{} never completed cleanly in {tries} runs", r.label());
+    (r.label().to_string(), last)
+}
+
+#[test]
+fn planner_cuts_the_seed_chain_into_eight_three_and_one_pass() {
+    let g = RowGraph::seed_chain(32, 256, 0).unwrap();
+    let none = plan(g.graph(), Fusion::None);
+    let neighbours = plan(g.graph(), Fusion::Neighbours);
+    let full = plan(g.graph(), Fusion::Full);
+    assert_eq!((none.passes.len(), neighbours.passes.len(), full.passes.len()), (8, 3, 1));
+    let steps: Vec<Vec<(usize, u32)>> =
+        neighbours.passes.iter().map(|p| p.steps.iter().map(|s| (s.stage, s.extra)).collect()).collect();
+    assert_eq!(steps, vec![vec![(0, 1), (1, 0), (2, 0), (3, 0)], vec![(4, 0), (5, 0), (6, 0)], vec![(7, 0)]]);
+    let extras: Vec<u32> = full.passes[0].steps.iter().map(|s| s.extra).collect();
+    assert_eq!(extras, vec![3, 2, 2, 2, 1, 1, 1, 0]);
+    assert_eq!(neighbours.cuts.len(), 2, "{:?}", neighbours.cuts);
+
+    let fine = none.tasks(g.graph());
+    let coarse = neighbours.tasks(g.graph());
+    assert_eq!((fine.len(), coarse.len()), (256, 96));
+    // silu0 on tile 0 needs affine0 tiles 0 and 1; on tile 5, tiles 4..=6.
+    assert_eq!(fine[32].deps, vec![0, 1]);
+    assert_eq!(fine[37].deps, vec![4, 5, 6]);
+    // Coarse pass 1 (silu1, rms1, affine2) reads affine1 (pass 0) with a halo of one tile.
+    assert_eq!(coarse[32 + 10].deps, vec![9, 10, 11]);
+    for (i, t) in fine.iter().chain(&coarse).enumerate() {
+        assert!(t.deps.iter().all(|&d| d < i % 256 || d < i), "task {i} waits on a later task");
+    }
+}
+
+#[test]
+fn planner_refuses_to_fuse_whole_reads_and_graph_reads_only_earlier_stages() {
+    let mut g: Graph<()> = Graph::new(8, 2).unwrap();
+    let a = g.add("a", (), vec![Read { source: Source::Input, reach: Reach::RowLocal }]).unwrap();
+    g.add("b", (), vec![Read { source: Source::Stage(a), reach: Reach::Whole }]).unwrap();
+    let p = plan(&g, Fusion::Full);
+    assert_eq!(p.passes.len(), 2);
+    assert!(p.cuts[0].contains("reads all rows"), "{:?}", p.cuts);
+    let tasks = p.tasks(&g);
+    assert_eq!(tasks[4].deps, vec![0, 1, 2, 3]);
+    let err = g.add("c", (), vec![Read { source: Source::Stage(7), reach: Reach::RowLocal }]).unwrap_err();
+    assert!(err.to_string().contains("not an earlier stage"), "{err}");
+    assert!(Graph::<()>::new(0, 1).is_err());
+}
+
+#[test]
+fn every_executor_is_bit_identical_to_staged_and_staged_matches_the_oracle() {
+    let _queue = exclusive();
+    for ctx in contexts() {
+        let name = ctx.adapter().slug();
+        let report = probe(&ctx).unwrap();
+        eprintln!("{name}: probe {:?}", report.verdict);
+        // 13 rows in tiles of 2 (the last tile short), 200 columns (not a multiple of 64).
+        for (rows, cols, tile_rows) in [(13u32, 200u32, 2u32), (9, 64, 1)] {
+            let mut g = RowGraph::new(rows, cols, tile_rows).unwrap();
+            let seed = RowGraph::seed_chain(rows, cols, 3).unwrap();
+            let mut source = Source::Input;
+            for st in seed.graph().stages() {
+                source = Source::Stage(g.add(st.name.clone(), st.kernel.clone(), source).unwrap());
+            }
+            let x = adversarial(rows as usize, cols as usize, 11);
+            let inputs = RowInputs::upload(&ctx, &g, &x).unwrap();
+            let (_, staged) = run_checked(&ctx, &g, &inputs, Executor::Staged, None);
+            let want = reference::row_graph(&g, &x);
+            for (s, (got, w)) in staged.iter().zip(&want).enumerate() {
+                assert_close(&format!("{name} staged stage {s}"), got, w);
+            }
+            assert!(staged[7].iter().any(|v| v.is_nan()), "the NaN row reaches the last stage");
+            let mut executors = vec![Executor::Fused(Fusion::Neighbours), Executor::Fused(Fusion::Full)];
+            if let Ok(max) = report.max_workers() {
+                for w in [1, 3, max.min(20)] {
+                    executors.push(Executor::Queue(QueueOptions::new(w, Granularity::Fine)));
+                    executors
+                        .push(Executor::Queue(QueueOptions::new(w, Granularity::Coarse(Fusion::Neighbours))));
+                }
+                executors.push(Executor::Queue(QueueOptions::new(4, Granularity::Coarse(Fusion::Full))));
+            }
+            for e in executors {
+                run_checked(&ctx, &g, &inputs, e, Some(&staged));
+            }
+        }
+    }
+}
+
+#[test]
+fn probe_verdicts_are_consistent_and_cached() {
+    let _queue = exclusive();
+    for ctx in contexts() {
+        let r = probe(&ctx).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&r, &probe(&ctx).unwrap()), "the verdict is cached");
+        let mp = &r.message_passing;
+        eprintln!("{}: {mp:?} progress {:?} -> {:?}", ctx.adapter().slug(), r.progress, r.verdict);
+        match &r.verdict {
+            ProbeVerdict::Allowed { max_workers } => {
+                assert_eq!((mp.violations, mp.timeouts), (0, 0));
+                assert!(mp.observed > 0);
+                assert!(r.progress.iter().all(|p| !p.complete || p.bitwise), "no silent corruption");
+                for w in r.progress.iter().map(|p| p.workers).filter(|w| w <= max_workers) {
+                    assert!(r.progress.iter().any(|p| p.workers == w && p.complete), "{w} workers passed");
+                }
+            }
+            ProbeVerdict::Refused { reason } => {
+                assert!(!reason.is_empty());
+                let g = RowGraph::seed_chain(4, 64, 0).unwrap();
+                let inputs = RowInputs::upload(&ctx, &g, &vec![0.5; 256]).unwrap();
+                let q = Executor::Queue(QueueOptions::new(1, Granularity::Fine));
+                let run = RowRun::prepare(&ctx, &g, &inputs, q).unwrap();
+                assert!(run.refused().is_some());
+                assert!(run.run(&ctx).unwrap().fallback.is_some(), "a refused queue reports its fallback");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_forced_timeout_falls_back_to_fused_passes_instead_of_hanging() {
+    let _queue = exclusive();
+    for ctx in contexts() {
+        if let Err(reason) = probe(&ctx).unwrap().max_workers() {
+            eprintln!("skipped on {}: queue refused by the probe: {reason}", ctx.adapter().slug());
+            continue;
+        }
+        let g = RowGraph::seed_chain(8, 96, 5).unwrap();
+        let x = adversarial(8, 96, 2);
+        let inputs = RowInputs::upload(&ctx, &g, &x).unwrap();
+        let (_, staged) = run_checked(&ctx, &g, &inputs, Executor::Staged, None);
+        for granularity in [Granularity::Fine, Granularity::Coarse(Fusion::Neighbours)] {
+            let opts = QueueOptions {
+                spin_limit: 1 << 12,
+                stall_task: Some(9),
+                ..QueueOptions::new(4, granularity)
+            };
+            let r = RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(opts)).unwrap();
+            let started = std::time::Instant::now();
+            let report = r.run(&ctx).unwrap();
+            let status = r.queue_status(&ctx).unwrap();
+            assert_eq!(status.status, 1, "the stalled wait timed out: {status:?}");
+            assert!(status.done < status.tasks, "{status:?}");
+            let reason = report.fallback.expect("fallback reported");
+            assert!(
+                reason.contains("timed out") && report.ran.starts_with("fused"),
+                "{reason} / {}",
+                report.ran
+            );
+            assert!(started.elapsed().as_secs() < 60, "the timeout is bounded");
+            let got = r.read_all(&ctx).unwrap();
+            assert_bitwise("fallback output", &got, &staged, 96);
+        }
+    }
+}
+
+#[test]
+fn coordination_only_schedules_every_task() {
+    let _queue = exclusive();
+    for ctx in contexts() {
+        let Ok(max) = probe(&ctx).unwrap().max_workers() else { continue };
+        let g = RowGraph::seed_chain(32, 256, 0).unwrap();
+        let inputs = RowInputs::upload(&ctx, &g, &vec![1.0; 32 * 256]).unwrap();
+        let opts =
+            QueueOptions { coordination_only: true, ..QueueOptions::new(max.min(8), Granularity::Fine) };
+        let r = RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(opts)).unwrap();
+        assert!(r.label().contains("coordination only"));
+        // As in run_checked: a run that llvmpipe's loop cap stops early is tried again.
+        let clean = (0..3).any(|_| r.run(&ctx).unwrap().fallback.is_none());
+        assert!(clean, "coordination-only never completed cleanly");
+        let s = r.queue_status(&ctx).unwrap();
+        assert_eq!((s.done, s.tasks, s.status), (256, 256, 0));
+        assert!(s.tickets >= 256);
+    }
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let _queue = exclusive();
+    let g = RowGraph::seed_chain(4, 8, 0).unwrap();
+    let mut bad = RowGraph::new(4, 8, 1).unwrap();
+    let err = bad.add("a", RowOp::Affine { w: vec![1.0; 7], b: vec![0.0; 8] }, Source::Input).unwrap_err();
+    assert!(err.to_string().contains("parameters of `a`"), "{err}");
+    assert!(RowGraph::new(4, 0, 1).is_err());
+    for ctx in contexts() {
+        let err = RowInputs::upload(&ctx, &g, &[0.0; 31]).unwrap_err();
+        assert!(err.to_string().contains("row graph input"), "{err}");
+        let inputs = RowInputs::upload(&ctx, &g, &[0.0; 32]).unwrap();
+        let q = |o: QueueOptions| RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(o)).map(|_| ());
+        if let Ok(max) = probe(&ctx).unwrap().max_workers() {
+            let err = q(QueueOptions::new(0, Granularity::Fine)).unwrap_err();
+            assert!(err.to_string().contains("at least one worker"), "{err}");
+            let err = q(QueueOptions::new(max + 1, Granularity::Fine)).unwrap_err();
+            assert!(err.to_string().contains("queue workers"), "{err}");
+            let err = q(QueueOptions { stall_task: Some(32), ..QueueOptions::new(1, Granularity::Fine) })
+                .unwrap_err();
+            assert!(err.to_string().contains("stall task 32"), "{err}");
+        }
+        let empty = RowGraph::new(4, 8, 1).unwrap();
+        let inputs = RowInputs::upload(&ctx, &empty, &[0.0; 32]).unwrap();
+        assert!(RowRun::prepare(&ctx, &empty, &inputs, Executor::Staged).is_err());
+    }
+}
+
+#[test]
+fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
+    let _queue = exclusive();
+    let cfg = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(40, 24, 8, 2) };
+    let weights = Synth::new(4).moe_weights(&cfg);
+    let x = Synth::new(5).uniform(37 * 40, 1.0);
+    for ctx in contexts() {
+        let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
+        let xb = ctx.upload("x", &x);
+        let want = {
+            let y = ctx.zeroed("y", x.len() as u64 * 4);
+            ctx.run(&layer.plan(&ctx, 37, &xb, &y).unwrap().dispatches()).unwrap();
+            ctx.read_back::<f32>(&y, x.len()).unwrap()
+        };
+        for e in [
+            Executor::Staged,
+            Executor::Fused(Fusion::Neighbours),
+            Executor::Queue(QueueOptions::new(4, Granularity::Fine)),
+        ] {
+            let y = ctx.zeroed("y", x.len() as u64 * 4);
+            let graph = layer_graph(layer.plan(&ctx, 37, &xb, &y).unwrap()).unwrap();
+            let names: Vec<&str> = graph.stages().iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(names, ["route", "dispatch", "experts", "shared", "combine"]);
+            let (p, refused) = dispatch_plan(&graph, e);
+            let report = run_dispatch_graph(&ctx, &graph, e).unwrap();
+            assert_eq!(report.fallback, refused);
+            match e {
+                Executor::Staged => assert_eq!(p.passes.len(), 5),
+                // The shared expert reads only the input, so it joins the experts' pass.
+                _ => assert_eq!(p.passes.len(), 4, "{:?}", p.cuts),
+            }
+            assert_eq!(bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()), bits(&want), "{e:?}");
+        }
+    }
+}
