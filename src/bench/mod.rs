@@ -6,6 +6,7 @@
 
 pub mod calibrate;
 pub mod comparison;
+pub mod dag;
 pub mod dispatch;
 pub mod gemm;
 pub mod layer;
@@ -24,7 +25,7 @@ pub use verdict::{Block, Rules, Summary, Verdict};
 
 /// Every registered comparison, in matrix order.
 pub fn comparisons() -> Vec<Box<dyn Comparison>> {
-    vec![
+    let mut all: Vec<Box<dyn Comparison>> = vec![
         Box::new(routing::FusedRoute),
         Box::new(dispatch::DeviceDispatch),
         Box::new(gemm::GroupedVsDense),
@@ -33,5 +34,7 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(gemm::TiledVsRowwise),
         Box::new(layer::OneLaunchCombine),
         Box::new(layer::LayerRoute),
-    ]
+    ];
+    all.extend(dag::comparisons().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
+    all
 }

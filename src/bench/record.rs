@@ -162,7 +162,8 @@ pub struct ComparisonRecord {
     pub geomean_change_wall: f64,
     /// Verdicts across sizes.
     pub verdicts: Counts,
-    /// Set when validation failed: the comparison has no timings then.
+    /// Sizes that failed to build or validate, with why (joined by `; `); those sizes have
+    /// no timings, the others do.
     pub error: Option<String>,
 }
 

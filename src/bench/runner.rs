@@ -135,8 +135,9 @@ pub fn run_case(
     })
 }
 
-/// Runs every size of `cmp` in `set`, calling `progress` after each size. A validation
-/// failure stops the comparison and is recorded in `error`, with no timings for that size.
+/// Runs every size of `cmp` in `set`, calling `progress` after each size. A size that fails
+/// to build or validate is recorded in `error` (messages joined by `; `), with no timings for
+/// it, and the remaining sizes still run.
 pub fn run_comparison(
     ctx: &Context,
     cmp: &dyn Comparison,
@@ -167,8 +168,11 @@ pub fn run_comparison(
                 rec.cases.push(c);
             }
             Err(e) => {
-                rec.error = Some(format!("{size}: {e}"));
-                break;
+                let msg = format!("{size}: {e}");
+                rec.error = Some(match rec.error.take() {
+                    Some(earlier) => format!("{earlier}; {msg}"),
+                    None => msg,
+                });
             }
         }
     }

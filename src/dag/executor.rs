@@ -591,6 +591,12 @@ impl RowRun {
         })
     }
 
+    /// Zeroes the queue's state words, including the count of earlier runs that stopped early.
+    pub fn clear_status(&self, ctx: &Context) {
+        let zeros = vec![0u8; self.state.size() as usize];
+        ctx.queue().write_buffer(&self.state, 0, &zeros);
+    }
+
     /// Runs once and waits. A queue run whose status shows a timeout or missing tasks is
     /// rerun with fused passes, and the report says so.
     pub fn run(&self, ctx: &Context) -> Result<RunReport> {

@@ -59,19 +59,25 @@ fn loops_intact() -> bool {
     return n == params.canary;
 }
 
+// 64 polls, stopping at the first that finds the task ready.
+fn deps_done64(task: u32, need: u32) -> bool {
+    return deps_done8(task, need) || deps_done8(task, need) || deps_done8(task, need) || deps_done8(task, need)
+        || deps_done8(task, need) || deps_done8(task, need) || deps_done8(task, need) || deps_done8(task, need);
+}
+
 // Leader only: waits until `task`'s dependencies are done; 1 when ready, 0 on stop. Polls
-// 32 times per loop iteration (fewer iterations against a driver's loop cap), and checks
+// 256 times per loop iteration (fewer iterations against a driver's loop cap), and checks
 // readiness again after the loop: leaving the loop proves nothing where loops are cut short.
 fn wait_ready(task: u32, need: u32) -> u32 {
     var spins = 0u;
     loop {
-        if deps_done8(task, need) || deps_done8(task, need) || deps_done8(task, need) || deps_done8(task, need) {
+        if deps_done64(task, need) || deps_done64(task, need) || deps_done64(task, need) || deps_done64(task, need) {
             break;
         }
         if atomicLoad(&state[STATUS]) != 0u {
             return 0u;
         }
-        spins += 32u;
+        spins += 256u;
         if spins > params.spin_limit {
             atomicMax(&state[STATUS], STATUS_TIMEOUT);
             return 0u;

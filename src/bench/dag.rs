@@ -1,0 +1,243 @@
+//! DAG executor comparisons on the eight-stage chain of the scheduler experiment: eight
+//! dispatches, three fused passes, one pass with halo recomputation, and the persistent
+//! queue with fine (stage x tile) and coarse (pass x tile) tasks.
+
+use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use crate::context::Context;
+use crate::dag::{Executor, Fusion, Granularity, QueueOptions, RowGraph, RowInputs, RowRun, probe};
+use crate::error::{Error, Result};
+use crate::reference::dag as reference;
+use crate::synth::Synth;
+
+/// Rows of the chain: 32 one-row tiles, as in the experiment.
+const ROWS: u32 = 32;
+/// Worker counts of queue comparisons; 0 stands for the adapter probe's bound.
+const WORKERS: &[u32] = &[0, 1, 4, 8, 20];
+
+fn columns(held_out: bool) -> &'static [u32] {
+    if held_out { &[512, 1024, 4096] } else { &[256, 2048, 5120] }
+}
+
+/// What a side of a DAG comparison runs.
+#[derive(Clone, Copy)]
+enum Side {
+    Staged,
+    Fused,
+    Halo,
+    Queue(Granularity),
+    Coordination,
+}
+
+impl Side {
+    fn executor(self, workers: u32) -> Executor {
+        match self {
+            Side::Staged => Executor::Staged,
+            Side::Fused => Executor::Fused(Fusion::Neighbours),
+            Side::Halo => Executor::Fused(Fusion::Full),
+            Side::Queue(g) => Executor::Queue(QueueOptions::new(workers, g)),
+            Side::Coordination => Executor::Queue(QueueOptions {
+                coordination_only: true,
+                ..QueueOptions::new(workers, Granularity::Fine)
+            }),
+        }
+    }
+
+    fn is_queue(self) -> bool {
+        matches!(self, Side::Queue(_) | Side::Coordination)
+    }
+}
+
+/// One DAG comparison: two executors on the chain.
+pub struct DagComparison {
+    name: &'static str,
+    description: &'static str,
+    variants: (&'static str, &'static str),
+    a: Side,
+    b: Side,
+}
+
+const FINE: Side = Side::Queue(Granularity::Fine);
+const COARSE: Side = Side::Queue(Granularity::Coarse(Fusion::Neighbours));
+
+/// The registered DAG comparisons.
+pub fn comparisons() -> Vec<DagComparison> {
+    vec![
+        DagComparison {
+            name: "dag/fused-vs-staged",
+            description: "the eight-stage chain as three fused static passes (B) against one dispatch per \
+                          stage (A); bit-identical, every intermediate kept",
+            variants: ("8 dispatches", "3 fused passes"),
+            a: Side::Staged,
+            b: Side::Fused,
+        },
+        DagComparison {
+            name: "dag/halo-vs-fused",
+            description: "one pass recomputing a three-row halo (B) against three fused passes (A); \
+                          bit-identical",
+            variants: ("3 fused passes", "1 pass + halo"),
+            a: Side::Fused,
+            b: Side::Halo,
+        },
+        DagComparison {
+            name: "dag/fine-queue-vs-staged",
+            description: "persistent queue, one task per stage and tile (B, 256 tasks), against one \
+                          dispatch per stage (A); W=0 is the probe's worker bound",
+            variants: ("8 dispatches", "fine queue"),
+            a: Side::Staged,
+            b: FINE,
+        },
+        DagComparison {
+            name: "dag/coarse-vs-fine-queue",
+            description: "persistent queue with one task per fused pass and tile (B, 96 tasks) against \
+                          one per stage and tile (A, 256 tasks), same workers",
+            variants: ("fine queue", "coarse queue"),
+            a: FINE,
+            b: COARSE,
+        },
+        DagComparison {
+            name: "dag/coarse-queue-vs-fused",
+            description: "coarse persistent queue (B) against the same three passes as static \
+                          dispatches (A): the price of dynamic scheduling",
+            variants: ("3 fused passes", "coarse queue"),
+            a: Side::Fused,
+            b: COARSE,
+        },
+        DagComparison {
+            name: "dag/coordination-vs-fine-queue",
+            description: "diagnostic, not equivalent work: the fine queue's tickets, waits and signals \
+                          without arithmetic (B) against the fine queue (A)",
+            variants: ("fine queue", "coordination only"),
+            a: FINE,
+            b: Side::Coordination,
+        },
+    ]
+}
+
+fn bitwise(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len() && a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn within(got: f32, want: f32) -> bool {
+    if got.is_nan() || want.is_nan() {
+        return got.is_nan() && want.is_nan();
+    }
+    got == want || (got - want).abs() <= 2e-5 + 2e-5 * want.abs()
+}
+
+/// Checks a queue run's state: the last run complete, no earlier run stopped early.
+fn check_queue(ctx: &Context, what: &str, run: &RowRun) -> Result<()> {
+    let s = run.queue_status(ctx)?;
+    if !s.all_clean() {
+        return Err(Error::Validation(format!(
+            "{what}: queue stopped early (last run: {} of {} tasks, status {}; {} earlier runs stopped \
+             early)",
+            s.done, s.tasks, s.status, s.earlier_faults
+        )));
+    }
+    Ok(())
+}
+
+/// Runs a queue until one run completes cleanly (at most `PRIMING_RUNS`), then clears its
+/// status so that validation covers exactly the runs the protocol makes. On llvmpipe the
+/// first runs of a fresh queue are the likeliest to stop early (see `docs/dag.md`).
+fn prime(ctx: &Context, run: &RowRun) -> Result<()> {
+    for _ in 0..PRIMING_RUNS {
+        if run.run(ctx)?.fallback.is_none() {
+            run.clear_status(ctx);
+            return Ok(());
+        }
+    }
+    Err(Error::Validation(format!("{}: no clean run in {PRIMING_RUNS} priming runs", run.label())))
+}
+
+/// Most untimed runs a queue gets to complete once cleanly before it is measured.
+const PRIMING_RUNS: usize = 3;
+
+impl Comparison for DagComparison {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn description(&self) -> &'static str {
+        self.description
+    }
+
+    fn variants(&self) -> (&'static str, &'static str) {
+        self.variants
+    }
+
+    fn sizes(&self, _set: SizeSet, held_out: bool) -> Vec<Size> {
+        let workers: &[u32] = if self.a.is_queue() || self.b.is_queue() { WORKERS } else { &[0] };
+        workers
+            .iter()
+            .flat_map(|&w| {
+                columns(held_out).iter().map(move |&c| {
+                    if self.a.is_queue() || self.b.is_queue() {
+                        Size::of(&[("cols", c), ("rows", ROWS), ("W", w)])
+                    } else {
+                        Size::of(&[("cols", c), ("rows", ROWS)])
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let (cols, rows) = (size.get("cols"), size.get("rows"));
+        let mut workers = size.get("W");
+        if workers == 0 && (self.a.is_queue() || self.b.is_queue()) {
+            workers = probe(ctx)?.max_workers().map_err(|r| Error::MissingFeature(format!("queue: {r}")))?;
+        }
+        let graph = RowGraph::seed_chain(rows, cols, seed)?;
+        let x = Synth::new(seed ^ 0x5eed).uniform(rows as usize * cols as usize, 2.0);
+        let inputs = RowInputs::upload(ctx, &graph, &x)?;
+        let staged = RowRun::prepare(ctx, &graph, &inputs, Executor::Staged)?;
+        staged.run(ctx)?;
+        let want = staged.read_all(ctx)?;
+        let oracle = reference::row_graph(&graph, &x);
+        if let Some((s, i)) = (0..want.len())
+            .flat_map(|s| (0..want[s].len()).map(move |i| (s, i)))
+            .find(|&(s, i)| !within(want[s][i], oracle[s][i]))
+        {
+            return Err(Error::Validation(format!(
+                "staged stage {s} element {i}: {} vs CPU oracle {}",
+                want[s][i], oracle[s][i]
+            )));
+        }
+        let mut runs = Vec::new();
+        for side in [self.a, self.b] {
+            let run = RowRun::prepare(ctx, &graph, &inputs, side.executor(workers))?;
+            if let Some(reason) = run.refused() {
+                return Err(Error::MissingFeature(reason.to_string()));
+            }
+            if side.is_queue() {
+                prime(ctx, &run)?;
+            }
+            runs.push((side, run));
+        }
+        let work = |run: &RowRun| Work::Gpu(run.dispatches().to_vec());
+        let (a, b) = (work(&runs[0].1), work(&runs[1].1));
+        let validate = move |ctx: &Context| -> Result<()> {
+            for (side, run) in &runs {
+                if side.is_queue() {
+                    check_queue(ctx, run.label(), run)?;
+                }
+                if !matches!(side, Side::Coordination) && !bitwise(&run.read_all(ctx)?, &want) {
+                    return Err(Error::Validation(format!(
+                        "{} differs from the staged executor",
+                        run.label()
+                    )));
+                }
+            }
+            Ok(())
+        };
+        Ok(Case {
+            a,
+            b,
+            flops: 0.0,
+            bytes: 9.0 * f64::from(rows) * f64::from(cols) * 4.0,
+            tokens: 0,
+            validate: Box::new(validate),
+        })
+    }
+}
