@@ -235,7 +235,13 @@ impl Comparison for DagComparison {
             a,
             b,
             flops: 0.0,
-            bytes: 9.0 * f64::from(rows) * f64::from(cols) * 4.0,
+            // The input read once and eight stage outputs written once; not meaningful for the
+            // coordination-only diagnostic, which moves none of it.
+            bytes: if matches!(self.b, Side::Coordination) {
+                0.0
+            } else {
+                9.0 * f64::from(rows) * f64::from(cols) * 4.0
+            },
             tokens: 0,
             validate: Box::new(validate),
         })
