@@ -3,7 +3,8 @@
 //! These are for tests, examples and benchmarks at the edges of a forward pass; nothing
 //! inside a forward pass reads back to the host.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 
 use bytemuck::Pod;
 
@@ -14,6 +15,9 @@ use crate::pipeline::{Dispatch, checked};
 /// Usages every moeflow data buffer gets: bindable as storage, copyable both ways.
 pub const DATA_USAGE: wgpu::BufferUsages =
     wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
+
+/// Pause between polls of a submission on CPU adapters (see [`Context::submit_and_wait`]).
+const CPU_ADAPTER_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Bytes for a buffer holding `bytes` of data: at least 4, a multiple of 4.
 fn padded(bytes: u64) -> u64 {
@@ -76,12 +80,34 @@ impl Context {
         buffer
     }
 
-    /// Submits `encoder` and blocks until the device has finished it.
+    /// Submits `encoder` and waits until the device has finished it.
+    ///
+    /// On GPUs this is a blocking wait. On CPU adapters (lavapipe, llvmpipe) the driver's
+    /// blocking wait can keep this thread busy on a core the driver's own shader threads need;
+    /// there the thread polls the submission and sleeps 50 µs between polls instead, so shader
+    /// threads are not descheduled behind it (a persistent queue's producers most of all).
     pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
-        let index = self.queue().submit([encoder.finish()]);
-        self.device()
-            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
-            .map_err(|e| Error::Gpu { context: "waiting for submission".into(), message: e.to_string() })?;
+        let gpu_error = |e: wgpu::PollError| Error::Gpu {
+            context: "waiting for submission".into(),
+            message: e.to_string(),
+        };
+        if !self.adapter().is_cpu() {
+            let index = self.queue().submit([encoder.finish()]);
+            self.device()
+                .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
+                .map_err(gpu_error)?;
+            return Ok(());
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        self.queue().submit([encoder.finish()]);
+        let flag = done.clone();
+        self.queue().on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        while !done.load(Ordering::Acquire) {
+            self.device().poll(wgpu::PollType::Poll).map_err(gpu_error)?;
+            if !done.load(Ordering::Acquire) {
+                std::thread::sleep(CPU_ADAPTER_POLL);
+            }
+        }
         Ok(())
     }
 
