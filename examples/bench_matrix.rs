@@ -173,6 +173,7 @@ fn run(args: &Args) -> moeflow::Result<()> {
             size_set: set,
             calibration,
             comparisons: Vec::new(),
+            queue_probe: None,
         };
         for cmp in &chosen {
             let rec = run_comparison(ctx, cmp.as_ref(), set, &settings, &record.calibration, |what| {
@@ -183,6 +184,10 @@ fn run(args: &Args) -> moeflow::Result<()> {
                 bar.println(format!("{} {}: {e}", ctx.adapter().slug(), rec.name));
             }
             record.comparisons.push(rec);
+        }
+        if record.comparisons.iter().any(|c| c.name.starts_with("dag/")) {
+            // Cached by the first queue comparison: the verdict its `W=0` sizes used.
+            record.queue_probe = moeflow::dag::probe(ctx).ok().map(|p| (*p).clone());
         }
         let path = args.out.join(format!("{date}-{}{tag}.json", ctx.adapter().slug()));
         let json = serde_json::to_string_pretty(&record).map_err(|e| Error::invalid(e.to_string()))?;

@@ -177,6 +177,7 @@ fn reports_show_every_case_and_round_trip_through_json() {
             size_set: SizeSet::Cpu,
             calibration: calibration(),
             comparisons: vec![comparison],
+            queue_probe: None,
         };
         let json = serde_json::to_string(&record).unwrap();
         let back: RunRecord = serde_json::from_str(&json).unwrap();

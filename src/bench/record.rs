@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::comparison::SizeSet;
 use super::verdict::{Block, Counts, Rules, Summary, Verdict};
 use crate::context::AdapterDescription;
+use crate::dag::ProbeReport;
 
 /// Version of the record layout.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -192,6 +193,10 @@ pub struct RunRecord {
     pub calibration: Calibration,
     /// Every comparison run.
     pub comparisons: Vec<ComparisonRecord>,
+    /// The DAG queue's probe verdict on this adapter, where DAG comparisons ran (their `W=0`
+    /// sizes use its worker bound).
+    #[serde(default)]
+    pub queue_probe: Option<ProbeReport>,
 }
 
 #[cfg(test)]

@@ -84,6 +84,15 @@ pub fn markdown(records: &[RunRecord]) -> String {
             if r.git.dirty { " (dirty)" } else { "" }
         );
     }
+    for r in records {
+        if let Some(p) = &r.queue_probe {
+            let verdict = match p.max_workers() {
+                Ok(w) => format!("allowed, up to {w} workers (the `W=0` sizes)"),
+                Err(reason) => format!("refused: {reason}"),
+            };
+            let _ = writeln!(out, "\nQueue probe on {}: {verdict}.", r.adapter.slug());
+        }
+    }
     out.push_str("\n| comparison (A → B) | size |");
     for r in records {
         let _ = write!(out, " {} |", r.adapter.slug());

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytemuck::{Pod, Zeroable};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::chain::RowGraph;
 use super::executor::{Executor, Granularity, QueueOptions, RowInputs, RowRun};
@@ -53,7 +53,7 @@ struct MpParams {
 }
 
 /// The message-passing litmus test's counts over all rounds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MessagePassing {
     /// Rounds run.
     pub rounds: u32,
@@ -72,7 +72,7 @@ pub struct MessagePassing {
 }
 
 /// One progress run of the queue at `workers` workers.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
     /// Worker workgroups.
     pub workers: u32,
@@ -87,7 +87,7 @@ pub struct Progress {
 }
 
 /// Whether the queue may run on an adapter.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ProbeVerdict {
     /// Allowed with at most this many workers.
@@ -103,7 +103,7 @@ pub enum ProbeVerdict {
 }
 
 /// The probe's results for one adapter and driver.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProbeReport {
     /// Adapter name.
     pub adapter: String,
