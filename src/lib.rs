@@ -4,7 +4,8 @@
 //! Start with a [`Context`] (an adapter chosen by backend or name, or your own device via
 //! [`Context::from_wgpu`]), then plan kernels from [`kernels`]; plans hold
 //! [`Dispatch`]es that you record into your own encoder. [`reference`] holds the CPU
-//! oracles that mirror every kernel's accumulation order.
+//! oracles that mirror every kernel's accumulation order. [`dag`] runs a graph of stages one
+//! dispatch per stage, as fused static passes, or as a persistent task queue.
 
 pub mod bench;
 pub mod context;
@@ -27,3 +28,8 @@ pub use pipeline::Dispatch;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/layer.md")]
 pub struct LayerGuide;
+
+/// `docs/dag.md`, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/dag.md")]
+pub struct DagGuide;

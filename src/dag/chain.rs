@@ -35,15 +35,6 @@ impl RowOp {
         }
     }
 
-    /// Short name of the kind.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            RowOp::Affine { .. } => "affine",
-            RowOp::Silu => "silu",
-            RowOp::Rms { .. } => "rms",
-        }
-    }
-
     /// The shader's code for the kind (`KIND_*` in `wgsl/dag/program.wgsl`).
     pub(crate) fn code(&self) -> u32 {
         match self {

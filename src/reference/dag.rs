@@ -10,20 +10,7 @@ const RMS_EPS: f32 = 1e-6;
 /// Sum of squares of `row` as the shader forms it: lane `l` accumulates columns
 /// `l, l + 64, ...` with `fma`, then a pairwise tree over the lanes (stride 32 down to 1).
 fn sum_squares(row: &[f32]) -> f32 {
-    let mut partial = [0f32; LANES];
-    for (lane, acc) in partial.iter_mut().enumerate() {
-        for v in row.iter().skip(lane).step_by(LANES) {
-            *acc = v.mul_add(*v, *acc);
-        }
-    }
-    let mut stride = LANES / 2;
-    while stride > 0 {
-        for l in 0..stride {
-            partial[l] += partial[l + stride];
-        }
-        stride /= 2;
-    }
-    partial[0]
+    super::workgroup_sum(row, LANES, |acc, v| v.mul_add(v, acc))
 }
 
 /// Every stage's output (`rows x cols`, row-major), in stage order, for input `x`.

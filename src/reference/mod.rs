@@ -8,3 +8,21 @@ pub mod dispatch;
 pub mod gemm;
 pub mod layer;
 pub mod routing;
+
+/// A workgroup's sum in the order the shaders form it: lane `l` folds `term(acc, v)` over
+/// `values[l], values[l + lanes], ...` from 0.0, then a pairwise tree over the lanes
+/// (`part[i] = part[i] + part[i + s]` for s = lanes/2, ..., 1). `lanes` is a power of two.
+pub(crate) fn workgroup_sum(values: &[f32], lanes: usize, term: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut part = vec![0.0f32; lanes];
+    for (lane, p) in part.iter_mut().enumerate() {
+        *p = values.iter().skip(lane).step_by(lanes).fold(0.0, |acc, &v| term(acc, v));
+    }
+    let mut s = lanes / 2;
+    while s > 0 {
+        for i in 0..s {
+            part[i] += part[i + s];
+        }
+        s /= 2;
+    }
+    part[0]
+}

@@ -50,23 +50,7 @@ pub fn outranks(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
 /// Per-invocation partial sums over experts `lid, lid + WG, ...`, then the tree
 /// `part[i] = part[i] + part[i + s]` for s = WG/2, ..., 1.
 fn workgroup_sum(values: &[f32]) -> f32 {
-    let wg = ROUTE_WG as usize;
-    let mut part = vec![0.0f32; wg];
-    for (lid, p) in part.iter_mut().enumerate() {
-        let mut acc = 0.0f32;
-        for v in values.iter().skip(lid).step_by(wg) {
-            acc += *v;
-        }
-        *p = acc;
-    }
-    let mut s = wg / 2;
-    while s > 0 {
-        for i in 0..s {
-            part[i] += part[i + s];
-        }
-        s /= 2;
-    }
-    part[0]
+    super::workgroup_sum(values, ROUTE_WG as usize, |acc, v| acc + v)
 }
 
 /// Scores from one token's logits, as `scores_from_logits` in `select.wgsl`.
