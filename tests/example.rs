@@ -16,11 +16,16 @@ use moeflow::synth::Synth;
 use moeflow::weights::{LoadOptions, load_layer};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-/// The example binary, built by `cargo test` next to this test's directory.
+/// The `moe_layer` example binary.
 fn example() -> PathBuf {
+    example_named("moe_layer")
+}
+
+/// An example binary, built by `cargo test` next to this test's directory.
+fn example_named(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(Path::parent).expect("target profile directory");
-    dir.join("examples").join(format!("moe_layer{}", std::env::consts::EXE_SUFFIX))
+    dir.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -236,6 +241,24 @@ fn example_runs_without_arguments() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     for needle in ["adapter:", "per-stage GPU time", "tokens/s", "expert load", "result: PASS"] {
         assert!(stdout.contains(needle), "missing `{needle}` in:\n{stdout}");
+    }
+}
+
+#[test]
+fn dag_example_runs_every_executor_on_every_adapter() {
+    for adapter in common::wgpu_adapters() {
+        let backend = format!("{:?}", adapter.get_info().backend).to_lowercase();
+        let out = Command::new(example_named("dag"))
+            .args(["--adapter", &backend, "--rows", "8", "--cols", "160", "--workers", "3", "--runs", "2"])
+            .output()
+            .expect("running the dag example");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        for needle in
+            ["queue probe:", "plan Neighbours:", "staged vs CPU oracle", "fused (3 passes)", "result: PASS"]
+        {
+            assert!(stdout.contains(needle), "missing `{needle}` in:\n{stdout}");
+        }
     }
 }
 

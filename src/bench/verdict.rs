@@ -121,7 +121,7 @@ pub struct Summary {
 }
 
 /// Median of `values` (sorted in place; NaN when empty).
-pub(crate) fn median(values: &mut [f64]) -> f64 {
+pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
     if n == 0 {

@@ -445,7 +445,10 @@ impl RowRun {
             (None, _) => {
                 let label = match executor {
                     Executor::Staged => "staged".to_string(),
-                    _ => format!("fused ({} passes)", main_plan.passes.len()),
+                    _ => match main_plan.passes.len() {
+                        1 => "fused (1 pass)".to_string(),
+                        n => format!("fused ({n} passes)"),
+                    },
                 };
                 (b.fused(ctx, main_plan, label)?, None)
             }

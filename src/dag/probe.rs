@@ -41,7 +41,7 @@ const MP_WORDS: u32 = 1000;
 const MP_ROUNDS: u32 = 12;
 const PROBE_SPIN_LIMIT: u32 = 1 << 22;
 /// Tries per worker count before an incomplete progress run ends the ladder.
-const PROGRESS_TRIES: usize = 2;
+const PROGRESS_TRIES: usize = 3;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -170,7 +170,7 @@ pub fn run_probe(ctx: &Context) -> Result<ProbeReport> {
     if verdict.is_none() {
         'ladder: for &w in WORKER_LADDER.iter().filter(|&&w| w <= max_groups) {
             // An incomplete run (a bounded wait gave up, or the driver cut a loop short) is
-            // caught at run time and depends on load, so it gets one more try; a complete run
+            // caught at run time and depends on load, so it gets two more tries; a complete run
             // with wrong bits is silent corruption and refuses the queue outright.
             for _ in 0..PROGRESS_TRIES {
                 let p = progress_run(ctx, w)?;
