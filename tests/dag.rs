@@ -60,7 +60,7 @@ fn exclusive() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs `e` once, or a queue up to three times: on CPU adapters a queue run can stop early
+/// Runs `e` with `lanes` lanes once, or a queue up to three times: on CPU adapters a queue run can stop early
 /// (llvmpipe caps the loop iterations of an invocation, and a long wait uses them up) and
 /// is then rerun with fused passes. Every run's outputs must match `want` bit for bit, and a
 /// queue must complete cleanly at least once. Returns the label and the last outputs.
@@ -69,9 +69,10 @@ fn run_checked(
     g: &RowGraph,
     inputs: &RowInputs,
     e: Executor,
+    lanes: u32,
     want: Option<&[Vec<f32>]>,
 ) -> (String, Vec<Vec<f32>>) {
-    let r = RowRun::prepare(ctx, g, inputs, e).expect("prepare");
+    let r = RowRun::prepare_with_lanes(ctx, g, inputs, e, lanes).expect("prepare");
     let tries = if r.tasks() > 0 { 3 } else { 1 };
     let mut clean = false;
     let mut last = Vec::new();
@@ -156,8 +157,11 @@ fn every_executor_is_bit_identical_to_staged_and_staged_matches_the_oracle() {
         let name = ctx.adapter().slug();
         let report = probe(&ctx).unwrap();
         eprintln!("{name}: probe {:?}", report.verdict);
-        // 13 rows in tiles of 2 (the last tile short), 200 columns (not a multiple of 64).
-        for (rows, cols, tile_rows) in [(13u32, 200u32, 2u32), (9, 64, 1)] {
+        // 13 rows in tiles of 2 (the last tile short), 200 columns (not a multiple of the
+        // workgroup), with both workgroup widths (8 lanes on CPU adapters, 64 on GPUs).
+        let own = moeflow::dag::lanes_for(&ctx);
+        for (rows, cols, tile_rows, lanes) in [(13u32, 200u32, 2u32, 8u32), (13, 200, 2, 64), (9, 64, 1, own)]
+        {
             let mut g = RowGraph::new(rows, cols, tile_rows).unwrap();
             let seed = RowGraph::seed_chain(rows, cols, 3).unwrap();
             let mut source = Source::Input;
@@ -166,10 +170,10 @@ fn every_executor_is_bit_identical_to_staged_and_staged_matches_the_oracle() {
             }
             let x = adversarial(rows as usize, cols as usize, 11);
             let inputs = RowInputs::upload(&ctx, &g, &x).unwrap();
-            let (_, staged) = run_checked(&ctx, &g, &inputs, Executor::Staged, None);
-            let want = reference::row_graph(&g, &x);
+            let (_, staged) = run_checked(&ctx, &g, &inputs, Executor::Staged, lanes, None);
+            let want = reference::row_graph(&g, &x, lanes);
             for (s, (got, w)) in staged.iter().zip(&want).enumerate() {
-                assert_close(&format!("{name} staged stage {s}"), got, w);
+                assert_close(&format!("{name} staged stage {s} ({lanes} lanes)"), got, w);
             }
             assert!(staged[7].iter().any(|v| v.is_nan()), "the NaN row reaches the last stage");
             let mut executors = vec![Executor::Fused(Fusion::Neighbours), Executor::Fused(Fusion::Full)];
@@ -182,7 +186,7 @@ fn every_executor_is_bit_identical_to_staged_and_staged_matches_the_oracle() {
                 executors.push(Executor::Queue(QueueOptions::new(4, Granularity::Coarse(Fusion::Full))));
             }
             for e in executors {
-                run_checked(&ctx, &g, &inputs, e, Some(&staged));
+                run_checked(&ctx, &g, &inputs, e, lanes, Some(&staged));
             }
         }
     }
@@ -229,7 +233,8 @@ fn a_forced_timeout_falls_back_to_fused_passes_instead_of_hanging() {
         let g = RowGraph::seed_chain(8, 96, 5).unwrap();
         let x = adversarial(8, 96, 2);
         let inputs = RowInputs::upload(&ctx, &g, &x).unwrap();
-        let (_, staged) = run_checked(&ctx, &g, &inputs, Executor::Staged, None);
+        let (_, staged) =
+            run_checked(&ctx, &g, &inputs, Executor::Staged, moeflow::dag::lanes_for(&ctx), None);
         for granularity in [Granularity::Fine, Granularity::Coarse(Fusion::Neighbours)] {
             let opts = QueueOptions {
                 spin_limit: 1 << 12,
@@ -297,6 +302,8 @@ fn bad_requests_are_errors() {
                 .unwrap_err();
             assert!(err.to_string().contains("stall task 32"), "{err}");
         }
+        let err = RowRun::prepare_with_lanes(&ctx, &g, &inputs, Executor::Staged, 48).unwrap_err();
+        assert!(err.to_string().contains("power of two"), "{err}");
         let empty = RowGraph::new(4, 8, 1).unwrap();
         let inputs = RowInputs::upload(&ctx, &empty, &[0.0; 32]).unwrap();
         assert!(RowRun::prepare(&ctx, &empty, &inputs, Executor::Staged).is_err());

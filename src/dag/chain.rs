@@ -19,7 +19,8 @@ pub enum RowOp {
     /// `h / (1 + exp(-h))` with `h = 0.25 x[r-1] + 0.5 x[r] + 0.25 x[r+1]` (rows clamped):
     /// reads a halo of one row on each side.
     Silu,
-    /// `(x * inverseSqrt(mean(x²) + 1e-6)) * gamma[c]` over each row.
+    /// `(x * inverseSqrt(mean(x²) + 1e-6)) * gamma[c]` over each row (the sum of squares in
+    /// the workgroup's lane order, see [`crate::dag::executor::lanes_for`]).
     Rms {
         /// Per-column gain, `cols` values.
         gamma: Vec<f32>,

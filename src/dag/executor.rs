@@ -41,8 +41,16 @@ static PERSISTENT: KernelSpec = KernelSpec {
     bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite), (4, ReadWrite)],
 };
 
-/// Workgroup size of every DAG kernel.
-const WG: u32 = 64;
+/// Workgroup size of the queue's reset kernel.
+const RESET_WG: u32 = 64;
+
+/// Lanes (workgroup size) of the DAG kernels on `ctx`'s adapter: 64 on GPUs, 8 on CPU
+/// adapters, which run a workgroup as one coroutine per 8-lane SIMD vector and pay for every
+/// coroutine (measured on lavapipe: 3-4x faster at 64-256 columns with 8 lanes). The RMS
+/// reduction's order depends on it (see `wgsl/dag/program.wgsl`), so the CPU oracle takes it.
+pub fn lanes_for(ctx: &Context) -> u32 {
+    if ctx.adapter().is_cpu() { 8 } else { 64 }
+}
 /// Words before the per-task counters in the queue's state buffer.
 const STATE_HEADER: u32 = 5;
 const NONE: u32 = u32::MAX;
@@ -248,6 +256,7 @@ pub struct RowRun {
     rows: u32,
     cols: u32,
     stages: usize,
+    lanes: u32,
 }
 
 /// Program words: the stage table, the plan's passes and steps, and its task table.
@@ -325,9 +334,25 @@ fn encode(
 }
 
 impl RowRun {
-    /// Prepares `graph` on `inputs` for `executor`. A queue on an adapter whose probe
-    /// refuses it runs fused passes instead; [`Self::refused`] says why.
+    /// Prepares `graph` on `inputs` for `executor` with the adapter's lanes
+    /// ([`lanes_for`]). A queue on an adapter whose probe refuses it runs fused passes
+    /// instead; [`Self::refused`] says why.
     pub fn prepare(ctx: &Context, graph: &RowGraph, inputs: &RowInputs, executor: Executor) -> Result<Self> {
+        Self::prepare_with_lanes(ctx, graph, inputs, executor, lanes_for(ctx))
+    }
+
+    /// As [`Self::prepare`] with a workgroup of `lanes` (a power of two from 1 to 64). Runs
+    /// with different lanes differ in the RMS sum's order, so compare runs of equal lanes.
+    pub fn prepare_with_lanes(
+        ctx: &Context,
+        graph: &RowGraph,
+        inputs: &RowInputs,
+        executor: Executor,
+        lanes: u32,
+    ) -> Result<Self> {
+        if !lanes.is_power_of_two() || lanes > 64 {
+            return Err(Error::invalid(format!("lanes must be a power of two from 1 to 64, not {lanes}")));
+        }
         let refused = match executor {
             Executor::Queue(q) => match probe(ctx)?.max_workers() {
                 Err(reason) => Some(format!("the adapter's probe refused the queue: {reason}")),
@@ -343,7 +368,7 @@ impl RowRun {
             },
             Executor::Staged | Executor::Fused(_) => None,
         };
-        Self::build(ctx, graph, inputs, executor, refused)
+        Self::build(ctx, graph, inputs, executor, refused, lanes)
     }
 
     /// A queue run without consulting the probe (the probe's own progress test).
@@ -353,7 +378,7 @@ impl RowRun {
         inputs: &RowInputs,
         q: QueueOptions,
     ) -> Result<Self> {
-        Self::build(ctx, graph, inputs, Executor::Queue(q), None)
+        Self::build(ctx, graph, inputs, Executor::Queue(q), None, lanes_for(ctx))
     }
 
     fn build(
@@ -362,6 +387,7 @@ impl RowRun {
         inputs: &RowInputs,
         executor: Executor,
         refused: Option<String>,
+        lanes: u32,
     ) -> Result<Self> {
         let g = graph.graph();
         if inputs.param_off.len() != g.stages().len() {
@@ -436,7 +462,7 @@ impl RowRun {
             None => 1,
         };
         let state = ctx.zeroed("queue state", state_words * 4);
-        let b = Buffers { graph, inputs, vals: &vals, state: &state, layout };
+        let b = Buffers { graph, inputs, vals: &vals, state: &state, layout, lanes };
         let (main, fallback) = match (queue, &refused) {
             (Some(q), None) => {
                 (b.queue(ctx, main_plan, &q)?, Some(b.fused(ctx, fallback_plan, "fused (fallback)".into())?))
@@ -463,6 +489,7 @@ impl RowRun {
             rows: g.rows(),
             cols: graph.cols(),
             stages: g.stages().len(),
+            lanes,
         })
     }
 }
@@ -474,9 +501,14 @@ struct Buffers<'a> {
     vals: &'a wgpu::Buffer,
     state: &'a wgpu::Buffer,
     layout: Layout,
+    lanes: u32,
 }
 
 impl Buffers<'_> {
+    fn constants(&self) -> [(&'static str, f64); 1] {
+        [("LANES", f64::from(self.lanes))]
+    }
+
     fn program(
         &self,
         ctx: &Context,
@@ -493,7 +525,7 @@ impl Buffers<'_> {
     /// One static dispatch per pass of `plan`.
     fn fused(&self, ctx: &Context, plan: Plan, label: String) -> Result<Prepared> {
         let (program, params) = self.program(ctx, &plan, None)?;
-        let kernel = ctx.kernel(&STATIC_PASS, &[])?;
+        let kernel = ctx.kernel(&STATIC_PASS, &self.constants())?;
         let mut dispatches = Vec::with_capacity(plan.passes.len());
         for p in 0..plan.passes.len() {
             let u = ctx.uniform("dag pass", &Params { pass_index: to_u32("pass index", p)?, ..params });
@@ -516,7 +548,7 @@ impl Buffers<'_> {
         let reset = ctx.dispatch(
             &ctx.kernel(&RESET_QUEUE, &[])?,
             &[Binding::new(0, &u, params_bytes), Binding::new(4, self.state, self.state.size())],
-            [(STATE_HEADER + params.tasks).div_ceil(WG), 1, 1],
+            [(STATE_HEADER + params.tasks).div_ceil(RESET_WG), 1, 1],
         )?;
         let bindings = [
             Binding::new(0, &u, params_bytes),
@@ -525,7 +557,8 @@ impl Buffers<'_> {
             Binding::new(3, self.vals, self.vals.size()),
             Binding::new(4, self.state, self.state.size()),
         ];
-        let persistent = ctx.dispatch(&ctx.kernel(&PERSISTENT, &[])?, &bindings, [q.workers, 1, 1])?;
+        let persistent =
+            ctx.dispatch(&ctx.kernel(&PERSISTENT, &self.constants())?, &bindings, [q.workers, 1, 1])?;
         let kind = match q.granularity {
             Granularity::Fine => "fine".to_string(),
             Granularity::Coarse(_) => format!("coarse, {} passes", plan.passes.len()),
@@ -541,6 +574,11 @@ impl Buffers<'_> {
 }
 
 impl RowRun {
+    /// Workgroup size of the run's kernels (see [`lanes_for`]).
+    pub fn lanes(&self) -> u32 {
+        self.lanes
+    }
+
     /// The executor asked for.
     pub fn executor(&self) -> Executor {
         self.executor

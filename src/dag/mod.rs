@@ -12,7 +12,9 @@ pub mod plan;
 pub mod probe;
 
 pub use chain::{RowGraph, RowOp};
-pub use executor::{Executor, Granularity, QueueOptions, QueueStatus, RowInputs, RowRun, RunReport};
+pub use executor::{
+    Executor, Granularity, QueueOptions, QueueStatus, RowInputs, RowRun, RunReport, lanes_for,
+};
 pub use graph::{Graph, Reach, Read, Source, Stage};
 pub use plan::{Fusion, Pass, Plan, Step, Task, plan};
 pub use probe::{ProbeReport, ProbeVerdict, probe};

@@ -14,19 +14,25 @@
 //   task i at task_off + 5i:   pass, tile, dependencies to wait for, first consumer word,
 //                              consumer count (consumers are task indices)
 //
-// Column ownership: invocation `lid` handles columns lid, lid + 64, ... of every row in every
-// stage, so a workgroup reads back its own writes without a barrier; only the RMS reduction
-// crosses invocations (through workgroup memory).
+// Workgroup size: the pipeline constant LANES (a power of two up to 64): 64 on GPUs, 8 on
+// CPU adapters, where a workgroup of 64 is run as eight coroutines and that bookkeeping costs
+// more than the work (one 8-lane SIMD vector is what the CPU runs at once anyway). Every
+// executor of one run uses the same LANES, so they stay bit-identical.
+//
+// Column ownership: invocation `lid` handles columns lid, lid + LANES, ... of every row in
+// every stage, so a workgroup reads back its own writes without a barrier; only the RMS
+// reduction crosses invocations (through workgroup memory).
 //
 // Operations, in this exact order (the CPU oracle mirrors them):
 //   affine: fma(x, w[c], b[c])
 //   silu:   h = fma(0.25, x[r-1], fma(0.5, x[r], 0.25 * x[r+1])) with rows clamped to
 //           [0, rows), then h / (1 + exp(-h))
-//   rms:    acc_lid = fma(v, v, acc) over columns lid, lid + 64, ... ascending; pairwise tree
-//           over the 64 partial sums (stride 32, 16, ..., 1); inv = inverseSqrt(sum / cols +
-//           1e-6); out = (v * inv) * gamma[c]
+//   rms:    acc_lid = fma(v, v, acc) over columns lid, lid + LANES, ... ascending; pairwise
+//           tree over the LANES partial sums (stride LANES/2, ..., 1); inv = inverseSqrt(sum /
+//           cols + 1e-6); out = (v * inv) * gamma[c]
 
-const WG: u32 = 64u;
+override LANES: u32 = 64u;
+const MAX_LANES: u32 = 64u;
 const NONE: u32 = 0xffffffffu;
 const KIND_AFFINE: u32 = 0u;
 const KIND_SILU: u32 = 1u;
@@ -67,7 +73,7 @@ struct DagParams {
 @group(0) @binding(2) var<storage, read> inputs: array<f32>;
 @group(0) @binding(3) var<storage, read_write> vals: array<f32>;
 
-var<workgroup> partial: array<f32, WG>;
+var<workgroup> partial: array<f32, MAX_LANES>;
 
 struct Tile {
     lo: u32,
@@ -133,24 +139,24 @@ fn run_step(steps: u32, j: u32, slot: u32, tile: u32, lid: u32) {
     let cols = params.cols;
     for (var row = lo; row < hi; row++) {
         if kind == KIND_AFFINE {
-            for (var c = lid; c < cols; c += WG) {
+            for (var c = lid; c < cols; c += LANES) {
                 let x = load_src(src, src_step, slot, t, row, c);
                 store(stage, j, slot, t, row, c, fma(x, inputs[par + c], inputs[par + cols + c]));
             }
         } else if kind == KIND_SILU {
-            for (var c = lid; c < cols; c += WG) {
+            for (var c = lid; c < cols; c += LANES) {
                 let h = silu_input(src, src_step, slot, t, row, c);
                 store(stage, j, slot, t, row, c, h / (1.0 + exp(-h)));
             }
         } else {
             var acc = 0.0;
-            for (var c = lid; c < cols; c += WG) {
+            for (var c = lid; c < cols; c += LANES) {
                 let v = load_src(src, src_step, slot, t, row, c);
                 acc = fma(v, v, acc);
             }
             partial[lid] = acc;
             workgroupBarrier();
-            for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            for (var s = LANES / 2u; s > 0u; s >>= 1u) {
                 if lid < s {
                     partial[lid] = partial[lid] + partial[lid + s];
                 }
@@ -158,7 +164,7 @@ fn run_step(steps: u32, j: u32, slot: u32, tile: u32, lid: u32) {
             }
             let inv = inverseSqrt(partial[0] / f32(cols) + RMS_EPS);
             workgroupBarrier();
-            for (var c = lid; c < cols; c += WG) {
+            for (var c = lid; c < cols; c += LANES) {
                 let v = load_src(src, src_step, slot, t, row, c);
                 store(stage, j, slot, t, row, c, (v * inv) * inputs[par + c]);
             }

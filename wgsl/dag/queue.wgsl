@@ -91,7 +91,7 @@ fn wait_ready(task: u32, need: u32) -> u32 {
     return 1u;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(LANES)
 fn persistent(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let slot = wid.x;
     // Each round consumes one ticket, so `tasks` rounds always suffice.
