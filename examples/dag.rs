@@ -128,7 +128,7 @@ fn run(args: &Args) -> Result<()> {
     let staged = RowRun::prepare(&ctx, &graph, &inputs, Executor::Staged)?;
     staged.run(&ctx)?;
     let want = staged.read_all(&ctx)?;
-    let oracle = reference::row_graph(&graph, &x, staged.lanes());
+    let oracle = reference::row_graph(&graph, &x);
     let oracle_ok = want.iter().flatten().zip(oracle.iter().flatten()).all(|(g, w)| within(*g, *w));
     println!("staged vs CPU oracle (2e-5 + 2e-5·|ref|): {}", if oracle_ok { "ok" } else { "MISMATCH" });
 

@@ -20,7 +20,7 @@ pub enum RowOp {
     /// reads a halo of one row on each side.
     Silu,
     /// `(x * inverseSqrt(mean(x²) + 1e-6)) * gamma[c]` over each row (the sum of squares in
-    /// the workgroup's lane order, see [`crate::dag::executor::lanes_for`]).
+    /// one fixed order over 64 virtual lanes, see `wgsl/dag/program.wgsl`).
     Rms {
         /// Per-column gain, `cols` values.
         gamma: Vec<f32>,

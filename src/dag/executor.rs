@@ -44,13 +44,17 @@ static PERSISTENT: KernelSpec = KernelSpec {
 /// Workgroup size of the queue's reset kernel.
 const RESET_WG: u32 = 64;
 
-/// Lanes (workgroup size) of the DAG kernels on `ctx`'s adapter: 64 on GPUs, 8 on CPU
+/// Lanes (workgroup size) of the static passes on `ctx`'s adapter: 64 on GPUs, 8 on CPU
 /// adapters, which run a workgroup as one coroutine per 8-lane SIMD vector and pay for every
-/// coroutine (measured on lavapipe: 3-4x faster at 64-256 columns with 8 lanes). The RMS
-/// reduction's order depends on it (see `wgsl/dag/program.wgsl`), so the CPU oracle takes it.
+/// coroutine (measured on lavapipe: 2-4x faster with 8 lanes). No result depends on it.
 pub fn lanes_for(ctx: &Context) -> u32 {
-    if ctx.adapter().is_cpu() { 8 } else { 64 }
+    if ctx.adapter().is_cpu() { 8 } else { QUEUE_LANES }
 }
+
+/// Lanes of the persistent workers, on every adapter: llvmpipe caps the loop iterations of
+/// each 8-lane vector over its whole life (65535), and a worker lives for many tasks, so its
+/// column loops must be spread over 64 lanes (8 vectors) to stay within the cap.
+pub const QUEUE_LANES: u32 = 64;
 /// Words before the per-task counters in the queue's state buffer.
 const STATE_HEADER: u32 = 5;
 const NONE: u32 = u32::MAX;
@@ -256,7 +260,6 @@ pub struct RowRun {
     rows: u32,
     cols: u32,
     stages: usize,
-    lanes: u32,
 }
 
 /// Program words: the stage table, the plan's passes and steps, and its task table.
@@ -341,8 +344,8 @@ impl RowRun {
         Self::prepare_with_lanes(ctx, graph, inputs, executor, lanes_for(ctx))
     }
 
-    /// As [`Self::prepare`] with a workgroup of `lanes` (a power of two from 1 to 64). Runs
-    /// with different lanes differ in the RMS sum's order, so compare runs of equal lanes.
+    /// As [`Self::prepare`] with static passes of `lanes` lanes (a power of two from 1 to 64;
+    /// the queue's workers always have [`QUEUE_LANES`]). Results do not depend on it.
     pub fn prepare_with_lanes(
         ctx: &Context,
         graph: &RowGraph,
@@ -489,7 +492,6 @@ impl RowRun {
             rows: g.rows(),
             cols: graph.cols(),
             stages: g.stages().len(),
-            lanes,
         })
     }
 }
@@ -505,8 +507,8 @@ struct Buffers<'a> {
 }
 
 impl Buffers<'_> {
-    fn constants(&self) -> [(&'static str, f64); 1] {
-        [("LANES", f64::from(self.lanes))]
+    fn constants(lanes: u32) -> [(&'static str, f64); 1] {
+        [("LANES", f64::from(lanes))]
     }
 
     fn program(
@@ -525,7 +527,7 @@ impl Buffers<'_> {
     /// One static dispatch per pass of `plan`.
     fn fused(&self, ctx: &Context, plan: Plan, label: String) -> Result<Prepared> {
         let (program, params) = self.program(ctx, &plan, None)?;
-        let kernel = ctx.kernel(&STATIC_PASS, &self.constants())?;
+        let kernel = ctx.kernel(&STATIC_PASS, &Self::constants(self.lanes))?;
         let mut dispatches = Vec::with_capacity(plan.passes.len());
         for p in 0..plan.passes.len() {
             let u = ctx.uniform("dag pass", &Params { pass_index: to_u32("pass index", p)?, ..params });
@@ -557,8 +559,8 @@ impl Buffers<'_> {
             Binding::new(3, self.vals, self.vals.size()),
             Binding::new(4, self.state, self.state.size()),
         ];
-        let persistent =
-            ctx.dispatch(&ctx.kernel(&PERSISTENT, &self.constants())?, &bindings, [q.workers, 1, 1])?;
+        let kernel = ctx.kernel(&PERSISTENT, &Self::constants(QUEUE_LANES))?;
+        let persistent = ctx.dispatch(&kernel, &bindings, [q.workers, 1, 1])?;
         let kind = match q.granularity {
             Granularity::Fine => "fine".to_string(),
             Granularity::Coarse(_) => format!("coarse, {} passes", plan.passes.len()),
@@ -574,11 +576,6 @@ impl Buffers<'_> {
 }
 
 impl RowRun {
-    /// Workgroup size of the run's kernels (see [`lanes_for`]).
-    pub fn lanes(&self) -> u32 {
-        self.lanes
-    }
-
     /// The executor asked for.
     pub fn executor(&self) -> Executor {
         self.executor

@@ -5,15 +5,17 @@ use crate::dag::{RowGraph, RowOp};
 
 const RMS_EPS: f32 = 1e-6;
 
-/// Sum of squares of `row` as the shader forms it with `lanes` lanes: lane `l` accumulates
-/// columns `l, l + lanes, ...` with `fma`, then a pairwise tree over the lanes.
-fn sum_squares(row: &[f32], lanes: usize) -> f32 {
-    super::workgroup_sum(row, lanes, |acc, v| v.mul_add(v, acc))
+/// Virtual lanes of the shader's RMS sum (its order does not depend on the workgroup size).
+const SUM_LANES: usize = 64;
+
+/// Sum of squares of `row` as the shader forms it: virtual lane `v` accumulates columns
+/// `v, v + 64, ...` with `fma`, then a pairwise tree over the 64 lanes.
+fn sum_squares(row: &[f32]) -> f32 {
+    super::workgroup_sum(row, SUM_LANES, |acc, v| v.mul_add(v, acc))
 }
 
-/// Every stage's output (`rows x cols`, row-major), in stage order, for input `x`, with the
-/// RMS reduction of a `lanes`-wide workgroup (`RowRun::lanes`: a power of two up to 64).
-pub fn row_graph(g: &RowGraph, x: &[f32], lanes: u32) -> Vec<Vec<f32>> {
+/// Every stage's output (`rows x cols`, row-major), in stage order, for input `x`.
+pub fn row_graph(g: &RowGraph, x: &[f32]) -> Vec<Vec<f32>> {
     let (rows, cols) = (g.graph().rows() as usize, g.cols() as usize);
     let mut outs: Vec<Vec<f32>> = Vec::with_capacity(g.graph().stages().len());
     for (s, stage) in g.graph().stages().iter().enumerate() {
@@ -40,7 +42,7 @@ pub fn row_graph(g: &RowGraph, x: &[f32], lanes: u32) -> Vec<Vec<f32>> {
                     }
                 }
                 RowOp::Rms { gamma } => {
-                    let inv = 1.0 / (sum_squares(row, lanes as usize) / cols as f32 + RMS_EPS).sqrt();
+                    let inv = 1.0 / (sum_squares(row) / cols as f32 + RMS_EPS).sqrt();
                     for c in 0..cols {
                         dst[c] = (row[c] * inv) * gamma[c];
                     }

@@ -14,25 +14,27 @@
 //   task i at task_off + 5i:   pass, tile, dependencies to wait for, first consumer word,
 //                              consumer count (consumers are task indices)
 //
-// Workgroup size: the pipeline constant LANES (a power of two up to 64): 64 on GPUs, 8 on
-// CPU adapters, where a workgroup of 64 is run as eight coroutines and that bookkeeping costs
-// more than the work (one 8-lane SIMD vector is what the CPU runs at once anyway). Every
-// executor of one run uses the same LANES, so they stay bit-identical.
+// Workgroup size: the pipeline constant LANES (a power of two up to 64). Static passes use 8
+// on CPU adapters, where a workgroup of 64 runs as eight coroutines whose bookkeeping costs
+// more than the work, and 64 elsewhere; the queue always uses 64 (see docs/dag.md). No result
+// depends on LANES: elementwise ops are per column, and the RMS sum has one fixed order over
+// 64 virtual lanes.
 //
 // Column ownership: invocation `lid` handles columns lid, lid + LANES, ... of every row in
-// every stage, so a workgroup reads back its own writes without a barrier; only the RMS
-// reduction crosses invocations (through workgroup memory).
+// every stage (the RMS sum reads the same columns: LANES divides 64), so a workgroup reads
+// back its own writes without a barrier; only the RMS reduction crosses invocations (through
+// workgroup memory).
 //
 // Operations, in this exact order (the CPU oracle mirrors them):
 //   affine: fma(x, w[c], b[c])
 //   silu:   h = fma(0.25, x[r-1], fma(0.5, x[r], 0.25 * x[r+1])) with rows clamped to
 //           [0, rows), then h / (1 + exp(-h))
-//   rms:    acc_lid = fma(v, v, acc) over columns lid, lid + LANES, ... ascending; pairwise
-//           tree over the LANES partial sums (stride LANES/2, ..., 1); inv = inverseSqrt(sum /
-//           cols + 1e-6); out = (v * inv) * gamma[c]
+//   rms:    p[v] = fma(x, x, acc) over columns v, v + 64, ... ascending, for 64 virtual lanes
+//           v; pairwise tree over them (stride 32, 16, ..., 1); inv = inverseSqrt(sum / cols +
+//           1e-6); out = (x * inv) * gamma[c]
 
 override LANES: u32 = 64u;
-const MAX_LANES: u32 = 64u;
+const SUM_LANES: u32 = 64u;
 const NONE: u32 = 0xffffffffu;
 const KIND_AFFINE: u32 = 0u;
 const KIND_SILU: u32 = 1u;
@@ -73,7 +75,7 @@ struct DagParams {
 @group(0) @binding(2) var<storage, read> inputs: array<f32>;
 @group(0) @binding(3) var<storage, read_write> vals: array<f32>;
 
-var<workgroup> partial: array<f32, MAX_LANES>;
+var<workgroup> partial: array<f32, SUM_LANES>;
 
 struct Tile {
     lo: u32,
@@ -149,16 +151,20 @@ fn run_step(steps: u32, j: u32, slot: u32, tile: u32, lid: u32) {
                 store(stage, j, slot, t, row, c, h / (1.0 + exp(-h)));
             }
         } else {
-            var acc = 0.0;
-            for (var c = lid; c < cols; c += LANES) {
-                let v = load_src(src, src_step, slot, t, row, c);
-                acc = fma(v, v, acc);
+            // Partial sums of the 64 virtual lanes (invocation lid owns v = lid, lid + LANES,
+            // ...), then the pairwise tree over them: one order whatever LANES is.
+            for (var v = lid; v < SUM_LANES; v += LANES) {
+                var acc = 0.0;
+                for (var c = v; c < cols; c += SUM_LANES) {
+                    let x = load_src(src, src_step, slot, t, row, c);
+                    acc = fma(x, x, acc);
+                }
+                partial[v] = acc;
             }
-            partial[lid] = acc;
             workgroupBarrier();
-            for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-                if lid < s {
-                    partial[lid] = partial[lid] + partial[lid + s];
+            for (var s = SUM_LANES / 2u; s > 0u; s >>= 1u) {
+                for (var i = lid; i < s; i += LANES) {
+                    partial[i] = partial[i] + partial[i + s];
                 }
                 workgroupBarrier();
             }
