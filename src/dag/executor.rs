@@ -2,12 +2,13 @@
 //! the persistent queue, all running the same WGSL code (`wgsl/dag/`), so they agree bit for
 //! bit on one adapter.
 
-use bytemuck::{Pod, Zeroable};
 use serde::Serialize;
 
 use super::chain::RowGraph;
 use super::plan::{Fusion, Plan, plan};
 use super::probe::probe;
+use super::program::{Params, RowInputs, encode, to_u32};
+use super::queue::{Granularity, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
@@ -51,56 +52,6 @@ pub fn lanes_for(ctx: &Context) -> u32 {
     if ctx.adapter().is_cpu() { 8 } else { QUEUE_LANES }
 }
 
-/// Lanes of the persistent workers, on every adapter: llvmpipe caps the loop iterations of
-/// each 8-lane vector over its whole life (65535), and a worker lives for many tasks, so its
-/// column loops must be spread over 64 lanes (8 vectors) to stay within the cap.
-pub const QUEUE_LANES: u32 = 64;
-/// Words before the per-task counters in the queue's state buffer.
-const STATE_HEADER: u32 = 5;
-const NONE: u32 = u32::MAX;
-/// Default bound on one dependency wait, in polls of the leader invocation.
-pub const DEFAULT_SPIN_LIMIT: u32 = 1 << 24;
-
-/// Task size of the persistent queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Granularity {
-    /// One task per stage and tile.
-    Fine,
-    /// One task per pass of the plan with this fusion and tile (macro tasks).
-    Coarse(Fusion),
-}
-
-/// Settings of the persistent queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct QueueOptions {
-    /// Worker workgroups (at least 1, at most the probe's bound).
-    pub workers: u32,
-    /// Task size.
-    pub granularity: Granularity,
-    /// Diagnostic: run the scheduling (tickets, waits, signals) without the arithmetic. Not
-    /// equivalent work; its outputs are not valid.
-    pub coordination_only: bool,
-    /// Polls one dependency wait may take before the queue gives up.
-    pub spin_limit: u32,
-    /// Diagnostic: make this task wait for one dependency more than it has, so the run times
-    /// out (to exercise the fallback).
-    pub stall_task: Option<u32>,
-}
-
-impl QueueOptions {
-    /// `workers` workers at `granularity`, real work, the default spin bound.
-    pub fn new(workers: u32, granularity: Granularity) -> Self {
-        QueueOptions {
-            workers,
-            granularity,
-            coordination_only: false,
-            spin_limit: DEFAULT_SPIN_LIMIT,
-            stall_task: None,
-        }
-    }
-}
-
 /// How a graph runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -121,104 +72,6 @@ pub struct RunReport {
     pub ran: String,
     /// Why the requested executor was replaced, if it was.
     pub fallback: Option<String>,
-}
-
-/// The queue's state words after a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct QueueStatus {
-    /// Tickets handed out (claims past the end included).
-    pub tickets: u32,
-    /// 0 when the run was clean; 1 after a dependency wait timed out; 2 when the driver cut
-    /// a loop short (llvmpipe caps the loop iterations of one invocation).
-    pub status: u32,
-    /// Tasks completed.
-    pub done: u32,
-    /// Most polls one successful wait took.
-    pub max_spins: u32,
-    /// Earlier runs on this state buffer that stopped early (counted by the next run's
-    /// reset), so one readback after many runs checks them all.
-    pub earlier_faults: u32,
-    /// Tasks in the run.
-    pub tasks: u32,
-}
-
-impl QueueStatus {
-    /// Whether the last run completed every task without stopping early.
-    pub fn complete(&self) -> bool {
-        self.status == 0 && self.done == self.tasks
-    }
-
-    /// Whether the last run completed and no earlier run on this state buffer stopped early.
-    pub fn all_clean(&self) -> bool {
-        self.complete() && self.earlier_faults == 0
-    }
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct Params {
-    rows: u32,
-    cols: u32,
-    tile_rows: u32,
-    tiles: u32,
-    stage_off: u32,
-    pass_off: u32,
-    task_off: u32,
-    tasks: u32,
-    scratch_base: u32,
-    scratch_steps: u32,
-    scratch_extra: u32,
-    pass_index: u32,
-    spin_limit: u32,
-    work: u32,
-    canary: u32,
-    pad: u32,
-}
-
-/// The graph input and every stage's parameters, in one read-only buffer.
-#[derive(Debug)]
-pub struct RowInputs {
-    buffer: wgpu::Buffer,
-    param_off: Vec<u32>,
-}
-
-impl RowInputs {
-    /// Uploads `x[rows, cols]` and the stages' parameters.
-    pub fn upload(ctx: &Context, graph: &RowGraph, x: &[f32]) -> Result<Self> {
-        let g = graph.graph();
-        let n = g.rows() as usize * graph.cols() as usize;
-        if x.len() != n {
-            return Err(Error::shape(
-                "row graph input",
-                format!("{} x {} values", g.rows(), graph.cols()),
-                x.len(),
-            ));
-        }
-        let mut data = x.to_vec();
-        let mut param_off = Vec::with_capacity(g.stages().len());
-        for stage in g.stages() {
-            param_off.push(u32::try_from(data.len()).map_err(|_| too_large("row graph inputs", data.len()))?);
-            data.extend(stage.kernel.params());
-        }
-        let bytes = data.len() as u64 * 4;
-        if bytes > ctx.limits().max_storage_buffer_binding_size {
-            return Err(Error::limit(
-                "row graph inputs",
-                bytes,
-                ctx.limits().max_storage_buffer_binding_size,
-                "max_storage_buffer_binding_size",
-            ));
-        }
-        Ok(RowInputs { buffer: ctx.upload("row graph inputs", &data), param_off })
-    }
-}
-
-fn too_large(what: &str, n: usize) -> Error {
-    Error::limit(what, n as u64, u32::MAX.into(), "u32 indices in the DAG shaders")
-}
-
-fn to_u32(what: &str, n: usize) -> Result<u32> {
-    u32::try_from(n).map_err(|_| too_large(what, n))
 }
 
 /// Scratch sizing shared by a run and its fallback.
@@ -260,80 +113,6 @@ pub struct RowRun {
     rows: u32,
     cols: u32,
     stages: usize,
-}
-
-/// Program words: the stage table, the plan's passes and steps, and its task table.
-fn encode(
-    graph: &RowGraph,
-    inputs: &RowInputs,
-    plan: &Plan,
-    queue: Option<&QueueOptions>,
-) -> Result<(Vec<u32>, Params)> {
-    let g = graph.graph();
-    let mut words = Vec::new();
-    let stage_off = 0u32;
-    for (s, _) in g.stages().iter().enumerate() {
-        let kind = g.stages()[s].kernel.code();
-        let src = graph.source(s).map_or(Ok(NONE), |q| to_u32("stage index", q))?;
-        words.extend([kind, src, inputs.param_off[s]]);
-    }
-    let pass_off = to_u32("program words", words.len())?;
-    let steps_start = pass_off as usize + 2 * plan.passes.len();
-    let mut steps = Vec::new();
-    let mut pass_words = Vec::new();
-    for pass in &plan.passes {
-        pass_words.extend([
-            to_u32("program words", steps_start + steps.len())?,
-            to_u32("steps", pass.steps.len())?,
-        ]);
-        for step in &pass.steps {
-            let src_step = graph
-                .source(step.stage)
-                .and_then(|q| pass.steps.iter().position(|p| p.stage == q))
-                .map_or(Ok(NONE), |j| to_u32("step index", j))?;
-            steps.extend([to_u32("stage index", step.stage)?, step.extra, src_step]);
-        }
-    }
-    words.extend(pass_words);
-    words.extend(steps);
-    let task_off = to_u32("program words", words.len())?;
-    let tasks = plan.tasks(g);
-    let mut consumers: Vec<Vec<u32>> = vec![Vec::new(); tasks.len()];
-    for (i, t) in tasks.iter().enumerate() {
-        for &d in &t.deps {
-            consumers[d].push(to_u32("task index", i)?);
-        }
-    }
-    let cons_start = task_off as usize + 5 * tasks.len();
-    let mut cons_words: Vec<u32> = Vec::new();
-    for (i, t) in tasks.iter().enumerate() {
-        let stall = queue.and_then(|q| q.stall_task).is_some_and(|s| s as usize == i);
-        let need = to_u32("dependencies", t.deps.len())? + u32::from(stall);
-        words.extend([
-            to_u32("pass index", t.pass)?,
-            t.tile,
-            need,
-            to_u32("program words", cons_start + cons_words.len())?,
-            to_u32("consumers", consumers[i].len())?,
-        ]);
-        cons_words.extend(&consumers[i]);
-    }
-    words.extend(cons_words);
-    let params = Params {
-        rows: g.rows(),
-        cols: graph.cols(),
-        tile_rows: g.tile_rows(),
-        tiles: g.tiles(),
-        stage_off,
-        pass_off,
-        task_off,
-        tasks: to_u32("tasks", tasks.len())?,
-        spin_limit: queue.map_or(0, |q| q.spin_limit),
-        work: u32::from(!queue.is_some_and(|q| q.coordination_only)),
-        canary: 2,
-        ..Params::default()
-    };
-    Ok((words, params))
 }
 
 impl RowRun {

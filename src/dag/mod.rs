@@ -10,11 +10,13 @@ pub mod graph;
 pub mod layer;
 pub mod plan;
 pub mod probe;
+pub mod program;
+pub mod queue;
 
 pub use chain::{RowGraph, RowOp};
-pub use executor::{
-    Executor, Granularity, QueueOptions, QueueStatus, RowInputs, RowRun, RunReport, lanes_for,
-};
+pub use executor::{Executor, RowRun, RunReport, lanes_for};
 pub use graph::{Graph, Reach, Read, Source, Stage};
 pub use plan::{Fusion, Pass, Plan, Step, Task, plan};
 pub use probe::{ProbeReport, ProbeVerdict, probe};
+pub use program::RowInputs;
+pub use queue::{DEFAULT_SPIN_LIMIT, Granularity, QUEUE_LANES, QueueOptions, QueueStatus};

@@ -9,7 +9,9 @@ use bytemuck::{Pod, Zeroable};
 use serde::{Deserialize, Serialize};
 
 use super::chain::RowGraph;
-use super::executor::{Executor, Granularity, QueueOptions, RowInputs, RowRun};
+use super::executor::{Executor, RowRun};
+use super::program::RowInputs;
+use super::queue::{Granularity, QueueOptions};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, KernelSpec};

@@ -1,0 +1,85 @@
+//! The persistent queue's settings and the state words it leaves for the host.
+
+use serde::Serialize;
+
+use super::plan::Fusion;
+
+/// Lanes of the persistent workers, on every adapter: llvmpipe caps the loop iterations of
+/// each 8-lane vector over its whole life (65535), and a worker lives for many tasks, so its
+/// column loops must be spread over 64 lanes (8 vectors) to stay within the cap.
+pub const QUEUE_LANES: u32 = 64;
+/// Words before the per-task counters in the queue's state buffer.
+pub(crate) const STATE_HEADER: u32 = 5;
+/// Default bound on one dependency wait, in polls of the leader invocation.
+pub const DEFAULT_SPIN_LIMIT: u32 = 1 << 24;
+
+/// Task size of the persistent queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Granularity {
+    /// One task per stage and tile.
+    Fine,
+    /// One task per pass of the plan with this fusion and tile (macro tasks).
+    Coarse(Fusion),
+}
+
+/// Settings of the persistent queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct QueueOptions {
+    /// Worker workgroups (at least 1, at most the probe's bound).
+    pub workers: u32,
+    /// Task size.
+    pub granularity: Granularity,
+    /// Diagnostic: run the scheduling (tickets, waits, signals) without the arithmetic. Not
+    /// equivalent work; its outputs are not valid.
+    pub coordination_only: bool,
+    /// Polls one dependency wait may take before the queue gives up.
+    pub spin_limit: u32,
+    /// Diagnostic: make this task wait for one dependency more than it has, so the run times
+    /// out (to exercise the fallback).
+    pub stall_task: Option<u32>,
+}
+
+impl QueueOptions {
+    /// `workers` workers at `granularity`, real work, the default spin bound.
+    pub fn new(workers: u32, granularity: Granularity) -> Self {
+        QueueOptions {
+            workers,
+            granularity,
+            coordination_only: false,
+            spin_limit: DEFAULT_SPIN_LIMIT,
+            stall_task: None,
+        }
+    }
+}
+
+/// The queue's state words after a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct QueueStatus {
+    /// Tickets handed out (claims past the end included).
+    pub tickets: u32,
+    /// 0 when the run was clean; 1 after a dependency wait timed out; 2 when the driver cut
+    /// a loop short (llvmpipe caps the loop iterations of one invocation).
+    pub status: u32,
+    /// Tasks completed.
+    pub done: u32,
+    /// Most polls one successful wait took.
+    pub max_spins: u32,
+    /// Earlier runs on this state buffer that stopped early (counted by the next run's
+    /// reset), so one readback after many runs checks them all.
+    pub earlier_faults: u32,
+    /// Tasks in the run.
+    pub tasks: u32,
+}
+
+impl QueueStatus {
+    /// Whether the last run completed every task without stopping early.
+    pub fn complete(&self) -> bool {
+        self.status == 0 && self.done == self.tasks
+    }
+
+    /// Whether the last run completed and no earlier run on this state buffer stopped early.
+    pub fn all_clean(&self) -> bool {
+        self.complete() && self.earlier_faults == 0
+    }
+}
