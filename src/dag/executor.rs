@@ -418,33 +418,27 @@ impl RowRun {
     /// rerun with fused passes, and the report says so.
     pub fn run(&self, ctx: &Context) -> Result<RunReport> {
         ctx.run(&self.dispatches().iter().collect::<Vec<_>>())?;
-        let fallback = match (&self.fallback, self.refused.as_ref()) {
-            (_, Some(reason)) => Some(reason.clone()),
+        let main = self.main.label.clone();
+        let (ran, fallback) = match (&self.fallback, &self.refused) {
+            (_, Some(reason)) => (main, Some(reason.clone())),
+            (None, None) => (main, None),
             (Some(fb), None) => {
                 let s = self.queue_status(ctx)?;
                 if s.complete() {
-                    None
+                    (main, None)
                 } else {
                     ctx.run(&fb.dispatches.iter().collect::<Vec<_>>())?;
-                    Some(format!(
+                    let why = format!(
                         "queue stopped ({} of {} tasks done, status {}: {}); reran as {}",
                         s.done,
                         s.tasks,
                         s.status,
-                        match s.status {
-                            0 => "tasks missing",
-                            1 => "a dependency wait timed out",
-                            _ => "the driver cut a shader loop short",
-                        },
+                        s.why_stopped(),
                         fb.label
-                    ))
+                    );
+                    (fb.label.clone(), Some(why))
                 }
             }
-            (None, None) => None,
-        };
-        let ran = match (&fallback, &self.fallback) {
-            (Some(_), Some(fb)) if self.refused.is_none() => fb.label.clone(),
-            _ => self.main.label.clone(),
         };
         Ok(RunReport { ran, fallback })
     }

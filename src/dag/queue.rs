@@ -78,6 +78,16 @@ impl QueueStatus {
         self.status == 0 && self.done == self.tasks
     }
 
+    /// Why the last run stopped early, in words (from its status).
+    pub fn why_stopped(&self) -> &'static str {
+        match self.status {
+            0 if self.done == self.tasks => "it did not stop early",
+            0 => "tasks missing",
+            1 => "a dependency wait timed out",
+            _ => "the driver cut a shader loop short",
+        }
+    }
+
     /// Whether the last run completed and no earlier run on this state buffer stopped early.
     pub fn all_clean(&self) -> bool {
         self.complete() && self.earlier_faults == 0
