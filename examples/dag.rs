@@ -55,13 +55,6 @@ fn bits(v: &[Vec<f32>]) -> Vec<u32> {
     v.iter().flatten().map(|f| f.to_bits()).collect()
 }
 
-fn within(got: f32, want: f32) -> bool {
-    if got.is_nan() || want.is_nan() {
-        return got.is_nan() && want.is_nan();
-    }
-    got == want || (got - want).abs() <= 2e-5 + 2e-5 * want.abs()
-}
-
 /// Median GPU (or, without timestamps, wall) milliseconds of `runs` single runs, and how many
 /// of them a queue stopped early.
 fn time(ctx: &Context, run: &RowRun, runs: u32) -> Result<(f64, &'static str, u32)> {
@@ -129,7 +122,7 @@ fn run(args: &Args) -> Result<()> {
     staged.run(&ctx)?;
     let want = staged.read_all(&ctx)?;
     let oracle = reference::row_graph(&graph, &x);
-    let oracle_ok = want.iter().flatten().zip(oracle.iter().flatten()).all(|(g, w)| within(*g, *w));
+    let oracle_ok = reference::first_outside_bound(&want, &oracle).is_none();
     println!("staged vs CPU oracle (2e-5 + 2e-5·|ref|): {}", if oracle_ok { "ok" } else { "MISMATCH" });
 
     let mut executors =

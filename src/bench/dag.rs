@@ -2,6 +2,7 @@
 //! dispatches, three fused passes, one pass with halo recomputation, and the persistent
 //! queue with fine (stage x tile) and coarse (pass x tile) tasks.
 
+use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use crate::context::Context;
 use crate::dag::{Executor, Fusion, Granularity, QueueOptions, RowGraph, RowInputs, RowRun, probe};
@@ -113,15 +114,9 @@ pub fn comparisons() -> Vec<DagComparison> {
     ]
 }
 
+/// Every stage bit-identical.
 fn bitwise(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
-    a.len() == b.len() && a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
-fn within(got: f32, want: f32) -> bool {
-    if got.is_nan() || want.is_nan() {
-        return got.is_nan() && want.is_nan();
-    }
-    got == want || (got - want).abs() <= 2e-5 + 2e-5 * want.abs()
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| bitwise_equal(x, y))
 }
 
 /// Checks a queue run's state: the last run complete, no earlier run stopped early.
@@ -195,10 +190,7 @@ impl Comparison for DagComparison {
         staged.run(ctx)?;
         let want = staged.read_all(ctx)?;
         let oracle = reference::row_graph(&graph, &x);
-        if let Some((s, i)) = (0..want.len())
-            .flat_map(|s| (0..want[s].len()).map(move |i| (s, i)))
-            .find(|&(s, i)| !within(want[s][i], oracle[s][i]))
-        {
+        if let Some((s, i)) = reference::first_outside_bound(&want, &oracle) {
             return Err(Error::Validation(format!(
                 "staged stage {s} element {i}: {} vs CPU oracle {}",
                 want[s][i], oracle[s][i]

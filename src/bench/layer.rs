@@ -1,5 +1,6 @@
 //! Combine and whole-layer comparisons.
 
+use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -8,10 +9,6 @@ use crate::kernels::routing::RouteMode;
 use crate::layer::{MoeConfig, MoeLayer};
 use crate::reference::layer as reference;
 use crate::synth::Synth;
-
-fn bitwise_equal(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
 
 /// One-launch combine (B) against one dispatch per token and slot (A).
 pub struct OneLaunchCombine;

@@ -9,6 +9,7 @@ use super::plan::Plan;
 use super::queue::QueueOptions;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::pipeline::Access;
 
 /// "No stage" / "no step" in program words.
 const NONE: u32 = u32::MAX;
@@ -61,16 +62,9 @@ impl RowInputs {
             param_off.push(u32::try_from(data.len()).map_err(|_| too_large("row graph inputs", data.len()))?);
             data.extend(stage.kernel.params());
         }
-        let bytes = data.len() as u64 * 4;
-        if bytes > ctx.limits().max_storage_buffer_binding_size {
-            return Err(Error::limit(
-                "row graph inputs",
-                bytes,
-                ctx.limits().max_storage_buffer_binding_size,
-                "max_storage_buffer_binding_size",
-            ));
-        }
-        Ok(RowInputs { buffer: ctx.upload("row graph inputs", &data), param_off })
+        let buffer = ctx.upload("row graph inputs", &data);
+        ctx.check_binding("row graph inputs", &buffer, data.len() as u64 * 4, Access::Read)?;
+        Ok(RowInputs { buffer, param_off })
     }
 }
 

@@ -14,6 +14,15 @@ fn sum_squares(row: &[f32]) -> f32 {
     super::workgroup_sum(row, SUM_LANES, |acc, v| v.mul_add(v, acc))
 }
 
+/// The first (stage, element) where `got` leaves the project's bound around `want`
+/// ([`super::within`]); `None` when every value is within it.
+pub fn first_outside_bound(got: &[Vec<f32>], want: &[Vec<f32>]) -> Option<(usize, usize)> {
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .find_map(|(s, (g, w))| g.iter().zip(w).position(|(a, b)| !super::within(*a, *b)).map(|i| (s, i)))
+}
+
 /// Every stage's output (`rows x cols`, row-major), in stage order, for input `x`.
 pub fn row_graph(g: &RowGraph, x: &[f32]) -> Vec<Vec<f32>> {
     let (rows, cols) = (g.graph().rows() as usize, g.cols() as usize);

@@ -9,6 +9,15 @@ pub mod gemm;
 pub mod layer;
 pub mod routing;
 
+/// The project's float bound: `|got - want| <= 2e-5 + 2e-5 * |want|`, NaN only where NaN,
+/// an infinity only where the same infinity.
+pub fn within(got: f32, want: f32) -> bool {
+    if got.is_nan() || want.is_nan() {
+        return got.is_nan() && want.is_nan();
+    }
+    got == want || (got - want).abs() <= 2e-5 + 2e-5 * want.abs()
+}
+
 /// A workgroup's sum in the order the shaders form it: lane `l` folds `term(acc, v)` over
 /// `values[l], values[l + lanes], ...` from 0.0, then a pairwise tree over the lanes
 /// (`part[i] = part[i] + part[i + s]` for s = lanes/2, ..., 1). `lanes` is a power of two.
