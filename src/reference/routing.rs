@@ -53,6 +53,37 @@ fn workgroup_sum(values: &[f32]) -> f32 {
     super::workgroup_sum(values, ROUTE_WG as usize, |acc, v| acc + v)
 }
 
+/// `exp(x)` as `exp_fixed` in `select.wgsl`: range reduction `x = n ln2 + r` with
+/// `n = round(x log2 e)` (ties to even) and ln 2 in two parts, Cephes' polynomial for `e^r`
+/// (`mul_add` where the shader writes `fma`), then `e^r * 2^n` in two exact power-of-two
+/// steps. NaN stays NaN, `x > 88.72283` gives `+inf`, results below the smallest normal f32
+/// are 0.0. About 1 ULP from the true value; independent of any platform `exp`.
+#[allow(clippy::excessive_precision)] // the shader's literals, digit for digit
+pub fn exp_fixed(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    // The same literals as the shader, so both round them to the same f32.
+    if order_key(x) > order_key(88.72283172607421875) {
+        return f32::INFINITY;
+    }
+    if order_key(x) < order_key(-87.3365478515625) {
+        return 0.0;
+    }
+    let n = (x * 1.44269502162933349609375).round_ties_even();
+    let r = n.mul_add(2.12194440e-4, n.mul_add(-0.693359375, x));
+    let mut p = 1.9875691500e-4_f32;
+    for c in [1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1] {
+        p = p.mul_add(r, c);
+    }
+    let y = p.mul_add(r * r, r) + 1.0;
+    let ni = n as i32;
+    let half = ni / 2;
+    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    let v = (y * pow2(half)) * pow2(ni - half);
+    if v.to_bits() & 0x7fff_ffff < 0x0080_0000 { 0.0 } else { v }
+}
+
 /// Scores from one token's logits, as `scores_from_logits` in `select.wgsl`.
 pub fn scores(gating: Gating, logits: &[f32]) -> Vec<f32> {
     match gating {
@@ -64,7 +95,7 @@ pub fn scores(gating: Gating, logits: &[f32]) -> Vec<f32> {
                 .map(|&l| match order_key(l) {
                     0 => f32::NAN,
                     k if k == mk => 1.0,
-                    _ => (l - m).exp(),
+                    _ => exp_fixed(l - m),
                 })
                 .collect();
             let summed: Vec<f32> = e.iter().map(|&v| if v.is_nan() { 0.0 } else { v }).collect();
@@ -73,7 +104,7 @@ pub fn scores(gating: Gating, logits: &[f32]) -> Vec<f32> {
         }
         Gating::Raw => logits.to_vec(),
         Gating::Sigmoid => {
-            logits.iter().map(|&l| if l.is_nan() { f32::NAN } else { 1.0 / (1.0 + (-l).exp()) }).collect()
+            logits.iter().map(|&l| if l.is_nan() { f32::NAN } else { 1.0 / (1.0 + exp_fixed(-l)) }).collect()
         }
     }
 }
@@ -116,14 +147,9 @@ fn kept_groups(cfg: &RouteConfig, sel: &[f32]) -> Vec<bool> {
     on
 }
 
-/// Top-k for one token: `(indices, weights)` from its logits row, as `route_select`.
-pub fn select(cfg: &RouteConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
-    let score = scores(cfg.gating, logits);
-    let sel: Vec<f32> = match bias {
-        Some(b) => score.iter().zip(b).map(|(s, b)| s + b).collect(),
-        None => score.clone(),
-    };
-    let groups = kept_groups(cfg, &sel);
+/// The `k` experts ranked first by `sel` (restricted to `groups` when given), as
+/// `choose_experts` in `select.wgsl`.
+fn choose(cfg: &RouteConfig, sel: &[f32], groups: &[bool]) -> Vec<u32> {
     let gs = cfg.groups.map_or(1, |g| (cfg.experts / g.n_group) as usize);
     let mut chosen = Vec::with_capacity(cfg.k as usize);
     let (mut pk, mut pi) = (u32::MAX, 0u32);
@@ -142,6 +168,22 @@ pub fn select(cfg: &RouteConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u
         (pk, pi) = best;
         chosen.push(pi);
     }
+    chosen
+}
+
+/// Top-k for one token: `(indices, weights)` from its logits row, as `route_select`. Without
+/// bias and groups the experts are chosen on the logits; else on the scores (plus bias).
+pub fn select(cfg: &RouteConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
+    let score = scores(cfg.gating, logits);
+    let chosen = if bias.is_none() && cfg.groups.is_none() {
+        choose(cfg, logits, &[])
+    } else {
+        let sel: Vec<f32> = match bias {
+            Some(b) => score.iter().zip(b).map(|(s, b)| s + b).collect(),
+            None => score.clone(),
+        };
+        choose(cfg, &sel, &kept_groups(cfg, &sel))
+    };
     let mut sum = 0.0f32;
     if cfg.renormalize {
         for &e in &chosen {
@@ -189,6 +231,45 @@ mod tests {
         for v in [-3.5f32, 0.0, 2.0, f32::INFINITY, f32::NEG_INFINITY] {
             assert_eq!(key_value(order_key(v)).to_bits(), v.to_bits());
         }
+    }
+
+    #[test]
+    fn exp_fixed_is_within_two_ulp_of_exp_and_monotone() {
+        let ulp = |v: f32| f32::from_bits(v.to_bits() + 1) - v;
+        let mut prev = 0.0f32;
+        let mut x = -87.0f32;
+        while x < 88.7 {
+            let got = exp_fixed(x);
+            let want = f64::from(x).exp();
+            assert!(
+                (f64::from(got) - want).abs() <= 2.0 * f64::from(ulp(want as f32)),
+                "exp({x}) = {got}, want {want}"
+            );
+            assert!(got >= prev, "not monotone at {x}");
+            prev = got;
+            x += 0.013;
+        }
+        for tiny in [1e-30f32, -1e-30, 1e-40, -1e-40, 0.0, -0.0, 1e-8, -1e-8] {
+            assert_eq!(exp_fixed(tiny), 1.0, "exp({tiny})");
+        }
+        assert_eq!(exp_fixed(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_fixed(-100.0), 0.0);
+        assert_eq!(exp_fixed(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_fixed(89.0), f32::INFINITY);
+        assert!(exp_fixed(88.72).is_finite());
+        assert!(exp_fixed(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn unbiased_selection_follows_the_logits_not_the_rounded_scores() {
+        // Subnormal logits one ULP apart: their softmax scores round to the same value, the
+        // logits still order them, so expert 1 (the larger logit) comes first.
+        let cfg = RouteConfig::new(1, 2, 2);
+        let (idx, w) = select(&cfg, &[f32::from_bits(1), f32::from_bits(2)], None);
+        assert_eq!(idx, vec![1, 0]);
+        assert_eq!(w[0], w[1]);
+        let sig = RouteConfig { gating: Gating::Sigmoid, ..cfg };
+        assert_eq!(select(&sig, &[f32::from_bits(1), f32::from_bits(2)], None).0, vec![1, 0]);
     }
 
     #[test]

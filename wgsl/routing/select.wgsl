@@ -3,11 +3,17 @@
 // scores, chooses k experts and writes indices and weights. Mirrored step by step by
 // reference::routing::select.
 //
-// Tie-break contract: experts are ranked by the order key of their selection value
-// (score, or score + bias when HAS_BIAS); a higher key ranks first, equal keys go to the
-// lower expert index. The key makes -0.0 equal +0.0 and puts NaN below every number,
-// -inf included. Slot j takes the best expert ranked strictly after slot j - 1's, so an
-// expert is excluded by its index once chosen, never by rewriting its value.
+// Tie-break contract: experts are ranked by the order key of their selection value; a
+// higher key ranks first, equal keys go to the lower expert index. The key makes -0.0 equal
+// +0.0 and puts NaN below every number, -inf included. Slot j takes the best expert ranked
+// strictly after slot j - 1's, so an expert is excluded by its index once chosen, never by
+// rewriting its value.
+//
+// Selection value: without bias and groups, the logit itself. Softmax and sigmoid are
+// monotone, so this is the order of the scores (with ties between scores that rounding made
+// equal broken by the logit), and the chosen experts never depend on how an adapter rounds
+// `exp`. With a bias (score + bias[e]) or group-limited selection (sums of scores) the value
+// is computed from the scores, which come from exp_fixed below, not the adapter's `exp`.
 
 const ROUTE_WG: u32 = 64u;
 const MAX_EXPERTS: u32 = 1024u;
@@ -35,9 +41,46 @@ var<workgroup> red_sum: array<f32, ROUTE_WG>;
 var<workgroup> group_on: array<u32, MAX_GROUPS>;
 var<workgroup> chosen: array<u32, MAX_K>;
 
-// A quiet NaN, built at run time (WGSL has no NaN literal).
+// A quiet NaN. Built from a runtime value: a constant expression that evaluates to NaN is
+// a shader-creation error in WGSL (Tint enforces it), and WGSL has no NaN literal.
 fn quiet_nan() -> f32 {
-    return bitcast<f32>(0x7fc00000u);
+    return bitcast<f32>(0x7fc00000u | (params.k & 0u));
+}
+
+// exp(x) for scores, from IEEE multiplies, fma, rounding and bit operations only (no
+// built-in `exp`, whose precision WGSL leaves to the adapter). Mirrored step by step by
+// reference::routing::exp_fixed. Range reduction x = n ln2 + r with n = round(x log2 e)
+// (ties to even) and ln 2 split in two (0.693359375 - 2.12194440e-4); Cephes' degree-7
+// polynomial for e^r; then e^r * 2^n in two exact power-of-two steps. NaN stays NaN;
+// x > 88.72283 gives +inf; results below the smallest normal f32 (x < -87.33655) are 0.0, so
+// no adapter's subnormal handling shows.
+fn exp_fixed(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    if (bits & 0x7fffffffu) > 0x7f800000u {
+        return x;
+    }
+    if order_key(x) > order_key(88.72283172607421875) {
+        return bitcast<f32>(0x7f800000u | (bits & 0u));
+    }
+    if order_key(x) < order_key(-87.3365478515625) {
+        return 0.0;
+    }
+    let n = round(x * 1.44269502162933349609375);
+    let r = fma(n, 2.12194440e-4, fma(n, -0.693359375, x));
+    var p = 1.9875691500e-4;
+    p = fma(p, r, 1.3981999507e-3);
+    p = fma(p, r, 8.3334519073e-3);
+    p = fma(p, r, 4.1665795894e-2);
+    p = fma(p, r, 1.6666665459e-1);
+    p = fma(p, r, 5.0000001201e-1);
+    let y = fma(p, r * r, r) + 1.0;
+    let ni = i32(n);
+    let half_n = ni / 2;
+    let v = (y * bitcast<f32>(u32(half_n + 127) << 23u)) * bitcast<f32>(u32(ni - half_n + 127) << 23u);
+    if (bitcast<u32>(v) & 0x7fffffffu) < 0x00800000u {
+        return 0.0;
+    }
+    return v;
 }
 
 // Total order on f32 as u32: NaN -> 0, -0.0 -> key of +0.0, otherwise monotone in value.
@@ -87,10 +130,10 @@ fn eligible(e: u32) -> bool {
 
 // Softmax: m = the largest logit by order key (NaN below everything);
 // s_e = 1.0 where l_e equals m (so +inf and all--inf rows have their limits), else
-// exp(l_e - m); each invocation sums the s_e of its non-NaN experts e = lid, lid + ROUTE_WG,
+// exp_fixed(l_e - m); each invocation sums the s_e of its non-NaN experts e = lid, lid + ROUTE_WG,
 // ... in ascending e from 0.0, then a tree over invocations (stride 32, 16, ..., 1:
 // part[i] = part[i] + part[i + stride]); score_e = s_e / total.
-// Sigmoid: score_e = 1.0 / (1.0 + exp(-l_e)). Raw: score_e = l_e.
+// Sigmoid: score_e = 1.0 / (1.0 + exp_fixed(-l_e)). Raw: score_e = l_e.
 // A NaN logit gets a NaN score and adds nothing to the softmax sum, so it never poisons the
 // other experts and ranks last.
 fn scores_from_logits(lid: u32) {
@@ -118,7 +161,7 @@ fn scores_from_logits(lid: u32) {
                 if key == mk_row {
                     v = 1.0;
                 } else {
-                    v = exp(score[e] - m);
+                    v = exp_fixed(score[e] - m);
                 }
                 acc = acc + v;
             }
@@ -140,7 +183,7 @@ fn scores_from_logits(lid: u32) {
         for (var e = lid; e < n; e += ROUTE_WG) {
             var v = quiet_nan();
             if order_key(score[e]) != 0u {
-                v = 1.0 / (1.0 + exp(-score[e]));
+                v = 1.0 / (1.0 + exp_fixed(-score[e]));
             }
             score[e] = v;
         }
@@ -193,20 +236,13 @@ fn choose_groups(lid: u32) {
     workgroupBarrier();
 }
 
-// Pass j: each invocation finds its best eligible expert ranked after the previous pick,
+// Slot j: each invocation finds its best eligible expert ranked after slot j - 1's pick,
 // then a tree over invocations (stride 32, ..., 1) keeps the better of each pair.
-// Weights: w_j = score[chosen_j]; with RENORMALIZE w_j = w_j / (w_0 + ... + w_{k-1})
-// summed in slot order from 0.0; finally w_j = w_j * scale.
-fn route_select(t: u32, lid: u32) {
-    scores_from_logits(lid);
-    if HAS_GROUPS {
-        choose_groups(lid);
-    }
+fn choose_experts(lid: u32) {
     let n = params.experts;
-    let k = params.k;
     var pk = 0xffffffffu;
     var pi = 0u;
-    for (var j = 0u; j < k; j++) {
+    for (var j = 0u; j < params.k; j++) {
         var bk = 0u;
         var bi = NO_EXPERT;
         for (var e = lid; e < n; e += ROUTE_WG) {
@@ -235,6 +271,24 @@ fn route_select(t: u32, lid: u32) {
         }
         workgroupBarrier();
     }
+}
+
+// Without bias and groups the experts are chosen on the logits (before scoring), else on
+// the scores (plus bias). Weights: w_j = score[chosen_j]; with RENORMALIZE
+// w_j = w_j / (w_0 + ... + w_{k-1}) summed in slot order from 0.0; finally w_j = w_j * scale.
+fn route_select(t: u32, lid: u32) {
+    let on_logits = !HAS_BIAS && !HAS_GROUPS;
+    if on_logits {
+        choose_experts(lid);
+    }
+    scores_from_logits(lid);
+    if !on_logits {
+        if HAS_GROUPS {
+            choose_groups(lid);
+        }
+        choose_experts(lid);
+    }
+    let k = params.k;
     if lid == 0u {
         var sum = 0.0;
         if RENORMALIZE {

@@ -1,0 +1,362 @@
+//! MoE layer weights from safetensors files, with the tensor names of Mixtral
+//! (`block_sparse_moe.gate`, `experts.N.w1/w2/w3`), Qwen2-MoE / Qwen3-MoE / OLMoE / DeepSeek
+//! (`mlp.gate`, `mlp.experts.N.gate_proj/up_proj/down_proj`, `shared_expert(s)`,
+//! `shared_expert_gate`, `mlp.gate.e_score_correction_bias`). Tensors may be f32, f16 or
+//! bf16. The routing comes from the family's semantics ([`family`]): a Hugging Face
+//! `config.json` names the family and its keys, or flags supply what the family needs.
+
+pub mod family;
+mod output;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use half::{bf16, f16};
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use serde_json::Value;
+
+pub use family::{Family, Routing, RoutingFlags};
+use family::{SharedNames, TensorFacts};
+pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
+
+use crate::error::{Error, Result};
+use crate::kernels::gemm::WeightDtype;
+use crate::layer::{MoeConfig, MoeWeights};
+
+/// Reads a whole file.
+pub fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Io { path: path.display().to_string(), source })
+}
+
+fn st_err(path: &str) -> impl Fn(safetensors::SafeTensorError) -> Error + '_ {
+    move |e| Error::invalid(format!("{path} is not a readable safetensors file: {e}"))
+}
+
+/// A tensor's values as f32 (from f32, f16 or bf16).
+pub fn to_f32(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>> {
+    let d = t.data();
+    Ok(match t.dtype() {
+        Dtype::F32 => d.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::F16 => d.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::BF16 => d.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        other => {
+            return Err(Error::invalid(format!(
+                "tensor `{name}` is {other:?}; f32, f16 and bf16 are supported"
+            )));
+        }
+    })
+}
+
+/// The device dtype that holds a file dtype exactly.
+fn weight_dtype(d: Dtype) -> WeightDtype {
+    match d {
+        Dtype::F16 => WeightDtype::F16,
+        Dtype::BF16 => WeightDtype::Bf16,
+        _ => WeightDtype::F32,
+    }
+}
+
+/// The naming scheme of a layer's router and experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scheme {
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.N.w1 / w3 / w2`.
+    Mixtral,
+    /// `mlp.gate`, `mlp.experts.N.gate_proj / up_proj / down_proj`.
+    Mlp,
+}
+
+impl Scheme {
+    fn router(self) -> &'static str {
+        match self {
+            Scheme::Mixtral => "block_sparse_moe.gate.weight",
+            Scheme::Mlp => "mlp.gate.weight",
+        }
+    }
+
+    fn experts(self) -> &'static str {
+        match self {
+            Scheme::Mixtral => "block_sparse_moe.experts.",
+            Scheme::Mlp => "mlp.experts.",
+        }
+    }
+
+    /// Gate, up and down projection names of expert `i`.
+    fn expert(self, i: usize) -> [String; 3] {
+        let parts = match self {
+            Scheme::Mixtral => ["w1", "w3", "w2"],
+            Scheme::Mlp => ["gate_proj", "up_proj", "down_proj"],
+        };
+        parts.map(|p| format!("{}{i}.{p}.weight", self.experts()))
+    }
+}
+
+/// A tensor read from the file: values as f32, file dtype, name.
+struct Loaded {
+    values: Vec<f32>,
+    dtype: Dtype,
+    name: String,
+}
+
+struct File<'a> {
+    st: SafeTensors<'a>,
+    prefix: String,
+}
+
+impl File<'_> {
+    fn name(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    fn has(&self, rest: &str) -> bool {
+        self.st.tensor(&self.name(rest)).is_ok()
+    }
+
+    fn view(&self, rest: &str, expected: &str) -> Result<TensorView<'_>> {
+        let name = self.name(rest);
+        self.st
+            .tensor(&name)
+            .map_err(|_| Error::invalid(format!("missing tensor `{name}` (expected shape {expected})")))
+    }
+
+    /// The shape of `prefix + rest`, which must be 2-D with no empty dimension.
+    fn matrix_shape(&self, rest: &str, expected: &str) -> Result<[usize; 2]> {
+        let t = self.view(rest, expected)?;
+        match *t.shape() {
+            [r, c] if r > 0 && c > 0 => Ok([r, c]),
+            ref s => Err(Error::shape(format!("tensor {}", self.name(rest)), expected, format!("{s:?}"))),
+        }
+    }
+
+    /// The tensor `prefix + rest`, checked against `shape` exactly.
+    fn get(&self, rest: &str, shape: &[usize]) -> Result<Loaded> {
+        let name = self.name(rest);
+        let t = self.view(rest, &format!("{shape:?}"))?;
+        if t.shape() != shape {
+            return Err(Error::shape(format!("tensor {name}"), format!("{shape:?}"), format!("{:?}", t.shape())));
+        }
+        Ok(Loaded { values: to_f32(&name, &t)?, dtype: t.dtype(), name })
+    }
+}
+
+fn detect_prefix(names: &[&str]) -> Result<String> {
+    let mut found: Vec<String> = names
+        .iter()
+        .filter_map(|n| {
+            n.strip_suffix("block_sparse_moe.gate.weight")
+                .or_else(|| n.strip_suffix("mlp.gate.weight"))
+                .map(str::to_string)
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(Error::invalid(
+            "no router tensor (`block_sparse_moe.gate.weight` or `mlp.gate.weight`) in the weights file",
+        )),
+        _ => Err(Error::invalid(format!(
+            "the weights hold several MoE layers; pick one with --prefix: {found:?}"
+        ))),
+    }
+}
+
+/// Expert indices named under `prefix + experts` (e.g. `mlp.experts.7.up_proj.weight` -> 7).
+fn expert_indices(names: &[&str], prefix: &str) -> BTreeSet<usize> {
+    names
+        .iter()
+        .filter_map(|n| n.strip_prefix(prefix))
+        .filter_map(|rest| rest.split('.').next())
+        .filter_map(|i| i.parse().ok())
+        .collect()
+}
+
+/// What the caller knows beyond the weights file.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Tensor-name prefix of the layer (e.g. `model.layers.3.`); found automatically when the
+    /// file holds one MoE layer.
+    pub prefix: Option<String>,
+    /// A Hugging Face `config.json`, parsed.
+    pub config: Option<Value>,
+    /// Routing values given outside the config (flags); they must agree with it.
+    pub routing: RoutingFlags,
+    /// Storage dtype on the device. Default: the expert tensors' dtype, which must then be
+    /// the same for every expert tensor; an explicit dtype converts them all.
+    pub dtype: Option<WeightDtype>,
+}
+
+/// One MoE layer read from a file.
+#[derive(Clone, Debug)]
+pub struct LoadedLayer {
+    /// Shapes, routing and dtypes.
+    pub config: MoeConfig,
+    /// Host weights (f32).
+    pub weights: MoeWeights,
+    /// The routing as the family runs it.
+    pub routing: Routing,
+    /// The tensor-name prefix of the layer.
+    pub prefix: String,
+}
+
+/// Loads one MoE layer from safetensors bytes: its family, configuration and weights.
+///
+/// # Errors
+/// A file that is not safetensors; a missing tensor, or one whose rank, shape or dtype is
+/// wrong (every tensor is checked, zero dimensions included); expert tensors past the
+/// router's expert count; expert tensors of mixed dtypes without an explicit `dtype`; a
+/// config.json that names an unsupported family or a routing key this family would run
+/// differently; no config and routing that depends on values no flag gave; flags that
+/// contradict the config.
+pub fn load_layer(bytes: &[u8], source: &str, opts: &LoadOptions) -> Result<LoadedLayer> {
+    let st = SafeTensors::deserialize(bytes).map_err(st_err(source))?;
+    let names = st.names();
+    let prefix = match &opts.prefix {
+        Some(p) => p.clone(),
+        None => detect_prefix(&names)?,
+    };
+    let f = File { st, prefix };
+    let scheme = if f.has(Scheme::Mixtral.router()) { Scheme::Mixtral } else { Scheme::Mlp };
+    let [e, h] = f.matrix_shape(scheme.router(), "[experts, hidden], both at least 1")?;
+    let router = f.get(scheme.router(), &[e, h])?;
+
+    let extra: Vec<usize> =
+        expert_indices(&names, &f.name(scheme.experts())).into_iter().filter(|&i| i >= e).collect();
+    if let Some(&i) = extra.first() {
+        return Err(Error::invalid(format!(
+            "the weights have tensors for expert {i} under `{}` but the router has {e} experts (0..{e})",
+            f.name(scheme.experts())
+        )));
+    }
+    let [g0, _, _] = scheme.expert(0);
+    let [ffn, gh] = f.matrix_shape(&g0, &format!("[ffn, {h}]"))?;
+    if gh != h {
+        return Err(Error::shape(format!("tensor {}", f.name(&g0)), format!("[ffn, {h}]"), format!("[{ffn}, {gh}]")));
+    }
+    let mut experts = [Vec::new(), Vec::new(), Vec::new()];
+    let mut expert_dtypes: Vec<(Dtype, String)> = Vec::new();
+    for i in 0..e {
+        let [g, u, d] = scheme.expert(i);
+        for (slot, (name, shape)) in [(g, [ffn, h]), (u, [ffn, h]), (d, [h, ffn])].into_iter().enumerate() {
+            let t = f.get(&name, &shape)?;
+            if !expert_dtypes.iter().any(|(d, _)| *d == t.dtype) {
+                expert_dtypes.push((t.dtype, t.name));
+            }
+            experts[slot].extend(t.values);
+        }
+    }
+    let bias = if f.has("mlp.gate.e_score_correction_bias") {
+        Some(f.get("mlp.gate.e_score_correction_bias", &[e])?.values)
+    } else {
+        None
+    };
+    let shared_names = [("mlp.shared_expert.", SharedNames::Qwen), ("mlp.shared_experts.", SharedNames::DeepSeek)]
+        .into_iter()
+        .find(|(b, _)| f.has(&format!("{b}gate_proj.weight")));
+    let shared = match shared_names {
+        Some((b, _)) => {
+            let gate_name = format!("{b}gate_proj.weight");
+            let [fs, gh] = f.matrix_shape(&gate_name, &format!("[shared ffn, {h}]"))?;
+            if gh != h {
+                return Err(Error::shape(
+                    format!("tensor {}", f.name(&gate_name)),
+                    format!("[shared ffn, {h}]"),
+                    format!("[{fs}, {gh}]"),
+                ));
+            }
+            let parts = [(gate_name, [fs, h]), (format!("{b}up_proj.weight"), [fs, h]), (format!("{b}down_proj.weight"), [h, fs])];
+            let mut loaded = Vec::new();
+            for (name, shape) in parts {
+                let t = f.get(&name, &shape)?;
+                if !expert_dtypes.iter().any(|(d, _)| *d == t.dtype) {
+                    expert_dtypes.push((t.dtype, t.name));
+                }
+                loaded.push(t.values);
+            }
+            let [g, u, d]: [Vec<f32>; 3] = loaded.try_into().map_err(|_| Error::invalid("shared expert"))?;
+            Some((g, u, d, fs))
+        }
+        None => None,
+    };
+    let shared_gate = if f.has("mlp.shared_expert_gate.weight") {
+        Some(f.get("mlp.shared_expert_gate.weight", &[1, h])?.values)
+    } else {
+        None
+    };
+
+    let weight_dtype = match (opts.dtype, expert_dtypes.as_slice()) {
+        (Some(d), _) => d,
+        (None, [(d, _)]) => weight_dtype(*d),
+        (None, [(d0, n0), (d1, n1), ..]) => {
+            return Err(Error::invalid(format!(
+                "expert tensors mix dtypes (`{n0}` is {d0:?}, `{n1}` is {d1:?}): pass a dtype (--dtype) to convert them all"
+            )));
+        }
+        (None, []) => WeightDtype::F32,
+    };
+    let dim = |v: usize, what: &str| {
+        u32::try_from(v).map_err(|_| Error::limit(what, v as u64, u32::MAX.into(), "u32 dimensions"))
+    };
+    let facts = TensorFacts {
+        mixtral_names: scheme == Scheme::Mixtral,
+        experts: dim(e, "experts")?,
+        ffn: dim(ffn, "expert FFN size")?,
+        bias: bias.is_some(),
+        shared: match (shared_names, &shared) {
+            (Some((_, names)), Some((_, _, _, fs))) => Some((names, dim(*fs, "shared FFN size")?)),
+            _ => None,
+        },
+        shared_gate: shared_gate.is_some(),
+    };
+    let routing = family::resolve(opts.config.as_ref(), &opts.routing, &facts)?;
+    let [gate, up, down] = experts;
+    let cfg = MoeConfig {
+        gating: routing.gating,
+        renormalize: routing.renormalize,
+        scale: routing.scale,
+        bias: bias.is_some(),
+        groups: routing.groups,
+        shared_ffn: facts.shared.map(|(_, fs)| fs),
+        shared_gate: shared_gate.is_some(),
+        weight_dtype,
+        ..MoeConfig::new(dim(h, "hidden size")?, facts.ffn, facts.experts, routing.k)
+    };
+    let weights = MoeWeights {
+        router: router.values,
+        bias,
+        gate,
+        up,
+        down,
+        shared: shared.map(|(g, u, d, _)| (g, u, d)),
+        shared_gate,
+    };
+    cfg.validate()?;
+    weights.check(&cfg)?;
+    Ok(LoadedLayer { config: cfg, weights, routing, prefix: f.prefix })
+}
+
+/// Reads the input tensor `x` (or the file's only tensor) as `(values, tokens, hidden)`.
+///
+/// # Errors
+/// A file that is not safetensors, no tensor `x` among several, a tensor that is not 1-D or
+/// 2-D, an empty hidden dimension, or a dtype other than f32, f16 and bf16.
+pub fn load_input(bytes: &[u8], source: &str) -> Result<(Vec<f32>, usize, usize)> {
+    let st = SafeTensors::deserialize(bytes).map_err(st_err(source))?;
+    let names = st.names();
+    let name = if names.contains(&"x") {
+        "x".to_string()
+    } else if names.len() == 1 {
+        names[0].to_string()
+    } else {
+        return Err(Error::invalid(format!(
+            "{source} has no tensor `x` and {} tensors: {names:?}",
+            names.len()
+        )));
+    };
+    let t = st.tensor(&name).map_err(st_err(source))?;
+    let (tokens, hidden) = match t.shape() {
+        [m, h] if *h > 0 => (*m, *h),
+        [h] if *h > 0 => (1, *h),
+        s => return Err(Error::shape(format!("input tensor {name}"), "[tokens, hidden] with hidden >= 1", format!("{s:?}"))),
+    };
+    Ok((to_f32(&name, &t)?, tokens, hidden))
+}
