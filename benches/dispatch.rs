@@ -21,7 +21,8 @@ fn dispatch(c: &mut Criterion) {
     }
     for experts in [64u32, 330] {
         for tokens in [64u32, 4096] {
-            let idx = ctx.upload("indices", &skewed_indices(1, tokens, experts, 8));
+            let idx =
+                ctx.upload("indices", &skewed_indices(1, tokens, experts, 8)).expect("benchmark buffer");
             let layout = DispatchLayout::new(&ctx, DispatchConfig { experts, k: 8, tile: 32 }, tokens, 0)
                 .expect("dispatch layout");
             let plan = layout.plan(&ctx, &idx).expect("dispatch plan");

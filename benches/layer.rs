@@ -25,16 +25,21 @@ fn layer(c: &mut Criterion) {
     let cfg = MoeConfig { shared_ffn: Some(f), ..MoeConfig::new(h, f, e, k) };
     let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).expect("layer");
     for tokens in if cpu { [1u32, 64] } else { [1, 512] } {
-        let x = ctx.upload("x", &Synth::new(2).uniform((tokens * h) as usize, 1.0));
-        let y = ctx.zeroed("y", u64::from(tokens * h) * 4);
+        let x =
+            ctx.upload("x", &Synth::new(2).uniform((tokens * h) as usize, 1.0)).expect("benchmark buffer");
+        let y = ctx.zeroed("y", u64::from(tokens * h) * 4).expect("benchmark buffer");
         let plan = layer.plan(&ctx, tokens, &x, &y).expect("layer plan");
         let flops = 6.0 * f64::from(tokens) * f64::from(h) * f64::from(f) * f64::from(k + 1);
         group.throughput(Throughput::Elements(flops as u64));
         group.bench_function(BenchmarkId::new("forward (flops)", tokens), |b| {
             b.iter(|| ctx.run(&plan.dispatches()).expect("forward"));
         });
-        let weights = ctx.upload("weights", &Synth::new(3).uniform((tokens * k) as usize, 1.0));
-        let partial = ctx.upload("partial", &Synth::new(4).uniform((tokens * k * h) as usize, 1.0));
+        let weights = ctx
+            .upload("weights", &Synth::new(3).uniform((tokens * k) as usize, 1.0))
+            .expect("benchmark buffer");
+        let partial = ctx
+            .upload("partial", &Synth::new(4).uniform((tokens * k * h) as usize, 1.0))
+            .expect("benchmark buffer");
         let bufs = CombineBuffers { weights: &weights, partial: &partial, shared: None, y: &y };
         let combine = plan_combine(&ctx, tokens, h, k, &bufs, CombineMode::OneLaunch).expect("combine plan");
         let combine: Vec<_> = combine.iter().collect();

@@ -24,11 +24,11 @@ fn routing(c: &mut Criterion) {
     }
     for tokens in [1u32, 8, 512] {
         let (x, gate) = Synth::new(1).routing(tokens as usize, hidden as usize, experts as usize);
-        let xb = ctx.upload("x", &x);
-        let gb = ctx.upload("gate", &gate);
-        let logits = ctx.zeroed("logits", u64::from(tokens * experts) * 4);
-        let indices = ctx.zeroed("indices", u64::from(tokens * k) * 4);
-        let weights = ctx.zeroed("weights", u64::from(tokens * k) * 4);
+        let xb = ctx.upload("x", &x).expect("benchmark buffer");
+        let gb = ctx.upload("gate", &gate).expect("benchmark buffer");
+        let logits = ctx.zeroed("logits", u64::from(tokens * experts) * 4).expect("benchmark buffer");
+        let indices = ctx.zeroed("indices", u64::from(tokens * k) * 4).expect("benchmark buffer");
+        let weights = ctx.zeroed("weights", u64::from(tokens * k) * 4).expect("benchmark buffer");
         let bufs = RouteBuffers {
             x: &xb,
             gate: &gb,

@@ -18,11 +18,15 @@ use clap::{Parser, ValueEnum};
 use moeflow::bench::Sampler;
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::gemm::WeightDtype;
+use moeflow::kernels::routing::GroupLimit;
 use moeflow::kernels::routing::RouteMode;
 use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
-use moeflow::weights::{LoadOptions, OutTensor, load_input, load_layer, read_file, write_tensors};
+use moeflow::weights::{
+    Family, LoadOptions, OutTensor, RoutingFlags, check_output_path, load_input, load_layer, read_file,
+    write_tensors,
+};
 use moeflow::{AdapterSelector, Context, Error, Result};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -62,12 +66,28 @@ struct Args {
     /// Output file (safetensors).
     #[arg(long)]
     output: Option<PathBuf>,
-    /// The model's Hugging Face config.json.
+    /// The model's Hugging Face config.json (its `model_type` decides the routing semantics).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Family of the weights file (`mixtral`, `qwen2_moe`, `qwen3_moe`, `olmoe`, `deepseek_v2`,
+    /// `deepseek_v3`) when no config.json names it.
+    #[arg(long)]
+    family: Option<String>,
     /// Experts per token (synthetic model: default 8; weights file: when no config.json says).
     #[arg(long)]
     k: Option<u32>,
+    /// `norm_topk_prob`: renormalise the top-k weights (weights file without config.json).
+    #[arg(long)]
+    norm_topk_prob: Option<bool>,
+    /// `n_group` for DeepSeek-V3 group-limited routing (1: none); needs --topk-group.
+    #[arg(long, requires = "topk_group")]
+    n_group: Option<u32>,
+    /// `topk_group`: groups kept per token; needs --n-group.
+    #[arg(long, requires = "n_group")]
+    topk_group: Option<u32>,
+    /// `routed_scaling_factor` (DeepSeek) for a weights file without config.json.
+    #[arg(long)]
+    routed_scaling_factor: Option<f32>,
     /// Expert weight dtype on the device (default: the file's, or f32 for the synthetic model).
     #[arg(long, value_enum)]
     dtype: Option<Dtype>,
@@ -154,6 +174,15 @@ fn run(args: &Args) -> Result<bool> {
 }
 
 fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
+    let (input, output) = match (&args.input, &args.output) {
+        (Some(i), Some(o)) => (i, o),
+        _ => return Err(Error::invalid("--weights needs --input and --output")),
+    };
+    let mut inputs = vec![weights, input.as_path()];
+    if let Some(c) = &args.config {
+        inputs.push(c);
+    }
+    check_output_path(output, &inputs)?;
     let config = match &args.config {
         Some(p) => Some(
             serde_json::from_slice(&read_file(p)?)
@@ -161,24 +190,20 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
         ),
         None => None,
     };
-    let opts = LoadOptions { prefix: args.prefix.clone(), config, k: args.k, dtype: args.dtype.map(dtype) };
-    let (cfg, w, scheme) = load_layer(&read_file(weights)?, &weights.display().to_string(), &opts)?;
-    let cfg = apply_modes(cfg, args);
-    println!(
-        "layer: {scheme:?} names, H={} F={} E={} k={} {:?}{}{}, weights {:?}",
-        cfg.hidden,
-        cfg.ffn,
-        cfg.experts,
-        cfg.k,
-        cfg.gating,
-        if cfg.bias { " +bias" } else { "" },
-        cfg.shared_ffn.map(|f| format!(", shared expert F={f}")).unwrap_or_default(),
-        cfg.weight_dtype
-    );
-    let (input, output) = match (&args.input, &args.output) {
-        (Some(i), Some(o)) => (i, o),
-        _ => return Err(Error::invalid("--weights needs --input and --output")),
+    let routing = RoutingFlags {
+        family: args.family.as_deref().map(str::parse::<Family>).transpose()?,
+        k: args.k,
+        norm_topk_prob: args.norm_topk_prob,
+        groups: match (args.n_group, args.topk_group) {
+            (Some(n_group), Some(topk_group)) => Some(GroupLimit { n_group, topk_group }),
+            _ => None,
+        },
+        routed_scaling_factor: args.routed_scaling_factor,
     };
+    let opts = LoadOptions { prefix: args.prefix.clone(), config, routing, dtype: args.dtype.map(dtype) };
+    let loaded = load_layer(&read_file(weights)?, &weights.display().to_string(), &opts)?;
+    let cfg = apply_modes(loaded.config, args);
+    println!("layer: {} at `{}`: {cfg}", loaded.routing.family, loaded.prefix);
     let (x, tokens, hidden) = load_input(&read_file(input)?, &input.display().to_string())?;
     if hidden != cfg.hidden as usize {
         return Err(Error::shape(
@@ -187,7 +212,7 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
             format!("[{tokens}, {hidden}]"),
         ));
     }
-    let layer = MoeLayer::new(ctx, cfg, &w)?;
+    let layer = MoeLayer::new(ctx, cfg, &loaded.weights)?;
     let out = layer.forward_host(ctx, &x)?;
     let mut counts = vec![0u32; cfg.experts as usize];
     for &i in &out.indices {
@@ -197,10 +222,10 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
     write_tensors(
         output,
         &[
-            OutTensor::F32("output", vec![tokens, hidden], &out.y),
-            OutTensor::U32("topk_indices", vec![tokens, k], &out.indices),
-            OutTensor::F32("topk_weights", vec![tokens, k], &out.weights),
-            OutTensor::U32("expert_counts", vec![cfg.experts as usize], &counts),
+            OutTensor::F32("output", &[tokens, hidden], &out.y),
+            OutTensor::U32("topk_indices", &[tokens, k], &out.indices),
+            OutTensor::F32("topk_weights", &[tokens, k], &out.weights),
+            OutTensor::U32("expert_counts", &[cfg.experts as usize], &counts),
         ],
     )?;
     println!("wrote {} ({tokens} tokens)", output.display());
@@ -208,30 +233,36 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
 }
 
 fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
+    let file_only = [
+        ("--config", args.config.is_some()),
+        ("--family", args.family.is_some()),
+        ("--norm-topk-prob", args.norm_topk_prob.is_some()),
+        ("--n-group", args.n_group.is_some()),
+        ("--routed-scaling-factor", args.routed_scaling_factor.is_some()),
+        ("--prefix", args.prefix.is_some()),
+    ];
+    if let Some((flag, _)) = file_only.iter().find(|(_, given)| *given) {
+        return Err(Error::invalid(format!(
+            "{flag} applies to a weights file (--weights), not the synthetic model"
+        )));
+    }
     let cfg = apply_modes(
         MoeConfig {
             shared_ffn: (args.shared_ffn > 0).then_some(args.shared_ffn),
             weight_dtype: args.dtype.map_or(WeightDtype::F32, dtype),
-            ..MoeConfig::new(args.hidden, args.ffn, args.experts, args.k.unwrap_or(8).min(args.experts))
+            ..MoeConfig::new(args.hidden, args.ffn, args.experts, args.k.unwrap_or(8))
         },
         args,
     );
+    cfg.validate()?;
     let (m, h) = (args.tokens as usize, args.hidden as usize);
-    println!(
-        "synthetic layer: M={m} H={h} F={} E={} k={}{}, softmax top-k renormalised, {:?} weights, seed {}",
-        cfg.ffn,
-        cfg.experts,
-        cfg.k,
-        cfg.shared_ffn.map(|f| format!(" + shared expert F={f}")).unwrap_or_default(),
-        cfg.weight_dtype,
-        args.seed
-    );
+    println!("synthetic layer: M={m}, {cfg}, seed {}", args.seed);
     let mut synth = Synth::new(args.seed);
     let w: MoeWeights = synth.moe_weights(&cfg);
     let x = synth.uniform(m * h, 1.0);
     let layer = MoeLayer::new(ctx, cfg, &w)?;
-    let xb = ctx.upload("x", &x);
-    let yb = ctx.zeroed("y", (m * h) as u64 * 4);
+    let xb = ctx.upload("x", &x)?;
+    let yb = ctx.zeroed("y", (m * h) as u64 * 4)?;
     let plan = layer.plan(ctx, args.tokens, &xb, &yb)?;
     let stages = plan.stages();
     let passes: Vec<Vec<&moeflow::Dispatch>> = stages.iter().map(|(_, d)| d.clone()).collect();

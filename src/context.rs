@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -221,17 +222,47 @@ impl AdapterSelector {
     }
 }
 
-/// An instance over every backend, narrowed by wgpu's own `WGPU_BACKEND` variable if set.
-fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+/// The one wgpu instance that every [`Context`] moeflow opens on Vulkan, Metal or DX12 shares
+/// (every backend but GL, narrowed by wgpu's own `WGPU_BACKEND` variable if set).
+///
+/// wgpu tells resources of different devices apart only within one instance: a buffer made
+/// through another instance can be taken for an unrelated buffer of this one, where within one
+/// instance it is refused. An app that brings its own device ([`Context::from_wgpu`]) should
+/// create it from an adapter of [`wgpu_adapters`] (or make sure every buffer it hands to
+/// moeflow comes from the same instance as that device).
+///
+/// GL is the exception: wgpu 30 runs every device of one instance on a single EGL context
+/// behind a lock that panics after six seconds of waiting, so GL adapters come from an
+/// instance of their own each time (see [`wgpu_adapters`]), and wgpu cannot tell the buffers
+/// of two GL contexts apart. Keep each GL [`Context`]'s buffers to that context.
+pub fn instance() -> &'static wgpu::Instance {
+    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        desc.backends = instance_backends().difference(wgpu::Backends::GL);
+        wgpu::Instance::new(desc)
+    })
 }
 
-fn all_adapters() -> Vec<wgpu::Adapter> {
-    let instance = instance();
-    pollster::block_on(instance.enumerate_adapters(instance_backends()))
-        .into_iter()
-        .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
-        .collect()
+/// Every adapter wgpu can see: those of [`instance`], enumerated once per process and kept,
+/// then the GL adapters of a fresh GL-only instance.
+pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
+    static SHARED: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
+    let mut adapters = SHARED
+        .get_or_init(|| {
+            pollster::block_on(
+                instance().enumerate_adapters(instance_backends().difference(wgpu::Backends::GL)),
+            )
+        })
+        .clone();
+    let gl = instance_backends().intersection(wgpu::Backends::GL);
+    if !gl.is_empty() {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        desc.backends = gl;
+        adapters.extend(pollster::block_on(wgpu::Instance::new(desc).enumerate_adapters(gl)));
+    }
+    adapters.retain(|a| a.get_info().backend != wgpu::Backend::Noop);
+    adapters
 }
 
 fn instance_backends() -> wgpu::Backends {
@@ -259,10 +290,20 @@ fn preference(info: &wgpu::AdapterInfo) -> (u8, u8) {
 
 /// Every adapter wgpu can see, described with the features and limits moeflow uses.
 pub fn adapters() -> Vec<AdapterDescription> {
-    all_adapters()
+    wgpu_adapters()
         .iter()
         .map(|a| AdapterDescription::new(&a.get_info(), Capabilities::wanted(a.features()), &a.limits()))
         .collect()
+}
+
+/// A callback run when the device is lost: the reason and wgpu's message.
+type LostCallback = Box<dyn Fn(wgpu::DeviceLostReason, &str) + Send>;
+
+/// Whether the device is gone, recorded by the device-lost callback moeflow installs.
+#[derive(Default)]
+struct DeviceHealth {
+    lost: Mutex<Option<String>>,
+    app_callback: Mutex<Option<LostCallback>>,
 }
 
 /// A wgpu device and queue, what they can do, and moeflow's pipeline cache.
@@ -273,6 +314,7 @@ pub struct Context {
     queue: wgpu::Queue,
     description: AdapterDescription,
     pipelines: PipelineCache,
+    health: Arc<DeviceHealth>,
 }
 
 impl fmt::Debug for Context {
@@ -294,7 +336,7 @@ impl Context {
 
     /// Opens the best adapter that `selector` matches.
     pub fn with_selector(selector: &AdapterSelector) -> Result<Self> {
-        let adapters = all_adapters();
+        let adapters = wgpu_adapters();
         let found: Vec<String> = adapters
             .iter()
             .map(|a| {
@@ -319,7 +361,7 @@ impl Context {
 
     /// Opens one context per adapter wgpu can see (in enumeration order).
     pub fn all() -> Result<Vec<Self>> {
-        all_adapters().iter().map(Context::from_adapter).collect()
+        wgpu_adapters().iter().map(Context::from_adapter).collect()
     }
 
     /// Creates a device on `adapter` with every optional feature moeflow uses that the
@@ -338,10 +380,59 @@ impl Context {
 
     /// Wraps a device and queue that the application already owns. moeflow uses only the
     /// features and limits the device was created with, and says which in [`Self::capabilities`].
+    ///
+    /// moeflow installs the device's device-lost callback (wgpu keeps one per device) so that
+    /// every later call returns [`Error::DeviceLost`] instead of working on a dead device; an
+    /// app that wants to hear of the loss too passes its own callback to
+    /// [`Context::on_device_lost`]. See [`instance`] for where the device should come from.
     pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let description =
             AdapterDescription::new(&device.adapter_info(), device.features(), &device.limits());
-        Context { device, queue, description, pipelines: PipelineCache::default() }
+        let health = Arc::new(DeviceHealth::default());
+        let recorder = Arc::downgrade(&health);
+        device.set_device_lost_callback(move |reason, message| {
+            if let Some(h) = recorder.upgrade() {
+                let text = format!("{reason:?}: {message}");
+                *lock(&h.lost) = Some(text);
+                if let Some(app) = lock(&h.app_callback).as_ref() {
+                    app(reason, &message);
+                }
+            }
+        });
+        Context { device, queue, description, pipelines: PipelineCache::default(), health }
+    }
+
+    /// Runs `callback` (after moeflow has recorded the loss) when the device is lost.
+    pub fn on_device_lost(&self, callback: impl Fn(wgpu::DeviceLostReason, &str) + Send + 'static) {
+        *lock(&self.health.app_callback) = Some(Box::new(callback));
+    }
+
+    /// `Err(DeviceLost)` once the device is lost or destroyed.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] with wgpu's reason.
+    pub fn check_alive(&self) -> Result<()> {
+        match lock(&self.health.lost).as_ref() {
+            Some(why) => Err(Error::DeviceLost(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` inside validation, out-of-memory and internal error scopes and turns the first
+    /// captured error into `Err`; a device lost meanwhile is `Err(DeviceLost)`.
+    pub(crate) fn checked<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T> {
+        self.check_alive()?;
+        let device = self.device();
+        let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let value = f();
+        let errors = [validation.pop(), memory.pop(), internal.pop()].map(pollster::block_on);
+        self.check_alive()?;
+        match errors.into_iter().flatten().next() {
+            None => Ok(value),
+            Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
+        }
     }
 
     /// The device.
@@ -372,6 +463,11 @@ impl Context {
     pub(crate) fn pipelines(&self) -> &PipelineCache {
         &self.pipelines
     }
+}
+
+/// Locks `m`, taking the data of a poisoned lock as it is (no state here is left half-made).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

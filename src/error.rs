@@ -26,6 +26,9 @@ pub enum Error {
     /// wgpu reported a validation or out-of-memory error, or the device was lost.
     #[error("GPU error in {context}: {message}")]
     Gpu { context: String, message: String },
+    /// The device was lost or destroyed; nothing more can run on it.
+    #[error("the GPU device is lost ({0}); create a new Context")]
+    DeviceLost(String),
     /// A benchmark's outputs disagreed with their reference, so it reports no timing.
     #[error("validation failed {0}")]
     Validation(String),

@@ -10,7 +10,7 @@ use bytemuck::Pod;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Dispatch, checked};
+use crate::pipeline::Dispatch;
 
 /// Usages every moeflow data buffer gets: bindable as storage, copyable both ways.
 pub const DATA_USAGE: wgpu::BufferUsages =
@@ -44,40 +44,72 @@ pub fn record(encoder: &mut wgpu::CommandEncoder, dispatches: &[&Dispatch]) {
 }
 
 impl Context {
-    /// A buffer with `data` in it, usable as storage and as a copy source or target.
-    pub fn upload<T: Pod>(&self, label: &str, data: &[T]) -> wgpu::Buffer {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let buffer = self.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: padded(bytes.len() as u64),
-            usage: DATA_USAGE,
-            mapped_at_creation: true,
-        });
-        fill_mapped(&buffer, bytes);
-        buffer
-    }
-
-    /// A zero-filled storage buffer of `bytes` bytes (rounded up to 4).
-    pub fn zeroed(&self, label: &str, bytes: u64) -> wgpu::Buffer {
-        self.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: padded(bytes),
-            usage: DATA_USAGE,
-            mapped_at_creation: false,
+    /// A buffer of `bytes` bytes (rounded up to 4) with `usage`, checked against the device's
+    /// limits before it is made and created inside an error scope.
+    fn buffer(
+        &self,
+        label: &str,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+        mapped: bool,
+    ) -> Result<wgpu::Buffer> {
+        self.check_alive()?;
+        let size = padded(bytes);
+        let max = self.limits().max_buffer_size;
+        if size > max {
+            return Err(Error::limit(format!("buffer `{label}`"), size, max, "max_buffer_size"));
+        }
+        self.checked(label, || {
+            self.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: mapped,
+            })
         })
     }
 
-    /// A uniform buffer holding `value`.
-    pub(crate) fn uniform<T: Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
-        let bytes = bytemuck::bytes_of(value);
-        let buffer = self.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: padded(bytes.len() as u64),
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: true,
-        });
+    /// A buffer with `data` in it, usable as storage and as a copy source or target.
+    ///
+    /// # Errors
+    /// A size past `max_buffer_size`, an allocation the device refuses, or a lost device.
+    pub fn upload<T: Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let buffer = self.buffer(label, bytes.len() as u64, DATA_USAGE, true)?;
         fill_mapped(&buffer, bytes);
-        buffer
+        Ok(buffer)
+    }
+
+    /// A zero-filled storage buffer of `bytes` bytes (rounded up to 4).
+    ///
+    /// # Errors
+    /// As [`Context::upload`].
+    pub fn zeroed(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        self.buffer(label, bytes, DATA_USAGE, false)
+    }
+
+    /// A zero-filled buffer of `bytes` bytes that a kernel binds whole as storage: checked
+    /// against `max_storage_buffer_binding_size` before it is allocated.
+    pub(crate) fn storage_scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        let limit = self.limits().max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(Error::limit(
+                format!("buffer `{label}`"),
+                bytes,
+                limit,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        self.zeroed(label, bytes)
+    }
+
+    /// A uniform buffer holding `value`.
+    pub(crate) fn uniform<T: Pod>(&self, label: &str, value: &T) -> Result<wgpu::Buffer> {
+        let bytes = bytemuck::bytes_of(value);
+        let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        let buffer = self.buffer(label, bytes.len() as u64, usage, true)?;
+        fill_mapped(&buffer, bytes);
+        Ok(buffer)
     }
 
     /// Submits `encoder` and waits until the device has finished it.
@@ -86,7 +118,11 @@ impl Context {
     /// blocking wait can keep this thread busy on a core the driver's own shader threads need;
     /// there the thread polls the submission and sleeps 50 µs between polls instead, so shader
     /// threads are not descheduled behind it (a persistent queue's producers most of all).
+    ///
+    /// # Errors
+    /// A lost device (before or during the wait), or a failed poll.
     pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.check_alive()?;
         let gpu_error = |e: wgpu::PollError| Error::Gpu {
             context: "waiting for submission".into(),
             message: e.to_string(),
@@ -96,19 +132,20 @@ impl Context {
             self.device()
                 .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
                 .map_err(gpu_error)?;
-            return Ok(());
+            return self.check_alive();
         }
         let done = Arc::new(AtomicBool::new(false));
         self.queue().submit([encoder.finish()]);
         let flag = done.clone();
         self.queue().on_submitted_work_done(move || flag.store(true, Ordering::Release));
         while !done.load(Ordering::Acquire) {
+            self.check_alive()?;
             self.device().poll(wgpu::PollType::Poll).map_err(gpu_error)?;
             if !done.load(Ordering::Acquire) {
                 std::thread::sleep(CPU_ADAPTER_POLL);
             }
         }
-        Ok(())
+        self.check_alive()
     }
 
     /// A fresh command encoder.
@@ -116,21 +153,24 @@ impl Context {
         self.device().create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
     }
 
-    /// Records `dispatches` in one pass, submits, and waits; GPU validation errors come back
-    /// as `Err`.
+    /// Records `dispatches` in one pass, submits, and waits.
+    ///
+    /// # Errors
+    /// A validation error while recording or submitting (a destroyed buffer, say), or a lost
+    /// device.
     pub fn run(&self, dispatches: &[&Dispatch]) -> Result<()> {
-        let scope = self.device().push_error_scope(wgpu::ErrorFilter::Validation);
         let mut encoder = self.encoder("moeflow run");
         record(&mut encoder, dispatches);
-        let submitted = self.submit_and_wait(encoder);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Gpu { context: "run".into(), message: e.to_string() });
-        }
-        submitted
+        self.checked("run", || self.submit_and_wait(encoder))?
     }
 
     /// Copies the first `len` elements of `buffer` to the host.
+    ///
+    /// # Errors
+    /// More elements than the buffer holds, a buffer without `COPY_SRC`, a destroyed or
+    /// mapped buffer (a validation error), a failed mapping, or a lost device.
     pub fn read_back<T: Pod>(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>> {
+        self.check_alive()?;
         let bytes = (len * std::mem::size_of::<T>()) as u64;
         if bytes > buffer.size() {
             return Err(Error::shape(
@@ -142,26 +182,29 @@ impl Context {
         if len == 0 {
             return Ok(Vec::new());
         }
-        let staging = checked(self.device(), "readback staging buffer", || {
-            self.device().create_buffer(&wgpu::BufferDescriptor {
-                label: Some("moeflow readback"),
-                size: padded(bytes),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        })?;
+        if !buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(Error::Readback(format!(
+                "the buffer has usages {:?}, without COPY_SRC, so it cannot be copied out",
+                buffer.usage()
+            )));
+        }
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = self.buffer("moeflow readback", bytes, usage, false)?;
         let mut encoder = self.encoder("moeflow readback");
         encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded(bytes).min(buffer.size()));
-        self.submit_and_wait(encoder)?;
+        self.checked("readback copy", || self.submit_and_wait(encoder))??;
         let slice = staging.slice(..);
         let (tx, rx) = mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            // The receiver waits below; a send error only means it is gone already.
-            let _ = tx.send(r);
-        });
+        self.checked("readback mapping", || {
+            slice.map_async(wgpu::MapMode::Read, move |r| {
+                // The receiver waits below; a send error only means it is gone already.
+                let _ = tx.send(r);
+            })
+        })?;
         self.device()
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Readback(e.to_string()))?;
+        self.check_alive()?;
         rx.recv().map_err(|e| Error::Readback(e.to_string()))?.map_err(|e| Error::Readback(e.to_string()))?;
         let view = slice.get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
         let out = bytemuck::cast_slice::<u8, T>(&view[..bytes as usize]).to_vec();

@@ -6,6 +6,8 @@
 //! path) -> `experts` (SwiGLU expert FFN) -> `shared` (shared expert over all tokens, if any)
 //! -> `combine` (weighted sum in slot order, plus the shared row).
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
@@ -124,6 +126,22 @@ impl MoeConfig {
             return Err(Error::invalid("capacity bound must be at least 1"));
         }
         Ok(())
+    }
+}
+
+/// The layer in words: shapes, the complete routing, shared expert, capacity and dtype.
+impl fmt::Display for MoeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "H={} F={}; {}", self.hidden, self.ffn, self.route())?;
+        match (self.shared_ffn, self.shared_gate) {
+            (Some(fs), true) => write!(f, "; shared expert F={fs} scaled by sigmoid(x . g)")?,
+            (Some(fs), false) => write!(f, "; shared expert F={fs}")?,
+            (None, _) => write!(f, "; no shared expert")?,
+        }
+        if let Capacity::Bounded { bound, policy } = self.capacity {
+            write!(f, "; at most {bound} entries per expert, {policy:?} past it")?;
+        }
+        write!(f, "; {:?} expert weights", self.weight_dtype)
     }
 }
 
@@ -299,8 +317,8 @@ impl MoeLayer {
         };
         Ok(MoeLayer {
             cfg,
-            router: ctx.upload("router", &weights.router),
-            bias: weights.bias.as_ref().map(|b| ctx.upload("router bias", b)),
+            router: ctx.upload("router", &weights.router)?,
+            bias: weights.bias.as_ref().map(|b| ctx.upload("router bias", b)).transpose()?,
             experts,
             shared,
             shared_gate,
@@ -325,16 +343,22 @@ impl MoeLayer {
         let entries = tokens
             .checked_mul(c.k)
             .ok_or_else(|| Error::limit("tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
-        let indices = ctx.zeroed("topk indices", t * k * 4);
-        let weights = ctx.zeroed("topk weights", t * k * 4);
-        let logits = ctx.zeroed("router logits", t * u64::from(c.experts) * 4);
-        let partial = ctx.zeroed("expert outputs", t * k * h * 4);
+        // Every buffer is sized and checked against the binding limit before any is made, and
+        // nothing is allocated that this configuration does not use.
+        let scratch = |label: &str, bytes: u64| ctx.storage_scratch(label, bytes);
+        let indices = scratch("topk indices", t * k * 4)?;
+        let weights = scratch("topk weights", t * k * 4)?;
+        let logits = match c.route_mode.writes_logits() {
+            true => Some(scratch("router logits", t * u64::from(c.experts) * 4)?),
+            false => None,
+        };
+        let partial = scratch("expert outputs", t * k * h * 4)?;
         let mut stages = Vec::new();
         let route_bufs = RouteBuffers {
             x,
             gate: &self.router,
             bias: self.bias.as_ref(),
-            logits: Some(&logits),
+            logits: logits.as_ref(),
             indices: &indices,
             weights: &weights,
         };
@@ -382,21 +406,23 @@ impl MoeLayer {
                 buckets = Some(b);
             }
         }
-        let shared_rows = ctx.zeroed("shared expert output", t * h * 4);
-        let shared_logits = ctx.zeroed("shared gate logits", t * 4);
+        let mut shared = None;
         if let Some(s) = &self.shared {
-            let mut ds = plan_ffn_all_experts(ctx, s, tokens, x, &shared_rows)?.into_dispatches();
-            if let Some(g) = &self.shared_gate {
-                ds.extend(
-                    plan_dense(ctx, g, tokens, x, &shared_logits, DenseKernel::Rowwise)?.into_dispatches(),
-                );
-            }
+            let rows = scratch("shared expert output", t * h * 4)?;
+            let mut ds = plan_ffn_all_experts(ctx, s, tokens, x, &rows)?.into_dispatches();
+            let gate_logits = match &self.shared_gate {
+                Some(g) => {
+                    let gl = scratch("shared gate logits", t * 4)?;
+                    ds.extend(plan_dense(ctx, g, tokens, x, &gl, DenseKernel::Rowwise)?.into_dispatches());
+                    Some(gl)
+                }
+                None => None,
+            };
             stages.push(("shared", ds));
+            shared = Some((rows, gate_logits));
         }
-        let shared = self.shared.as_ref().map(|_| Shared {
-            rows: &shared_rows,
-            gate_logits: self.shared_gate.as_ref().map(|_| &shared_logits),
-        });
+        let shared =
+            shared.as_ref().map(|(rows, gate_logits)| Shared { rows, gate_logits: gate_logits.as_ref() });
         let combine = CombineBuffers { weights: &weights, partial: &partial, shared, y };
         stages.push(("combine", plan_combine(ctx, tokens, c.hidden, c.k, &combine, c.combine)?));
         Ok(ForwardPlan { tokens, stages, indices, weights, layout, buckets })
@@ -411,8 +437,8 @@ impl MoeLayer {
         }
         let tokens = u32::try_from(x.len() / h)
             .map_err(|_| Error::limit("tokens", (x.len() / h) as u64, u32::MAX.into(), "u32"))?;
-        let xb = ctx.upload("x", x);
-        let yb = ctx.zeroed("y", x.len() as u64 * 4);
+        let xb = ctx.upload("x", x)?;
+        let yb = ctx.zeroed("y", x.len() as u64 * 4)?;
         let plan = self.plan(ctx, tokens, &xb, &yb)?;
         ctx.run(&plan.dispatches())?;
         let n = tokens as usize * self.cfg.k as usize;

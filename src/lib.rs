@@ -20,7 +20,9 @@ pub mod shader;
 pub mod synth;
 pub mod weights;
 
-pub use context::{AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters};
+pub use context::{
+    AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters, instance, wgpu_adapters,
+};
 pub use error::{Error, Result};
 pub use pipeline::Dispatch;
 

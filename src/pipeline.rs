@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
-use crate::context::Context;
+use crate::context::{Context, lock};
 use crate::error::{Error, Result};
 use crate::shader::ShaderSource;
 
@@ -75,20 +75,6 @@ struct PipelineKey {
 pub(crate) struct PipelineCache {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Kernel>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Runs `f` inside a validation error scope and turns a captured error into `Err`.
-pub(crate) fn checked<T>(device: &wgpu::Device, context: &str, f: impl FnOnce() -> T) -> Result<T> {
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let value = f();
-    match pollster::block_on(scope.pop()) {
-        None => Ok(value),
-        Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
-    }
 }
 
 /// One buffer bound at `binding`, covering bytes `[offset, offset + size)`.
@@ -166,7 +152,7 @@ impl Context {
                 Some(m) => m.clone(),
                 None => {
                     let source = spec.shader.compose();
-                    let m = checked(device, spec.shader.name, || {
+                    let m = self.checked(spec.shader.name, || {
                         device.create_shader_module(wgpu::ShaderModuleDescriptor {
                             label: Some(spec.shader.name),
                             source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -177,7 +163,7 @@ impl Context {
                 }
             }
         };
-        let kernel = checked(device, spec.entry, || {
+        let kernel = self.checked(spec.entry, || {
             let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some(spec.entry),
                 entries: &spec.layout_entries(),
@@ -269,7 +255,7 @@ impl Context {
                 }),
             })
             .collect();
-        let bind_group = checked(self.device(), kernel.spec.entry, || {
+        let bind_group = self.checked(kernel.spec.entry, || {
             self.device().create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(kernel.spec.entry),
                 layout: &kernel.layout,

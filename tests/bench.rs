@@ -46,10 +46,10 @@ impl Comparison for Scripted {
     fn build(&self, ctx: &Context, size: &Size, _seed: u64) -> Result<Case> {
         let m = size.get("M");
         let cfg = RouteConfig::new(8, 4, 2);
-        let x = ctx.upload("x", &vec![0.5f32; (m * 8) as usize]);
-        let gate = ctx.upload("gate", &[0.25f32; 32]);
-        let idx = ctx.zeroed("indices", u64::from(m) * 8);
-        let w = ctx.zeroed("weights", u64::from(m) * 8);
+        let x = ctx.upload("x", &vec![0.5f32; (m * 8) as usize]).unwrap();
+        let gate = ctx.upload("gate", &[0.25f32; 32]).unwrap();
+        let idx = ctx.zeroed("indices", u64::from(m) * 8).unwrap();
+        let w = ctx.zeroed("weights", u64::from(m) * 8).unwrap();
         let bufs = RouteBuffers { x: &x, gate: &gate, bias: None, logits: None, indices: &idx, weights: &w };
         let plan = |ctx| plan_route(ctx, &cfg, m, &bufs, RouteMode::Fused { write_logits: false });
         let (fail, calls) = (self.fail, self.calls.clone());

@@ -324,9 +324,9 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
     let x = Synth::new(5).uniform(37 * 40, 1.0);
     for ctx in contexts() {
         let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
-        let xb = ctx.upload("x", &x);
+        let xb = ctx.upload("x", &x).unwrap();
         let want = {
-            let y = ctx.zeroed("y", x.len() as u64 * 4);
+            let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
             ctx.run(&layer.plan(&ctx, 37, &xb, &y).unwrap().dispatches()).unwrap();
             ctx.read_back::<f32>(&y, x.len()).unwrap()
         };
@@ -335,7 +335,7 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
             Executor::Fused(Fusion::Neighbours),
             Executor::Queue(QueueOptions::new(4, Granularity::Fine)),
         ] {
-            let y = ctx.zeroed("y", x.len() as u64 * 4);
+            let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
             let graph = layer_graph(layer.plan(&ctx, 37, &xb, &y).unwrap()).unwrap();
             let names: Vec<&str> = graph.stages().iter().map(|s| s.name.as_str()).collect();
             assert_eq!(names, ["route", "dispatch", "experts", "shared", "combine"]);

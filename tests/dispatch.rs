@@ -99,7 +99,7 @@ fn device_and_host_dispatch_give_identical_layouts() {
         for (tokens, experts, k, tile) in [(300u32, 60u32, 4u32, 16u32), (1, 8, 2, 64), (2000, 330, 8, 32)] {
             let cfg = DispatchConfig { experts, k, tile };
             let idx = indices(Dist::Zipf, tokens, experts, k, 5);
-            let buf = ctx.upload("indices", &idx);
+            let buf = ctx.upload("indices", &idx).unwrap();
             let device = DispatchLayout::new(&ctx, cfg, tokens, 0).unwrap();
             let plan = device.plan(&ctx, &buf).unwrap();
             ctx.run(&plan.iter().collect::<Vec<_>>()).unwrap();
@@ -126,7 +126,7 @@ fn buckets_keep_stable_order_and_overflow_or_drop_past_the_bound() {
             let winners = indices(Dist::Zipf, tokens, n_caps, 1, 9);
             let want_layout = reference::layout(&winners, n_caps, 1, bound);
             let (want_pad, want_over) = reference::buckets(&want_layout, bound);
-            let buf = ctx.upload("winners", &winners);
+            let buf = ctx.upload("winners", &winners).unwrap();
             for policy in [OverflowPolicy::Overflow, OverflowPolicy::Drop] {
                 let cfg = BucketConfig { n_caps, bound, policy };
                 let b = BucketLayout::new(&ctx, cfg, tokens).unwrap();
@@ -181,9 +181,9 @@ fn bucket_winners_are_an_argmax_with_the_routing_tie_rule() {
                 best as u32
             })
             .collect();
-        let sb = ctx.upload("scores", &scores);
-        let winners = ctx.zeroed("winners", u64::from(tokens) * 4);
-        let values = ctx.zeroed("values", u64::from(tokens) * 4);
+        let sb = ctx.upload("scores", &scores).unwrap();
+        let winners = ctx.zeroed("winners", u64::from(tokens) * 4).unwrap();
+        let values = ctx.zeroed("values", u64::from(tokens) * 4).unwrap();
         let argmax =
             moeflow::kernels::routing::plan_argmax(&ctx, &sb, tokens, n_caps, &winners, &values).unwrap();
         let cfg = BucketConfig { n_caps, bound, policy: OverflowPolicy::Overflow };
@@ -206,7 +206,7 @@ fn load_statistics_come_from_counts_and_meta() {
     for ctx in contexts() {
         let idx = [3u32, 3, 3, 1];
         let layout = DispatchLayout::new(&ctx, DispatchConfig { experts: 4, k: 1, tile: 4 }, 4, 2).unwrap();
-        let buf = ctx.upload("indices", &idx);
+        let buf = ctx.upload("indices", &idx).unwrap();
         ctx.run(&layout.plan(&ctx, &buf).unwrap().iter().collect::<Vec<_>>()).unwrap();
         let s = layout.stats(&ctx).unwrap();
         assert_eq!(s.per_expert, vec![0, 1, 0, 3]);
@@ -214,7 +214,7 @@ fn load_statistics_come_from_counts_and_meta() {
         assert_eq!(s.mean, 1.0);
         assert_eq!(s.imbalance, 3.0);
         // An out-of-range index that reaches the device is counted, never written out of bounds.
-        let bad = ctx.upload("indices", &[0u32, 9, 1, 1]);
+        let bad = ctx.upload("indices", &[0u32, 9, 1, 1]).unwrap();
         ctx.run(&layout.plan(&ctx, &bad).unwrap().iter().collect::<Vec<_>>()).unwrap();
         let l = layout.read(&ctx).unwrap();
         assert_eq!(l.meta.invalid, 1);
@@ -247,7 +247,7 @@ fn bad_input_is_an_error() {
                 .to_string();
         assert!(err.contains("bound must be at least 1"), "{err}");
         let layout = DispatchLayout::new(&ctx, cfg, 100, 0).unwrap();
-        let err = layout.plan(&ctx, &ctx.zeroed("short", 16)).unwrap_err().to_string();
+        let err = layout.plan(&ctx, &ctx.zeroed("short", 16).unwrap()).unwrap_err().to_string();
         assert!(err.contains("`indices`"), "{err}");
     }
 }

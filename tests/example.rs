@@ -13,7 +13,7 @@ use moeflow::kernels::routing::{Gating, GroupLimit};
 use moeflow::layer::{MoeConfig, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
-use moeflow::weights::{LoadOptions, load_layer};
+use moeflow::weights::{Family, LoadOptions, RoutingFlags, load_layer};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 /// The `moe_layer` example binary.
@@ -116,13 +116,17 @@ fn case(scheme: Scheme) -> (MoeConfig, Dtype, Option<serde_json::Value>, Vec<&'s
                 ..base
             },
             Dtype::BF16,
-            Some(serde_json::json!({"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false})),
+            Some(
+                serde_json::json!({"model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false}),
+            ),
             vec![],
         ),
         Scheme::Olmoe => (
             MoeConfig { renormalize: false, weight_dtype: WeightDtype::F16, ..base },
             Dtype::F16,
-            Some(serde_json::json!({"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false})),
+            Some(
+                serde_json::json!({"model_type": "olmoe", "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false}),
+            ),
             vec![],
         ),
         Scheme::DeepSeek => (
@@ -137,7 +141,7 @@ fn case(scheme: Scheme) -> (MoeConfig, Dtype, Option<serde_json::Value>, Vec<&'s
             },
             Dtype::F32,
             Some(serde_json::json!({
-                "n_routed_experts": 8, "num_experts_per_tok": 3, "scoring_func": "sigmoid",
+                "model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 3, "scoring_func": "sigmoid",
                 "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": true
             })),
             vec![],
@@ -270,7 +274,10 @@ fn loader_errors_name_the_tensor_and_its_expected_shape() {
     let mut t = tensors(Scheme::Mixtral, "", &cfg, &w);
     t.retain(|(n, _, _)| n != "block_sparse_moe.experts.2.w3.weight");
     write(&dir.join("missing.safetensors"), t, Dtype::F32);
-    let opts = LoadOptions { k: Some(2), ..LoadOptions::default() };
+    let opts = LoadOptions {
+        routing: RoutingFlags { k: Some(2), ..RoutingFlags::default() },
+        ..LoadOptions::default()
+    };
     let err = load_layer(&std::fs::read(dir.join("missing.safetensors")).unwrap(), "missing", &opts)
         .unwrap_err()
         .to_string();
@@ -290,7 +297,15 @@ fn loader_errors_name_the_tensor_and_its_expected_shape() {
     write(&dir.join("good.safetensors"), tensors(Scheme::Olmoe, "", &cfg, &w), Dtype::F32);
     let good = std::fs::read(dir.join("good.safetensors")).unwrap();
     let err = load_layer(&good, "good", &LoadOptions::default()).unwrap_err().to_string();
-    assert!(err.contains("experts per token is not in the weights"), "{err}");
-    assert!(load_layer(&good, "good", &opts).is_ok());
+    assert!(err.contains("fit several families"), "{err}");
+    let err = load_layer(&good, "good", &opts).unwrap_err().to_string();
+    assert!(err.contains("fit several families"), "{err}");
+    let olmoe = RoutingFlags { family: Some(Family::Olmoe), ..opts.routing.clone() };
+    let err = load_layer(&good, "good", &LoadOptions { routing: olmoe.clone(), ..LoadOptions::default() })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("depends on norm_topk_prob"), "{err}");
+    let routing = RoutingFlags { norm_topk_prob: Some(true), ..olmoe };
+    assert!(load_layer(&good, "good", &LoadOptions { routing, ..LoadOptions::default() }).is_ok());
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -75,8 +75,8 @@ enum Path {
 fn run(ctx: &Context, ffn: &ExpertFfn, x: &[f32], idx: &[u32], k: u32, path: Path) -> Vec<f32> {
     let h = ffn.hidden();
     let tokens = x.len() as u32 / h;
-    let (xb, ib) = (ctx.upload("x", x), ctx.upload("indices", idx));
-    let partial = ctx.zeroed("partial", u64::from(tokens * k * h) * 4);
+    let (xb, ib) = (ctx.upload("x", x).unwrap(), ctx.upload("indices", idx).unwrap());
+    let partial = ctx.zeroed("partial", u64::from(tokens * k * h) * 4).unwrap();
     let mut ds = Vec::new();
     let layout;
     let buckets;
@@ -166,9 +166,9 @@ fn every_path_is_bitwise_identical() {
             assert_eq!(bits(&grouped), bits(&roomy), "{what}: grouped vs bucketed without overflow");
             assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped vs row-wise");
             // (d) every token through every expert, then pick each entry's expert.
-            let xb = ctx.upload("x", &x);
+            let xb = ctx.upload("x", &x).unwrap();
             let h = m.h as usize;
-            let all = ctx.zeroed("all", u64::from(e * tokens * m.h) * 4);
+            let all = ctx.zeroed("all", u64::from(e * tokens * m.h) * 4).unwrap();
             let plan = plan_ffn_all_experts(&ctx, &ffn, tokens, &xb, &all).unwrap();
             ctx.run(&plan.dispatches()).unwrap();
             let all: Vec<f32> = ctx.read_back(&all, (e * tokens * m.h) as usize).unwrap();
@@ -227,11 +227,11 @@ fn dense_gemm_matches_the_reference_dot() {
         let x = uniform(&mut r, (rows * kd) as usize, 1.0);
         let w = uniform(&mut r, (n * kd) as usize, 0.1);
         let weights = ExpertWeights::from_f32(&ctx, &w, WeightDtype::F32, 1, n, kd).unwrap();
-        let (xb, yb) = (ctx.upload("x", &x), ctx.zeroed("y", u64::from(rows * n) * 4));
+        let (xb, yb) = (ctx.upload("x", &x).unwrap(), ctx.zeroed("y", u64::from(rows * n) * 4).unwrap());
         ctx.run(&plan_dense(&ctx, &weights, rows, &xb, &yb, DenseKernel::Tiled).unwrap().dispatches())
             .unwrap();
         let y: Vec<f32> = ctx.read_back(&yb, (rows * n) as usize).unwrap();
-        let yr = ctx.zeroed("y rowwise", u64::from(rows * n) * 4);
+        let yr = ctx.zeroed("y rowwise", u64::from(rows * n) * 4).unwrap();
         ctx.run(&plan_dense(&ctx, &weights, rows, &xb, &yr, DenseKernel::Rowwise).unwrap().dispatches())
             .unwrap();
         let rowwise: Vec<f32> = ctx.read_back(&yr, (rows * n) as usize).unwrap();
@@ -273,7 +273,11 @@ fn bad_input_is_an_error() {
         let ffn =
             ExpertFfn::new(w(2, 4, 6, f32w).unwrap(), w(2, 4, 6, f32w).unwrap(), w(2, 6, 4, f32w).unwrap())
                 .unwrap();
-        let (x, idx, out) = (ctx.zeroed("x", 4 * 6 * 4), ctx.zeroed("i", 4 * 4), ctx.zeroed("o", 4 * 6 * 4));
+        let (x, idx, out) = (
+            ctx.zeroed("x", 4 * 6 * 4).unwrap(),
+            ctx.zeroed("i", 4 * 4).unwrap(),
+            ctx.zeroed("o", 4 * 6 * 4).unwrap(),
+        );
         let bufs = FfnBuffers { x: &x, indices: &idx, partial: &out };
         let layout16 =
             DispatchLayout::new(&ctx, DispatchConfig { experts: 2, k: 1, tile: 16 }, 4, 0).unwrap();

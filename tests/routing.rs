@@ -283,7 +283,7 @@ fn bad_input_is_an_error_that_names_the_problem() {
         expect_err(route_host(&ctx, &biased, &[0.0; 8], &[0.0; 32], Some(&[0.0; 3]), FUSED), "`bias`");
         expect_err(topk_host(&ctx, &base, &[0.0; 12], None), "`logits`");
         // A plan whose buffers are smaller than its shapes.
-        let small = ctx.zeroed("small", 16);
+        let small = ctx.zeroed("small", 16).unwrap();
         let bufs = RouteBuffers {
             x: &small,
             gate: &small,
@@ -298,7 +298,7 @@ fn bad_input_is_an_error_that_names_the_problem() {
                 &ctx,
                 &base,
                 1,
-                &RouteBuffers { gate: &ctx.zeroed("g", 128), ..bufs },
+                &RouteBuffers { gate: &ctx.zeroed("g", 128).unwrap(), ..bufs },
                 RouteMode::Unfused,
             ),
             "no logits buffer",

@@ -64,9 +64,9 @@ pub fn calibrate(ctx: &Context, set: SizeSet) -> Result<Calibration> {
         SizeSet::Cpu => (1u32 << 20, 1u32 << 14, 512u32),
     };
     let bytes = u64::from(n) * 16;
-    let src = ctx.zeroed("calibration src", bytes);
-    let dst = ctx.zeroed("calibration dst", bytes);
-    let copy_params = ctx.uniform("copy params", &Params { a: n, b: 0, pad: [0; 2] });
+    let src = ctx.zeroed("calibration src", bytes)?;
+    let dst = ctx.zeroed("calibration dst", bytes)?;
+    let copy_params = ctx.uniform("copy params", &Params { a: n, b: 0, pad: [0; 2] })?;
     let copy = ctx.kernel(&COPY, &[])?;
     let d = ctx.dispatch(
         &copy,
@@ -75,8 +75,8 @@ pub fn calibrate(ctx: &Context, set: SizeSet) -> Result<Calibration> {
     )?;
     let (copy_s, clock) = time(ctx, &d)?;
 
-    let sink = ctx.zeroed("fma sink", u64::from(invocations) * 4);
-    let fma_params = ctx.uniform("fma params", &Params { a: invocations, b: iters, pad: [0; 2] });
+    let sink = ctx.zeroed("fma sink", u64::from(invocations) * 4)?;
+    let fma_params = ctx.uniform("fma params", &Params { a: invocations, b: iters, pad: [0; 2] })?;
     let fma = ctx.kernel(&FMA, &[])?;
     let d = ctx.dispatch(
         &fma,

@@ -61,7 +61,7 @@ impl Comparison for DeviceDispatch {
         let cfg = DispatchConfig { experts: e, k, tile };
         let idx = skewed_indices(seed, m, e, k);
         let want = reference::layout(&idx, e, tile, 0);
-        let indices = ctx.upload("indices", &idx);
+        let indices = ctx.upload("indices", &idx)?;
         let host = DispatchLayout::new(ctx, cfg, m, 0)?;
         let device = DispatchLayout::new(ctx, cfg, m, 0)?;
         let b = Work::Gpu(device.plan(ctx, &indices)?);

@@ -54,7 +54,7 @@ impl Problem {
     fn setup(ctx: &Context, size: &Size, seed: u64) -> Result<(Self, ExpertFfn, wgpu::Buffer, wgpu::Buffer)> {
         let p = Problem::new(size, seed);
         let ffn = p.ffn(ctx)?;
-        let (x, idx) = (ctx.upload("x", &p.x), ctx.upload("indices", &p.idx));
+        let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
         Ok((p, ffn, x, idx))
     }
 
@@ -180,18 +180,18 @@ impl Comparison for GroupedVsDense {
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
-        let partial = ctx.zeroed("partial", u64::from(p.entries() * p.h) * 4);
+        let partial = ctx.zeroed("partial", u64::from(p.entries() * p.h) * 4)?;
         let b = grouped(ctx, &p, &ffn, &x, &idx, &partial)?;
         // Dense: [entries, H] x [F, H]^T twice, then [entries, F] x [H, F]^T.
         let rows = p.entries();
-        let xd = ctx.upload("dense x", &Synth::new(seed + 1).uniform((rows * p.f.max(p.h)) as usize, 1.0));
+        let xd = ctx.upload("dense x", &Synth::new(seed + 1).uniform((rows * p.f.max(p.h)) as usize, 1.0))?;
         let one =
             |d: &[f32], n, k| ExpertWeights::from_f32(ctx, &d[..(n * k) as usize], WeightDtype::F32, 1, n, k);
         let (wg, wu, wd) = (one(&p.gate, p.f, p.h)?, one(&p.up, p.f, p.h)?, one(&p.down, p.h, p.f)?);
         let (yg, yu, yd) = (
-            ctx.zeroed("dense gate", u64::from(rows * p.f) * 4),
-            ctx.zeroed("dense up", u64::from(rows * p.f) * 4),
-            ctx.zeroed("dense down", u64::from(rows * p.h) * 4),
+            ctx.zeroed("dense gate", u64::from(rows * p.f) * 4)?,
+            ctx.zeroed("dense up", u64::from(rows * p.f) * 4)?,
+            ctx.zeroed("dense down", u64::from(rows * p.h) * 4)?,
         );
         let mut a = plan_dense(ctx, &wg, rows, &xd, &yg, DenseKernel::Tiled)?.into_dispatches();
         a.extend(plan_dense(ctx, &wu, rows, &xd, &yu, DenseKernel::Tiled)?.into_dispatches());
@@ -223,7 +223,7 @@ impl Comparison for GroupedVsBucketed {
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
         let bytes = u64::from(p.entries() * p.h) * 4;
-        let (pa, pb) = (ctx.zeroed("bucketed partial", bytes), ctx.zeroed("grouped partial", bytes));
+        let (pa, pb) = (ctx.zeroed("bucketed partial", bytes)?, ctx.zeroed("grouped partial", bytes)?);
         let b = grouped(ctx, &p, &ffn, &x, &idx, &pb)?;
         let bound = p.entries().div_ceil(p.e).max(1);
         let buckets = BucketLayout::new(
@@ -262,7 +262,7 @@ impl Comparison for DecodeVsGrouped {
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
         let bytes = u64::from(p.entries() * p.h) * 4;
-        let (pa, pb) = (ctx.zeroed("grouped partial", bytes), ctx.zeroed("decode partial", bytes));
+        let (pa, pb) = (ctx.zeroed("grouped partial", bytes)?, ctx.zeroed("decode partial", bytes)?);
         let a = grouped(ctx, &p, &ffn, &x, &idx, &pa)?;
         let bufs = FfnBuffers { x: &x, indices: &idx, partial: &pb };
         let b = plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Decode)?.into_dispatches();
@@ -313,10 +313,10 @@ impl Comparison for TiledVsRowwise {
         let (x, w) =
             (s.uniform((rows * k) as usize, 1.0), s.uniform((n * k) as usize, 1.0 / (k as f32).sqrt()));
         let weights = ExpertWeights::from_f32(ctx, &w, WeightDtype::F32, 1, n, k)?;
-        let xb = ctx.upload("x", &x);
+        let xb = ctx.upload("x", &x)?;
         let (ya, yb) = (
-            ctx.zeroed("y rowwise", u64::from(rows * n) * 4),
-            ctx.zeroed("y tiled", u64::from(rows * n) * 4),
+            ctx.zeroed("y rowwise", u64::from(rows * n) * 4)?,
+            ctx.zeroed("y tiled", u64::from(rows * n) * 4)?,
         );
         let a = plan_dense(ctx, &weights, rows, &xb, &ya, DenseKernel::Rowwise)?.into_dispatches();
         let b = plan_dense(ctx, &weights, rows, &xb, &yb, DenseKernel::Tiled)?.into_dispatches();

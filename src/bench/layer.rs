@@ -41,10 +41,10 @@ impl Comparison for OneLaunchCombine {
         let mut s = Synth::new(seed);
         let weights = s.uniform((m * k) as usize, 1.0);
         let partial = s.uniform((m * k * h) as usize, 1.0);
-        let (wb, pb) = (ctx.upload("weights", &weights), ctx.upload("partial", &partial));
+        let (wb, pb) = (ctx.upload("weights", &weights)?, ctx.upload("partial", &partial)?);
         let (ya, yb) = (
-            ctx.zeroed("y sequential", u64::from(m * h) * 4),
-            ctx.zeroed("y one launch", u64::from(m * h) * 4),
+            ctx.zeroed("y sequential", u64::from(m * h) * 4)?,
+            ctx.zeroed("y one launch", u64::from(m * h) * 4)?,
         );
         let bufs = |y| CombineBuffers { weights: &wb, partial: &pb, shared: None, y };
         let a = plan_combine(ctx, m, h, k, &bufs(&ya), CombineMode::Sequential)?;
@@ -112,9 +112,9 @@ impl Comparison for LayerRoute {
         let mut s = Synth::new(seed);
         let w = s.moe_weights(&cfg);
         let x = s.uniform((m * h) as usize, 1.0);
-        let xb = ctx.upload("x", &x);
+        let xb = ctx.upload("x", &x)?;
         let (ya, yb) =
-            (ctx.zeroed("y unfused", u64::from(m * h) * 4), ctx.zeroed("y fused", u64::from(m * h) * 4));
+            (ctx.zeroed("y unfused", u64::from(m * h) * 4)?, ctx.zeroed("y fused", u64::from(m * h) * 4)?);
         let unfused = MoeLayer::new(ctx, MoeConfig { route_mode: RouteMode::Unfused, ..cfg }, &w)?;
         let fused = MoeLayer::new(ctx, cfg, &w)?;
         let pa = unfused.plan(ctx, m, &xb, &ya)?;

@@ -42,14 +42,14 @@ impl Comparison for FusedRoute {
         let (m, h, e, k) = (size.get("M"), size.get("H"), size.get("E"), size.get("k"));
         let cfg = RouteConfig { renormalize: true, ..RouteConfig::new(h, e, k) };
         let (x, gate) = Synth::new(seed).routing(m as usize, h as usize, e as usize);
-        let xb = ctx.upload("x", &x);
-        let gb = ctx.upload("gate", &gate);
+        let xb = ctx.upload("x", &x)?;
+        let gb = ctx.upload("gate", &gate)?;
         let (mk, me) = (u64::from(m) * u64::from(k), u64::from(m) * u64::from(e));
-        let a_logits = ctx.zeroed("A logits", me * 4);
-        let a_idx = ctx.zeroed("A indices", mk * 4);
-        let a_w = ctx.zeroed("A weights", mk * 4);
-        let b_idx = ctx.zeroed("B indices", mk * 4);
-        let b_w = ctx.zeroed("B weights", mk * 4);
+        let a_logits = ctx.zeroed("A logits", me * 4)?;
+        let a_idx = ctx.zeroed("A indices", mk * 4)?;
+        let a_w = ctx.zeroed("A weights", mk * 4)?;
+        let b_idx = ctx.zeroed("B indices", mk * 4)?;
+        let b_w = ctx.zeroed("B weights", mk * 4)?;
         let bufs = |logits, indices, weights| RouteBuffers {
             x: &xb,
             gate: &gb,

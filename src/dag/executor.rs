@@ -237,13 +237,13 @@ impl RowRun {
                 "u32 indices in the DAG shaders",
             ));
         }
-        let vals = ctx.zeroed("row graph values", elems * 4);
+        let vals = ctx.zeroed("row graph values", elems * 4)?;
         ctx.check_binding("row graph values", &vals, elems * 4, ReadWrite)?;
         let state_words = match queue {
             Some(_) => u64::from(STATE_HEADER) + main_plan.passes.len() as u64 * u64::from(g.tiles()),
             None => 1,
         };
-        let state = ctx.zeroed("queue state", state_words * 4);
+        let state = ctx.zeroed("queue state", state_words * 4)?;
         let b = Buffers { graph, inputs, vals: &vals, state: &state, layout, lanes };
         let (main, fallback) = match (queue, &refused) {
             (Some(q), None) => {
@@ -300,7 +300,7 @@ impl Buffers<'_> {
         params.scratch_base = to_u32("scratch offset", self.layout.stage_elems as usize)?;
         params.scratch_steps = self.layout.steps;
         params.scratch_extra = self.layout.extra;
-        Ok((ctx.upload("dag program", &words), params))
+        Ok((ctx.upload("dag program", &words)?, params))
     }
 
     /// One static dispatch per pass of `plan`.
@@ -309,7 +309,7 @@ impl Buffers<'_> {
         let kernel = ctx.kernel(&STATIC_PASS, &Self::constants(self.lanes))?;
         let mut dispatches = Vec::with_capacity(plan.passes.len());
         for p in 0..plan.passes.len() {
-            let u = ctx.uniform("dag pass", &Params { pass_index: to_u32("pass index", p)?, ..params });
+            let u = ctx.uniform("dag pass", &Params { pass_index: to_u32("pass index", p)?, ..params })?;
             let bindings = [
                 Binding::new(0, &u, std::mem::size_of::<Params>() as u64),
                 Binding::new(1, &program, program.size()),
@@ -324,7 +324,7 @@ impl Buffers<'_> {
     /// A state reset and one persistent dispatch of `q.workers` workers over `plan`'s tasks.
     fn queue(&self, ctx: &Context, plan: Plan, q: &QueueOptions) -> Result<Prepared> {
         let (program, params) = self.program(ctx, &plan, Some(q))?;
-        let u = ctx.uniform("dag queue", &params);
+        let u = ctx.uniform("dag queue", &params)?;
         let params_bytes = std::mem::size_of::<Params>() as u64;
         let reset = ctx.dispatch(
             &ctx.kernel(&RESET_QUEUE, &[])?,

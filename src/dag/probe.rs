@@ -208,9 +208,9 @@ pub fn run_probe(ctx: &Context) -> Result<ProbeReport> {
 
 fn message_passing(ctx: &Context) -> Result<MessagePassing> {
     let kernel = ctx.kernel(&MESSAGE_PASSING, &[])?;
-    let data = ctx.zeroed("litmus data", u64::from((MP_PAIRS + MP_STRESSORS) * MP_WORDS) * 4);
-    let flags = ctx.zeroed("litmus flags", u64::from(MP_PAIRS) * 4);
-    let results = ctx.zeroed("litmus results", 16);
+    let data = ctx.zeroed("litmus data", u64::from((MP_PAIRS + MP_STRESSORS) * MP_WORDS) * 4)?;
+    let flags = ctx.zeroed("litmus flags", u64::from(MP_PAIRS) * 4)?;
+    let results = ctx.zeroed("litmus results", 16)?;
     let mut out = MessagePassing {
         rounds: MP_ROUNDS,
         pairs: MP_PAIRS,
@@ -224,7 +224,7 @@ fn message_passing(ctx: &Context) -> Result<MessagePassing> {
         let u = ctx.uniform(
             "litmus params",
             &MpParams { pairs: MP_PAIRS, words: MP_WORDS, round, spin_limit: PROBE_SPIN_LIMIT },
-        );
+        )?;
         let d = ctx.dispatch(
             &kernel,
             &[

@@ -62,7 +62,7 @@ impl RowInputs {
             param_off.push(u32::try_from(data.len()).map_err(|_| too_large("row graph inputs", data.len()))?);
             data.extend(stage.kernel.params());
         }
-        let buffer = ctx.upload("row graph inputs", &data);
+        let buffer = ctx.upload("row graph inputs", &data)?;
         ctx.check_binding("row graph inputs", &buffer, data.len() as u64 * 4, Access::Read)?;
         Ok(RowInputs { buffer, param_off })
     }

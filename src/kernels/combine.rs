@@ -169,8 +169,8 @@ pub fn plan_combine(
     match mode {
         CombineMode::OneLaunch => {
             let bound = Bound {
-                params: ctx.uniform("combine params", &base),
-                placeholder: ctx.zeroed("no shared", 4),
+                params: ctx.uniform("combine params", &base)?,
+                placeholder: ctx.storage_scratch("no shared", 4)?,
                 bufs: *bufs,
                 t,
                 h,
@@ -208,7 +208,8 @@ pub fn plan_combine(
                 mapped_at_creation: false,
             });
             ctx.queue().write_buffer(&params, 0, &bytes);
-            let bound = Bound { params, placeholder: ctx.zeroed("no shared", 4), bufs: *bufs, t, h, k: kk };
+            let bound =
+                Bound { params, placeholder: ctx.storage_scratch("no shared", 4)?, bufs: *bufs, t, h, k: kk };
             let groups = [hidden.div_ceil(64), 1, 1];
             steps
                 .iter()
@@ -225,7 +226,7 @@ pub fn plan_combine(
 /// Zero-fills the first `elems` floats of `buf` (rows of dropped entries must read as 0).
 pub fn plan_fill_zero(ctx: &Context, buf: &wgpu::Buffer, elems: u32) -> Result<Dispatch> {
     ctx.check_binding("fill target", buf, u64::from(elems) * 4, ReadWrite)?;
-    let params = ctx.uniform("fill params", &Params { tokens: elems, hidden: 1, ..Params::default() });
+    let params = ctx.uniform("fill params", &Params { tokens: elems, hidden: 1, ..Params::default() })?;
     let kernel = ctx.kernel(&FILL_ZERO, &[])?;
     let bindings = [Binding::new(0, &params, 32), Binding::new(5, buf, u64::from(elems.max(1)) * 4)];
     ctx.dispatch(&kernel, &bindings, ctx.grid(u64::from(elems).div_ceil(64), "fill")?)

@@ -227,7 +227,7 @@ impl DispatchLayout {
                 max_tiles,
                 pad0: 0,
             },
-        );
+        )?;
         Ok(DispatchLayout {
             cfg,
             tokens,
@@ -236,15 +236,15 @@ impl DispatchLayout {
             max_rows,
             max_tiles,
             params,
-            hist: ctx.zeroed("dispatch hist", hist_bytes),
-            counts: ctx.zeroed("expert counts", e * U32),
-            offsets: ctx.zeroed("expert offsets", (e + 1) * U32),
-            padded: ctx.zeroed("padded offsets", (e + 1) * U32),
-            perm: ctx.zeroed("perm", u64::from(max_rows) * U32),
-            inverse: ctx.zeroed("inverse perm", entries64 * U32),
-            tile_expert: ctx.zeroed("tile expert", u64::from(max_tiles) * U32),
-            meta: ctx.zeroed("dispatch meta", 8 * U32),
-            overflow_offsets: ctx.zeroed("overflow offsets", (e + 1) * U32),
+            hist: ctx.storage_scratch("dispatch hist", hist_bytes)?,
+            counts: ctx.storage_scratch("expert counts", e * U32)?,
+            offsets: ctx.storage_scratch("expert offsets", (e + 1) * U32)?,
+            padded: ctx.storage_scratch("padded offsets", (e + 1) * U32)?,
+            perm: ctx.storage_scratch("perm", u64::from(max_rows) * U32)?,
+            inverse: ctx.storage_scratch("inverse perm", entries64 * U32)?,
+            tile_expert: ctx.storage_scratch("tile expert", u64::from(max_tiles) * U32)?,
+            meta: ctx.storage_scratch("dispatch meta", 8 * U32)?,
+            overflow_offsets: ctx.storage_scratch("overflow offsets", (e + 1) * U32)?,
         })
     }
 
@@ -473,8 +473,8 @@ impl BucketLayout {
         }
         Ok(BucketLayout {
             cfg,
-            pad_perm: ctx.zeroed("pad perm", slots * U32),
-            overflow: ctx.zeroed("overflow list", u64::from(tokens) * U32),
+            pad_perm: ctx.storage_scratch("pad perm", slots * U32)?,
+            overflow: ctx.storage_scratch("overflow list", u64::from(tokens) * U32)?,
             layout,
         })
     }
@@ -557,7 +557,7 @@ pub fn dispatch_host_indices(ctx: &Context, cfg: DispatchConfig, indices: &[u32]
     let tokens = u32::try_from(indices.len() / cfg.k as usize)
         .map_err(|_| Error::limit("tokens", indices.len() as u64, u32::MAX.into(), "u32 token count"))?;
     let layout = DispatchLayout::new(ctx, cfg, tokens, 0)?;
-    let buf = ctx.upload("indices", indices);
+    let buf = ctx.upload("indices", indices)?;
     let plan = layout.plan(ctx, &buf)?;
     ctx.run(&plan.iter().collect::<Vec<_>>())?;
     layout.read(ctx)

@@ -170,7 +170,7 @@ impl ExpertWeights {
             return Err(Error::limit("expert weight elements", elems, u32::MAX.into(), "u32 shader indices"));
         }
         Ok(ExpertWeights {
-            buffer: ctx.upload("expert weights", &dtype.pack(data)),
+            buffer: ctx.upload("expert weights", &dtype.pack(data))?,
             dtype,
             experts,
             n,
@@ -337,8 +337,8 @@ impl Pass<'_> {
         let mut constants = self.constants();
         constants.push(("EXPERT_FROM_TILES", f64::from(u8::from(tiles.is_some()))));
         let kernel = ctx.kernel(if self.w.native_f16 { &TILED_F16 } else { &TILED }, &constants)?;
-        let params = ctx.uniform("gemm params", &self.params);
-        let placeholder = ctx.zeroed("no tile map", 4);
+        let params = ctx.uniform("gemm params", &self.params)?;
+        let placeholder = ctx.storage_scratch("no tile map", 4)?;
         let tiles = tiles.unwrap_or(&placeholder);
         let mut bindings = self.common(&params).to_vec();
         bindings.push(Binding::new(5, tiles, tiles.size()));
@@ -366,8 +366,8 @@ impl Pass<'_> {
         let mut constants = self.constants();
         constants.push(("EXPERT_FROM_INDICES", f64::from(u8::from(indices.is_some()))));
         let kernel = ctx.kernel(if self.w.native_f16 { &ROWWISE_F16 } else { &ROWWISE }, &constants)?;
-        let params = ctx.uniform("gemm params", &self.params);
-        let placeholder = ctx.zeroed("no indices", 4);
+        let params = ctx.uniform("gemm params", &self.params)?;
+        let placeholder = ctx.storage_scratch("no indices", 4)?;
         let indices = indices.unwrap_or(&placeholder);
         let mut bindings = self.common(&params).to_vec();
         bindings.push(Binding::new(7, count, count.size()));
@@ -501,7 +501,7 @@ pub fn plan_ffn(
                 )));
             }
             let rows = layout.max_rows();
-            let act = ctx.zeroed("ffn activations", u64::from(rows) * u64::from(f) * 4);
+            let act = ctx.storage_scratch("ffn activations", u64::from(rows) * u64::from(f) * 4)?;
             let mut p = up_pass(ffn, base, x, layout.perm(), &act);
             p.params.rows = rows;
             p.params.tile_rows = cfg.tile;
@@ -519,7 +519,8 @@ pub fn plan_ffn(
                 )));
             }
             let bound = buckets.config().bound;
-            let act = ctx.zeroed("bucket activations", u64::from(e) * u64::from(bound) * u64::from(f) * 4);
+            let act = ctx
+                .storage_scratch("bucket activations", u64::from(e) * u64::from(bound) * u64::from(f) * 4)?;
             for expert in 0..e {
                 let mut p = up_pass(ffn, base, x, buckets.pad_perm(), &act);
                 p.params.rows = bound;
@@ -539,7 +540,7 @@ pub fn plan_ffn(
                 };
                 ds.push(down.tiled(ctx, None)?);
             }
-            let over_act = ctx.zeroed("overflow activations", entries * u64::from(f) * 4);
+            let over_act = ctx.storage_scratch("overflow activations", entries * u64::from(f) * 4)?;
             let mut p = up_pass(ffn, base, x, buckets.overflow(), &over_act);
             p.params.rows = entries32;
             p.params.count_word = 5;
@@ -548,8 +549,8 @@ pub fn plan_ffn(
             ds.push(down.rowwise(ctx, Some(indices), inner.meta())?);
         }
         FfnRouting::Decode => {
-            let act = ctx.zeroed("decode activations", entries * u64::from(f) * 4);
-            let count = ctx.upload("decode rows", &[entries32]);
+            let act = ctx.storage_scratch("decode activations", entries * u64::from(f) * 4)?;
+            let count = ctx.upload("decode rows", &[entries32])?;
             let mut p = up_pass(ffn, base, x, &count, &act);
             p.identity_rows = true;
             p.params.rows = entries32;
@@ -574,8 +575,8 @@ pub fn plan_ffn_all_experts(
     let rows = u64::from(e) * u64::from(tokens);
     ctx.check_binding("x", x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
     ctx.check_binding("all-expert output", all, rows * u64::from(h) * 4, Access::ReadWrite)?;
-    let act = ctx.zeroed("all-expert activations", rows * u64::from(f) * 4);
-    let unused = ctx.zeroed("identity rows", 4);
+    let act = ctx.storage_scratch("all-expert activations", rows * u64::from(f) * 4)?;
+    let unused = ctx.storage_scratch("identity rows", 4)?;
     let mut ds = Vec::new();
     for expert in 0..e {
         let params = Params {
@@ -639,7 +640,7 @@ pub fn plan_dense(
     let [_, n, k] = w.shape();
     ctx.check_binding("x", x, u64::from(rows) * u64::from(k) * 4, Access::Read)?;
     ctx.check_binding("y", y, u64::from(rows) * u64::from(n) * 4, Access::ReadWrite)?;
-    let unused = ctx.zeroed("identity rows", 4);
+    let unused = ctx.storage_scratch("identity rows", 4)?;
     let params =
         Params { rows, n, kdim: k, k_route: 1, row_offset: 0, fixed_expert: 0, tile_rows: 1, count_word: 0 };
     let pass = Pass {
@@ -656,7 +657,7 @@ pub fn plan_dense(
     };
     let dispatch = match kernel {
         DenseKernel::Tiled => pass.tiled(ctx, None)?,
-        DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows]))?,
+        DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?)?,
     };
     Ok(FfnPlan { dispatches: vec![dispatch] })
 }

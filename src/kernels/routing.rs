@@ -18,6 +18,8 @@
 //! (`wgsl/routing/`); [`crate::reference::routing`] mirrors them on the CPU. Fused and
 //! unfused plans give bit-identical indices and weights on the same adapter.
 
+use std::fmt;
+
 use bytemuck::{Pod, Zeroable};
 use serde::{Deserialize, Serialize};
 
@@ -145,6 +147,29 @@ pub struct RouteConfig {
     pub bias: bool,
     /// Optional group-limited selection.
     pub groups: Option<GroupLimit>,
+}
+
+/// The complete routing in words, e.g. `sigmoid top-8 of 256 experts on score + bias within the
+/// 4 best of 8 groups, renormalised, x 2.5`.
+impl fmt::Display for RouteConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gating = match self.gating {
+            Gating::Softmax => "softmax",
+            Gating::Sigmoid => "sigmoid",
+            Gating::Raw => "raw-logit",
+        };
+        write!(f, "{gating} top-{} of {} experts", self.k, self.experts)?;
+        match (self.bias, self.groups.is_some()) {
+            (false, false) => write!(f, " chosen on the logits")?,
+            (true, _) => write!(f, " chosen on score + bias")?,
+            (false, true) => write!(f, " chosen on the scores")?,
+        }
+        if let Some(g) = self.groups {
+            write!(f, " within the {} best of {} groups", g.topk_group, g.n_group)?;
+        }
+        write!(f, ", {}", if self.renormalize { "renormalised" } else { "not renormalised" })?;
+        write!(f, ", scale {}", self.scale)
+    }
 }
 
 impl RouteConfig {
@@ -362,11 +387,11 @@ fn prepare(ctx: &Context, cfg: &RouteConfig, tokens: u32, bias: Option<&wgpu::Bu
             scale: cfg.scale,
             pad0: 0,
         },
-    );
+    )?;
     Ok(Checked {
         params,
-        no_bias: ctx.zeroed("moeflow absent bias", 4),
-        no_logits: ctx.zeroed("moeflow absent logits", 4),
+        no_bias: ctx.storage_scratch("moeflow absent bias", 4)?,
+        no_logits: ctx.storage_scratch("moeflow absent logits", 4)?,
     })
 }
 
@@ -529,10 +554,10 @@ pub fn route_host(
     if let Some(b) = bias {
         check_len("bias", b.len(), cfg.experts.into())?;
     }
-    let xb = ctx.upload("x", x);
-    let gb = ctx.upload("gate", gate);
-    let bb = bias.map(|b| ctx.upload("bias", b));
-    let out = Outputs::new(ctx, cfg, tokens);
+    let xb = ctx.upload("x", x)?;
+    let gb = ctx.upload("gate", gate)?;
+    let bb = bias.map(|b| ctx.upload("bias", b)).transpose()?;
+    let out = Outputs::new(ctx, cfg, tokens)?;
     let plan = plan_route(
         ctx,
         cfg,
@@ -563,9 +588,9 @@ pub fn topk_host(
     if let Some(b) = bias {
         check_len("bias", b.len(), cfg.experts.into())?;
     }
-    let lb = ctx.upload("logits", logits);
-    let bb = bias.map(|b| ctx.upload("bias", b));
-    let out = Outputs::new(ctx, cfg, tokens);
+    let lb = ctx.upload("logits", logits)?;
+    let bb = bias.map(|b| ctx.upload("bias", b)).transpose()?;
+    let out = Outputs::new(ctx, cfg, tokens)?;
     let plan = plan_topk(ctx, cfg, tokens, &lb, bb.as_ref(), &out.indices, &out.weights)?;
     ctx.run(&plan.dispatches())?;
     out.read(ctx, cfg, tokens, false)
@@ -578,13 +603,13 @@ struct Outputs {
 }
 
 impl Outputs {
-    fn new(ctx: &Context, cfg: &RouteConfig, tokens: u32) -> Self {
+    fn new(ctx: &Context, cfg: &RouteConfig, tokens: u32) -> Result<Self> {
         let t = u64::from(tokens);
-        Outputs {
-            logits: ctx.zeroed("logits", t * u64::from(cfg.experts) * F32),
-            indices: ctx.zeroed("topk indices", t * u64::from(cfg.k) * 4),
-            weights: ctx.zeroed("topk weights", t * u64::from(cfg.k) * F32),
-        }
+        Ok(Outputs {
+            logits: ctx.storage_scratch("logits", t * u64::from(cfg.experts) * F32)?,
+            indices: ctx.storage_scratch("topk indices", t * u64::from(cfg.k) * 4)?,
+            weights: ctx.storage_scratch("topk weights", t * u64::from(cfg.k) * F32)?,
+        })
     }
 
     fn read(&self, ctx: &Context, cfg: &RouteConfig, tokens: u32, logits: bool) -> Result<RouteOutput> {

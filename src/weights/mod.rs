@@ -132,7 +132,11 @@ impl File<'_> {
         let name = self.name(rest);
         let t = self.view(rest, &format!("{shape:?}"))?;
         if t.shape() != shape {
-            return Err(Error::shape(format!("tensor {name}"), format!("{shape:?}"), format!("{:?}", t.shape())));
+            return Err(Error::shape(
+                format!("tensor {name}"),
+                format!("{shape:?}"),
+                format!("{:?}", t.shape()),
+            ));
         }
         Ok(Loaded { values: to_f32(&name, &t)?, dtype: t.dtype(), name })
     }
@@ -209,7 +213,8 @@ pub struct LoadedLayer {
 /// contradict the config.
 pub fn load_layer(bytes: &[u8], source: &str, opts: &LoadOptions) -> Result<LoadedLayer> {
     let st = SafeTensors::deserialize(bytes).map_err(st_err(source))?;
-    let names = st.names();
+    let names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let prefix = match &opts.prefix {
         Some(p) => p.clone(),
         None => detect_prefix(&names)?,
@@ -230,7 +235,11 @@ pub fn load_layer(bytes: &[u8], source: &str, opts: &LoadOptions) -> Result<Load
     let [g0, _, _] = scheme.expert(0);
     let [ffn, gh] = f.matrix_shape(&g0, &format!("[ffn, {h}]"))?;
     if gh != h {
-        return Err(Error::shape(format!("tensor {}", f.name(&g0)), format!("[ffn, {h}]"), format!("[{ffn}, {gh}]")));
+        return Err(Error::shape(
+            format!("tensor {}", f.name(&g0)),
+            format!("[ffn, {h}]"),
+            format!("[{ffn}, {gh}]"),
+        ));
     }
     let mut experts = [Vec::new(), Vec::new(), Vec::new()];
     let mut expert_dtypes: Vec<(Dtype, String)> = Vec::new();
@@ -249,9 +258,10 @@ pub fn load_layer(bytes: &[u8], source: &str, opts: &LoadOptions) -> Result<Load
     } else {
         None
     };
-    let shared_names = [("mlp.shared_expert.", SharedNames::Qwen), ("mlp.shared_experts.", SharedNames::DeepSeek)]
-        .into_iter()
-        .find(|(b, _)| f.has(&format!("{b}gate_proj.weight")));
+    let shared_names =
+        [("mlp.shared_expert.", SharedNames::Qwen), ("mlp.shared_experts.", SharedNames::DeepSeek)]
+            .into_iter()
+            .find(|(b, _)| f.has(&format!("{b}gate_proj.weight")));
     let shared = match shared_names {
         Some((b, _)) => {
             let gate_name = format!("{b}gate_proj.weight");
@@ -263,7 +273,11 @@ pub fn load_layer(bytes: &[u8], source: &str, opts: &LoadOptions) -> Result<Load
                     format!("[{fs}, {gh}]"),
                 ));
             }
-            let parts = [(gate_name, [fs, h]), (format!("{b}up_proj.weight"), [fs, h]), (format!("{b}down_proj.weight"), [h, fs])];
+            let parts = [
+                (gate_name, [fs, h]),
+                (format!("{b}up_proj.weight"), [fs, h]),
+                (format!("{b}down_proj.weight"), [h, fs]),
+            ];
             let mut loaded = Vec::new();
             for (name, shape) in parts {
                 let t = f.get(&name, &shape)?;
@@ -356,7 +370,13 @@ pub fn load_input(bytes: &[u8], source: &str) -> Result<(Vec<f32>, usize, usize)
     let (tokens, hidden) = match t.shape() {
         [m, h] if *h > 0 => (*m, *h),
         [h] if *h > 0 => (1, *h),
-        s => return Err(Error::shape(format!("input tensor {name}"), "[tokens, hidden] with hidden >= 1", format!("{s:?}"))),
+        s => {
+            return Err(Error::shape(
+                format!("input tensor {name}"),
+                "[tokens, hidden] with hidden >= 1",
+                format!("{s:?}"),
+            ));
+        }
     };
     Ok((to_f32(&name, &t)?, tokens, hidden))
 }

@@ -15,11 +15,7 @@ pub fn contexts() -> Vec<Context> {
 
 /// Every wgpu adapter (for tests that create their own devices), with the same rule.
 pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    let adapters: Vec<wgpu::Adapter> = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
-        .into_iter()
-        .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
-        .collect();
+    let adapters = moeflow::wgpu_adapters();
     require_some(adapters.len());
     adapters
 }
