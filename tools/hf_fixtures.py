@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Parity fixtures from Hugging Face `transformers` itself.
+
+For each case below this builds a tiny random model of one MoE family with `transformers`,
+writes it with `save_pretrained` (in the case's dtype), keeps the MoE block of layer 0 from the
+saved `model.safetensors` (under its saved names, e.g. `model.layers.0.mlp.experts.3.up_proj.weight`)
+and the saved `config.json` as they are, runs that MoE block in float32 on random tokens, and
+writes what it computed:
+
+    tests/fixtures/hf/<case>/weights.safetensors   layer-0 MoE tensors, as save_pretrained wrote them
+    tests/fixtures/hf/<case>/config.json           as save_pretrained wrote it (every key)
+    tests/fixtures/hf/<case>/x.safetensors         x [tokens, hidden] f32
+    tests/fixtures/hf/<case>/expected.safetensors  output [tokens, hidden] f32,
+                                                   topk_indices [tokens, k] (int64),
+                                                   topk_weights [tokens, k] f32
+
+A bf16 or f16 case runs the block on the saved (rounded) weights widened to float32, which is
+what moeflow sees. Expert ids are listed in moeflow's slot order (descending selection value,
+lower index first on ties): transformers' own order is not specified (`sorted=False` in the
+DeepSeek routers), the set is.
+
+Run by hand (tests/parity.rs reads the committed output; CI does not run this):
+
+    python3 -m venv /tmp/hf && /tmp/hf/bin/pip install -r tools/hf_fixtures.requirements.txt
+    /tmp/hf/bin/python tools/hf_fixtures.py
+"""
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hf"
+
+# Small but not trivial: H and F not multiples of the GEMM tile, E a few groups wide.
+H, F, E = 40, 24, 16
+
+COMMON = dict(
+    vocab_size=32,
+    hidden_size=H,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+# (case name, config class, model class, family-specific config, dtype, tokens, block path)
+CASES = [
+    ("mixtral_f32_t37", "MixtralConfig", "MixtralForCausalLM",
+     dict(intermediate_size=F, num_local_experts=E, num_experts_per_tok=2), torch.float32, 37),
+    ("mixtral_bf16_t301", "MixtralConfig", "MixtralForCausalLM",
+     dict(intermediate_size=F, num_local_experts=E, num_experts_per_tok=4), torch.bfloat16, 301),
+    ("qwen2_moe_f32_t37", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+     dict(intermediate_size=F, moe_intermediate_size=F, shared_expert_intermediate_size=56,
+          num_experts=E, num_experts_per_tok=4, norm_topk_prob=False), torch.float32, 37),
+    ("qwen2_moe_bf16_t5_norm", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+     dict(intermediate_size=F, moe_intermediate_size=F, shared_expert_intermediate_size=56,
+          num_experts=E, num_experts_per_tok=4, norm_topk_prob=True), torch.bfloat16, 5),
+    ("qwen3_moe_f16_t37_norm", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+     dict(intermediate_size=F, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=8,
+          norm_topk_prob=True, head_dim=20), torch.float16, 37),
+    ("qwen3_moe_f32_t301", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+     dict(intermediate_size=F, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=2,
+          norm_topk_prob=False, head_dim=20), torch.float32, 301),
+    ("olmoe_bf16_t37", "OlmoeConfig", "OlmoeForCausalLM",
+     dict(intermediate_size=F, num_experts=E, num_experts_per_tok=4, norm_topk_prob=False),
+     torch.bfloat16, 37),
+    ("olmoe_f32_t5_norm", "OlmoeConfig", "OlmoeForCausalLM",
+     dict(intermediate_size=F, num_experts=E, num_experts_per_tok=3, norm_topk_prob=True),
+     torch.float32, 5),
+    ("deepseek_v3_f32_t37", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+     dict(intermediate_size=F, moe_intermediate_size=F, n_routed_experts=E, num_experts_per_tok=4,
+          n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=1,
+          first_k_dense_replace=0, kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4,
+          qk_nope_head_dim=4, v_head_dim=4), torch.float32, 37),
+    ("deepseek_v3_bf16_t301", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+     dict(intermediate_size=F, moe_intermediate_size=F, n_routed_experts=E, num_experts_per_tok=6,
+          n_group=8, topk_group=3, norm_topk_prob=False, routed_scaling_factor=1.5, n_shared_experts=2,
+          first_k_dense_replace=0, kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4,
+          qk_nope_head_dim=4, v_head_dim=4), torch.bfloat16, 301),
+    ("deepseek_v3_f16_t5_nogroups", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+     dict(intermediate_size=F, moe_intermediate_size=F, n_routed_experts=E, num_experts_per_tok=2,
+          n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0, n_shared_experts=1,
+          first_k_dense_replace=0, kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4,
+          qk_nope_head_dim=4, v_head_dim=4), torch.float16, 5),
+    ("deepseek_v2_f32_t37", "DeepseekV2Config", "DeepseekV2ForCausalLM",
+     dict(intermediate_size=F, moe_intermediate_size=F, n_routed_experts=E, num_experts_per_tok=3,
+          topk_method="greedy", routed_scaling_factor=16.0, n_shared_experts=2, first_k_dense_replace=0,
+          kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4),
+     torch.float32, 37),
+]
+
+
+def moe_block(model):
+    layer = model.model.layers[0]
+    return layer.mlp
+
+
+def order(indices, values):
+    """Each row's ids sorted by descending value, lower id first on ties."""
+    out = []
+    for ids, vals in zip(indices.tolist(), values.tolist()):
+        out.append(sorted(ids, key=lambda e: (-vals[e], e)))
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def route(block, family, x):
+    """(ids in moeflow's slot order, their weights) from transformers' own router."""
+    logits, weights, ids = block.gate(x)
+    if family == "deepseek_v3":
+        scores = logits.float().sigmoid() + block.gate.e_score_correction_bias
+        ordered = order(ids, scores)
+    else:
+        ordered = order(ids, logits.float())
+    # Weights follow their ids into the new order.
+    w = torch.stack([
+        torch.tensor([wrow[idrow.index(e)] for e in orow])
+        for wrow, idrow, orow in zip(weights.float().tolist(), ids.tolist(), ordered.tolist())
+    ])
+    return ordered, w.float()
+
+
+def build(name, config_cls, model_cls, extra, dtype, tokens, seed):
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    model = getattr(transformers, model_cls)(config).float().eval()
+    family = config.model_type
+    with torch.no_grad():
+        # Random, not initial, values everywhere in the block (biases included).
+        for p in moe_block(model).parameters():
+            p.normal_(0.0, 0.3)
+        if family == "deepseek_v3":
+            moe_block(model).gate.e_score_correction_bias.normal_(0.0, 0.05)
+    out_dir = ROOT / name
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.to(dtype).save_pretrained(tmp)
+        shutil.copy(Path(tmp) / "config.json", out_dir / "config.json")
+        kept = {}
+        with safe_open(Path(tmp) / "model.safetensors", "pt") as f:
+            for key in f.keys():
+                if key.startswith("model.layers.0.mlp.") or key.startswith("model.layers.0.block_sparse_moe."):
+                    kept[key] = f.get_tensor(key)
+        save_file(kept, out_dir / "weights.safetensors")
+        # The reference runs on exactly the saved values, widened to float32.
+        reloaded = getattr(transformers, model_cls).from_pretrained(tmp, dtype=torch.float32).eval()
+    block = moe_block(reloaded)
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
+    with torch.no_grad():
+        y = block(x.unsqueeze(0)).squeeze(0).float()
+        ids, w = route(block, family, x)
+    save_file({"x": x.contiguous()}, out_dir / "x.safetensors")
+    save_file(
+        {"output": y.contiguous(), "topk_indices": ids.contiguous(), "topk_weights": w.contiguous()},
+        out_dir / "expected.safetensors",
+    )
+    print(f"{name}: {family} {str(dtype).removeprefix('torch.')} tokens={tokens} k={ids.shape[1]}")
+
+
+def main():
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}", file=sys.stderr)
+    for seed, case in enumerate(CASES):
+        build(*case, seed=100 + seed)
+    (ROOT / "VERSIONS.json").write_text(
+        json.dumps({"torch": torch.__version__, "transformers": transformers.__version__}, indent=1) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
