@@ -26,8 +26,13 @@ pub struct GitState {
 }
 
 impl GitState {
-    /// Reads the state of the repository in the current directory.
+    /// Reads the state of the repository in the current directory. Where there is no
+    /// repository (binaries built elsewhere and run on another machine), `MOEFLOW_GIT_REVISION`
+    /// names the revision they were built from, and the tree counts as clean.
     pub fn current() -> Self {
+        if let Ok(revision) = std::env::var("MOEFLOW_GIT_REVISION") {
+            return GitState { revision, dirty: false };
+        }
         let run = |args: &[&str]| {
             Command::new("git")
                 .args(args)
