@@ -23,8 +23,12 @@ if ! timeout 60 $B/moe_layer --adapter vulkan --tokens 16 --hidden 64 --ffn 32 -
     timeout 60 $B/moe_layer --adapter vulkan --tokens 16 --hidden 64 --ffn 32 --experts 8 --k 2 --shared-ffn 0 > "$OUT/m/smoke.txt" 2>&1
 fi
 head -3 "$OUT/m/smoke.txt"
+BUDGET=${BUDGET:-500} # seconds for all steps, so the results are packed before the call ends
 step() { # name, seconds, command...
     local name=$1 secs=$2; shift 2
+    local left=$((BUDGET - SECONDS))
+    if [ "$left" -lt 20 ]; then echo "$name: skipped (time budget spent)"; return; fi
+    [ "$secs" -gt "$left" ] && secs=$left
     local t0=$SECONDS
     timeout "$secs" "$@" > "$OUT/m/$name.log" 2>&1
     echo "$name: exit $? in $((SECONDS - t0)) s"
@@ -34,11 +38,11 @@ for k in 2 8; do
 done
 step layer-default 60 $B/moe_layer --adapter vulkan
 if [ -x $B/gemm_lab ]; then
-    LAB_DIR=$B/lab LAB_M=4096 LAB_N=4096 LAB_K=4096 LAB_REPS=5 step gemm-lab 120 $B/gemm_lab --nocapture --test-threads 1
+    step gemm-lab 90 env LAB_DIR=$B/lab LAB_M=4096 LAB_N=4096 LAB_K=4096 LAB_REPS=5 $B/gemm_lab --nocapture --test-threads 1
 fi
-for c in gemm/ route dispatch combine layer; do
-    step "matrix-${c%/}" 150 $B/bench_matrix --adapter vulkan --comparison "$c" --out "$OUT/m/${c%/}"
+for c in gemm/ layer route dispatch combine; do
+    step "matrix-${c%/}" 100 $B/bench_matrix --adapter vulkan --comparison "$c" --out "$OUT/m/${c%/}"
 done
-step matrix-dag 150 $B/bench_matrix --adapter vulkan --comparison dag/ --out "$OUT/m/dag"
+step matrix-dag 100 $B/bench_matrix --adapter vulkan --comparison dag/ --out "$OUT/m/dag"
 tar czf "$OUT/results.tgz" -C "$OUT" m
 grep -h "GFLOP/s\|total\|result:" "$OUT"/m/layer-*.log "$OUT"/m/gemm-lab.log 2>/dev/null | tail -40
