@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::pipeline::PipelineCache;
 
+/// The wgpu version moeflow is built against (checked against Cargo.toml by a unit test).
+pub const WGPU_VERSION: &str = "30.0.2";
+
 /// Environment variable read by [`Context::new`]: an [`AdapterSelector`] string.
 pub const ADAPTER_ENV: &str = "MOEFLOW_ADAPTER";
 

@@ -17,8 +17,8 @@ use crate::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, LoadStats, OverflowPolicy,
 };
 use crate::kernels::gemm::{
-    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
-    plan_ffn_all_experts, uses_decode_path,
+    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant,
+    TuneOptions, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts, uses_decode_path,
 };
 use crate::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::pipeline::Dispatch;
@@ -39,6 +39,24 @@ pub enum Capacity {
         bound: u32,
         /// Overflow or drop.
         policy: OverflowPolicy,
+    },
+}
+
+/// Which block-GEMM kernels a layer's expert projections run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KernelChoice {
+    /// The adapter's fixed default ([`FfnKernels::default_for`]).
+    #[default]
+    Default,
+    /// Chosen by timing the candidates on the device when the layer is made
+    /// ([`crate::kernels::gemm::tune`], cached on disk).
+    Tuned,
+    /// These variants for the gate/up and the down projections.
+    Fixed {
+        /// Gate/up (SwiGLU) projection.
+        up: GemmVariant,
+        /// Down projection.
+        down: GemmVariant,
     },
 }
 
@@ -75,6 +93,11 @@ pub struct MoeConfig {
     pub route_mode: RouteMode,
     /// One-launch or sequential combine (bit-identical).
     pub combine: CombineMode,
+    /// Accumulation order of every expert projection (routed and shared).
+    pub gemm_order: GemmOrder,
+    /// Block-GEMM kernels of the expert projections (every choice gives the same bits in one
+    /// order).
+    pub kernels: KernelChoice,
 }
 
 impl MoeConfig {
@@ -96,6 +119,17 @@ impl MoeConfig {
             weight_dtype: WeightDtype::F32,
             route_mode: RouteMode::Fused { write_logits: false },
             combine: CombineMode::OneLaunch,
+            gemm_order: GemmOrder::Strict,
+            kernels: KernelChoice::Default,
+        }
+    }
+
+    /// The expert projections' kernels on an adapter (`cpu`: a CPU adapter) before tuning:
+    /// the fixed choice, else the adapter's default.
+    pub fn ffn_kernels(&self, cpu: bool) -> FfnKernels {
+        match self.kernels {
+            KernelChoice::Default | KernelChoice::Tuned => FfnKernels::default_for(cpu, self.gemm_order),
+            KernelChoice::Fixed { up, down } => FfnKernels { order: self.gemm_order, up, down },
         }
     }
 
@@ -125,7 +159,7 @@ impl MoeConfig {
         if let Capacity::Bounded { bound: 0, .. } = self.capacity {
             return Err(Error::invalid("capacity bound must be at least 1"));
         }
-        Ok(())
+        self.ffn_kernels(false).validate()
     }
 }
 
@@ -141,7 +175,7 @@ impl fmt::Display for MoeConfig {
         if let Capacity::Bounded { bound, policy } = self.capacity {
             write!(f, "; at most {bound} entries per expert, {policy:?} past it")?;
         }
-        write!(f, "; {:?} expert weights", self.weight_dtype)
+        write!(f, "; {:?} expert weights, {:?} GEMM order", self.weight_dtype, self.gemm_order)
     }
 }
 
@@ -300,15 +334,23 @@ impl MoeLayer {
         weights.check(&cfg)?;
         let (h, f, e, dt) = (cfg.hidden, cfg.ffn, cfg.experts, cfg.weight_dtype);
         let ew = |d: &[f32], e, n, k| ExpertWeights::from_f32(ctx, d, dt, e, n, k);
-        let experts = ExpertFfn::new(
+        let mut kernels = cfg.ffn_kernels(ctx.adapter().is_cpu());
+        let mut experts = ExpertFfn::new(
             ew(&weights.gate, e, f, h)?,
             ew(&weights.up, e, f, h)?,
             ew(&weights.down, e, h, f)?,
         )?;
+        if cfg.kernels == KernelChoice::Tuned {
+            kernels =
+                crate::kernels::gemm::tune(ctx, &experts, cfg.gemm_order, &TuneOptions::for_context(ctx))?
+                    .kernels;
+        }
+        experts = experts.with_kernels(kernels)?;
         let shared = match (&weights.shared, cfg.shared_ffn) {
-            (Some((g, u, d)), Some(fs)) => {
-                Some(ExpertFfn::new(ew(g, 1, fs, h)?, ew(u, 1, fs, h)?, ew(d, 1, h, fs)?)?)
-            }
+            (Some((g, u, d)), Some(fs)) => Some(
+                ExpertFfn::new(ew(g, 1, fs, h)?, ew(u, 1, fs, h)?, ew(d, 1, h, fs)?)?
+                    .with_kernels(kernels)?,
+            ),
             _ => None,
         };
         let shared_gate = match &weights.shared_gate {
@@ -413,7 +455,10 @@ impl MoeLayer {
             let gate_logits = match &self.shared_gate {
                 Some(g) => {
                     let gl = scratch("shared gate logits", t * 4)?;
-                    ds.extend(plan_dense(ctx, g, tokens, x, &gl, DenseKernel::Rowwise)?.into_dispatches());
+                    ds.extend(
+                        plan_dense(ctx, g, tokens, x, &gl, DenseKernel::Rowwise, c.gemm_order)?
+                            .into_dispatches(),
+                    );
                     Some(gl)
                 }
                 None => None,

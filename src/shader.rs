@@ -55,7 +55,7 @@ pub fn all_shaders() -> Vec<&'static ShaderSource> {
     let mut all = Vec::new();
     all.extend_from_slice(crate::kernels::routing::SHADERS);
     all.extend_from_slice(crate::kernels::dispatch::SHADERS);
-    all.extend_from_slice(crate::kernels::gemm::SHADERS);
+    all.extend(crate::kernels::gemm::shaders());
     all.extend_from_slice(crate::kernels::combine::SHADERS);
     all.extend_from_slice(crate::dag::executor::SHADERS);
     all.extend_from_slice(crate::dag::probe::SHADERS);

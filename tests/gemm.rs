@@ -10,8 +10,8 @@ use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
 };
 use moeflow::kernels::gemm::{
-    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
-    plan_ffn_all_experts,
+    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant,
+    WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use rand::Rng;
@@ -53,12 +53,17 @@ impl Model {
     }
 
     fn reference(&self, x: &[f32], idx: &[u32], k: u32) -> Vec<f32> {
+        self.reference_in(GemmOrder::Strict, x, idx, k)
+    }
+
+    fn reference_in(&self, order: GemmOrder, x: &[f32], idx: &[u32], k: u32) -> Vec<f32> {
         let w = reference::FfnWeights {
             gate: &self.gate,
             up: &self.up,
             down: &self.down,
             hidden: self.h as usize,
             ffn: self.f as usize,
+            order,
         };
         reference::expert_ffn(x, idx, k as usize, &w)
     }
@@ -228,12 +233,21 @@ fn dense_gemm_matches_the_reference_dot() {
         let w = uniform(&mut r, (n * kd) as usize, 0.1);
         let weights = ExpertWeights::from_f32(&ctx, &w, WeightDtype::F32, 1, n, kd).unwrap();
         let (xb, yb) = (ctx.upload("x", &x).unwrap(), ctx.zeroed("y", u64::from(rows * n) * 4).unwrap());
-        ctx.run(&plan_dense(&ctx, &weights, rows, &xb, &yb, DenseKernel::Tiled).unwrap().dispatches())
-            .unwrap();
+        let block = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict).down;
+        ctx.run(
+            &plan_dense(&ctx, &weights, rows, &xb, &yb, DenseKernel::Block(block), GemmOrder::Strict)
+                .unwrap()
+                .dispatches(),
+        )
+        .unwrap();
         let y: Vec<f32> = ctx.read_back(&yb, (rows * n) as usize).unwrap();
         let yr = ctx.zeroed("y rowwise", u64::from(rows * n) * 4).unwrap();
-        ctx.run(&plan_dense(&ctx, &weights, rows, &xb, &yr, DenseKernel::Rowwise).unwrap().dispatches())
-            .unwrap();
+        ctx.run(
+            &plan_dense(&ctx, &weights, rows, &xb, &yr, DenseKernel::Rowwise, GemmOrder::Strict)
+                .unwrap()
+                .dispatches(),
+        )
+        .unwrap();
         let rowwise: Vec<f32> = ctx.read_back(&yr, (rows * n) as usize).unwrap();
         assert_eq!(bits(&y), bits(&rowwise), "{}: tiled vs row-wise dense", ctx.adapter().slug());
         let want: Vec<f32> = x
@@ -270,8 +284,11 @@ fn bad_input_is_an_error() {
         .unwrap_err()
         .to_string();
         assert!(err.contains("mix dtypes"), "{err}");
+        let tiled = GemmVariant::Tiled { bk4: 8 };
         let ffn =
             ExpertFfn::new(w(2, 4, 6, f32w).unwrap(), w(2, 4, 6, f32w).unwrap(), w(2, 6, 4, f32w).unwrap())
+                .unwrap()
+                .with_kernels(FfnKernels { order: GemmOrder::Strict, up: tiled, down: tiled })
                 .unwrap();
         let (x, idx, out) = (
             ctx.zeroed("x", 4 * 6 * 4).unwrap(),
@@ -340,5 +357,127 @@ fn native_f16_loads_equal_the_packed_path_bitwise() {
             .with_native_f16(&ctx, true)
             .unwrap_err();
         assert!(err.to_string().contains("need f16 weights"), "{err}");
+    }
+}
+
+/// Small variants that exercise every part of the generator (blocks of one, odd lane counts,
+/// short K chunks) next to the adapter's defaults.
+fn variants_under_test(ctx: &Context) -> Vec<GemmVariant> {
+    let d = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict);
+    let mut v = vec![
+        d.up,
+        d.down,
+        GemmVariant::Direct { rows: 1, cols: 1, lanes: 1 },
+        GemmVariant::Direct { rows: 4, cols: 3, lanes: 5 },
+        GemmVariant::Direct { rows: 32, cols: 2, lanes: 8 },
+        GemmVariant::Tiled { bk4: 1 },
+        GemmVariant::Tiled { bk4: 3 },
+    ];
+    v.dedup();
+    v
+}
+
+/// Adversarial finite values (±0, exact ties, 1-ULP neighbours) scattered over a random
+/// background.
+fn adversarial(r: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
+    let specials = [0.0f32, -0.0, 0.5, f32::from_bits(0x3f00_0001), -0.5, 1e-30, -1e-38];
+    let mut v = uniform(r, n, scale);
+    for _ in 0..n / 8 {
+        let i = r.random_range(0..n);
+        v[i] = specials[r.random_range(0..specials.len())];
+    }
+    v
+}
+
+/// Bits with every NaN as the canonical one (a NaN's sign and payload are not part of any
+/// contract).
+fn bits_nan(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| if f.is_nan() { f32::NAN.to_bits() } else { f.to_bits() }).collect()
+}
+
+#[test]
+fn every_variant_is_bit_identical_within_an_order() {
+    for ctx in contexts() {
+        // K = 70 and F = 45 are not multiples of four, N is no multiple of any block, one expert
+        // takes most tokens and odd experts past 2 stay empty.
+        let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+            let mut m = Model::new(60, e, h, f, dtype);
+            let mut r = rng(61);
+            m.gate = dtype.round(&adversarial(&mut r, m.gate.len(), 0.1));
+            m.down = dtype.round(&adversarial(&mut r, m.down.len(), 0.1));
+            // NaN and ±inf in a few places only, so most outputs stay finite and comparable:
+            // token 3 has a NaN input, token 5 an infinite one, expert 0's gate row 2 an
+            // infinite weight and expert 1's down row 7 a NaN.
+            let mut x = adversarial(&mut r, (tokens * h) as usize, 1.0);
+            x[(3 * h + 11) as usize] = f32::NAN;
+            x[(5 * h + 69) as usize] = f32::NEG_INFINITY;
+            m.gate[(2 * h + 4) as usize] = f32::INFINITY;
+            m.down[((h + 7) * f + 44) as usize] = f32::NAN;
+            let idx = routes(62, tokens, e, k, true);
+            for order in [GemmOrder::Strict, GemmOrder::Fast] {
+                let what = format!("{} {dtype:?} {order:?}", ctx.adapter().slug());
+                let ffn_with =
+                    |up, down| m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+                let first = variants_under_test(&ctx)[0];
+                let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
+                let want = m.reference_in(order, &x, &idx, k);
+                let finite: Vec<bool> = want.iter().map(|v| v.is_finite()).collect();
+                let (g, w): (Vec<f32>, Vec<f32>) = decode
+                    .iter()
+                    .zip(&want)
+                    .zip(&finite)
+                    .filter(|(_, ok)| **ok)
+                    .map(|((g, w), _)| (*g, *w))
+                    .unzip();
+                assert_rows_close(&format!("{what} decode vs reference (finite outputs)"), &g, &w, 1);
+                for up in variants_under_test(&ctx) {
+                    for down in [up, first] {
+                        let ffn = ffn_with(up, down);
+                        let grouped = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
+                        assert_eq!(
+                            bits_nan(&grouped),
+                            bits_nan(&decode),
+                            "{what}: grouped {} / {} vs row-wise",
+                            up.name(),
+                            down.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_order_is_deterministic_and_batch_invariant() {
+    for ctx in contexts() {
+        let (e, k) = (16u32, 4u32);
+        let m = Model::new(70, e, 48, 36, WeightDtype::F16);
+        let d = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Fast);
+        let ffn = m.upload(&ctx).with_kernels(d).unwrap();
+        let h = m.h as usize;
+        let x = uniform(&mut rng(71), 300 * h, 1.0);
+        let idx = routes(72, 300, e, k, true);
+        let once = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
+        let again = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
+        let what = ctx.adapter().slug();
+        assert_eq!(bits(&once), bits(&again), "{what}: two runs of the fast order");
+        // Token 123 alone (decode path) equals its rows in the batch of 300 (grouped path).
+        let t = 123usize;
+        let alone = run(&ctx, &ffn, &x[t * h..(t + 1) * h], &idx[t * 4..(t + 1) * 4], k, Path::Decode);
+        assert_eq!(
+            bits(&alone),
+            bits(&once[t * 4 * h..(t + 1) * 4 * h]),
+            "{what}: fast order, alone vs batch"
+        );
+        let strict = run(&ctx, &m.upload(&ctx), &x, &idx, k, Path::Grouped);
+        assert_rows_close(
+            &format!("{what} fast vs reference"),
+            &once,
+            &m.reference_in(GemmOrder::Fast, &x, &idx, k),
+            h,
+        );
+        assert_rows_close(&format!("{what} strict vs reference"), &strict, &m.reference(&x, &idx, k), h);
     }
 }

@@ -7,7 +7,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
 use crate::kernels::gemm::{
-    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_dense, plan_ffn,
+    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, WeightDtype,
+    plan_dense, plan_ffn,
 };
 use crate::pipeline::Dispatch;
 use crate::reference::gemm as reference;
@@ -105,6 +106,7 @@ impl Problem {
             down: &self.down,
             hidden: h,
             ffn: self.f as usize,
+            order: GemmOrder::Strict,
         };
         let picks: Vec<usize> =
             (0..n.min(CHECKED_ENTRIES)).chain(n.saturating_sub(CHECKED_ENTRIES)..n).collect();
@@ -193,9 +195,12 @@ impl Comparison for GroupedVsDense {
             ctx.zeroed("dense up", u64::from(rows * p.f) * 4)?,
             ctx.zeroed("dense down", u64::from(rows * p.h) * 4)?,
         );
-        let mut a = plan_dense(ctx, &wg, rows, &xd, &yg, DenseKernel::Tiled)?.into_dispatches();
-        a.extend(plan_dense(ctx, &wu, rows, &xd, &yu, DenseKernel::Tiled)?.into_dispatches());
-        a.extend(plan_dense(ctx, &wd, rows, &xd, &yd, DenseKernel::Tiled)?.into_dispatches());
+        let kernels = ffn.kernels(ctx);
+        let dense = DenseKernel::Block(kernels.down);
+        let order = kernels.order;
+        let mut a = plan_dense(ctx, &wg, rows, &xd, &yg, dense, order)?.into_dispatches();
+        a.extend(plan_dense(ctx, &wu, rows, &xd, &yu, dense, order)?.into_dispatches());
+        a.extend(plan_dense(ctx, &wd, rows, &xd, &yd, dense, order)?.into_dispatches());
         let (flops, tokens) = (p.flops(), p.tokens);
         let validate = move |ctx: &Context| p.check(ctx, &partial, "grouped").map(|_| ());
         Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, tokens, validate: Box::new(validate) })
@@ -318,8 +323,11 @@ impl Comparison for TiledVsRowwise {
             ctx.zeroed("y rowwise", u64::from(rows * n) * 4)?,
             ctx.zeroed("y tiled", u64::from(rows * n) * 4)?,
         );
-        let a = plan_dense(ctx, &weights, rows, &xb, &ya, DenseKernel::Rowwise)?.into_dispatches();
-        let b = plan_dense(ctx, &weights, rows, &xb, &yb, DenseKernel::Tiled)?.into_dispatches();
+        let block = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict).down;
+        let a = plan_dense(ctx, &weights, rows, &xb, &ya, DenseKernel::Rowwise, GemmOrder::Strict)?
+            .into_dispatches();
+        let b = plan_dense(ctx, &weights, rows, &xb, &yb, DenseKernel::Block(block), GemmOrder::Strict)?
+            .into_dispatches();
         let (nu, ku) = (n as usize, k as usize);
         let validate = move |ctx: &Context| -> Result<()> {
             let total = rows as usize * nu;

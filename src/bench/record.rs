@@ -12,7 +12,7 @@ use crate::dag::ProbeReport;
 /// Version of the record layout.
 pub const SCHEMA_VERSION: u32 = 1;
 /// The wgpu release moeflow is built against (kept equal to Cargo.toml by a unit test).
-pub const WGPU_VERSION: &str = "30.0.2";
+pub use crate::context::WGPU_VERSION;
 /// Shader runtime checks used by every pipeline: wgpu's defaults.
 pub const RUNTIME_CHECKS: &str = "checked: wgpu default bounds checks and loop bounding";
 

@@ -1,4 +1,6 @@
-//! Reference expert projections in the kernels' K order (`wgsl/gemm/common.wgsl`).
+//! Reference expert projections in the kernels' K orders (`wgsl/gemm/common.wgsl`).
+
+use crate::kernels::gemm::GemmOrder;
 
 /// `sum_k x[k] * w[k]`: K in groups of four (entries past K read as 0.0), lane j of the
 /// group accumulating with `mul_add` from 0.0, result `(l0 + l1) + (l2 + l3)`.
@@ -12,6 +14,25 @@ pub fn dot(x: &[f32], w: &[f32]) -> f32 {
         }
     }
     (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+}
+
+/// `sum_k x[k] * w[k]` in [`GemmOrder::Fast`]: one accumulator, `mul_add` from 0.0 for k
+/// ascending over K rounded up to a multiple of four (entries past K read as 0.0).
+pub fn dot_fast(x: &[f32], w: &[f32]) -> f32 {
+    let padded = x.len().next_multiple_of(4);
+    (0..padded).fold(0.0f32, |acc, k| {
+        let xv = x.get(k).copied().unwrap_or(0.0);
+        let wv = w.get(k).copied().unwrap_or(0.0);
+        xv.mul_add(wv, acc)
+    })
+}
+
+/// `sum_k x[k] * w[k]` in `order` ([`dot`] for strict, [`dot_fast`] for fast).
+pub fn dot_in(order: GemmOrder, x: &[f32], w: &[f32]) -> f32 {
+    match order {
+        GemmOrder::Strict => dot(x, w),
+        GemmOrder::Fast => dot_fast(x, w),
+    }
 }
 
 /// `silu(g) * u` as the kernels compute it: `g / (1 + exp(-g)) * u`.
@@ -33,6 +54,8 @@ pub struct FfnWeights<'a> {
     pub hidden: usize,
     /// F.
     pub ffn: usize,
+    /// The kernels' accumulation order.
+    pub order: GemmOrder,
 }
 
 /// The SwiGLU FFN of `expert` on one input row: `down(silu(gate x) * (up x))`.
@@ -41,13 +64,13 @@ pub fn ffn_row(x: &[f32], expert: usize, w: &FfnWeights<'_>) -> Vec<f32> {
     let act: Vec<f32> = (0..ffn)
         .map(|n| {
             let at = (expert * ffn + n) * hidden;
-            silu_mul(dot(x, &w.gate[at..at + hidden]), dot(x, &w.up[at..at + hidden]))
+            silu_mul(dot_in(w.order, x, &w.gate[at..at + hidden]), dot_in(w.order, x, &w.up[at..at + hidden]))
         })
         .collect();
     (0..hidden)
         .map(|n| {
             let at = (expert * hidden + n) * ffn;
-            dot(&act, &w.down[at..at + ffn])
+            dot_in(w.order, &act, &w.down[at..at + ffn])
         })
         .collect()
 }
@@ -73,5 +96,13 @@ mod tests {
         assert_eq!(dot(&[1e8, 1.0, 0.0, 0.0, -1e8], &[1.0; 5]), 1.0);
         // K = 5: lanes 1..3 of the second group read zeros.
         assert_eq!(dot(&[1.0, 2.0, 3.0, 4.0, 5.0], &[1.0, 1.0, 1.0, 1.0, 2.0]), 20.0);
+    }
+
+    #[test]
+    fn fast_dot_is_one_accumulator_in_k_order() {
+        // One accumulator absorbs the 1.0 into 1e8 before -1e8 cancels it: 0, where the four
+        // lanes keep it.
+        assert_eq!(dot_fast(&[1e8, 1.0, 0.0, 0.0, -1e8], &[1.0; 5]), 0.0);
+        assert_eq!(dot_fast(&[1.0, 2.0, 3.0, 4.0, 5.0], &[1.0, 1.0, 1.0, 1.0, 2.0]), 20.0);
     }
 }

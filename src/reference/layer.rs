@@ -12,7 +12,9 @@ pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> (Vec<f32>, Vec<u32
     let (indices, weights) = routing::topk(&cfg.route(), &logits, w.bias.as_deref());
     let round = |v: &[f32]| cfg.weight_dtype.round(v);
     let (gate, up, down) = (round(&w.gate), round(&w.up), round(&w.down));
-    let experts = gemm::FfnWeights { gate: &gate, up: &up, down: &down, hidden: h, ffn: cfg.ffn as usize };
+    let order = cfg.gemm_order;
+    let experts =
+        gemm::FfnWeights { gate: &gate, up: &up, down: &down, hidden: h, ffn: cfg.ffn as usize, order };
     let mut partial = gemm::expert_ffn(x, &indices, k, &experts);
     if let Capacity::Bounded { bound, policy: OverflowPolicy::Drop } = cfg.capacity {
         let l = dispatch::layout(&indices, cfg.experts, 1, bound);
@@ -33,10 +35,11 @@ pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> (Vec<f32>, Vec<u32
                 down: d,
                 hidden: h,
                 ffn: cfg.shared_ffn.unwrap_or(0) as usize,
+                order,
             };
             gemm::ffn_row(xt, 0, &sw)
         });
-        let s = w.shared_gate.as_ref().map_or(1.0, |g| 1.0 / (1.0 + (-gemm::dot(xt, g)).exp()));
+        let s = w.shared_gate.as_ref().map_or(1.0, |g| 1.0 / (1.0 + (-gemm::dot_in(order, xt, g)).exp()));
         for (c, out) in row.iter_mut().enumerate() {
             let mut acc = 0.0f32;
             for j in 0..k {

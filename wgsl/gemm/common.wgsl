@@ -1,12 +1,14 @@
 // Shared by the expert-projection kernels: parameters, bindings (the weights, bindings 2 and 3,
-// come from weights_packed.wgsl or weights_f16.wgsl, which define weight_from), and the
-// K-accumulation order that makes every path batch-invariant.
+// come from weights_packed.wgsl or weights_f16.wgsl, which define weight_from, weight4 and
+// weight4_tail), and the K-accumulation orders that make every path batch-invariant.
 //
-// Accumulation order (mirrored by reference::gemm::dot): K is taken in groups of four,
-// k = 4g .. 4g + 3 for every g with 4g < K (entries at k >= K read as 0.0). Lane j of a
-// vec4 accumulator takes k = 4g + j: acc = fma(x4, w4, acc), from vec4(0.0). The result is
-// (acc.x + acc.y) + (acc.z + acc.w). No kernel splits K, so a token's outputs never depend
-// on the batch, the tile, or the path.
+// Accumulation orders (mirrored by reference::gemm::dot): K is taken in groups of four,
+// k = 4g .. 4g + 3 for every g with 4g < K (entries at k >= K read as 0.0).
+// Strict: lane j of a vec4 accumulator takes k = 4g + j: acc = fma(x4, w4, acc), from
+// vec4(0.0); the result is (acc.x + acc.y) + (acc.z + acc.w).
+// Fast: one accumulator, acc = fma(x4.w, w4.w, fma(x4.z, w4.z, fma(x4.y, w4.y,
+// fma(x4.x, w4.x, acc)))) from 0.0, group after group; the result is acc.
+// No kernel splits K, so a token's outputs never depend on the batch, the tile, or the path.
 
 struct GemmParams {
     // Rows to compute (an upper bound when a row count buffer is bound).
@@ -25,6 +27,12 @@ struct GemmParams {
     tile_rows: u32,
     // Index into row_count of the live row count (rowwise kernel).
     count_word: u32,
+    // FLAG_* bits: how rows, inputs, outputs and experts are found (uniform per dispatch, so
+    // they cost a branch per block, not a pipeline each).
+    flags: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: GemmParams;
@@ -32,23 +40,33 @@ struct GemmParams {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 // Row -> entry (token * k + slot), NONE for padding.
 @group(0) @binding(4) var<storage, read> row_entry: array<u32>;
-// Tile -> expert (EXPERT_SOURCE == 0).
+// Tile -> expert (FLAG_EXPERT_FROM_TILES).
 @group(0) @binding(5) var<storage, read> tile_expert: array<u32>;
 // Output [*, N] (f32).
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 const NONE: u32 = 0xffffffffu;
 
+// Input row of a gathered row is x[entry / k_route]; otherwise x[row_offset + row].
+const FLAG_GATHER: u32 = 1u;
+// Write out[entry] instead of out[row_offset + row].
+const FLAG_OUT_ENTRY: u32 = 2u;
+// Rows are entries directly (row_entry unused).
+const FLAG_IDENTITY_ROWS: u32 = 4u;
+// The block's expert comes from the tile -> expert map (else params.fixed_expert).
+const FLAG_EXPERT_FROM_TILES: u32 = 8u;
+// A row's expert is indices[entry] (rowwise kernel; else params.fixed_expert).
+const FLAG_EXPERT_FROM_INDICES: u32 = 16u;
+
+fn flag(f: u32) -> bool {
+    return (params.flags & f) != 0u;
+}
+
+// The inner loops' choices stay pipeline constants.
 // 0: f32 (one per word); 1: f16 (two per word, low half first); 2: bf16 (two per word).
 override DTYPE: u32 = 0u;
-// Input row of a gathered row is x[entry / k_route]; otherwise x[row_offset + row].
-override GATHER: bool = true;
-// Write out[entry] instead of out[row_offset + row].
-override OUT_ENTRY: bool = false;
 // silu(x . w) * (x . w_up) instead of x . w.
 override SWIGLU: bool = false;
-// Rows are entries directly (row_entry unused).
-override IDENTITY_ROWS: bool = false;
 
 fn silu_mul(g: f32, u: f32) -> f32 {
     return g / (1.0 + exp(-g)) * u;
@@ -58,22 +76,43 @@ fn lanes_sum(acc: vec4<f32>) -> f32 {
     return (acc.x + acc.y) + (acc.z + acc.w);
 }
 
+// x[base + k .. base + k + 3], entries at k >= kdim read as 0.0; the bounds are checked only
+// in a partial last group.
+fn x_group(base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    if k + 4u <= kdim {
+        let i = base + k;
+        return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+    }
+    return x_tail(base, k, kdim);
+}
+
+// x[base + k .. base + k + 3], entries at k >= kdim read as 0.0.
+fn x_tail(base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        if k + j < kdim {
+            v[j] = x[base + k + j];
+        }
+    }
+    return v;
+}
+
 fn entry_of(row: u32) -> u32 {
-    if IDENTITY_ROWS {
+    if flag(FLAG_IDENTITY_ROWS) {
         return row;
     }
     return row_entry[params.row_offset + row];
 }
 
 fn input_row(row: u32, entry: u32) -> u32 {
-    if GATHER {
+    if flag(FLAG_GATHER) {
         return entry / params.k_route;
     }
     return params.row_offset + row;
 }
 
 fn store(row: u32, entry: u32, col: u32, value: f32) {
-    if OUT_ENTRY {
+    if flag(FLAG_OUT_ENTRY) {
         if entry != NONE {
             out[entry * params.n + col] = value;
         }

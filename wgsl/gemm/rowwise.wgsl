@@ -1,14 +1,14 @@
 // Row-wise expert projection: one invocation per (row, column) output, dot products read
 // straight from memory. Used for decode (few tokens: rows are entries, no dispatch needed)
 // and for the overflow pass of the bucketed path. The expert of a row is indices[entry]
-// (or params.fixed_expert when EXPERT_FROM_INDICES is false). Same accumulation order as
-// every other path (common.wgsl).
+// (or params.fixed_expert without FLAG_EXPERT_FROM_INDICES). Same accumulation order as
+// every other path of the mode (common.wgsl): FAST_ORDER picks the one-accumulator order.
 
 // Live row count: rows = min(params.rows, row_count[params.count_word]).
 @group(0) @binding(7) var<storage, read> row_count: array<u32>;
 @group(0) @binding(8) var<storage, read> expert_of_entry: array<u32>;
 
-override EXPERT_FROM_INDICES: bool = true;
+override FAST_ORDER: bool = false;
 
 @compute @workgroup_size(64)
 fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -24,7 +24,7 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
         return;
     }
     var expert = params.fixed_expert;
-    if EXPERT_FROM_INDICES {
+    if flag(FLAG_EXPERT_FROM_INDICES) {
         expert = expert_of_entry[entry];
     }
     let kdim = params.kdim;
@@ -32,6 +32,8 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let wr = (expert * params.n + col) * kdim;
     var acc = vec4<f32>(0.0);
     var acc_up = vec4<f32>(0.0);
+    var one = 0.0;
+    var one_up = 0.0;
     for (var k = 0u; k < kdim; k += 4u) {
         var xv = vec4<f32>(0.0);
         var wv = vec4<f32>(0.0);
@@ -45,14 +47,26 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
                 }
             }
         }
-        acc = fma(xv, wv, acc);
-        if SWIGLU {
-            acc_up = fma(xv, uv, acc_up);
+        if FAST_ORDER {
+            one = fma(xv.w, wv.w, fma(xv.z, wv.z, fma(xv.y, wv.y, fma(xv.x, wv.x, one))));
+            if SWIGLU {
+                one_up = fma(xv.w, uv.w, fma(xv.z, uv.z, fma(xv.y, uv.y, fma(xv.x, uv.x, one_up))));
+            }
+        } else {
+            acc = fma(xv, wv, acc);
+            if SWIGLU {
+                acc_up = fma(xv, uv, acc_up);
+            }
         }
     }
     var v = lanes_sum(acc);
+    var v_up = lanes_sum(acc_up);
+    if FAST_ORDER {
+        v = one;
+        v_up = one_up;
+    }
     if SWIGLU {
-        v = silu_mul(v, lanes_sum(acc_up));
+        v = silu_mul(v, v_up);
     }
     store(row, entry, col, v);
 }

@@ -1,6 +1,6 @@
 // Expert weights as native f16 (adapters with shader-f16): the same buffer bytes and the same
 // values as the packed half path, converted to f32 before any arithmetic, so results are
-// bit-identical to it. Composed after enable_f16.wgsl.
+// bit-identical to it. Composed after enable_f16.wgsl. Same functions as weights_packed.wgsl.
 
 // Weights [E, N, K].
 @group(0) @binding(2) var<storage, read> w: array<f16>;
@@ -12,4 +12,31 @@ fn weight_from(buf_is_up: bool, idx: u32) -> f32 {
         return f32(w_up[idx]);
     }
     return f32(w[idx]);
+}
+
+fn weight4(buf_is_up: bool, idx: u32) -> vec4<f32> {
+    return vec4<f32>(
+        weight_from(buf_is_up, idx),
+        weight_from(buf_is_up, idx + 1u),
+        weight_from(buf_is_up, idx + 2u),
+        weight_from(buf_is_up, idx + 3u),
+    );
+}
+
+fn weight4_tail(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        if k + j < kdim {
+            v[j] = weight_from(buf_is_up, base + k + j);
+        }
+    }
+    return v;
+}
+
+// weight4 where the whole group is inside K, else weight4_tail.
+fn weight_group(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    if k + 4u <= kdim {
+        return weight4(buf_is_up, base + k);
+    }
+    return weight4_tail(buf_is_up, base, k, kdim);
 }

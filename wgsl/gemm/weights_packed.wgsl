@@ -1,6 +1,8 @@
 // Expert weights packed in u32 words, unpacked with integer operations so every adapter runs
 // every dtype: DTYPE 0 is f32 (one per word), 1 is IEEE half and 2 is bfloat16 (two per word,
-// low half first). weight_from(is_up, idx) returns element idx of w (or w_up) as f32.
+// low half first). weight_from(is_up, idx) returns element idx of w (or w_up) as f32;
+// weight4(is_up, idx) elements idx .. idx + 3 (all inside the buffer), reading each word once;
+// weight4_tail(is_up, base, k, kdim) elements base + k .. base + k + 3, 0.0 at k >= kdim.
 
 // Weights [E, N, K].
 @group(0) @binding(2) var<storage, read> w: array<u32>;
@@ -43,3 +45,55 @@ fn f16_bits_to_f32(h: u32) -> f32 {
     return bitcast<f32>(sign | ((exponent + 112u) << 23u) | (mantissa << 13u));
 }
 
+
+fn weight_word(buf_is_up: bool, i: u32) -> u32 {
+    if buf_is_up {
+        return w_up[i];
+    }
+    return w[i];
+}
+
+// A 16-bit weight as f32 (DTYPE 1: IEEE half, 2: bfloat16).
+fn half_to_f32(bits16: u32) -> f32 {
+    if DTYPE == 1u {
+        return f16_bits_to_f32(bits16);
+    }
+    return bitcast<f32>(bits16 << 16u);
+}
+
+fn weight4(buf_is_up: bool, idx: u32) -> vec4<f32> {
+    if DTYPE == 0u {
+        return vec4<f32>(
+            bitcast<f32>(weight_word(buf_is_up, idx)),
+            bitcast<f32>(weight_word(buf_is_up, idx + 1u)),
+            bitcast<f32>(weight_word(buf_is_up, idx + 2u)),
+            bitcast<f32>(weight_word(buf_is_up, idx + 3u)),
+        );
+    }
+    let i = idx >> 1u;
+    let a = weight_word(buf_is_up, i);
+    let b = weight_word(buf_is_up, i + 1u);
+    if (idx & 1u) == 0u {
+        return vec4<f32>(half_to_f32(a & 0xffffu), half_to_f32(a >> 16u), half_to_f32(b & 0xffffu), half_to_f32(b >> 16u));
+    }
+    let c = weight_word(buf_is_up, i + 2u);
+    return vec4<f32>(half_to_f32(a >> 16u), half_to_f32(b & 0xffffu), half_to_f32(b >> 16u), half_to_f32(c & 0xffffu));
+}
+
+fn weight4_tail(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        if k + j < kdim {
+            v[j] = weight_from(buf_is_up, base + k + j);
+        }
+    }
+    return v;
+}
+
+// weight4 where the whole group is inside K, else weight4_tail.
+fn weight_group(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    if k + 4u <= kdim {
+        return weight4(buf_is_up, base + k);
+    }
+    return weight4_tail(buf_is_up, base, k, kdim);
+}

@@ -17,32 +17,19 @@ use crate::kernels::dispatch::{BucketLayout, DispatchLayout};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
 use crate::shader::{ShaderSource, wgsl};
 
-/// Rows per tiled-GEMM workgroup block; dispatch tiles must be multiples of it.
-pub const BLOCK_ROWS: u32 = 32;
-/// Columns per tiled-GEMM workgroup block.
-pub const BLOCK_COLS: u32 = 32;
+mod tune;
+mod variant;
+
+pub use tune::{TuneOptions, Tuned, default_cache_path, tune};
+pub use variant::{FfnKernels, GemmOrder, GemmVariant, candidates};
+
 /// Token counts up to this use the row-wise decode path when the path is chosen automatically.
 pub const DECODE_MAX_TOKENS: u32 = 8;
 
-static TILED_SHADER: ShaderSource = ShaderSource {
-    name: "gemm/tiled",
-    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), wgsl!("gemm/tiled.wgsl")],
-    entry_points: &["tiled"],
-};
 static ROWWISE_SHADER: ShaderSource = ShaderSource {
     name: "gemm/rowwise",
     parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), wgsl!("gemm/rowwise.wgsl")],
     entry_points: &["rowwise"],
-};
-static TILED_F16_SHADER: ShaderSource = ShaderSource {
-    name: "gemm/tiled_f16",
-    parts: &[
-        wgsl!("gemm/enable_f16.wgsl"),
-        wgsl!("gemm/common.wgsl"),
-        wgsl!("gemm/weights_f16.wgsl"),
-        wgsl!("gemm/tiled.wgsl"),
-    ],
-    entry_points: &["tiled"],
 };
 static ROWWISE_F16_SHADER: ShaderSource = ShaderSource {
     name: "gemm/rowwise_f16",
@@ -55,20 +42,27 @@ static ROWWISE_F16_SHADER: ShaderSource = ShaderSource {
     entry_points: &["rowwise"],
 };
 
-/// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature).
-pub(crate) static SHADERS: &[&ShaderSource] =
-    &[&TILED_SHADER, &ROWWISE_SHADER, &TILED_F16_SHADER, &ROWWISE_F16_SHADER];
+/// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature): the
+/// row-wise kernel and the generated block kernels of every candidate variant in both orders.
+pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
+    let mut all = vec![&ROWWISE_SHADER, &ROWWISE_F16_SHADER];
+    let mut variants = candidates(true);
+    variants.extend(candidates(false));
+    for v in variants {
+        for order in [GemmOrder::Strict, GemmOrder::Fast] {
+            for native in [false, true] {
+                all.push(variant::spec(v, order, native).shader);
+            }
+        }
+    }
+    all
+}
 
 use Access::{Read, ReadWrite, Uniform};
-const TILED_BINDINGS: &[(u32, Access)] =
-    &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (5, Read), (6, ReadWrite)];
 const ROWWISE_BINDINGS: &[(u32, Access)] =
     &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read)];
-static TILED: KernelSpec = KernelSpec { shader: &TILED_SHADER, entry: "tiled", bindings: TILED_BINDINGS };
 static ROWWISE: KernelSpec =
     KernelSpec { shader: &ROWWISE_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
-static TILED_F16: KernelSpec =
-    KernelSpec { shader: &TILED_F16_SHADER, entry: "tiled", bindings: TILED_BINDINGS };
 static ROWWISE_F16: KernelSpec =
     KernelSpec { shader: &ROWWISE_F16_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
 
@@ -223,6 +217,9 @@ pub struct ExpertFfn {
     pub up: ExpertWeights,
     /// `[E, H, F]`.
     pub down: ExpertWeights,
+    /// The kernels and order; `None` runs the adapter's default ([`FfnKernels::default_for`])
+    /// in [`GemmOrder::Strict`].
+    kernels: Option<FfnKernels>,
 }
 
 impl ExpertFfn {
@@ -252,7 +249,22 @@ impl ExpertFfn {
         if gate.native_f16 != up.native_f16 || gate.native_f16 != down.native_f16 {
             return Err(Error::invalid("expert weights mix native f16 and packed loads"));
         }
-        Ok(ExpertFfn { gate, up, down })
+        Ok(ExpertFfn { gate, up, down, kernels: None })
+    }
+
+    /// Runs these kernels (order and variants) instead of the adapter's default.
+    ///
+    /// # Errors
+    /// A variant out of its documented ranges.
+    pub fn with_kernels(mut self, kernels: FfnKernels) -> Result<Self> {
+        kernels.validate()?;
+        self.kernels = Some(kernels);
+        Ok(self)
+    }
+
+    /// The kernels this FFN runs on `ctx`.
+    pub fn kernels(&self, ctx: &Context) -> FfnKernels {
+        self.kernels.unwrap_or_else(|| FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict))
     }
     /// Experts.
     pub fn experts(&self) -> u32 {
@@ -291,12 +303,21 @@ struct Params {
     fixed_expert: u32,
     tile_rows: u32,
     count_word: u32,
+    flags: u32,
+    pad: [u32; 3],
 }
 
 const NONE: u32 = u32::MAX;
+// FLAG_* bits of `Params::flags`, as in wgsl/gemm/common.wgsl.
+const FLAG_GATHER: u32 = 1;
+const FLAG_OUT_ENTRY: u32 = 2;
+const FLAG_IDENTITY_ROWS: u32 = 4;
+const FLAG_EXPERT_FROM_TILES: u32 = 8;
+const FLAG_EXPERT_FROM_INDICES: u32 = 16;
 
 #[derive(Clone, Copy)]
 struct Pass<'a> {
+    order: GemmOrder,
     swiglu: bool,
     gather: bool,
     out_entry: bool,
@@ -311,19 +332,22 @@ struct Pass<'a> {
 
 impl Pass<'_> {
     fn constants(&self) -> Vec<(&'static str, f64)> {
-        let b = |v: bool| f64::from(u8::from(v));
-        vec![
-            ("DTYPE", self.w.dtype.code()),
-            ("GATHER", b(self.gather)),
-            ("OUT_ENTRY", b(self.out_entry)),
-            ("SWIGLU", b(self.swiglu)),
-            ("IDENTITY_ROWS", b(self.identity_rows)),
-        ]
+        vec![("DTYPE", self.w.dtype.code()), ("SWIGLU", f64::from(u8::from(self.swiglu)))]
+    }
+
+    /// The uniform parameters with the FLAG_* bits of this pass and `extra`.
+    fn params_with(&self, extra: u32) -> Params {
+        let bit = |on: bool, f: u32| if on { f } else { 0 };
+        let flags = bit(self.gather, FLAG_GATHER)
+            | bit(self.out_entry, FLAG_OUT_ENTRY)
+            | bit(self.identity_rows, FLAG_IDENTITY_ROWS)
+            | extra;
+        Params { flags, ..self.params }
     }
 
     fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> [Binding<'b>; 6] {
         [
-            Binding::new(0, params, 32),
+            Binding::new(0, params, std::mem::size_of::<Params>() as u64),
             Binding::new(1, self.x, self.x.size()),
             Binding::new(2, &self.w.buffer, self.w.bytes()),
             Binding::new(3, &self.w_up.buffer, self.w_up.bytes()),
@@ -332,21 +356,43 @@ impl Pass<'_> {
         ]
     }
 
-    /// A tiled dispatch; `tiles` is the tile -> expert map, or None for `params.fixed_expert`.
-    fn tiled(&self, ctx: &Context, tiles: Option<&wgpu::Buffer>) -> Result<Dispatch> {
-        let mut constants = self.constants();
-        constants.push(("EXPERT_FROM_TILES", f64::from(u8::from(tiles.is_some()))));
-        let kernel = ctx.kernel(if self.w.native_f16 { &TILED_F16 } else { &TILED }, &constants)?;
-        let params = ctx.uniform("gemm params", &self.params)?;
+    /// A block-GEMM dispatch of `variant`; `tiles` is the tile -> expert map, or None for
+    /// `params.fixed_expert`.
+    fn gemm(&self, ctx: &Context, variant: GemmVariant, tiles: Option<&wgpu::Buffer>) -> Result<Dispatch> {
+        let constants = self.constants();
+        let bytes = variant.workgroup_bytes();
+        if bytes > ctx.limits().max_compute_workgroup_storage_size {
+            return Err(Error::limit(
+                format!("workgroup memory of the {} GEMM", variant.name()),
+                bytes.into(),
+                ctx.limits().max_compute_workgroup_storage_size.into(),
+                "max_compute_workgroup_storage_size",
+            ));
+        }
+        if variant.invocations() > ctx.limits().max_compute_invocations_per_workgroup {
+            return Err(Error::limit(
+                format!("invocations of the {} GEMM", variant.name()),
+                variant.invocations().into(),
+                ctx.limits().max_compute_invocations_per_workgroup.into(),
+                "max_compute_invocations_per_workgroup",
+            ));
+        }
+        let kernel = ctx.kernel(variant::spec(variant, self.order, self.w.native_f16), &constants)?;
+        let from_tiles = if tiles.is_some() { FLAG_EXPERT_FROM_TILES } else { 0 };
+        let params = ctx.uniform("gemm params", &self.params_with(from_tiles))?;
         let placeholder = ctx.storage_scratch("no tile map", 4)?;
         let tiles = tiles.unwrap_or(&placeholder);
         let mut bindings = self.common(&params).to_vec();
         bindings.push(Binding::new(5, tiles, tiles.size()));
         let max = ctx.limits().max_compute_workgroups_per_dimension;
-        let grid = [self.params.rows.div_ceil(BLOCK_ROWS), self.params.n.div_ceil(BLOCK_COLS), 1];
+        let grid = [
+            self.params.rows.div_ceil(variant.block_rows()),
+            self.params.n.div_ceil(variant.block_cols()),
+            1,
+        ];
         if grid[0] > max || grid[1] > max {
             return Err(Error::limit(
-                "tiled GEMM workgroups per dimension",
+                "GEMM workgroups per dimension",
                 grid[0].max(grid[1]).into(),
                 max.into(),
                 "max_compute_workgroups_per_dimension",
@@ -364,9 +410,10 @@ impl Pass<'_> {
         count: &wgpu::Buffer,
     ) -> Result<Dispatch> {
         let mut constants = self.constants();
-        constants.push(("EXPERT_FROM_INDICES", f64::from(u8::from(indices.is_some()))));
+        constants.push(("FAST_ORDER", f64::from(u8::from(self.order == GemmOrder::Fast))));
         let kernel = ctx.kernel(if self.w.native_f16 { &ROWWISE_F16 } else { &ROWWISE }, &constants)?;
-        let params = ctx.uniform("gemm params", &self.params)?;
+        let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };
+        let params = ctx.uniform("gemm params", &self.params_with(from_indices))?;
         let placeholder = ctx.storage_scratch("no indices", 4)?;
         let indices = indices.unwrap_or(&placeholder);
         let mut bindings = self.common(&params).to_vec();
@@ -381,12 +428,14 @@ impl Pass<'_> {
 /// input row gathered from the entry's token.
 fn up_pass<'a>(
     ffn: &'a ExpertFfn,
+    order: GemmOrder,
     base: Params,
     x: &'a wgpu::Buffer,
     rows: &'a wgpu::Buffer,
     act: &'a wgpu::Buffer,
 ) -> Pass<'a> {
     Pass {
+        order,
         swiglu: true,
         gather: true,
         out_entry: false,
@@ -482,6 +531,8 @@ pub fn plan_ffn(
     let entries32 = u32::try_from(entries)
         .map_err(|_| Error::limit("tokens * k", entries, u32::MAX.into(), "u32 entries"))?;
     let base = Params { k_route: k, fixed_expert: NONE, ..Params::default() };
+    let kernels = ffn.kernels(ctx);
+    let order = kernels.order;
     let mut ds = Vec::new();
     match routing {
         FfnRouting::Grouped(layout) => {
@@ -494,20 +545,23 @@ pub fn plan_ffn(
                     layout.tokens()
                 )));
             }
-            if cfg.tile % BLOCK_ROWS != 0 {
+            let block = kernels.block_rows();
+            if cfg.tile % block != 0 {
                 return Err(Error::invalid(format!(
-                    "the grouped GEMM needs a dispatch tile that is a multiple of {BLOCK_ROWS}, got {}",
+                    "the grouped GEMM ({} / {}) needs a dispatch tile that is a multiple of {block}, got {}",
+                    kernels.up.name(),
+                    kernels.down.name(),
                     cfg.tile
                 )));
             }
             let rows = layout.max_rows();
             let act = ctx.storage_scratch("ffn activations", u64::from(rows) * u64::from(f) * 4)?;
-            let mut p = up_pass(ffn, base, x, layout.perm(), &act);
+            let mut p = up_pass(ffn, order, base, x, layout.perm(), &act);
             p.params.rows = rows;
             p.params.tile_rows = cfg.tile;
-            ds.push(p.tiled(ctx, Some(layout.tile_expert()))?);
+            ds.push(p.gemm(ctx, kernels.up, Some(layout.tile_expert()))?);
             let down = down_pass(&p, ffn, &act, partial);
-            ds.push(down.tiled(ctx, Some(layout.tile_expert()))?);
+            ds.push(down.gemm(ctx, kernels.down, Some(layout.tile_expert()))?);
         }
         FfnRouting::Bucketed(buckets) => {
             let inner = buckets.layout();
@@ -522,11 +576,11 @@ pub fn plan_ffn(
             let act = ctx
                 .storage_scratch("bucket activations", u64::from(e) * u64::from(bound) * u64::from(f) * 4)?;
             for expert in 0..e {
-                let mut p = up_pass(ffn, base, x, buckets.pad_perm(), &act);
+                let mut p = up_pass(ffn, order, base, x, buckets.pad_perm(), &act);
                 p.params.rows = bound;
                 p.params.row_offset = expert * bound;
                 p.params.fixed_expert = expert;
-                ds.push(p.tiled(ctx, None)?);
+                ds.push(p.gemm(ctx, kernels.up, None)?);
                 let down = Pass {
                     swiglu: false,
                     gather: false,
@@ -538,10 +592,10 @@ pub fn plan_ffn(
                     params: Params { n: h, kdim: f, ..p.params },
                     ..p
                 };
-                ds.push(down.tiled(ctx, None)?);
+                ds.push(down.gemm(ctx, kernels.down, None)?);
             }
             let over_act = ctx.storage_scratch("overflow activations", entries * u64::from(f) * 4)?;
-            let mut p = up_pass(ffn, base, x, buckets.overflow(), &over_act);
+            let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act);
             p.params.rows = entries32;
             p.params.count_word = 5;
             ds.push(p.rowwise(ctx, Some(indices), inner.meta())?);
@@ -551,7 +605,7 @@ pub fn plan_ffn(
         FfnRouting::Decode => {
             let act = ctx.storage_scratch("decode activations", entries * u64::from(f) * 4)?;
             let count = ctx.upload("decode rows", &[entries32])?;
-            let mut p = up_pass(ffn, base, x, &count, &act);
+            let mut p = up_pass(ffn, order, base, x, &count, &act);
             p.identity_rows = true;
             p.params.rows = entries32;
             ds.push(p.rowwise(ctx, Some(indices), &count)?);
@@ -577,6 +631,7 @@ pub fn plan_ffn_all_experts(
     ctx.check_binding("all-expert output", all, rows * u64::from(h) * 4, Access::ReadWrite)?;
     let act = ctx.storage_scratch("all-expert activations", rows * u64::from(f) * 4)?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
+    let kernels = ffn.kernels(ctx);
     let mut ds = Vec::new();
     for expert in 0..e {
         let params = Params {
@@ -588,8 +643,10 @@ pub fn plan_ffn_all_experts(
             fixed_expert: expert,
             tile_rows: 1,
             count_word: 0,
+            ..Params::default()
         };
         let up = Pass {
+            order: kernels.order,
             swiglu: true,
             gather: true,
             out_entry: false,
@@ -601,7 +658,7 @@ pub fn plan_ffn_all_experts(
             out: &act,
             params,
         };
-        ds.push(up.tiled(ctx, None)?);
+        ds.push(up.gemm(ctx, kernels.up, None)?);
         let down = Pass {
             swiglu: false,
             gather: false,
@@ -612,23 +669,23 @@ pub fn plan_ffn_all_experts(
             params: Params { n: h, kdim: f, ..params },
             ..up
         };
-        ds.push(down.tiled(ctx, None)?);
+        ds.push(down.gemm(ctx, kernels.down, None)?);
     }
     Ok(FfnPlan { dispatches: ds })
 }
 
 /// Which kernel runs a dense GEMM.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DenseKernel {
-    /// 32 x 32 blocks through workgroup memory, 4 x 4 outputs per invocation.
-    #[default]
-    Tiled,
+    /// A block GEMM variant (the grouped GEMM's kernels, one expert, no gather).
+    Block(GemmVariant),
     /// One output per invocation straight from memory (no workgroup memory, no barriers).
     Rowwise,
 }
 
-/// (c) Dense GEMM `y[rows, N] = x[rows, K] . w[0]^T`: the throughput yardstick for the grouped
-/// GEMM (same kernels, one expert, no gather). Both kernels give bit-identical results.
+/// (c) Dense GEMM `y[rows, N] = x[rows, K] . w[0]^T` in `order`: the throughput yardstick for
+/// the grouped GEMM (same kernels, one expert, no gather). Every kernel gives bit-identical
+/// results in one order.
 pub fn plan_dense(
     ctx: &Context,
     w: &ExpertWeights,
@@ -636,14 +693,24 @@ pub fn plan_dense(
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     kernel: DenseKernel,
+    order: GemmOrder,
 ) -> Result<FfnPlan> {
     let [_, n, k] = w.shape();
     ctx.check_binding("x", x, u64::from(rows) * u64::from(k) * 4, Access::Read)?;
     ctx.check_binding("y", y, u64::from(rows) * u64::from(n) * 4, Access::ReadWrite)?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
-    let params =
-        Params { rows, n, kdim: k, k_route: 1, row_offset: 0, fixed_expert: 0, tile_rows: 1, count_word: 0 };
+    let params = Params {
+        rows,
+        n,
+        kdim: k,
+        k_route: 1,
+        row_offset: 0,
+        fixed_expert: 0,
+        tile_rows: 1,
+        ..Params::default()
+    };
     let pass = Pass {
+        order,
         swiglu: false,
         gather: false,
         out_entry: false,
@@ -656,7 +723,10 @@ pub fn plan_dense(
         params,
     };
     let dispatch = match kernel {
-        DenseKernel::Tiled => pass.tiled(ctx, None)?,
+        DenseKernel::Block(variant) => {
+            variant.validate()?;
+            pass.gemm(ctx, variant, None)?
+        }
         DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?)?,
     };
     Ok(FfnPlan { dispatches: vec![dispatch] })

@@ -1,0 +1,283 @@
+//! The GEMM tuner: picks the fastest candidate variant for each projection of an expert FFN by
+//! timing them on the device, and remembers the choice on disk.
+//!
+//! Each candidate runs the FFN's own expert-0 weights as a dense problem of `rows` rows (the
+//! SwiGLU gate/up pass and the down pass separately); candidates are timed in interleaved
+//! rounds (the order reversed every other round, a short version of the ABBA protocol) and the
+//! median of each decides. Every candidate computes the same bits in one order, so the choice
+//! changes speed only.
+//!
+//! The cache is a JSON file (`MOEFLOW_TUNE_CACHE`, else `$XDG_CACHE_HOME/moeflow/tune.json`,
+//! else `$HOME/.cache/moeflow/tune.json`) keyed by adapter, driver, wgpu version, a hash of
+//! the kernels' source (so a changed kernel is tuned again) and the problem's class. A file
+//! that cannot be read or parsed, or an entry that names no current candidate, is ignored
+//! with a log line and rewritten.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::variant::{self, FfnKernels, GemmOrder, GemmVariant};
+use super::{ExpertFfn, Params, Pass};
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+/// How to tune.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    /// Variants to time (default: [`variant::candidates`] for the adapter).
+    pub candidates: Vec<GemmVariant>,
+    /// Rows of the timed problem (a prefill-sized class; default 64).
+    pub rows: u32,
+    /// Interleaved timing rounds (default 5).
+    pub rounds: u32,
+    /// The cache file (default: see the module docs; `None` keeps nothing).
+    pub cache: Option<PathBuf>,
+}
+
+impl TuneOptions {
+    /// The defaults for `ctx`'s adapter.
+    pub fn for_context(ctx: &Context) -> Self {
+        TuneOptions {
+            candidates: variant::candidates(ctx.adapter().is_cpu()),
+            rows: 64,
+            rounds: 5,
+            cache: default_cache_path(),
+        }
+    }
+}
+
+/// The default cache file, if a home or cache directory is known.
+pub fn default_cache_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("MOEFLOW_TUNE_CACHE") {
+        return Some(PathBuf::from(p));
+    }
+    let base = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache"),
+    };
+    Some(base.join("moeflow").join("tune.json"))
+}
+
+/// What the tuner decided and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tuned {
+    /// The kernels to run.
+    pub kernels: FfnKernels,
+    /// Taken from the cache file (nothing was timed).
+    pub from_cache: bool,
+    /// Median seconds per candidate and pass (`up` then `down`), when timed.
+    pub timings: Vec<(GemmVariant, f64, f64)>,
+    /// The cache key.
+    pub key: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct CacheFile {
+    entries: BTreeMap<String, CacheEntry>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct CacheEntry {
+    up: GemmVariant,
+    down: GemmVariant,
+    /// `(variant name, up seconds, down seconds)` as measured.
+    timings: Vec<(String, f64, f64)>,
+}
+
+/// FNV-1a over the source of every kernel the tuner can choose (both orders, both weight
+/// paths): a new kernel revision gets new cache keys.
+fn kernel_revision() -> u64 {
+    static REV: OnceLock<u64> = OnceLock::new();
+    *REV.get_or_init(|| {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for s in super::shaders() {
+            for b in s.compose().bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    })
+}
+
+fn key(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, rows: u32) -> String {
+    let a = ctx.adapter();
+    format!(
+        "{} | {} | {} | wgpu {} | kernels {:016x} | {:?}{} | {order:?} | H={} F={} rows={rows}",
+        a.name,
+        a.driver,
+        a.driver_info,
+        crate::context::WGPU_VERSION,
+        kernel_revision(),
+        ffn.gate.dtype,
+        if ffn.gate.native_f16 { " native" } else { "" },
+        ffn.hidden(),
+        ffn.ffn(),
+    )
+}
+
+fn read_cache(path: &Path) -> CacheFile {
+    match std::fs::read(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => CacheFile::default(),
+        Err(e) => {
+            log::warn!("moeflow: ignoring the tuning cache {}: {e}", path.display());
+            CacheFile::default()
+        }
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            log::warn!("moeflow: ignoring the tuning cache {} (not a cache file: {e})", path.display());
+            CacheFile::default()
+        }),
+    }
+}
+
+fn write_cache(path: &Path, cache: &CacheFile) {
+    let write = || -> std::io::Result<()> {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let mut tmp = tempfile::Builder::new().prefix(".moeflow-tune-").tempfile_in(dir)?;
+        tmp.write_all(&serde_json::to_vec_pretty(cache).map_err(std::io::Error::other)?)?;
+        tmp.persist(path).map_err(|e| e.error)?;
+        Ok(())
+    };
+    if let Err(e) = write() {
+        log::warn!("moeflow: could not write the tuning cache {}: {e}", path.display());
+    }
+}
+
+/// Chooses `ffn`'s kernels in `order` by timing `opts.candidates` on `ctx` (or reading the
+/// cache).
+///
+/// # Errors
+/// An empty candidate list or one whose variants are all refused by the device; device
+/// errors while timing. A cache that cannot be read or written is not an error.
+pub fn tune(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, opts: &TuneOptions) -> Result<Tuned> {
+    let rows = opts.rows.max(1);
+    let key = key(ctx, ffn, order, rows);
+    let mut cache = opts.cache.as_deref().map(read_cache).unwrap_or_default();
+    if let Some(e) = cache.entries.get(&key) {
+        let known = |v: &GemmVariant| opts.candidates.contains(v) && v.validate().is_ok();
+        if known(&e.up) && known(&e.down) {
+            return Ok(Tuned {
+                kernels: FfnKernels { order, up: e.up, down: e.down },
+                from_cache: true,
+                timings: Vec::new(),
+                key,
+            });
+        }
+        log::warn!(
+            "moeflow: ignoring the tuning cache entry for {key}: it names a variant that is not a candidate"
+        );
+    }
+    let timings = measure(ctx, ffn, order, rows, opts)?;
+    let best = |pick: fn(&(GemmVariant, f64, f64)) -> f64| {
+        timings
+            .iter()
+            .filter(|t| pick(t).is_finite())
+            .min_by(|a, b| pick(a).total_cmp(&pick(b)))
+            .map(|t| t.0)
+            .ok_or_else(|| Error::invalid("no GEMM candidate ran on this device"))
+    };
+    let kernels = FfnKernels { order, up: best(|t| t.1)?, down: best(|t| t.2)? };
+    if let Some(path) = &opts.cache {
+        cache.entries.insert(
+            key.clone(),
+            CacheEntry {
+                up: kernels.up,
+                down: kernels.down,
+                timings: timings.iter().map(|(v, u, d)| (v.name(), *u, *d)).collect(),
+            },
+        );
+        write_cache(path, &cache);
+    }
+    Ok(Tuned { kernels, from_cache: false, timings, key })
+}
+
+/// Median seconds of every candidate's gate/up and down pass (infinite where the device
+/// refused the variant).
+fn measure(
+    ctx: &Context,
+    ffn: &ExpertFfn,
+    order: GemmOrder,
+    rows: u32,
+    opts: &TuneOptions,
+) -> Result<Vec<(GemmVariant, f64, f64)>> {
+    if opts.candidates.is_empty() {
+        return Err(Error::invalid("the tuner needs at least one candidate variant"));
+    }
+    let (f, h) = (ffn.ffn(), ffn.hidden());
+    let x = ctx.upload("tune x", &vec![0.25f32; (rows * h) as usize])?;
+    let act = ctx.storage_scratch("tune activations", u64::from(rows) * u64::from(f) * 4)?;
+    let out = ctx.storage_scratch("tune output", u64::from(rows) * u64::from(h) * 4)?;
+    let unused = ctx.storage_scratch("tune rows", 4)?;
+    let params =
+        Params { rows, n: f, kdim: h, k_route: 1, fixed_expert: 0, tile_rows: 1, ..Params::default() };
+    let up = Pass {
+        order,
+        swiglu: true,
+        gather: false,
+        out_entry: false,
+        identity_rows: true,
+        x: &x,
+        w: &ffn.gate,
+        w_up: &ffn.up,
+        row_entry: &unused,
+        out: &act,
+        params,
+    };
+    let down = Pass {
+        swiglu: false,
+        x: &act,
+        w: &ffn.down,
+        w_up: &ffn.down,
+        out: &out,
+        params: Params { n: h, kdim: f, ..params },
+        ..up
+    };
+    // One dispatch per candidate and pass; a refused variant is recorded as never fastest.
+    let mut runs = Vec::new();
+    for &v in &opts.candidates {
+        let built = v.validate().and_then(|()| Ok((up.gemm(ctx, v, None)?, down.gemm(ctx, v, None)?)));
+        match built {
+            Ok(pair) => runs.push((v, Some(pair))),
+            Err(e) => {
+                log::info!("moeflow: tuner skips {}: {e}", v.name());
+                runs.push((v, None));
+            }
+        }
+    }
+    let time = |d: &crate::pipeline::Dispatch| -> Result<f64> {
+        let t = Instant::now();
+        ctx.run(&[d])?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    // Warm-up: compiles every pipeline and touches every buffer once.
+    for (_, pair) in &runs {
+        if let Some((u, d)) = pair {
+            time(u)?;
+            time(d)?;
+        }
+    }
+    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); runs.len()];
+    for round in 0..opts.rounds.max(1) {
+        let order_of: Vec<usize> =
+            if round % 2 == 0 { (0..runs.len()).collect() } else { (0..runs.len()).rev().collect() };
+        for i in order_of {
+            if let Some((u, d)) = &runs[i].1 {
+                samples[i].0.push(time(u)?);
+                samples[i].1.push(time(d)?);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        if v.is_empty() {
+            return f64::INFINITY;
+        }
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok(runs.iter().zip(samples.iter_mut()).map(|((v, _), (u, d))| (*v, median(u), median(d))).collect())
+}

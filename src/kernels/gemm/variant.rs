@@ -1,0 +1,532 @@
+//! Kernel variants of the expert GEMM, the accumulation order of each mode, and the WGSL
+//! generated for every (variant, order) pair.
+//!
+//! Two shapes of kernel, each generated with its register block written out as named
+//! variables (a private array indexed by a loop counter is kept in memory by llvmpipe, and
+//! loops that index it are not unrolled for it):
+//!
+//! - [`GemmVariant::Tiled`] (GPUs): 8 × 8 invocations, each a 4 × 4 block of a 32 × 32 output
+//!   tile, K staged through workgroup memory `4·bk4` at a time.
+//! - [`GemmVariant::Direct`] (CPU adapters): no workgroup memory and no barriers. `lanes`
+//!   invocations share one block of `rows` rows and each computes `cols` columns spaced
+//!   `lanes` apart, reading x and the weights straight from memory; every loaded value is
+//!   reused across the whole block, which is what pays on lavapipe, where each load is a
+//!   gather across the SIMD lanes and spilled accumulators cost far less than loads.
+//!
+//! Every variant of one [`GemmOrder`] computes every output with the same operations in the
+//! same order, so all variants (and the row-wise decode kernel) are bit-identical within a
+//! mode, and no choice depends on M, the tile or the path (batch invariance in both modes).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Mutex, OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+use crate::context::lock;
+use crate::error::{Error, Result};
+use crate::pipeline::{Access, KernelSpec};
+use crate::shader::{ShaderPart, ShaderSource, wgsl};
+
+/// The accumulation order of every expert projection: the numeric contract of a mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GemmOrder {
+    /// K in groups of four (entries past K read as 0.0); lane `j` of a four-lane accumulator
+    /// takes `k = 4g + j` (`acc = fma(x4, w4, acc)` from zero); the output is
+    /// `(acc.x + acc.y) + (acc.z + acc.w)`. moeflow's original order.
+    #[default]
+    Strict,
+    /// One accumulator per output: `acc = fma(x[k], w[k], acc)` from 0.0 for `k` ascending over
+    /// K rounded up to a multiple of four (entries past K read as 0.0). A quarter of the
+    /// accumulators of [`GemmOrder::Strict`].
+    Fast,
+}
+
+/// One kernel shape of the grouped, dense and all-experts GEMM (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GemmVariant {
+    /// Workgroup-memory tiles: 8 × 8 invocations, 4 × 4 outputs each, K staged `4·bk4` at a
+    /// time (`bk4` in 1..=16).
+    Tiled {
+        /// Groups of four K values staged per chunk.
+        bk4: u32,
+    },
+    /// No workgroup memory: `lanes` invocations (1..=256) share `rows` rows (1, 2, 4, 8, 16
+    /// or 32), each computing `cols` columns (1..=32) spaced `lanes` apart.
+    Direct {
+        /// Rows per block (divides 32, so no block straddles two experts' tiles).
+        rows: u32,
+        /// Columns per invocation.
+        cols: u32,
+        /// Invocations per workgroup.
+        lanes: u32,
+    },
+}
+
+/// Largest accumulator count (outputs per invocation, both SwiGLU halves counted) a variant
+/// may ask for.
+const MAX_OUTPUTS: u32 = 1024;
+
+impl GemmVariant {
+    /// Rows per workgroup block; dispatch tiles must be a multiple of it.
+    pub fn block_rows(self) -> u32 {
+        match self {
+            GemmVariant::Tiled { .. } => 32,
+            GemmVariant::Direct { rows, .. } => rows,
+        }
+    }
+
+    /// Output columns per workgroup.
+    pub fn block_cols(self) -> u32 {
+        match self {
+            GemmVariant::Tiled { .. } => 32,
+            GemmVariant::Direct { cols, lanes, .. } => cols * lanes,
+        }
+    }
+
+    /// Checks the parameters against their documented ranges.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the parameter.
+    pub fn validate(self) -> Result<()> {
+        match self {
+            GemmVariant::Tiled { bk4 } if !(1..=16).contains(&bk4) => {
+                Err(Error::invalid(format!("tiled GEMM bk4 = {bk4} must be in 1..=16")))
+            }
+            GemmVariant::Direct { rows, .. } if !matches!(rows, 1 | 2 | 4 | 8 | 16 | 32) => {
+                Err(Error::invalid(format!("direct GEMM rows = {rows} must be 1, 2, 4, 8, 16 or 32")))
+            }
+            GemmVariant::Direct { cols, .. } if !(1..=32).contains(&cols) => {
+                Err(Error::invalid(format!("direct GEMM cols = {cols} must be in 1..=32")))
+            }
+            GemmVariant::Direct { lanes, .. } if !(1..=256).contains(&lanes) => {
+                Err(Error::invalid(format!("direct GEMM lanes = {lanes} must be in 1..=256")))
+            }
+            GemmVariant::Direct { rows, cols, .. } if 2 * rows * cols > MAX_OUTPUTS => {
+                Err(Error::invalid(format!(
+                    "direct GEMM {rows} x {cols} needs {} accumulators with SwiGLU, past {MAX_OUTPUTS}",
+                    2 * rows * cols
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A short name, e.g. `direct-r16c8l8` or `tiled-bk8`.
+    pub fn name(self) -> String {
+        match self {
+            GemmVariant::Tiled { bk4 } => format!("tiled-bk{bk4}"),
+            GemmVariant::Direct { rows, cols, lanes } => format!("direct-r{rows}c{cols}l{lanes}"),
+        }
+    }
+
+    /// Workgroup memory the variant uses, in bytes.
+    pub fn workgroup_bytes(self) -> u32 {
+        match self {
+            // x, w and up tiles of 32 rows x bk4 vec4, plus the block's 32 entries.
+            GemmVariant::Tiled { bk4 } => 3 * 32 * bk4 * 16 + 32 * 4,
+            GemmVariant::Direct { .. } => 0,
+        }
+    }
+
+    /// Invocations per workgroup.
+    pub fn invocations(self) -> u32 {
+        match self {
+            GemmVariant::Tiled { .. } => 64,
+            GemmVariant::Direct { lanes, .. } => lanes,
+        }
+    }
+}
+
+/// The kernels of one expert FFN: an order, and a variant for each projection (the SwiGLU
+/// gate/up pass carries twice the accumulators of the down pass, so they may differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FfnKernels {
+    /// Accumulation order of every projection.
+    pub order: GemmOrder,
+    /// The fused gate/up (SwiGLU) projection.
+    pub up: GemmVariant,
+    /// The down projection (also dense GEMMs and the shared expert's down).
+    pub down: GemmVariant,
+}
+
+impl FfnKernels {
+    /// The fixed default for an adapter: [`GemmVariant::Direct`] 16 × 8 blocks of 8 lanes on
+    /// CPU adapters, [`GemmVariant::Tiled`] elsewhere. (On lavapipe a 16 × 16 down block is
+    /// about 12% faster at the layer shape but takes three times as long to compile; the tuner
+    /// can choose it.)
+    pub fn default_for(cpu: bool, order: GemmOrder) -> Self {
+        if cpu {
+            let block = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
+            FfnKernels { order, up: block, down: block }
+        } else {
+            FfnKernels { order, up: GemmVariant::Tiled { bk4: 8 }, down: GemmVariant::Tiled { bk4: 8 } }
+        }
+    }
+
+    /// Checks both variants.
+    ///
+    /// # Errors
+    /// As [`GemmVariant::validate`].
+    pub fn validate(self) -> Result<()> {
+        self.up.validate()?;
+        self.down.validate()
+    }
+
+    /// Rows per block of the gate/up and down passes: dispatch tiles must be a multiple of it.
+    pub fn block_rows(self) -> u32 {
+        self.up.block_rows().max(self.down.block_rows())
+    }
+}
+
+/// Bindings of every generated GEMM kernel.
+pub(crate) const BINDINGS: &[(u32, Access)] = &[
+    (0, Access::Uniform),
+    (1, Access::Read),
+    (2, Access::Read),
+    (3, Access::Read),
+    (4, Access::Read),
+    (5, Access::Read),
+    (6, Access::ReadWrite),
+];
+
+/// The kernel spec for `variant` in `order` (native f16 weight loads or packed words),
+/// generated and built once per process.
+pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> &'static KernelSpec {
+    type Key = (GemmVariant, GemmOrder, bool);
+    static SPECS: OnceLock<Mutex<HashMap<Key, &'static KernelSpec>>> = OnceLock::new();
+    let mut specs = lock(SPECS.get_or_init(Default::default));
+    specs.entry((variant, order, native_f16)).or_insert_with(|| {
+        let name = format!(
+            "gemm/{}-{}{}",
+            variant.name(),
+            match order {
+                GemmOrder::Strict => "strict",
+                GemmOrder::Fast => "fast",
+            },
+            if native_f16 { "-f16" } else { "" }
+        );
+        let body = ShaderPart { path: "gemm (generated)", text: leak(generate(variant, order)) };
+        let parts: Vec<ShaderPart> = if native_f16 {
+            vec![
+                wgsl!("gemm/enable_f16.wgsl"),
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/weights_f16.wgsl"),
+                body,
+            ]
+        } else {
+            vec![wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), body]
+        };
+        let source: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
+            name: leak(name),
+            parts: Box::leak(parts.into_boxed_slice()),
+            entry_points: &["gemm"],
+        }));
+        Box::leak(Box::new(KernelSpec { shader: source, entry: "gemm", bindings: BINDINGS }))
+    })
+}
+
+/// Generated sources live as long as the process (one per variant, order and weight path).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// The variants the tuner and the tests draw from.
+pub fn candidates(cpu: bool) -> Vec<GemmVariant> {
+    if cpu {
+        vec![
+            GemmVariant::Direct { rows: 8, cols: 8, lanes: 8 },
+            GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 },
+            GemmVariant::Direct { rows: 16, cols: 16, lanes: 8 },
+            GemmVariant::Tiled { bk4: 8 },
+        ]
+    } else {
+        vec![
+            GemmVariant::Tiled { bk4: 4 },
+            GemmVariant::Tiled { bk4: 8 },
+            GemmVariant::Tiled { bk4: 16 },
+            GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 },
+            GemmVariant::Direct { rows: 8, cols: 4, lanes: 32 },
+        ]
+    }
+}
+
+/// One accumulation step of output (i, j) with `x` and weight vectors, in `order`.
+fn step(out: &mut String, order: GemmOrder, acc: &str, x: &str, w: &str, indent: &str) {
+    match order {
+        GemmOrder::Strict => {
+            let _ = writeln!(out, "{indent}{acc} = fma({x}, {w}, {acc});");
+        }
+        GemmOrder::Fast => {
+            let _ = writeln!(
+                out,
+                "{indent}{acc} = fma({x}.w, {w}.w, fma({x}.z, {w}.z, fma({x}.y, {w}.y, fma({x}.x, {w}.x, {acc}))));"
+            );
+        }
+    }
+}
+
+/// The output value of accumulator `acc` in `order`.
+fn result(order: GemmOrder, acc: &str) -> String {
+    match order {
+        GemmOrder::Strict => format!("lanes_sum({acc})"),
+        GemmOrder::Fast => acc.to_string(),
+    }
+}
+
+fn zero(order: GemmOrder) -> &'static str {
+    match order {
+        GemmOrder::Strict => "vec4<f32>(0.0)",
+        GemmOrder::Fast => "0.0",
+    }
+}
+
+/// The WGSL body (after common.wgsl and a weights file) of `variant` in `order`; entry
+/// point `gemm`.
+pub(crate) fn generate(variant: GemmVariant, order: GemmOrder) -> String {
+    match variant {
+        GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, order),
+        GemmVariant::Tiled { bk4 } => tiled(bk4, order),
+    }
+}
+
+/// The block's expert, or an early return (shared by both shapes).
+const EXPERT: &str = "    var expert = params.fixed_expert;
+    if flag(FLAG_EXPERT_FROM_TILES) {
+        expert = tile_expert[(params.row_offset + row0) / params.tile_rows];
+    }
+    if expert == NONE {
+        return;
+    }
+";
+
+fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "// Direct GEMM (generated): {lanes} invocations share {rows} rows; each computes {cols} columns
+// spaced {lanes} apart, reading x and the weights straight from memory (no workgroup memory,
+// no barriers). Order: {order:?} (see variant.rs). Rows past the row count or without an
+// entry read row 0 and are discarded; columns past N read column N - 1 and are discarded.
+
+@compute @workgroup_size({lanes})
+fn gemm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {{
+    let row0 = wid.x * {rows}u;
+    if row0 >= params.rows {{
+        return;
+    }}
+{EXPERT}    let kdim = params.kdim;
+    let n = params.n;
+    let wbase = expert * n * kdim;
+    let col0 = wid.y * {}u + lid;
+",
+        cols * lanes
+    );
+    for i in 0..rows {
+        let _ = writeln!(
+            s,
+            "    let r{i} = row0 + {i}u;
+    var e{i} = NONE;
+    if r{i} < params.rows {{
+        e{i} = entry_of(r{i});
+    }}
+    var x{i}b = 0u;
+    if e{i} != NONE {{
+        x{i}b = input_row(r{i}, e{i}) * kdim;
+    }}"
+        );
+    }
+    for j in 0..cols {
+        let _ = writeln!(
+            s,
+            "    let c{j} = col0 + {}u;\n    let w{j}b = wbase + min(c{j}, n - 1u) * kdim;",
+            j * lanes
+        );
+    }
+    for i in 0..rows {
+        for j in 0..cols {
+            let _ = writeln!(s, "    var a{i}_{j} = {z};\n    var u{i}_{j} = {z};", z = zero(order));
+        }
+    }
+    // One copy of the block: the loads take the bounded path in the last, partial group of
+    // four (a branch that is the same for every invocation), so the unrolled FMAs are emitted
+    // once.
+    let _ = writeln!(s, "    for (var k = 0u; k < kdim; k += 4u) {{");
+    for i in 0..rows {
+        let _ = writeln!(s, "        let x{i} = x_group(x{i}b, k, kdim);");
+    }
+    for j in 0..cols {
+        let _ = writeln!(s, "        let w{j} = weight_group(false, w{j}b, k, kdim);");
+    }
+    for i in 0..rows {
+        for j in 0..cols {
+            step(&mut s, order, &format!("a{i}_{j}"), &format!("x{i}"), &format!("w{j}"), "        ");
+        }
+    }
+    let _ = writeln!(s, "        if SWIGLU {{");
+    for j in 0..cols {
+        let _ = writeln!(s, "            let v{j} = weight_group(true, w{j}b, k, kdim);");
+    }
+    for i in 0..rows {
+        for j in 0..cols {
+            step(&mut s, order, &format!("u{i}_{j}"), &format!("x{i}"), &format!("v{j}"), "            ");
+        }
+    }
+    let _ = writeln!(s, "        }}\n    }}");
+    for i in 0..rows {
+        for j in 0..cols {
+            let _ = writeln!(
+                s,
+                "    if r{i} < params.rows && c{j} < n {{
+        var v = {};
+        if SWIGLU {{
+            v = silu_mul(v, {});
+        }}
+        if e{i} == NONE {{
+            v = 0.0;
+        }}
+        store(r{i}, e{i}, c{j}, v);
+    }}",
+                result(order, &format!("a{i}_{j}")),
+                result(order, &format!("u{i}_{j}"))
+            );
+        }
+    }
+    s.push_str("}\n");
+    s
+}
+
+fn tiled(bk4: u32, order: GemmOrder) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "// Tiled GEMM (generated): a workgroup of 8 x 8 invocations computes a 32 x 32 block, each
+// invocation 4 rows x 4 columns (rows ty * 4 + i, columns tx + 8 j), streaming K through
+// workgroup memory in chunks of {} ({bk4} groups of four; past K zeros). Order: {order:?}
+// (see variant.rs).
+
+const BK4: u32 = {bk4}u;
+
+var<workgroup> xs: array<vec4<f32>, {n}>;
+var<workgroup> ws: array<vec4<f32>, {n}>;
+var<workgroup> us: array<vec4<f32>, {n}>;
+var<workgroup> block_entry: array<u32, 32>;
+
+@compute @workgroup_size(64)
+fn gemm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {{
+    let row0 = wid.x * 32u;
+    let col0 = wid.y * 32u;
+    if row0 >= params.rows {{
+        return;
+    }}
+{EXPERT}    if lid < 32u {{
+        var e = NONE;
+        if row0 + lid < params.rows {{
+            e = entry_of(row0 + lid);
+        }}
+        block_entry[lid] = e;
+    }}
+    workgroupBarrier();
+    let ty = lid / 8u;
+    let tx = lid % 8u;
+    let kdim = params.kdim;
+    let n = params.n;
+    let wbase = expert * n * kdim;
+",
+        4 * bk4,
+        n = 32 * bk4
+    );
+    for i in 0..4 {
+        for j in 0..4 {
+            let _ = writeln!(s, "    var a{i}_{j} = {z};\n    var u{i}_{j} = {z};", z = zero(order));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "    for (var k0 = 0u; k0 < kdim; k0 += 4u * BK4) {{
+        for (var t = lid; t < 32u * BK4; t += 64u) {{
+            let r = t / BK4;
+            let k = k0 + 4u * (t % BK4);
+            var xv = vec4<f32>(0.0);
+            let e = block_entry[r];
+            if e != NONE {{
+                xv = x_tail(input_row(row0 + r, e) * kdim, k, kdim);
+            }}
+            xs[t] = xv;
+            let c = col0 + r;
+            var wv = vec4<f32>(0.0);
+            var uv = vec4<f32>(0.0);
+            if c < n {{
+                wv = weight4_tail(false, wbase + c * kdim, k, kdim);
+                if SWIGLU {{
+                    uv = weight4_tail(true, wbase + c * kdim, k, kdim);
+                }}
+            }}
+            ws[t] = wv;
+            us[t] = uv;
+        }}
+        workgroupBarrier();
+        for (var g = 0u; g < BK4; g++) {{
+            if k0 + 4u * g < kdim {{"
+    );
+    for i in 0..4 {
+        let _ = writeln!(s, "                let x{i} = xs[(ty * 4u + {i}u) * BK4 + g];");
+    }
+    for j in 0..4 {
+        let _ = writeln!(s, "                let w{j} = ws[(tx + {}u) * BK4 + g];", 8 * j);
+    }
+    for i in 0..4 {
+        for j in 0..4 {
+            step(&mut s, order, &format!("a{i}_{j}"), &format!("x{i}"), &format!("w{j}"), "                ");
+        }
+    }
+    let _ = writeln!(s, "                if SWIGLU {{");
+    for j in 0..4 {
+        let _ = writeln!(s, "                    let v{j} = us[(tx + {}u) * BK4 + g];", 8 * j);
+    }
+    for i in 0..4 {
+        for j in 0..4 {
+            step(
+                &mut s,
+                order,
+                &format!("u{i}_{j}"),
+                &format!("x{i}"),
+                &format!("v{j}"),
+                "                    ",
+            );
+        }
+    }
+    let _ =
+        writeln!(s, "                }}\n            }}\n        }}\n        workgroupBarrier();\n    }}");
+    for i in 0..4 {
+        let _ = writeln!(s, "    let e{i} = block_entry[ty * 4u + {i}u];");
+        for j in 0..4 {
+            let _ = writeln!(
+                s,
+                "    if row0 + ty * 4u + {i}u < params.rows && col0 + tx + {jj}u < n {{
+        var v = {};
+        if SWIGLU {{
+            v = silu_mul(v, {});
+        }}
+        if e{i} == NONE {{
+            v = 0.0;
+        }}
+        store(row0 + ty * 4u + {i}u, e{i}, col0 + tx + {jj}u, v);
+    }}",
+                result(order, &format!("a{i}_{j}")),
+                result(order, &format!("u{i}_{j}")),
+                jj = 8 * j
+            );
+        }
+    }
+    s.push_str("}\n");
+    s
+}

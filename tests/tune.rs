@@ -1,0 +1,109 @@
+//! The GEMM tuner: it times candidates and picks one per projection, its cache survives a
+//! restart (a second call reads the file and times nothing), and a corrupt or stale cache is
+//! ignored, never an error or a wrong kernel.
+
+mod common;
+
+use moeflow::kernels::gemm::{
+    ExpertFfn, ExpertWeights, GemmOrder, GemmVariant, TuneOptions, WeightDtype, tune,
+};
+use moeflow::layer::{KernelChoice, MoeConfig, MoeLayer};
+use moeflow::synth::Synth;
+
+fn small_candidates() -> Vec<GemmVariant> {
+    vec![
+        GemmVariant::Direct { rows: 4, cols: 2, lanes: 8 },
+        GemmVariant::Direct { rows: 8, cols: 4, lanes: 8 },
+        GemmVariant::Tiled { bk4: 2 },
+    ]
+}
+
+#[test]
+fn the_tuner_picks_a_candidate_and_its_cache_survives_a_restart() {
+    for ctx in common::contexts() {
+        let what = ctx.adapter().slug();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested").join("tune.json");
+        let w = |n: u32, k: u32| {
+            let data = Synth::new(u64::from(n * k)).uniform((2 * n * k) as usize, 0.1);
+            ExpertWeights::from_f32(&ctx, &data, WeightDtype::F32, 2, n, k).unwrap()
+        };
+        let ffn = ExpertFfn::new(w(48, 64), w(48, 64), w(64, 48)).unwrap();
+        let opts =
+            TuneOptions { candidates: small_candidates(), rows: 32, rounds: 3, cache: Some(path.clone()) };
+        let first = tune(&ctx, &ffn, GemmOrder::Fast, &opts).unwrap();
+        assert!(!first.from_cache, "{what}: nothing cached yet");
+        assert_eq!(first.timings.len(), 3, "{what}: every candidate timed");
+        assert!(first.timings.iter().all(|t| t.1 > 0.0 && t.2 > 0.0), "{what}: {:?}", first.timings);
+        assert!(
+            small_candidates().contains(&first.kernels.up)
+                && small_candidates().contains(&first.kernels.down)
+        );
+        assert_eq!(first.kernels.order, GemmOrder::Fast);
+        // A restart: nothing in memory, the file decides.
+        let again = tune(&ctx, &ffn, GemmOrder::Fast, &opts).unwrap();
+        assert!(again.from_cache, "{what}: the second call reads the cache");
+        assert_eq!(again.kernels, first.kernels);
+        // Another order is another key.
+        assert!(!tune(&ctx, &ffn, GemmOrder::Strict, &opts).unwrap().from_cache);
+        // A corrupt file is ignored (and rewritten), never an error.
+        std::fs::write(&path, b"{ this is not json").unwrap();
+        let fresh = tune(&ctx, &ffn, GemmOrder::Fast, &opts).unwrap();
+        assert!(!fresh.from_cache, "{what}: a corrupt cache is ignored");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{what}: the cache was rewritten");
+        // A stale entry naming a variant that is no candidate is ignored, not run.
+        let doctored = text.replace("\"rows\": 4", "\"rows\": 2");
+        std::fs::write(&path, doctored).unwrap();
+        let only_tiled = TuneOptions { candidates: vec![GemmVariant::Tiled { bk4: 2 }], ..opts.clone() };
+        let t = tune(&ctx, &ffn, GemmOrder::Fast, &only_tiled).unwrap();
+        assert_eq!(t.kernels.up, GemmVariant::Tiled { bk4: 2 }, "{what}: only candidates are chosen");
+        assert!(!t.from_cache);
+        // No candidates: an error, not a panic.
+        let none = TuneOptions { candidates: Vec::new(), cache: None, ..opts };
+        assert!(
+            tune(&ctx, &ffn, GemmOrder::Fast, &none)
+                .unwrap_err()
+                .to_string()
+                .contains("at least one candidate")
+        );
+    }
+}
+
+#[test]
+fn a_tuned_layer_runs_the_cached_choice_and_gives_the_default_bits() {
+    let ctxs = common::contexts();
+    let Some(ctx) = ctxs.first() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tune.json");
+    let cfg = MoeConfig { gemm_order: GemmOrder::Fast, ..MoeConfig::new(32, 24, 4, 2) };
+    let w = Synth::new(4).moe_weights(&cfg);
+    // Seed the cache with the tuner's own file for this layer's experts (small candidates),
+    // then make the layer with `Tuned`: it must find the entry, time nothing, and give the
+    // default kernels' bits.
+    let experts = {
+        let ew = |d: &[f32], n, k| ExpertWeights::from_f32(ctx, d, WeightDtype::F32, 4, n, k).unwrap();
+        ExpertFfn::new(ew(&w.gate, 24, 32), ew(&w.up, 24, 32), ew(&w.down, 32, 24)).unwrap()
+    };
+    // The cache key of this layer's experts (nothing written), then an entry under it that
+    // names the first of the adapter's candidates.
+    let probe = TuneOptions {
+        candidates: small_candidates(),
+        rounds: 1,
+        cache: None,
+        ..TuneOptions::for_context(ctx)
+    };
+    let key = tune(ctx, &experts, GemmOrder::Fast, &probe).unwrap().key;
+    let choice = moeflow::kernels::gemm::candidates(ctx.adapter().is_cpu())[0];
+    let entry = serde_json::json!({"up": choice, "down": choice, "timings": []});
+    std::fs::write(&path, serde_json::json!({"entries": {key: entry}}).to_string()).unwrap();
+    // SAFETY: this test binary sets the variable in this one test only, before any tuning reads it.
+    unsafe { std::env::set_var("MOEFLOW_TUNE_CACHE", &path) };
+    let x = Synth::new(5).uniform(40 * 32, 1.0);
+    let tuned = MoeLayer::new(ctx, MoeConfig { kernels: KernelChoice::Tuned, ..cfg }, &w).unwrap();
+    let default = MoeLayer::new(ctx, cfg, &w).unwrap();
+    let (a, b) = (tuned.forward_host(ctx, &x).unwrap(), default.forward_host(ctx, &x).unwrap());
+    assert_eq!(common::bits(&a.y), common::bits(&b.y), "tuned and default kernels give the same bits");
+}
