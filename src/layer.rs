@@ -23,9 +23,6 @@ use crate::kernels::gemm::{
 use crate::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::pipeline::Dispatch;
 
-/// Row tile of the dispatch layout used by the grouped GEMM.
-pub const LAYER_TILE: u32 = 32;
-
 /// How expert capacity is handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Capacity {
@@ -372,6 +369,13 @@ impl MoeLayer {
         &self.cfg
     }
 
+    /// Row tile of the dispatch layout: the expert kernels' block rows (16 for the direct
+    /// blocks on CPU adapters, 32 for tiles), so each expert's rows are padded no further than
+    /// its kernels need.
+    pub fn dispatch_tile(&self, ctx: &Context) -> u32 {
+        self.experts.kernels(ctx).block_rows()
+    }
+
     /// Plans a forward of `tokens` tokens from `x[tokens, H]` into `y[tokens, H]`.
     pub fn plan(
         &self,
@@ -421,7 +425,7 @@ impl MoeLayer {
             Capacity::Dropless => {
                 let l = DispatchLayout::new(
                     ctx,
-                    DispatchConfig { experts: c.experts, k: c.k, tile: LAYER_TILE },
+                    DispatchConfig { experts: c.experts, k: c.k, tile: self.dispatch_tile(ctx) },
                     tokens,
                     0,
                 )?;

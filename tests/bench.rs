@@ -63,6 +63,7 @@ impl Comparison for Scripted {
                 calls.set(calls.get() + 1);
                 if fail { Err(Error::Validation("deliberately wrong outputs".into())) } else { Ok(()) }
             }),
+            note: None,
         })
     }
 }

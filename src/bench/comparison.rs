@@ -105,6 +105,8 @@ pub struct Case {
     /// Reads both variants' outputs and checks them (A against the CPU oracle, B against A
     /// as the contract requires). Called before warm-up and after the timed sequence.
     pub validate: Validate,
+    /// What ran, where the comparison's names do not say it all (e.g. which kernel variants).
+    pub note: Option<String>,
 }
 
 /// A registered A/B comparison.

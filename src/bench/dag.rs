@@ -236,6 +236,7 @@ impl Comparison for DagComparison {
             },
             tokens: 0,
             validate: Box::new(validate),
+            note: None,
         })
     }
 }

@@ -86,6 +86,6 @@ impl Comparison for DeviceDispatch {
             }
             Ok(())
         };
-        Ok(Case { a, b, flops: 0.0, bytes: 0.0, tokens: m, validate: Box::new(validate) })
+        Ok(Case { a, b, flops: 0.0, bytes: 0.0, tokens: m, validate: Box::new(validate), note: None })
     }
 }

@@ -7,8 +7,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
 use crate::kernels::gemm::{
-    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, WeightDtype,
-    plan_dense, plan_ffn,
+    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant,
+    TuneOptions, WeightDtype, plan_dense, plan_ffn, tune,
 };
 use crate::pipeline::Dispatch;
 use crate::reference::gemm as reference;
@@ -81,6 +81,11 @@ impl Problem {
         self.tokens * self.k
     }
 
+    /// The FFN with explicit kernels (order and variants).
+    fn ffn_with(&self, ctx: &Context, kernels: FfnKernels) -> Result<ExpertFfn> {
+        self.ffn(ctx)?.with_kernels(kernels)
+    }
+
     fn ffn(&self, ctx: &Context) -> Result<ExpertFfn> {
         let w = |d: &[f32], n, k| ExpertWeights::from_f32(ctx, d, WeightDtype::F32, self.e, n, k);
         ExpertFfn::new(
@@ -95,8 +100,19 @@ impl Problem {
         6.0 * f64::from(self.entries()) * f64::from(self.h) * f64::from(self.f)
     }
 
-    /// Checks the first and last entries of `partial` against the CPU reference.
+    /// Checks the first and last entries of `partial` against the CPU reference (strict order).
     fn check(&self, ctx: &Context, partial: &wgpu::Buffer, what: &str) -> Result<Vec<f32>> {
+        self.check_in(ctx, partial, what, GemmOrder::Strict)
+    }
+
+    /// Checks the first and last entries of `partial` against the CPU reference in `order`.
+    fn check_in(
+        &self,
+        ctx: &Context,
+        partial: &wgpu::Buffer,
+        what: &str,
+        order: GemmOrder,
+    ) -> Result<Vec<f32>> {
         let h = self.h as usize;
         let n = self.entries() as usize;
         let got: Vec<f32> = ctx.read_back(partial, n * h)?;
@@ -106,7 +122,7 @@ impl Problem {
             down: &self.down,
             hidden: h,
             ffn: self.f as usize,
-            order: GemmOrder::Strict,
+            order,
         };
         let picks: Vec<usize> =
             (0..n.min(CHECKED_ENTRIES)).chain(n.saturating_sub(CHECKED_ENTRIES)..n).collect();
@@ -149,7 +165,7 @@ fn gemm_sizes(set: SizeSet, held_out: bool, decode: bool) -> Vec<Size> {
         }
         (SizeSet::Gpu, true, false) => &[(1024, 1024, 512, 64, 8), (2048, 1024, 2048, 8, 2)],
         (SizeSet::Cpu, false, false) => {
-            &[(64, 256, 128, 16, 4), (256, 256, 128, 16, 4), (64, 256, 512, 8, 2)]
+            &[(64, 256, 128, 16, 4), (256, 256, 128, 16, 4), (64, 256, 512, 8, 2), (256, 512, 1024, 16, 2)]
         }
         (SizeSet::Cpu, true, false) => &[(128, 256, 128, 16, 4), (128, 256, 512, 8, 2)],
         (SizeSet::Gpu, false, true) => &[(1, 1024, 512, 64, 8), (4, 1024, 512, 64, 8)],
@@ -203,7 +219,15 @@ impl Comparison for GroupedVsDense {
         a.extend(plan_dense(ctx, &wd, rows, &xd, &yd, dense, order)?.into_dispatches());
         let (flops, tokens) = (p.flops(), p.tokens);
         let validate = move |ctx: &Context| p.check(ctx, &partial, "grouped").map(|_| ());
-        Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, tokens, validate: Box::new(validate) })
+        Ok(Case {
+            a: Work::Gpu(a),
+            b: Work::Gpu(b),
+            flops,
+            bytes: 0.0,
+            tokens,
+            validate: Box::new(validate),
+            note: None,
+        })
     }
 }
 
@@ -243,7 +267,15 @@ impl Comparison for GroupedVsBucketed {
         );
         let (flops, tokens) = (p.flops(), p.tokens);
         let validate = move |ctx: &Context| p.check_pair(ctx, (&pa, "bucketed"), (&pb, "grouped"));
-        Ok(Case { a: Work::Gpu(a), b: Work::Gpu(b), flops, bytes: 0.0, tokens, validate: Box::new(validate) })
+        Ok(Case {
+            a: Work::Gpu(a),
+            b: Work::Gpu(b),
+            flops,
+            bytes: 0.0,
+            tokens,
+            validate: Box::new(validate),
+            note: None,
+        })
     }
 }
 
@@ -284,6 +316,7 @@ impl Comparison for DecodeVsGrouped {
             bytes: weight_bytes,
             tokens,
             validate: Box::new(validate),
+            note: None,
         })
     }
 }
@@ -358,6 +391,151 @@ impl Comparison for TiledVsRowwise {
             bytes: 0.0,
             tokens: 0,
             validate: Box::new(validate),
+            note: None,
         })
+    }
+}
+
+/// The layer-shape sizes of the GEMM mode and variant comparisons: the peers' layer
+/// (N=256, H=512, F=1024, E=16, k=2) on CPU adapters, larger prefills on GPUs.
+fn layer_shape_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
+    let shapes: &[(u32, u32, u32, u32, u32)] = match (set, held_out) {
+        (SizeSet::Gpu, false) => &[(4096, 1024, 512, 64, 8), (2048, 2048, 768, 128, 8)],
+        (SizeSet::Gpu, true) => &[(1024, 2048, 1024, 32, 4)],
+        (SizeSet::Cpu, false) => &[(256, 512, 1024, 16, 2)],
+        (SizeSet::Cpu, true) => &[(128, 512, 768, 16, 4)],
+    };
+    shapes
+        .iter()
+        .map(|&(m, h, f, e, k)| Size::of(&[("M", m), ("H", h), ("F", f), ("E", e), ("k", k)]))
+        .collect()
+}
+
+/// The grouped FFN with kernels `a` (A) and `b` (B): outputs checked against the reference in
+/// each one's order, and bitwise equal when the orders agree.
+fn grouped_pair(ctx: &Context, size: &Size, seed: u64, a: FfnKernels, b: FfnKernels) -> Result<Case> {
+    let p = Problem::new(size, seed);
+    let (fa, fb) = (p.ffn_with(ctx, a)?, p.ffn_with(ctx, b)?);
+    let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
+    let bytes = u64::from(p.entries() * p.h) * 4;
+    let (pa, pb) = (ctx.zeroed("partial A", bytes)?, ctx.zeroed("partial B", bytes)?);
+    let wa = grouped(ctx, &p, &fa, &x, &idx, &pa)?;
+    let wb = grouped(ctx, &p, &fb, &x, &idx, &pb)?;
+    let (flops, tokens) = (p.flops(), p.tokens);
+    let note = Some(format!(
+        "A: {} / {} {:?}; B: {} / {} {:?}",
+        a.up.name(),
+        a.down.name(),
+        a.order,
+        b.up.name(),
+        b.down.name(),
+        b.order
+    ));
+    let validate = move |ctx: &Context| {
+        let got_a = p.check_in(ctx, &pa, "A", a.order)?;
+        let got_b = p.check_in(ctx, &pb, "B", b.order)?;
+        if a.order == b.order && got_a.iter().zip(&got_b).any(|(x, y)| x.to_bits() != y.to_bits()) {
+            return Err(Error::Validation("variants of one order are not bitwise equal".into()));
+        }
+        Ok(())
+    };
+    Ok(Case {
+        a: Work::Gpu(wa),
+        b: Work::Gpu(wb),
+        flops,
+        bytes: 0.0,
+        tokens,
+        validate: Box::new(validate),
+        note,
+    })
+}
+
+/// The grouped FFN in the fast order (B) against the strict order (A), same variants: what the
+/// strict order costs.
+pub struct FastVsStrict;
+
+impl Comparison for FastVsStrict {
+    fn name(&self) -> &'static str {
+        "gemm/fast-vs-strict"
+    }
+    fn description(&self) -> &'static str {
+        "grouped expert FFN with one accumulator per output (B, GemmOrder::Fast) against four lane \
+         accumulators (A, GemmOrder::Strict), the adapter's default variants: the cost of the strict order"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("strict", "fast")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        layer_shape_sizes(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let cpu = ctx.adapter().is_cpu();
+        let a = FfnKernels::default_for(cpu, GemmOrder::Strict);
+        grouped_pair(ctx, size, seed, a, FfnKernels { order: GemmOrder::Fast, ..a })
+    }
+}
+
+/// The grouped FFN with direct (CPU-shaped) blocks (B) against workgroup-memory tiles (A).
+pub struct DirectVsTiled;
+
+impl Comparison for DirectVsTiled {
+    fn name(&self) -> &'static str {
+        "gemm/direct-vs-tiled"
+    }
+    fn description(&self) -> &'static str {
+        "grouped expert FFN with direct 16x8 register blocks of 8 lanes, no workgroup memory (B), \
+         against 32x32 workgroup-memory tiles of 4x4 blocks (A), strict order; bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("tiled", "direct")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        layer_shape_sizes(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let tiled = GemmVariant::Tiled { bk4: 8 };
+        let direct = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
+        let a = FfnKernels { order: GemmOrder::Strict, up: tiled, down: tiled };
+        grouped_pair(ctx, size, seed, a, FfnKernels { up: direct, down: direct, ..a })
+    }
+}
+
+/// The grouped FFN with the tuner's choice (B) against the adapter's fixed default (A); the
+/// note says which variants the tuner chose.
+pub struct TunedVsDefault;
+
+impl Comparison for TunedVsDefault {
+    fn name(&self) -> &'static str {
+        "gemm/tuned-vs-default"
+    }
+    fn description(&self) -> &'static str {
+        "grouped expert FFN with the variants the tuner picked on this adapter (B; the note names \
+         them) against the adapter's fixed default (A), strict order; bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("default", "tuned")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        layer_shape_sizes(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let a = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict);
+        let p = Problem::new(size, seed);
+        let opts = TuneOptions { cache: None, ..TuneOptions::for_context(ctx) };
+        let tuned = tune(ctx, &p.ffn(ctx)?, GemmOrder::Strict, &opts)?;
+        let mut case = grouped_pair(ctx, size, seed, a, tuned.kernels)?;
+        let timings: Vec<String> = tuned
+            .timings
+            .iter()
+            .map(|(v, u, d)| format!("{} {:.1}/{:.1} ms", v.name(), u * 1e3, d * 1e3))
+            .collect();
+        case.note = Some(format!(
+            "tuned: up {}, down {} (up/down at {} rows: {})",
+            tuned.kernels.up.name(),
+            tuned.kernels.down.name(),
+            opts.rows,
+            timings.join(", ")
+        ));
+        Ok(case)
     }
 }

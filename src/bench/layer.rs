@@ -79,6 +79,7 @@ impl Comparison for OneLaunchCombine {
             bytes: 4.0 * f64::from(m * k * h + m * k + m * h),
             tokens: m,
             validate: Box::new(validate),
+            note: None,
         })
     }
 }
@@ -158,6 +159,7 @@ impl Comparison for LayerRoute {
             bytes: if decode { bytes } else { 0.0 },
             tokens: m,
             validate: Box::new(validate),
+            note: None,
         })
     }
 }

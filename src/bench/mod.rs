@@ -37,6 +37,9 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(gemm::GroupedVsBucketed),
         Box::new(gemm::DecodeVsGrouped),
         Box::new(gemm::TiledVsRowwise),
+        Box::new(gemm::FastVsStrict),
+        Box::new(gemm::DirectVsTiled),
+        Box::new(gemm::TunedVsDefault),
         Box::new(layer::OneLaunchCombine),
         Box::new(layer::LayerRoute),
     ];

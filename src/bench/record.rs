@@ -125,6 +125,10 @@ pub struct VariantFigures {
 pub struct CaseRecord {
     /// Size label.
     pub size: String,
+    /// What ran, where the comparison's variant names do not say it all (kernel variants,
+    /// the tuner's choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Size parameters.
     pub params: Vec<(String, u32)>,
     /// Repetitions of the work per sample.

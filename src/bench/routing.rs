@@ -90,6 +90,7 @@ impl Comparison for FusedRoute {
             bytes: 4.0 * (mf * hf + ef * hf + 2.0 * mf * f64::from(k)),
             tokens: m,
             validate: Box::new(validate),
+            note: None,
         })
     }
 }

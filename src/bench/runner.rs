@@ -121,6 +121,7 @@ pub fn run_case(
     let b_s = median(&mut per_run.iter().flat_map(|b| b.b).collect::<Vec<_>>());
     Ok(CaseRecord {
         size: size.to_string(),
+        note: case.note.clone(),
         params: size.0.clone(),
         reps,
         verdict: primary.verdict,
