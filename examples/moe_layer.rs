@@ -286,7 +286,7 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
         }
     }
     let flops = 6.0 * (m * cfg.k as usize) as f64 * (h * cfg.ffn as usize) as f64
-        + 6.0 * (m * h * args.ffn as usize) as f64;
+        + 6.0 * (m * h * cfg.shared_ffn.unwrap_or(0) as usize) as f64;
     if gpu.iter().all(Option::is_some) {
         println!(
             "  total     {:>10.3} ms GPU; {:.0} tokens/s; {:.2} GFLOP/s",
