@@ -321,20 +321,21 @@ impl Comparison for DecodeVsGrouped {
     }
 }
 
-/// The dense GEMM through workgroup-memory tiles (B) against one output per invocation read
-/// straight from memory (A): which kernel suits the adapter. Bit-identical outputs.
+/// The dense GEMM through the adapter's default block kernel (B) against one output per
+/// invocation read straight from memory (A). Bit-identical outputs.
 pub struct TiledVsRowwise;
 
 impl Comparison for TiledVsRowwise {
     fn name(&self) -> &'static str {
-        "gemm/tiled-vs-rowwise-dense"
+        "gemm/block-vs-rowwise-dense"
     }
     fn description(&self) -> &'static str {
-        "dense GEMM with 32x32 workgroup-memory tiles and 4x4 register blocks (B) against one output \
-         per invocation without workgroup memory (A); bit-identical"
+        "dense GEMM with the adapter's default block kernel (B: direct 16x8 register blocks on CPU \
+         adapters, 32x32 workgroup-memory tiles elsewhere) against one output per invocation (A); \
+         bit-identical"
     }
     fn variants(&self) -> (&'static str, &'static str) {
-        ("rowwise", "tiled")
+        ("rowwise", "block")
     }
     fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
         let shapes: &[(u32, u32, u32)] = match (set, held_out) {
@@ -379,7 +380,7 @@ impl Comparison for TiledVsRowwise {
             }
             if got_a.iter().zip(&got_b).any(|(p, q)| p.to_bits() != q.to_bits()) {
                 return Err(Error::Validation(
-                    "tiled dense GEMM is not bit-identical to the row-wise one".into(),
+                    "block dense GEMM is not bit-identical to the row-wise one".into(),
                 ));
             }
             Ok(())
