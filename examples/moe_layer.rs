@@ -24,8 +24,8 @@ use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
 use moeflow::weights::{
-    Family, LoadOptions, OutTensor, RoutingFlags, check_output_path, load_input, load_layer, read_file,
-    write_tensors,
+    Checkpoint, Family, LoadOptions, OutTensor, RoutingFlags, check_output_path, load_checkpoint_layer,
+    load_input, read_file, write_tensors,
 };
 use moeflow::{AdapterSelector, Context, Error, Result};
 
@@ -54,12 +54,17 @@ struct Args {
     /// Adapter: `vulkan`, `gl`, `vulkan:llvmpipe`, a name substring (default: MOEFLOW_ADAPTER or the best found).
     #[arg(long)]
     adapter: Option<String>,
-    /// Layer weights (safetensors). Without it a seeded synthetic model runs.
+    /// Layer weights: a `.safetensors` file, a sharded checkpoint's
+    /// `model.safetensors.index.json`, or a directory holding either (memory-mapped).
+    /// Without it a seeded synthetic model runs.
     #[arg(long, requires_all = ["input", "output"])]
     weights: Option<PathBuf>,
-    /// Tensor-name prefix of the layer in the weights file (e.g. `model.layers.3.`).
-    #[arg(long)]
+    /// Tensor-name prefix of the layer in the weights (e.g. `model.layers.3.`).
+    #[arg(long, conflicts_with = "layer")]
     prefix: Option<String>,
+    /// The MoE layer by index (`model.layers.N.`) in a checkpoint holding several.
+    #[arg(long)]
+    layer: Option<usize>,
     /// Input tensor `x` [tokens, hidden] (safetensors).
     #[arg(long)]
     input: Option<PathBuf>,
@@ -178,9 +183,11 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
         (Some(i), Some(o)) => (i, o),
         _ => return Err(Error::invalid("--weights needs --input and --output")),
     };
-    let mut inputs = vec![weights, input.as_path()];
+    let ckpt = Checkpoint::open(weights)?;
+    let mut inputs = ckpt.files();
+    inputs.extend([weights, input.as_path()]);
     if let Some(c) = &args.config {
-        inputs.push(c);
+        inputs.push(c.as_path());
     }
     check_output_path(output, &inputs)?;
     let config = match &args.config {
@@ -200,8 +207,14 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
         },
         routed_scaling_factor: args.routed_scaling_factor,
     };
-    let opts = LoadOptions { prefix: args.prefix.clone(), config, routing, dtype: args.dtype.map(dtype) };
-    let loaded = load_layer(&read_file(weights)?, &weights.display().to_string(), &opts)?;
+    let opts = LoadOptions {
+        prefix: args.prefix.clone(),
+        layer: args.layer,
+        config,
+        routing,
+        dtype: args.dtype.map(dtype),
+    };
+    let loaded = load_checkpoint_layer(&ckpt, &opts)?;
     let cfg = apply_modes(loaded.config, args);
     println!("layer: {} at `{}`: {cfg}", loaded.routing.family, loaded.prefix);
     let (x, tokens, hidden) = load_input(&read_file(input)?, &input.display().to_string())?;
@@ -240,6 +253,7 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
         ("--n-group", args.n_group.is_some()),
         ("--routed-scaling-factor", args.routed_scaling_factor.is_some()),
         ("--prefix", args.prefix.is_some()),
+        ("--layer", args.layer.is_some()),
     ];
     if let Some((flag, _)) = file_only.iter().find(|(_, given)| *given) {
         return Err(Error::invalid(format!(

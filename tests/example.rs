@@ -1,6 +1,7 @@
 //! The `moe_layer` example as a user runs it: with no arguments, and on small safetensors
 //! models written with each naming scheme (Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V3), checked
-//! against the CPU reference layer. Also the loader's errors for missing or mis-shaped tensors.
+//! against the CPU reference layer; sharded, memory-mapped checkpoints through the library and
+//! the CLI. Also the loader's errors for missing or mis-shaped tensors and broken checkpoints.
 
 mod common;
 
@@ -13,7 +14,9 @@ use moeflow::kernels::routing::{Gating, GroupLimit};
 use moeflow::layer::{MoeConfig, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
-use moeflow::weights::{Family, LoadOptions, RoutingFlags, load_layer};
+use moeflow::weights::{
+    Checkpoint, Family, LoadOptions, LoadedLayer, RoutingFlags, load_checkpoint_layer, load_layer,
+};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 /// The `moe_layer` example binary.
@@ -307,5 +310,222 @@ fn loader_errors_name_the_tensor_and_its_expected_shape() {
     assert!(err.contains("depends on norm_topk_prob"), "{err}");
     let routing = RoutingFlags { norm_topk_prob: Some(true), ..olmoe };
     assert!(load_layer(&good, "good", &LoadOptions { routing, ..LoadOptions::default() }).is_ok());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A two-layer OLMoE-named checkpoint in three f16 shards with an index, plus tensors that are
+/// not the MoE block's; layer 1's experts straddle shards 2 and 3. Returns the directory, the
+/// config, and each layer's weights (rounded to f16).
+fn sharded(name: &str) -> (PathBuf, MoeConfig, serde_json::Value, [MoeWeights; 2]) {
+    let dir = scratch(name);
+    let cfg =
+        MoeConfig { renormalize: false, weight_dtype: WeightDtype::F16, ..MoeConfig::new(32, 24, 8, 2) };
+    let config = serde_json::json!({
+        "model_type": "olmoe", "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
+        "hidden_size": 32, "num_hidden_layers": 2, "rope_theta": 10000.0
+    });
+    let layer = |seed| {
+        let mut w = Synth::new(seed).moe_weights(&cfg);
+        for v in [&mut w.gate, &mut w.up, &mut w.down, &mut w.router] {
+            *v = cfg.weight_dtype.round(v);
+        }
+        w
+    };
+    let ws = [layer(11), layer(12)];
+    let other = |n: &str| (n.to_string(), vec![4, 32], vec![0.5f32; 128]);
+    let l0 = tensors(Scheme::Olmoe, "model.layers.0.", &cfg, &ws[0]);
+    let mut l1 = tensors(Scheme::Olmoe, "model.layers.1.", &cfg, &ws[1]);
+    let l1b = l1.split_off(l1.len() / 2);
+    let mut shards = vec![l0, l1, l1b];
+    shards[0].push(other("model.embed_tokens.weight"));
+    shards[0].push(other("model.layers.0.self_attn.q_proj.weight"));
+    shards[2].push(other("lm_head.weight"));
+    let mut map = serde_json::Map::new();
+    for (i, s) in shards.into_iter().enumerate() {
+        let file = format!("model-{:05}-of-00003.safetensors", i + 1);
+        for (n, _, _) in &s {
+            map.insert(n.clone(), file.clone().into());
+        }
+        write(&dir.join(&file), s, Dtype::F16);
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    (dir, cfg, config, ws)
+}
+
+fn same_layer(a: &LoadedLayer, cfg: &MoeConfig, w: &MoeWeights) {
+    assert_eq!(a.config.to_string(), cfg.to_string());
+    assert_eq!(a.config.weight_dtype, WeightDtype::F16);
+    for (got, want) in [
+        (&a.weights.router, &w.router),
+        (&a.weights.gate, &w.gate),
+        (&a.weights.up, &w.up),
+        (&a.weights.down, &w.down),
+    ] {
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn sharded_checkpoints_load_by_index_directory_prefix_or_layer() {
+    let (dir, cfg, config, ws) = sharded("sharded");
+    let opts = |prefix: Option<&str>, layer| LoadOptions {
+        prefix: prefix.map(str::to_string),
+        layer,
+        config: Some(config.clone()),
+        ..LoadOptions::default()
+    };
+    for root in [dir.clone(), dir.join("model.safetensors.index.json")] {
+        let ckpt = Checkpoint::open(&root).unwrap();
+        assert_eq!(ckpt.moe_layers().keys().copied().collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(
+            ckpt.files().iter().filter(|p| p.extension().is_some_and(|e| e == "safetensors")).count(),
+            3
+        );
+        for (l, w) in ws.iter().enumerate() {
+            let by_layer = load_checkpoint_layer(&ckpt, &opts(None, Some(l))).unwrap();
+            assert_eq!(by_layer.prefix, format!("model.layers.{l}."));
+            same_layer(&by_layer, &cfg, w);
+            for p in [format!("model.layers.{l}."), format!("model.layers.{l}.mlp.")] {
+                same_layer(&load_checkpoint_layer(&ckpt, &opts(Some(&p), None)).unwrap(), &cfg, w);
+            }
+        }
+        let err = load_checkpoint_layer(&ckpt, &opts(None, None)).unwrap_err().to_string();
+        assert!(err.contains("several MoE layers") && err.contains("--layer"), "{err}");
+        let err = load_checkpoint_layer(&ckpt, &opts(None, Some(5))).unwrap_err().to_string();
+        assert!(err.contains("layer 5 is not a MoE layer") && err.contains("0, 1"), "{err}");
+        let err =
+            load_checkpoint_layer(&ckpt, &opts(Some("model.layers.1."), Some(1))).unwrap_err().to_string();
+        assert!(err.contains("not both"), "{err}");
+        let err = load_checkpoint_layer(&ckpt, &opts(Some("model.layer.1."), None)).unwrap_err().to_string();
+        assert!(
+            err.contains("missing tensor `model.layer.1.mlp.gate.weight`")
+                && err.contains("model.layers.1.mlp.gate.weight"),
+            "{err}"
+        );
+    }
+    // One shard file alone is a checkpoint of the tensors it holds.
+    let one = Checkpoint::open(&dir.join("model-00001-of-00003.safetensors")).unwrap();
+    same_layer(&load_checkpoint_layer(&one, &opts(None, None)).unwrap(), &cfg, &ws[0]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn broken_checkpoints_are_errors_naming_the_problem() {
+    let (dir, _, _, _) = sharded("broken");
+    let index_path = dir.join("model.safetensors.index.json");
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    let open_with = |name: &str, index: &serde_json::Value| {
+        let p = dir.join(name);
+        std::fs::write(&p, index.to_string()).unwrap();
+        Checkpoint::open(&p).unwrap_err().to_string()
+    };
+    let mut missing = index.clone();
+    missing["weight_map"]["lm_head.weight"] = "model-00009-of-00003.safetensors".into();
+    let err = open_with("missing.index.json", &missing);
+    assert!(err.contains("names the shard model-00009-of-00003.safetensors"), "{err}");
+    let mut misplaced = index.clone();
+    misplaced["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors".into();
+    let err = open_with("misplaced.index.json", &misplaced);
+    assert!(
+        err.contains("places `lm_head.weight` in model-00001-of-00003.safetensors, which does not hold it"),
+        "{err}"
+    );
+    let err = open_with("nomap.index.json", &serde_json::json!({"metadata": {}}));
+    assert!(err.contains("is not a safetensors index"), "{err}");
+    std::fs::write(dir.join("bad.index.json"), b"{ not json").unwrap();
+    let err = Checkpoint::open(&dir.join("bad.index.json")).unwrap_err().to_string();
+    assert!(err.contains("is not a safetensors index"), "{err}");
+
+    // A tensor held by two shards.
+    let dup = scratch("dup");
+    let t = |n: &str| vec![(n.to_string(), vec![2, 2], vec![1.0f32; 4])];
+    write(&dup.join("a.safetensors"), [t("x"), t("y")].concat(), Dtype::F32);
+    write(&dup.join("b.safetensors"), t("y"), Dtype::F32);
+    std::fs::write(
+        dup.join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}}).to_string(),
+    )
+    .unwrap();
+    let err = Checkpoint::open(&dup).unwrap_err().to_string();
+    assert!(err.contains("tensor `y` is in two shards"), "{err}");
+    // A directory with two files and no index; with none at all.
+    std::fs::remove_file(dup.join("model.safetensors.index.json")).unwrap();
+    let err = Checkpoint::open(&dup).unwrap_err().to_string();
+    assert!(err.contains("holds 2 .safetensors files and no model.safetensors.index.json"), "{err}");
+    let empty = scratch("empty");
+    let err = Checkpoint::open(&empty).unwrap_err().to_string();
+    assert!(err.contains("holds neither model.safetensors.index.json nor a .safetensors file"), "{err}");
+    // A truncated shard; a path that does not exist.
+    let bytes = std::fs::read(dup.join("a.safetensors")).unwrap();
+    std::fs::write(dup.join("a.safetensors"), &bytes[..bytes.len() - 3]).unwrap();
+    let err = Checkpoint::open(&dup.join("a.safetensors")).unwrap_err().to_string();
+    assert!(err.contains("is not a readable safetensors file"), "{err}");
+    let err = Checkpoint::open(&dup.join("nothing.safetensors")).unwrap_err().to_string();
+    assert!(err.contains("nothing.safetensors"), "{err}");
+    for d in [dir, dup, empty] {
+        std::fs::remove_dir_all(&d).ok();
+    }
+}
+
+#[test]
+fn example_runs_one_layer_of_a_sharded_checkpoint() {
+    let adapters = common::wgpu_adapters();
+    if adapters.is_empty() {
+        return;
+    }
+    let (dir, cfg, _, ws) = sharded("cli");
+    let tokens = 9usize;
+    let x = Synth::new(3).uniform(tokens * cfg.hidden as usize, 1.0);
+    write(
+        &dir.join("x.safetensors"),
+        vec![("x".into(), vec![tokens, cfg.hidden as usize], x.clone())],
+        Dtype::F32,
+    );
+    let run = |output: &Path| {
+        Command::new(example())
+            .arg("--weights")
+            .arg(&dir)
+            .args(["--layer", "1", "--config"])
+            .arg(dir.join("config.json"))
+            .arg("--input")
+            .arg(dir.join("x.safetensors"))
+            .arg("--output")
+            .arg(output)
+            .output()
+            .expect("running the example")
+    };
+    let out = run(&dir.join("y.safetensors"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("at `model.layers.1.`"), "{stdout}");
+    let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let y: Vec<f32> = st
+        .tensor("output")
+        .unwrap()
+        .data()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (ry, _, _) = reference::forward(&cfg, &ws[1], &x);
+    let h = cfg.hidden as usize;
+    for (g, r) in y.chunks(h).zip(ry.chunks(h)) {
+        let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (a, b) in g.iter().zip(r) {
+            assert!((a - b).abs() <= 2e-5 + 2e-5 * scale, "{a} vs {b}");
+        }
+    }
+    // The output may not overwrite a shard.
+    let shard = dir.join("model-00002-of-00003.safetensors");
+    let before = std::fs::read(&shard).unwrap();
+    let out = run(&shard);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("is the same file as the input"), "{stderr}");
+    assert_eq!(std::fs::read(&shard).unwrap(), before);
     std::fs::remove_dir_all(&dir).ok();
 }

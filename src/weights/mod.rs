@@ -5,6 +5,7 @@
 //! bf16. The routing comes from the family's semantics ([`family`]): a Hugging Face
 //! `config.json` names the family and its keys, or flags supply what the family needs.
 
+mod checkpoint;
 pub mod family;
 mod output;
 
@@ -15,6 +16,8 @@ use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde_json::Value;
 
+use checkpoint::InMemory;
+pub use checkpoint::{Checkpoint, TensorSource};
 pub use family::{Family, Routing, RoutingFlags};
 use family::{SharedNames, TensorFacts};
 pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
@@ -98,7 +101,7 @@ struct Loaded {
 }
 
 struct File<'a> {
-    st: SafeTensors<'a>,
+    src: &'a dyn TensorSource,
     prefix: String,
 }
 
@@ -108,14 +111,18 @@ impl File<'_> {
     }
 
     fn has(&self, rest: &str) -> bool {
-        self.st.tensor(&self.name(rest)).is_ok()
+        self.src.tensor(&self.name(rest)).is_some()
     }
 
     fn view(&self, rest: &str, expected: &str) -> Result<TensorView<'_>> {
         let name = self.name(rest);
-        self.st
-            .tensor(&name)
-            .map_err(|_| Error::invalid(format!("missing tensor `{name}` (expected shape {expected})")))
+        self.src.tensor(&name).ok_or_else(|| {
+            Error::invalid(format!(
+                "missing tensor `{name}` (expected shape {expected}) in {}{}",
+                self.src.describe(),
+                closest(&self.src.names(), &name)
+            ))
+        })
     }
 
     /// The shape of `prefix + rest`, which must be 2-D with no empty dimension.
@@ -142,6 +149,25 @@ impl File<'_> {
     }
 }
 
+/// `; the closest names it holds: a, b, c` (or nothing when the source is empty).
+fn closest(names: &[&str], wanted: &str) -> String {
+    let mut scored: Vec<(f64, &str)> = names.iter().map(|n| (strsim::jaro_winkler(n, wanted), *n)).collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let best: Vec<&str> = scored.iter().take(3).map(|(_, n)| *n).collect();
+    if best.is_empty() { String::new() } else { format!("; the closest names it holds: {}", best.join(", ")) }
+}
+
+/// `model.layers.3.`, also when given as the MoE module's prefix (`model.layers.3.mlp.` or
+/// `model.layers.3.block_sparse_moe.`).
+fn layer_prefix(prefix: &str) -> String {
+    for module in ["mlp.", "block_sparse_moe."] {
+        if let Some(p) = prefix.strip_suffix(module) {
+            return p.to_string();
+        }
+    }
+    prefix.to_string()
+}
+
 fn detect_prefix(names: &[&str]) -> Result<String> {
     let mut found: Vec<String> = names
         .iter()
@@ -155,11 +181,12 @@ fn detect_prefix(names: &[&str]) -> Result<String> {
     found.dedup();
     match found.len() {
         1 => Ok(found.remove(0)),
-        0 => Err(Error::invalid(
-            "no router tensor (`block_sparse_moe.gate.weight` or `mlp.gate.weight`) in the weights file",
-        )),
+        0 => Err(Error::invalid(format!(
+            "no router tensor (`*block_sparse_moe.gate.weight` or `*mlp.gate.weight`) in the weights{}",
+            closest(names, "model.layers.0.mlp.gate.weight")
+        ))),
         _ => Err(Error::invalid(format!(
-            "the weights hold several MoE layers; pick one with --prefix: {found:?}"
+            "the weights hold several MoE layers; pick one by prefix (--prefix) or index (--layer): {found:?}"
         ))),
     }
 }
@@ -177,9 +204,12 @@ fn expert_indices(names: &[&str], prefix: &str) -> BTreeSet<usize> {
 /// What the caller knows beyond the weights file.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
-    /// Tensor-name prefix of the layer (e.g. `model.layers.3.`); found automatically when the
-    /// file holds one MoE layer.
+    /// Tensor-name prefix of the layer (`model.layers.3.`, or the MoE module's
+    /// `model.layers.3.mlp.` / `model.layers.3.block_sparse_moe.`); found automatically when
+    /// the file holds one MoE layer.
     pub prefix: Option<String>,
+    /// The layer by index (`model.layers.N.`), instead of a prefix.
+    pub layer: Option<usize>,
     /// A Hugging Face `config.json`, parsed.
     pub config: Option<Value>,
     /// Routing values given outside the config (flags); they must agree with it.
@@ -213,13 +243,40 @@ pub struct LoadedLayer {
 /// contradict the config.
 pub fn load_layer(bytes: &[u8], source: &str, opts: &LoadOptions) -> Result<LoadedLayer> {
     let st = SafeTensors::deserialize(bytes).map_err(st_err(source))?;
-    let names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let prefix = match &opts.prefix {
-        Some(p) => p.clone(),
-        None => detect_prefix(&names)?,
+    load_from(&InMemory { st, source: source.to_string() }, opts)
+}
+
+/// Loads one MoE layer from a checkpoint on disk ([`Checkpoint::open`]: a file, an index of
+/// shards, or a directory); otherwise as [`load_layer`].
+///
+/// # Errors
+/// As [`load_layer`], and a layer index that is not a MoE layer of the checkpoint.
+pub fn load_checkpoint_layer(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<LoadedLayer> {
+    load_from(ckpt, opts)
+}
+
+fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> {
+    let names = src.names();
+    let prefix = match (&opts.prefix, opts.layer) {
+        (Some(_), Some(_)) => return Err(Error::invalid("give the layer by prefix or by index, not both")),
+        (Some(p), None) => layer_prefix(p),
+        (None, Some(l)) => {
+            let layers = checkpoint::moe_layers(names.iter().copied());
+            match layers.get(&l) {
+                Some(p) => p.clone(),
+                None => {
+                    let have: Vec<String> = layers.keys().map(|k| k.to_string()).collect();
+                    return Err(Error::invalid(format!(
+                        "layer {l} is not a MoE layer of {}; its MoE layers are: {}",
+                        src.describe(),
+                        if have.is_empty() { "none".to_string() } else { have.join(", ") }
+                    )));
+                }
+            }
+        }
+        (None, None) => detect_prefix(&names)?,
     };
-    let f = File { st, prefix };
+    let f = File { src, prefix };
     let scheme = if f.has(Scheme::Mixtral.router()) { Scheme::Mixtral } else { Scheme::Mlp };
     let [e, h] = f.matrix_shape(scheme.router(), "[experts, hidden], both at least 1")?;
     let router = f.get(scheme.router(), &[e, h])?;
