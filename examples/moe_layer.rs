@@ -24,8 +24,8 @@ use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
 use moeflow::weights::{
-    Checkpoint, Family, LoadOptions, OutTensor, RoutingFlags, check_output_path, load_checkpoint_layer,
-    load_input, read_file, write_tensors,
+    Checkpoint, Family, LoadOptions, OutTensor, RoutingFlags, check_output_path, load_input, read_file,
+    upload_checkpoint_layer, write_tensors,
 };
 use moeflow::{AdapterSelector, Context, Error, Result};
 
@@ -214,8 +214,8 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
         routing,
         dtype: args.dtype.map(dtype),
     };
-    let loaded = load_checkpoint_layer(&ckpt, &opts)?;
-    let cfg = apply_modes(loaded.config, args);
+    let loaded = upload_checkpoint_layer(ctx, &ckpt, &opts, |c| apply_modes(c, args))?;
+    let (layer, cfg) = (&loaded.layer, *loaded.layer.config());
     println!("layer: {} at `{}`: {cfg}", loaded.routing.family, loaded.prefix);
     let (x, tokens, hidden) = load_input(&read_file(input)?, &input.display().to_string())?;
     if hidden != cfg.hidden as usize {
@@ -225,7 +225,6 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
             format!("[{tokens}, {hidden}]"),
         ));
     }
-    let layer = MoeLayer::new(ctx, cfg, &loaded.weights)?;
     let out = layer.forward_host(ctx, &x)?;
     let mut counts = vec![0u32; cfg.experts as usize];
     for &i in &out.indices {

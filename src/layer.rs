@@ -207,18 +207,10 @@ impl MoeWeights {
     /// Checks every tensor against `cfg`.
     pub fn check(&self, cfg: &MoeConfig) -> Result<()> {
         let (h, f, e) = (cfg.hidden, cfg.ffn, cfg.experts);
-        expect_len("router", self.router.len(), &[e, h])?;
+        check_router(cfg, &self.router, self.bias.as_deref(), self.shared_gate.as_deref())?;
         expect_len("experts gate", self.gate.len(), &[e, f, h])?;
         expect_len("experts up", self.up.len(), &[e, f, h])?;
         expect_len("experts down", self.down.len(), &[e, h, f])?;
-        match (&self.bias, cfg.bias) {
-            (Some(b), true) => expect_len("bias", b.len(), &[e])?,
-            (None, false) => {}
-            (Some(_), false) => return Err(Error::invalid("weights have a bias but the config does not")),
-            (None, true) => {
-                return Err(Error::invalid("the config selects with a bias but the weights have none"));
-            }
-        }
         match (&self.shared, cfg.shared_ffn) {
             (Some((g, u, d)), Some(fs)) => {
                 expect_len("shared gate_proj", g.len(), &[fs, h])?;
@@ -228,11 +220,49 @@ impl MoeWeights {
             (None, None) => {}
             _ => return Err(Error::invalid("shared expert weights and config.shared_ffn disagree")),
         }
-        match (&self.shared_gate, cfg.shared_gate) {
-            (Some(g), true) => expect_len("shared expert gate", g.len(), &[h]),
-            (None, false) => Ok(()),
-            _ => Err(Error::invalid("shared expert gate weights and config.shared_gate disagree")),
+        Ok(())
+    }
+}
+
+/// The small f32 tensors of a layer besides its experts: the router, its selection bias
+/// and the shared expert's gate.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RouterWeights {
+    /// Router `[E, H]`.
+    pub router: Vec<f32>,
+    /// Selection bias `[E]`.
+    pub bias: Option<Vec<f32>>,
+    /// Shared expert gate `[H]`.
+    pub shared_gate: Option<Vec<f32>>,
+}
+
+impl RouterWeights {
+    /// Checks every tensor against `cfg`.
+    pub fn check(&self, cfg: &MoeConfig) -> Result<()> {
+        check_router(cfg, &self.router, self.bias.as_deref(), self.shared_gate.as_deref())
+    }
+}
+
+fn check_router(
+    cfg: &MoeConfig,
+    router: &[f32],
+    bias: Option<&[f32]>,
+    shared_gate: Option<&[f32]>,
+) -> Result<()> {
+    let (h, e) = (cfg.hidden, cfg.experts);
+    expect_len("router", router.len(), &[e, h])?;
+    match (bias, cfg.bias) {
+        (Some(b), true) => expect_len("bias", b.len(), &[e])?,
+        (None, false) => {}
+        (Some(_), false) => return Err(Error::invalid("weights have a bias but the config does not")),
+        (None, true) => {
+            return Err(Error::invalid("the config selects with a bias but the weights have none"));
         }
+    }
+    match (shared_gate, cfg.shared_gate) {
+        (Some(g), true) => expect_len("shared expert gate", g.len(), &[h]),
+        (None, false) => Ok(()),
+        _ => Err(Error::invalid("shared expert gate weights and config.shared_gate disagree")),
     }
 }
 
@@ -331,33 +361,87 @@ impl MoeLayer {
         weights.check(&cfg)?;
         let (h, f, e, dt) = (cfg.hidden, cfg.ffn, cfg.experts, cfg.weight_dtype);
         let ew = |d: &[f32], e, n, k| ExpertWeights::from_f32(ctx, d, dt, e, n, k);
-        let mut kernels = cfg.ffn_kernels(ctx.adapter().is_cpu());
-        let mut experts = ExpertFfn::new(
+        let experts = ExpertFfn::new(
             ew(&weights.gate, e, f, h)?,
             ew(&weights.up, e, f, h)?,
             ew(&weights.down, e, h, f)?,
         )?;
+        let shared = match (&weights.shared, cfg.shared_ffn) {
+            (Some((g, u, d)), Some(fs)) => {
+                Some(ExpertFfn::new(ew(g, 1, fs, h)?, ew(u, 1, fs, h)?, ew(d, 1, h, fs)?)?)
+            }
+            _ => None,
+        };
+        let router = RouterWeights {
+            router: weights.router.clone(),
+            bias: weights.bias.clone(),
+            shared_gate: weights.shared_gate.clone(),
+        };
+        MoeLayer::with_experts(ctx, cfg, &router, experts, shared)
+    }
+
+    /// A layer from expert weights already on the device (for example streamed from a
+    /// checkpoint with [`ExpertWeights::stream`], with no host f32 copy) and the router's
+    /// small host tensors.
+    ///
+    /// # Errors
+    /// A configuration that does not validate; expert weights whose shapes or dtype differ from
+    /// `cfg` (`[E, F, H]`, `[E, F, H]`, `[E, H, F]` routed, `[1, Fs, H]` ... shared, in
+    /// `cfg.weight_dtype`); router tensors whose lengths differ from `cfg`; a shared expert or
+    /// gate present in one of `cfg` and the weights only; device errors.
+    pub fn with_experts(
+        ctx: &Context,
+        cfg: MoeConfig,
+        router: &RouterWeights,
+        experts: ExpertFfn,
+        shared: Option<ExpertFfn>,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        router.check(&cfg)?;
+        let (h, f, e) = (cfg.hidden, cfg.ffn, cfg.experts);
+        let expect = |what: &str, ffn: &ExpertFfn, [e, f]: [u32; 2]| -> Result<()> {
+            for (name, w, shape) in
+                [("gate", &ffn.gate, [e, f, h]), ("up", &ffn.up, [e, f, h]), ("down", &ffn.down, [e, h, f])]
+            {
+                if w.shape() != shape {
+                    return Err(Error::shape(
+                        format!("{what} {name} weights"),
+                        format!("{shape:?}"),
+                        format!("{:?}", w.shape()),
+                    ));
+                }
+                if w.dtype() != cfg.weight_dtype {
+                    return Err(Error::invalid(format!(
+                        "{what} {name} weights are {:?}, the config says {:?}",
+                        w.dtype(),
+                        cfg.weight_dtype
+                    )));
+                }
+            }
+            Ok(())
+        };
+        expect("expert", &experts, [e, f])?;
+        match (&shared, cfg.shared_ffn) {
+            (Some(s), Some(fs)) => expect("shared expert", s, [1, fs])?,
+            (None, None) => {}
+            _ => return Err(Error::invalid("shared expert weights and config.shared_ffn disagree")),
+        }
+        let mut kernels = cfg.ffn_kernels(ctx.adapter().is_cpu());
         if cfg.kernels == KernelChoice::Tuned {
             kernels =
                 crate::kernels::gemm::tune(ctx, &experts, cfg.gemm_order, &TuneOptions::for_context(ctx))?
                     .kernels;
         }
-        experts = experts.with_kernels(kernels)?;
-        let shared = match (&weights.shared, cfg.shared_ffn) {
-            (Some((g, u, d)), Some(fs)) => Some(
-                ExpertFfn::new(ew(g, 1, fs, h)?, ew(u, 1, fs, h)?, ew(d, 1, h, fs)?)?
-                    .with_kernels(kernels)?,
-            ),
-            _ => None,
-        };
-        let shared_gate = match &weights.shared_gate {
+        let experts = experts.with_kernels(kernels)?;
+        let shared = shared.map(|s| s.with_kernels(kernels)).transpose()?;
+        let shared_gate = match &router.shared_gate {
             Some(g) => Some(ExpertWeights::from_f32(ctx, g, WeightDtype::F32, 1, 1, h)?),
             None => None,
         };
         Ok(MoeLayer {
             cfg,
-            router: ctx.upload("router", &weights.router)?,
-            bias: weights.bias.as_ref().map(|b| ctx.upload("router bias", b)).transpose()?,
+            router: ctx.upload("router", &router.router)?,
+            bias: router.bias.as_ref().map(|b| ctx.upload("router bias", b)).transpose()?,
             experts,
             shared,
             shared_gate,

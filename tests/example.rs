@@ -11,11 +11,12 @@ use std::process::Command;
 use half::{bf16, f16};
 use moeflow::kernels::gemm::WeightDtype;
 use moeflow::kernels::routing::{Gating, GroupLimit};
-use moeflow::layer::{MoeConfig, MoeWeights};
+use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
 use moeflow::weights::{
     Checkpoint, Family, LoadOptions, LoadedLayer, RoutingFlags, load_checkpoint_layer, load_layer,
+    upload_checkpoint_layer,
 };
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
@@ -527,5 +528,63 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("is the same file as the input"), "{stderr}");
     assert_eq!(std::fs::read(&shard).unwrap(), before);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Streaming a checkpoint layer to the device gives the layer that loading it to host f32 and
+/// uploading gives, bit for bit: in the stored dtype, converted to another, with a shared
+/// expert, and with shapes whose expert sizes are odd numbers of halves.
+#[test]
+fn streamed_checkpoint_layers_match_host_loaded_ones_bitwise() {
+    let ctxs = common::contexts();
+    let (dir, cfg, config, _) = sharded("stream");
+    // A single-file DeepSeek-V3 layer in bf16 with a shared expert and odd H*F.
+    let ds = MoeConfig {
+        k: 3,
+        gating: Gating::Sigmoid,
+        bias: true,
+        scale: 2.5,
+        groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+        shared_ffn: Some(9),
+        weight_dtype: WeightDtype::Bf16,
+        ..MoeConfig::new(33, 13, 8, 3)
+    };
+    let ds_config = serde_json::json!({"model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 3,
+        "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": true});
+    let w = Synth::new(5).moe_weights(&ds);
+    write(&dir.join("ds.safetensors"), tensors(Scheme::DeepSeek, "model.layers.2.", &ds, &w), Dtype::BF16);
+    let cases = [
+        (dir.clone(), Some(1), config.clone(), None, cfg.hidden),
+        (dir.clone(), Some(0), config.clone(), Some(WeightDtype::Bf16), cfg.hidden),
+        (dir.clone(), Some(0), config, Some(WeightDtype::F32), cfg.hidden),
+        (dir.join("ds.safetensors"), None, ds_config.clone(), None, ds.hidden),
+        (dir.join("ds.safetensors"), None, ds_config, Some(WeightDtype::F16), ds.hidden),
+    ];
+    for ctx in &ctxs {
+        for (path, layer, config, dtype, h) in &cases {
+            let ckpt = Checkpoint::open(path).unwrap();
+            let opts = LoadOptions {
+                layer: *layer,
+                config: Some(config.clone()),
+                dtype: *dtype,
+                ..LoadOptions::default()
+            };
+            let host = load_checkpoint_layer(&ckpt, &opts).unwrap();
+            let a = MoeLayer::new(ctx, host.config, &host.weights).unwrap();
+            let b = upload_checkpoint_layer(ctx, &ckpt, &opts, |c| c).unwrap();
+            assert_eq!(b.prefix, host.prefix);
+            assert_eq!(b.layer.config(), a.config());
+            let x = Synth::new(9).uniform(37 * *h as usize, 1.0);
+            let (ya, yb) = (a.forward_host(ctx, &x).unwrap(), b.layer.forward_host(ctx, &x).unwrap());
+            assert_eq!(ya.indices, yb.indices, "{path:?} {dtype:?}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&ya.y), bits(&yb.y), "{path:?} {dtype:?}");
+            assert_eq!(bits(&ya.weights), bits(&yb.weights), "{path:?} {dtype:?}");
+            // The modes may change; what the checkpoint fixed may not.
+            let err =
+                upload_checkpoint_layer(ctx, &ckpt, &opts, |c| MoeConfig { k: c.k + 1, ..c }).unwrap_err();
+            assert!(err.to_string().contains("changes what the checkpoint fixed"), "{err}");
+        }
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

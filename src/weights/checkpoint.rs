@@ -21,6 +21,9 @@ pub trait TensorSource {
     fn tensor(&self, name: &str) -> Option<TensorView<'_>>;
     /// What to call the source in messages.
     fn describe(&self) -> String;
+    /// The caller is done with the tensor `name` for now: a mapped source may let the
+    /// operating system drop its pages (they are read again if the tensor is used again).
+    fn release(&self, _name: &str) {}
 }
 
 /// One in-memory safetensors file.
@@ -63,6 +66,27 @@ impl Shard {
         Ok(Shard { path: path.to_path_buf(), map, header, meta })
     }
 
+    /// Lets the kernel drop the resident pages of `name`'s bytes.
+    fn release(&self, name: &str) {
+        let Some(info) = self.meta.info(name) else { return };
+        let (start, end) = info.data_offsets;
+        #[cfg(unix)]
+        {
+            // SAFETY: the map is a shared, read-only mapping of a file: after MADV_DONTNEED the
+            // next access reads the same bytes back from the file, so no view of the map sees
+            // different data. Advice is only a hint: its failure changes nothing.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    8 + self.header + start,
+                    end - start,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = (start, end);
+    }
+
     fn view(&self, name: &str) -> Option<TensorView<'_>> {
         let info = self.meta.info(name)?;
         let (start, end) = info.data_offsets;
@@ -96,8 +120,9 @@ impl std::fmt::Debug for Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens `path`: a `.safetensors` file, a `*.safetensors.index.json`, or a directory
-    /// holding `model.safetensors.index.json` or exactly one `.safetensors` file.
+    /// Opens `path`: a `.safetensors` file, a `*.index.json` (or another JSON file with a
+    /// `weight_map`) naming shards, or a directory holding `model.safetensors.index.json` or
+    /// exactly one `.safetensors` file.
     ///
     /// # Errors
     /// A path that is none of these; an index that is not JSON or names a shard that is
@@ -127,10 +152,13 @@ impl Checkpoint {
                 ))),
             };
         }
-        if path.to_string_lossy().ends_with(".json") {
-            return Checkpoint::from_index(path);
-        }
-        Checkpoint::single(path)
+        let name = path.to_string_lossy();
+        // An index by its name (`*.index.json`), or any JSON file with a weight map; any other
+        // file (a config.json given by mistake among them) must be safetensors.
+        let is_index = name.ends_with(".index.json")
+            || (name.ends_with(".json")
+                && std::fs::read(path).is_ok_and(|b| serde_json::from_slice::<IndexFile>(&b).is_ok()));
+        if is_index { Checkpoint::from_index(path) } else { Checkpoint::single(path) }
     }
 
     fn single(path: &Path) -> Result<Self> {
@@ -233,5 +261,10 @@ impl TensorSource for Checkpoint {
     }
     fn describe(&self) -> String {
         self.root.display().to_string()
+    }
+    fn release(&self, name: &str) {
+        if let Some(&i) = self.index.get(name) {
+            self.shards[i].release(name);
+        }
     }
 }

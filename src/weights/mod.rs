@@ -22,9 +22,11 @@ pub use family::{Family, Routing, RoutingFlags};
 use family::{SharedNames, TensorFacts};
 pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
 
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::WeightDtype;
-use crate::layer::{MoeConfig, MoeWeights};
+use crate::kernels::gemm::{ExpertFfn, ExpertWeights, StoredValues};
+use crate::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 
 /// Reads a whole file.
 pub fn read_file(path: &Path) -> Result<Vec<u8>> {
@@ -50,12 +52,15 @@ pub fn to_f32(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>> {
     })
 }
 
-/// The device dtype that holds a file dtype exactly.
-fn weight_dtype(d: Dtype) -> WeightDtype {
+/// The device dtype that holds a file dtype exactly: f32, f16 and bf16 are read.
+fn stored_dtype(name: &str, d: Dtype) -> Result<WeightDtype> {
     match d {
-        Dtype::F16 => WeightDtype::F16,
-        Dtype::BF16 => WeightDtype::Bf16,
-        _ => WeightDtype::F32,
+        Dtype::F32 => Ok(WeightDtype::F32),
+        Dtype::F16 => Ok(WeightDtype::F16),
+        Dtype::BF16 => Ok(WeightDtype::Bf16),
+        other => {
+            Err(Error::invalid(format!("tensor `{name}` is {other:?}; f32, f16 and bf16 are supported")))
+        }
     }
 }
 
@@ -93,13 +98,6 @@ impl Scheme {
     }
 }
 
-/// A tensor read from the file: values as f32, file dtype, name.
-struct Loaded {
-    values: Vec<f32>,
-    dtype: Dtype,
-    name: String,
-}
-
 struct File<'a> {
     src: &'a dyn TensorSource,
     prefix: String,
@@ -134,8 +132,9 @@ impl File<'_> {
         }
     }
 
-    /// The tensor `prefix + rest`, checked against `shape` exactly.
-    fn get(&self, rest: &str, shape: &[usize]) -> Result<Loaded> {
+    /// The tensor `prefix + rest`, checked against `shape` exactly and for a dtype moeflow
+    /// reads (f32, f16, bf16); its bytes are not read.
+    fn checked(&self, rest: &str, shape: &[usize]) -> Result<(String, TensorView<'_>)> {
         let name = self.name(rest);
         let t = self.view(rest, &format!("{shape:?}"))?;
         if t.shape() != shape {
@@ -145,7 +144,14 @@ impl File<'_> {
                 format!("{:?}", t.shape()),
             ));
         }
-        Ok(Loaded { values: to_f32(&name, &t)?, dtype: t.dtype(), name })
+        stored_dtype(&name, t.dtype())?;
+        Ok((name, t))
+    }
+
+    /// The tensor `prefix + rest`, checked against `shape` exactly, as f32.
+    fn get(&self, rest: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (name, t) = self.checked(rest, shape)?;
+        to_f32(&name, &t)
     }
 }
 
@@ -255,7 +261,40 @@ pub fn load_checkpoint_layer(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Lo
     load_from(ckpt, opts)
 }
 
-fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> {
+/// One layer as found in a source's headers: its names, shapes, dtypes and routing, and the
+/// router's small tensors read as f32. The expert tensors are not read yet.
+struct LayerPlan<'a> {
+    f: File<'a>,
+    scheme: Scheme,
+    /// `mlp.shared_expert.` or `mlp.shared_experts.` when the layer has a shared expert.
+    shared_base: Option<&'static str>,
+    cfg: MoeConfig,
+    routing: Routing,
+    router: RouterWeights,
+}
+
+impl LayerPlan<'_> {
+    /// Names and shapes of each projection: routed (gate, up, down of every expert) or shared.
+    fn projections(&self, shared: bool) -> [(Vec<String>, [usize; 2]); 3] {
+        let (h, f, e) = (self.cfg.hidden as usize, self.cfg.ffn as usize, self.cfg.experts as usize);
+        if shared {
+            let fs = self.cfg.shared_ffn.unwrap_or(0) as usize;
+            let b = self.shared_base.unwrap_or_default();
+            return [
+                (vec![format!("{b}gate_proj.weight")], [fs, h]),
+                (vec![format!("{b}up_proj.weight")], [fs, h]),
+                (vec![format!("{b}down_proj.weight")], [h, fs]),
+            ];
+        }
+        let names: Vec<[String; 3]> = (0..e).map(|i| self.scheme.expert(i)).collect();
+        [0, 1, 2].map(|p| {
+            let shape = if p == 2 { [h, f] } else { [f, h] };
+            (names.iter().map(|n| n[p].clone()).collect(), shape)
+        })
+    }
+}
+
+fn plan_layer<'a>(src: &'a dyn TensorSource, opts: &LoadOptions) -> Result<LayerPlan<'a>> {
     let names = src.names();
     let prefix = match (&opts.prefix, opts.layer) {
         (Some(_), Some(_)) => return Err(Error::invalid("give the layer by prefix or by index, not both")),
@@ -298,20 +337,22 @@ fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> 
             format!("[{ffn}, {gh}]"),
         ));
     }
-    let mut experts = [Vec::new(), Vec::new(), Vec::new()];
+    // Every expert tensor's shape and dtype, from the headers.
     let mut expert_dtypes: Vec<(Dtype, String)> = Vec::new();
+    let mut note_dtype = |t: &TensorView<'_>, name: String| {
+        if !expert_dtypes.iter().any(|(d, _)| *d == t.dtype()) {
+            expert_dtypes.push((t.dtype(), name));
+        }
+    };
     for i in 0..e {
         let [g, u, d] = scheme.expert(i);
-        for (slot, (name, shape)) in [(g, [ffn, h]), (u, [ffn, h]), (d, [h, ffn])].into_iter().enumerate() {
-            let t = f.get(&name, &shape)?;
-            if !expert_dtypes.iter().any(|(d, _)| *d == t.dtype) {
-                expert_dtypes.push((t.dtype, t.name));
-            }
-            experts[slot].extend(t.values);
+        for (name, shape) in [(g, [ffn, h]), (u, [ffn, h]), (d, [h, ffn])] {
+            let (name, t) = f.checked(&name, &shape)?;
+            note_dtype(&t, name);
         }
     }
     let bias = if f.has("mlp.gate.e_score_correction_bias") {
-        Some(f.get("mlp.gate.e_score_correction_bias", &[e])?.values)
+        Some(f.get("mlp.gate.e_score_correction_bias", &[e])?)
     } else {
         None
     };
@@ -319,7 +360,7 @@ fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> 
         [("mlp.shared_expert.", SharedNames::Qwen), ("mlp.shared_experts.", SharedNames::DeepSeek)]
             .into_iter()
             .find(|(b, _)| f.has(&format!("{b}gate_proj.weight")));
-    let shared = match shared_names {
+    let shared_ffn = match shared_names {
         Some((b, _)) => {
             let gate_name = format!("{b}gate_proj.weight");
             let [fs, gh] = f.matrix_shape(&gate_name, &format!("[shared ffn, {h}]"))?;
@@ -330,33 +371,27 @@ fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> 
                     format!("[{fs}, {gh}]"),
                 ));
             }
-            let parts = [
+            for (name, shape) in [
                 (gate_name, [fs, h]),
                 (format!("{b}up_proj.weight"), [fs, h]),
                 (format!("{b}down_proj.weight"), [h, fs]),
-            ];
-            let mut loaded = Vec::new();
-            for (name, shape) in parts {
-                let t = f.get(&name, &shape)?;
-                if !expert_dtypes.iter().any(|(d, _)| *d == t.dtype) {
-                    expert_dtypes.push((t.dtype, t.name));
-                }
-                loaded.push(t.values);
+            ] {
+                let (name, t) = f.checked(&name, &shape)?;
+                note_dtype(&t, name);
             }
-            let [g, u, d]: [Vec<f32>; 3] = loaded.try_into().map_err(|_| Error::invalid("shared expert"))?;
-            Some((g, u, d, fs))
+            Some(fs)
         }
         None => None,
     };
     let shared_gate = if f.has("mlp.shared_expert_gate.weight") {
-        Some(f.get("mlp.shared_expert_gate.weight", &[1, h])?.values)
+        Some(f.get("mlp.shared_expert_gate.weight", &[1, h])?)
     } else {
         None
     };
 
     let weight_dtype = match (opts.dtype, expert_dtypes.as_slice()) {
         (Some(d), _) => d,
-        (None, [(d, _)]) => weight_dtype(*d),
+        (None, [(d, n)]) => stored_dtype(n, *d)?,
         (None, [(d0, n0), (d1, n1), ..]) => {
             return Err(Error::invalid(format!(
                 "expert tensors mix dtypes (`{n0}` is {d0:?}, `{n1}` is {d1:?}): pass a dtype (--dtype) to convert them all"
@@ -372,14 +407,13 @@ fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> 
         experts: dim(e, "experts")?,
         ffn: dim(ffn, "expert FFN size")?,
         bias: bias.is_some(),
-        shared: match (shared_names, &shared) {
-            (Some((_, names)), Some((_, _, _, fs))) => Some((names, dim(*fs, "shared FFN size")?)),
+        shared: match (shared_names, shared_ffn) {
+            (Some((_, names)), Some(fs)) => Some((names, dim(fs, "shared FFN size")?)),
             _ => None,
         },
         shared_gate: shared_gate.is_some(),
     };
     let routing = family::resolve(opts.config.as_ref(), &opts.routing, &facts)?;
-    let [gate, up, down] = experts;
     let cfg = MoeConfig {
         gating: routing.gating,
         renormalize: routing.renormalize,
@@ -391,18 +425,109 @@ fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> 
         weight_dtype,
         ..MoeConfig::new(dim(h, "hidden size")?, facts.ffn, facts.experts, routing.k)
     };
-    let weights = MoeWeights {
-        router: router.values,
-        bias,
-        gate,
-        up,
-        down,
-        shared: shared.map(|(g, u, d, _)| (g, u, d)),
-        shared_gate,
-    };
     cfg.validate()?;
-    weights.check(&cfg)?;
-    Ok(LoadedLayer { config: cfg, weights, routing, prefix: f.prefix })
+    let router = RouterWeights { router, bias, shared_gate };
+    router.check(&cfg)?;
+    Ok(LayerPlan { f, scheme, shared_base: shared_names.map(|(b, _)| b), cfg, routing, router })
+}
+
+fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> {
+    let plan = plan_layer(src, opts)?;
+    let host = |shared: bool| -> Result<[Vec<f32>; 3]> {
+        let parts = plan.projections(shared).map(|(names, shape)| -> Result<Vec<f32>> {
+            let mut out = Vec::new();
+            for n in names {
+                out.extend(plan.f.get(&n, &shape)?);
+            }
+            Ok(out)
+        });
+        let [g, u, d] = parts;
+        Ok([g?, u?, d?])
+    };
+    let [gate, up, down] = host(false)?;
+    let shared = match plan.cfg.shared_ffn {
+        Some(_) => Some(host(true)?.into()),
+        None => None,
+    };
+    let RouterWeights { router, bias, shared_gate } = plan.router;
+    let weights = MoeWeights { router, bias, gate, up, down, shared, shared_gate };
+    weights.check(&plan.cfg)?;
+    Ok(LoadedLayer { config: plan.cfg, weights, routing: plan.routing, prefix: plan.f.prefix })
+}
+
+/// One MoE layer on the device, loaded by [`upload_checkpoint_layer`].
+#[derive(Debug)]
+pub struct UploadedLayer {
+    /// The layer, its expert weights in `layer.config().weight_dtype`.
+    pub layer: MoeLayer,
+    /// The routing as the family runs it.
+    pub routing: Routing,
+    /// The tensor-name prefix of the layer.
+    pub prefix: String,
+}
+
+/// Loads one MoE layer of a checkpoint straight to the device: every check of
+/// [`load_checkpoint_layer`] is made on the tensors' headers first, then the expert tensors
+/// are uploaded one at a time from the mapped file in their stored dtype (converted one
+/// expert at a time when `opts.dtype` asks for another), with no host f32 copy; each
+/// tensor's pages are released once it is uploaded. Host memory during the load is about one
+/// expert tensor plus a 16 MiB staging chunk, besides the router's small f32 tensors.
+/// `adjust` may change the configuration's modes (route, combine, kernels, GEMM order) before
+/// the layer is made; shapes, routing and dtype must stay as loaded.
+///
+/// # Errors
+/// As [`load_checkpoint_layer`]; an `adjust` that changes what the checkpoint fixed; device
+/// errors (sizes past the device's limits among them).
+pub fn upload_checkpoint_layer(
+    ctx: &Context,
+    ckpt: &Checkpoint,
+    opts: &LoadOptions,
+    adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+) -> Result<UploadedLayer> {
+    upload_from(ctx, ckpt, opts, adjust)
+}
+
+fn upload_from(
+    ctx: &Context,
+    src: &dyn TensorSource,
+    opts: &LoadOptions,
+    adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+) -> Result<UploadedLayer> {
+    let plan = plan_layer(src, opts)?;
+    let cfg = adjust(plan.cfg);
+    let fixed = |c: &MoeConfig| {
+        (c.hidden, c.ffn, c.experts, c.k, c.shared_ffn, c.shared_gate, c.bias, c.weight_dtype, c.route())
+    };
+    if fixed(&cfg) != fixed(&plan.cfg) {
+        return Err(Error::invalid(format!(
+            "the adjusted configuration ({cfg}) changes what the checkpoint fixed ({})",
+            plan.cfg
+        )));
+    }
+    let device = |shared: bool| -> Result<ExpertFfn> {
+        let parts = plan.projections(shared).map(|(names, [n, k])| -> Result<ExpertWeights> {
+            let shape = [names.len() as u32, n as u32, k as u32];
+            ExpertWeights::stream(
+                ctx,
+                cfg.weight_dtype,
+                shape,
+                |i| {
+                    let (name, t) = plan.f.checked(&names[i as usize], &[n, k])?;
+                    Ok(StoredValues { dtype: stored_dtype(&name, t.dtype())?, bytes: t.data() })
+                },
+                |i| src.release(&plan.f.name(&names[i as usize])),
+            )
+        });
+        let [g, u, d] = parts;
+        ExpertFfn::new(g?, u?, d?)
+    };
+    let experts = device(false)?;
+    let shared = match cfg.shared_ffn {
+        Some(_) => Some(device(true)?),
+        None => None,
+    };
+    let layer = MoeLayer::with_experts(ctx, cfg, &plan.router, experts, shared)?;
+    Ok(UploadedLayer { layer, routing: plan.routing, prefix: plan.f.prefix })
 }
 
 /// Reads the input tensor `x` (or the file's only tensor) as `(values, tokens, hidden)`.

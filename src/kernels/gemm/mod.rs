@@ -107,6 +107,14 @@ impl WeightDtype {
         halves.chunks(2).map(|p| u32::from(p[0]) | (u32::from(*p.get(1).unwrap_or(&0)) << 16)).collect()
     }
 
+    /// Bytes of one element.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            _ => 2,
+        }
+    }
+
     /// Bytes of `n` elements as packed.
     pub fn packed_bytes(self, n: u64) -> u64 {
         match self {
@@ -127,7 +135,78 @@ pub struct ExpertWeights {
     native_f16: bool,
 }
 
+/// One expert's `[n, k]` values as a file stores them: little-endian `dtype` elements.
+#[derive(Clone, Copy, Debug)]
+pub struct StoredValues<'a> {
+    /// The element type of `bytes`.
+    pub dtype: WeightDtype,
+    /// `n * k` elements, little-endian.
+    pub bytes: &'a [u8],
+}
+
+impl StoredValues<'_> {
+    /// Appends these values to `out` as little-endian `to` elements (the packed layout: f32
+    /// words, or halves low half first), rounding to nearest even when `to` is narrower,
+    /// exactly as [`WeightDtype::pack`] does from f32.
+    fn append_as(&self, to: WeightDtype, out: &mut Vec<u8>) {
+        if self.dtype == to {
+            out.extend_from_slice(self.bytes);
+            return;
+        }
+        let values = self.bytes.chunks_exact(self.dtype.element_bytes()).map(|b| match self.dtype {
+            WeightDtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            WeightDtype::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+            WeightDtype::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        });
+        match to {
+            WeightDtype::F32 => values.for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            WeightDtype::F16 => values.for_each(|v| out.extend_from_slice(&f16::from_f32(v).to_le_bytes())),
+            WeightDtype::Bf16 => values.for_each(|v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes())),
+        }
+    }
+}
+
+/// Host bytes [`ExpertWeights::stream`] gathers before each write to the device.
+const STREAM_CHUNK: usize = 16 << 20;
+
 impl ExpertWeights {
+    /// Checks `[experts, n, k]` as `dtype` against the device's limits; returns the packed
+    /// size in bytes.
+    fn checked_size(ctx: &Context, dtype: WeightDtype, experts: u32, n: u32, k: u32) -> Result<u64> {
+        if experts == 0 || n == 0 || k == 0 {
+            return Err(Error::invalid(format!(
+                "expert weights [{experts}, {n}, {k}] have an empty dimension"
+            )));
+        }
+        let elems = u64::from(experts) * u64::from(n) * u64::from(k);
+        let bytes = dtype.packed_bytes(elems);
+        let limit = ctx.limits().max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(Error::limit(
+                format!("expert weights [{experts}, {n}, {k}] as {dtype:?}"),
+                bytes,
+                limit,
+                "max_storage_buffer_binding_size; no split plan covers one weight tensor past it",
+            ));
+        }
+        if elems > u64::from(u32::MAX) {
+            return Err(Error::limit("expert weight elements", elems, u32::MAX.into(), "u32 shader indices"));
+        }
+        Ok(bytes)
+    }
+
+    fn on_device(ctx: &Context, buffer: wgpu::Buffer, dtype: WeightDtype, shape: [u32; 3]) -> Self {
+        let [experts, n, k] = shape;
+        ExpertWeights {
+            buffer,
+            dtype,
+            experts,
+            n,
+            k,
+            native_f16: dtype == WeightDtype::F16 && ctx.capabilities().shader_f16,
+        }
+    }
+
     /// Uploads `data[experts, n, k]`, rounding to `dtype`.
     pub fn from_f32(
         ctx: &Context,
@@ -145,32 +224,79 @@ impl ExpertWeights {
                 data.len(),
             ));
         }
-        if experts == 0 || n == 0 || k == 0 {
-            return Err(Error::invalid(format!(
-                "expert weights [{experts}, {n}, {k}] have an empty dimension"
-            )));
+        Self::checked_size(ctx, dtype, experts, n, k)?;
+        let buffer = ctx.upload("expert weights", &dtype.pack(data))?;
+        Ok(Self::on_device(ctx, buffer, dtype, [experts, n, k]))
+    }
+
+    /// Uploads `[experts, n, k]` expert by expert without a host copy of the whole tensor:
+    /// `values(e)` gives expert `e`'s `[n, k]` values as stored (for example a memory-mapped
+    /// checkpoint tensor), converted to `dtype` one expert at a time; values already in
+    /// `dtype` reach the device as they are. Host memory beyond the caller's is one expert's
+    /// converted values plus a 16 MiB staging chunk, which is flushed to the device (and
+    /// waited for) as it fills. `released(e)` is called once expert `e` is on its way, so a
+    /// caller can drop its pages. The result is bit-identical to [`ExpertWeights::from_f32`]
+    /// on the same values.
+    ///
+    /// # Errors
+    /// An empty dimension, a size past the device's limits, an expert whose byte length is
+    /// not `n * k` elements of its dtype, an error from `values`, or a device error.
+    pub fn stream<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        released: impl FnMut(u32),
+    ) -> Result<Self> {
+        Self::stream_in_chunks(ctx, dtype, shape, values, released, STREAM_CHUNK)
+    }
+
+    /// [`ExpertWeights::stream`] with `chunk` bytes of staging.
+    fn stream_in_chunks<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        mut values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        mut released: impl FnMut(u32),
+        chunk: usize,
+    ) -> Result<Self> {
+        let [experts, n, k] = shape;
+        let bytes = Self::checked_size(ctx, dtype, experts, n, k)?;
+        let buffer = ctx.zeroed("expert weights", bytes)?;
+        let per_expert = u64::from(n) * u64::from(k);
+        let mut pending: Vec<u8> = Vec::with_capacity(chunk + 4);
+        let mut offset = 0u64;
+        let flush = |pending: &mut Vec<u8>, offset: &mut u64, last: bool| -> Result<()> {
+            if last {
+                pending.resize(pending.len().next_multiple_of(4), 0);
+            }
+            // Writes are whole u32 words; the odd half-word waits for the next expert.
+            let whole = pending.len() / 4 * 4;
+            ctx.checked("writing expert weights", || {
+                ctx.queue().write_buffer(&buffer, *offset, &pending[..whole])
+            })?;
+            *offset += whole as u64;
+            pending.drain(..whole);
+            ctx.submit_and_wait(ctx.encoder("expert weights upload"))
+        };
+        for e in 0..experts {
+            let v = values(e)?;
+            let want = per_expert * v.dtype.element_bytes() as u64;
+            if v.bytes.len() as u64 != want {
+                return Err(Error::shape(
+                    format!("expert {e} of [{experts}, {n}, {k}]"),
+                    format!("{per_expert} {:?} elements ({want} bytes)", v.dtype),
+                    format!("{} bytes", v.bytes.len()),
+                ));
+            }
+            v.append_as(dtype, &mut pending);
+            released(e);
+            if pending.len() >= chunk {
+                flush(&mut pending, &mut offset, false)?;
+            }
         }
-        let bytes = dtype.packed_bytes(elems);
-        let limit = ctx.limits().max_storage_buffer_binding_size;
-        if bytes > limit {
-            return Err(Error::limit(
-                format!("expert weights [{experts}, {n}, {k}] as {dtype:?}"),
-                bytes,
-                limit,
-                "max_storage_buffer_binding_size; no split plan covers one weight tensor past it",
-            ));
-        }
-        if elems > u64::from(u32::MAX) {
-            return Err(Error::limit("expert weight elements", elems, u32::MAX.into(), "u32 shader indices"));
-        }
-        Ok(ExpertWeights {
-            buffer: ctx.upload("expert weights", &dtype.pack(data))?,
-            dtype,
-            experts,
-            n,
-            k,
-            native_f16: dtype == WeightDtype::F16 && ctx.capabilities().shader_f16,
-        })
+        flush(&mut pending, &mut offset, true)?;
+        Ok(Self::on_device(ctx, buffer, dtype, shape))
     }
 
     /// Chooses native f16 loads (the default for f16 weights where the device has
@@ -730,4 +856,90 @@ pub fn plan_dense(
         DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?)?,
     };
     Ok(FfnPlan { dispatches: vec![dispatch] })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(dtype: WeightDtype, values: &[f32]) -> Vec<u8> {
+        bytemuck::cast_slice(&dtype.pack(values))
+            .iter()
+            .copied()
+            .take(values.len() * dtype.element_bytes())
+            .collect()
+    }
+
+    /// Streamed uploads hold the same words as `from_f32`, whatever the staging chunk (down to
+    /// a few bytes, so writes split inside experts and inside words), the element count's
+    /// parity, and the conversion between stored and device dtypes.
+    #[test]
+    fn streamed_weights_are_the_packed_words_of_from_f32() {
+        let ctxs = Context::all().expect("devices");
+        if ctxs.is_empty() {
+            assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
+            eprintln!("skipped: no adapter");
+            return;
+        }
+        let dtypes = [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16];
+        for ctx in &ctxs {
+            for shape in [[3u32, 5, 7], [4, 6, 8], [1, 1, 1]] {
+                let [e, n, k] = shape;
+                let len = (e * n * k) as usize;
+                // Values that round differently in f16 and bf16, with ±0, subnormals and inf.
+                let values: Vec<f32> = (0..len)
+                    .map(|i| match i % 7 {
+                        0 => -0.0,
+                        1 => 1.0e-40,
+                        2 => f32::INFINITY,
+                        _ => (i as f32 * 0.7313).sin() * 3.0 + 1.0 / 3.0,
+                    })
+                    .collect();
+                for from in dtypes {
+                    let file = stored(from, &values);
+                    let per = (n * k) as usize * from.element_bytes();
+                    for to in dtypes {
+                        let want = ExpertWeights::from_f32(ctx, &from.round(&values), to, e, n, k)
+                            .expect("from_f32");
+                        let want =
+                            ctx.read_back::<u32>(&want.buffer, want.bytes() as usize / 4).expect("read");
+                        for chunk in [2usize, 6, 1 << 20] {
+                            let mut released = Vec::new();
+                            let got = ExpertWeights::stream_in_chunks(
+                                ctx,
+                                to,
+                                shape,
+                                |i| {
+                                    Ok(StoredValues {
+                                        dtype: from,
+                                        bytes: &file[i as usize * per..(i as usize + 1) * per],
+                                    })
+                                },
+                                |i| released.push(i),
+                                chunk,
+                            )
+                            .expect("stream");
+                            assert_eq!(got.shape(), shape);
+                            assert_eq!(got.dtype(), to);
+                            let got = ctx.read_back::<u32>(&got.buffer, want.len()).expect("read");
+                            assert_eq!(got, want, "{shape:?} {from:?} -> {to:?}, chunk {chunk}");
+                            assert_eq!(released, (0..e).collect::<Vec<_>>());
+                        }
+                    }
+                }
+                // A stored expert of the wrong length is an error naming the expert.
+                let err = ExpertWeights::stream(
+                    ctx,
+                    WeightDtype::F16,
+                    shape,
+                    |_| Ok(StoredValues { dtype: WeightDtype::F16, bytes: &[0u8; 2] }),
+                    |_| {},
+                );
+                if len > 1 {
+                    let err = err.expect_err("short expert").to_string();
+                    assert!(err.contains("expert 0 of"), "{err}");
+                }
+            }
+        }
+    }
 }
