@@ -314,10 +314,18 @@ fn bad_input_is_an_error() {
         )
         .unwrap();
         let ctx = Context::from_wgpu(device, queue);
+        // Past the binding limit, weights split by expert; one column (row of K) past it is an
+        // error, since K is never split.
+        let w = ExpertWeights::from_f32(&ctx, &vec![0.0; 8 * 16 * 16], WeightDtype::F32, 8, 16, 16).unwrap();
+        assert_eq!(w.chunk_count(), 2);
+        let w = ExpertWeights::from_f32(&ctx, &vec![0.0; 8 * 16 * 16], WeightDtype::F16, 4, 16, 32).unwrap();
+        assert_eq!(w.chunk_count(), 1);
         let err =
-            ExpertWeights::from_f32(&ctx, &vec![0.0; 8 * 16 * 16], WeightDtype::F32, 8, 16, 16).unwrap_err();
-        assert!(err.to_string().contains("no split plan"), "{err}");
-        assert!(ExpertWeights::from_f32(&ctx, &vec![0.0; 8 * 16 * 16], WeightDtype::F16, 4, 16, 32).is_ok());
+            ExpertWeights::from_f32(&ctx, &vec![0.0; 2 * 2048], WeightDtype::F32, 1, 2, 2048).unwrap_err();
+        assert!(
+            err.to_string().contains("one output column") && err.to_string().contains("never along K"),
+            "{err}"
+        );
     }
 }
 
@@ -479,5 +487,72 @@ fn fast_order_is_deterministic_and_batch_invariant() {
             h,
         );
         assert_rows_close(&format!("{what} strict vs reference"), &strict, &m.reference(&x, &idx, k), h);
+    }
+}
+
+/// A device whose storage bindings are at most `limit` bytes, on `adapter`.
+fn small_binding_context(adapter: &wgpu::Adapter, limit: u64) -> Context {
+    let limits = wgpu::Limits { max_storage_buffer_binding_size: limit, ..adapter.limits() };
+    let (device, queue) = pollster::block_on(
+        adapter.request_device(&wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() }),
+    )
+    .unwrap();
+    Context::from_wgpu(device, queue)
+}
+
+/// Weights past the binding limit split by expert (several experts per chunk, or one), and an
+/// expert past it alone splits by output column: every path gives the unsplit results bit for
+/// bit on the same adapter, in every dtype, in both orders.
+#[test]
+fn split_weights_give_the_unsplit_results_bitwise() {
+    for adapter in common::wgpu_adapters() {
+        let whole = Context::from_adapter(&adapter).unwrap();
+        let slug = whole.adapter().slug();
+        // Wide H and few tokens, so the weights, not the activations, meet the limit first.
+        let (k, tokens) = (2u32, 5u32);
+        for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+            let m = Model::new(60, 4, 1024, 72, dtype);
+            let x = adversarial(&mut rng(61), (tokens * m.h) as usize, 1.0);
+            let idx = routes(62, tokens, m.e, k, true);
+            let per_expert = dtype.packed_bytes(u64::from(m.h * m.f));
+            // Two experts per chunk; one; and column runs inside each expert.
+            for (limit, chunks) in [(2 * per_expert + 4, 2usize), (per_expert, 4), (per_expert / 2, 8)] {
+                let split = small_binding_context(&adapter, limit.next_multiple_of(4));
+                for order in [GemmOrder::Strict, GemmOrder::Fast] {
+                    let kernels = FfnKernels::default_for(whole.adapter().is_cpu(), order);
+                    let a = m.upload(&whole).with_kernels(kernels).unwrap();
+                    let b = m.upload(&split).with_kernels(kernels).unwrap();
+                    assert_eq!(a.gate.chunk_count(), 1);
+                    assert_eq!(b.gate.chunk_count(), chunks, "{dtype:?} limit {limit}");
+                    for path in [Path::Grouped, Path::Bucketed(4), Path::Decode] {
+                        let (tokens, x) = match path {
+                            Path::Decode => (3, &x[..(3 * m.h) as usize]),
+                            _ => (tokens, &x[..]),
+                        };
+                        let idx = &idx[..(tokens * k) as usize];
+                        let ya = run(&whole, &a, x, idx, k, path);
+                        let yb = run(&split, &b, x, idx, k, path);
+                        assert_eq!(
+                            bits_nan(&ya),
+                            bits_nan(&yb),
+                            "{slug} {dtype:?} {order:?} limit {limit} {path:?}"
+                        );
+                    }
+                    // The all-experts oracle and the dense GEMM take a fixed expert's chunks.
+                    let dense = |ctx: &Context, w: &ExpertWeights| {
+                        let xb = ctx.upload("x", &x[..(5 * m.h) as usize]).unwrap();
+                        let y = ctx.zeroed("y", u64::from(5 * m.f) * 4).unwrap();
+                        let plan = plan_dense(ctx, w, 5, &xb, &y, DenseKernel::Rowwise, order).unwrap();
+                        ctx.run(&plan.dispatches()).unwrap();
+                        ctx.read_back::<f32>(&y, (5 * m.f) as usize).unwrap()
+                    };
+                    assert_eq!(
+                        bits_nan(&dense(&whole, &a.gate)),
+                        bits_nan(&dense(&split, &b.gate)),
+                        "{slug} dense"
+                    );
+                }
+            }
+        }
     }
 }

@@ -109,3 +109,39 @@ fn mismatched_weights_are_an_error_naming_the_tensor() {
         assert!(err.contains("`x`"), "{err}");
     }
 }
+
+/// A layer whose projections (routed and shared) are past the device's storage-binding limit
+/// runs split, and gives the unsplit layer's bits on the same adapter, at decode and prefill
+/// token counts.
+#[test]
+fn a_layer_past_the_binding_limit_gives_the_unsplit_bits() {
+    for adapter in common::wgpu_adapters() {
+        let whole = moeflow::Context::from_adapter(&adapter).unwrap();
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+            let cfg = MoeConfig {
+                shared_ffn: Some(300),
+                shared_gate: true,
+                weight_dtype: dtype,
+                ..MoeConfig::new(64, 96, 8, 2)
+            };
+            let w = Synth::new(71).moe_weights(&cfg);
+            // Two f32 experts (24 KiB each) per chunk; the f32 shared expert (75 KiB) in column runs.
+            let limit = 64 << 10;
+            let limits = wgpu::Limits { max_storage_buffer_binding_size: limit, ..adapter.limits() };
+            let (device, queue) =
+                pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                    required_limits: limits,
+                    ..Default::default()
+                }))
+                .unwrap();
+            let split = moeflow::Context::from_wgpu(device, queue);
+            let (a, b) = (MoeLayer::new(&whole, cfg, &w).unwrap(), MoeLayer::new(&split, cfg, &w).unwrap());
+            for tokens in [3usize, 21] {
+                let x = Synth::new(72).uniform(tokens * 64, 1.0);
+                let (ya, yb) = (a.forward_host(&whole, &x).unwrap(), b.forward_host(&split, &x).unwrap());
+                assert_eq!(ya.indices, yb.indices);
+                assert_eq!(bits(&ya.y), bits(&yb.y), "{dtype:?}, {tokens} tokens");
+            }
+        }
+    }
+}

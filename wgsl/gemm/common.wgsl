@@ -30,6 +30,14 @@ struct GemmParams {
     // FLAG_* bits: how rows, inputs, outputs and experts are found (uniform per dispatch, so
     // they cost a branch per block, not a pipeline each).
     flags: u32,
+    // The bound weight chunk (weights past one storage binding are split into chunks, see
+    // ExpertWeights): it holds experts expert_base .. expert_base + expert_count, and of each
+    // the output columns col_base .. col_base + cols, as [expert_count, cols, K]. Blocks and
+    // rows of other experts do nothing in this dispatch. Unsplit: 0, E, 0, N.
+    expert_base: u32,
+    expert_count: u32,
+    col_base: u32,
+    cols: u32,
     pad0: u32,
     pad1: u32,
     pad2: u32,
@@ -60,6 +68,16 @@ const FLAG_EXPERT_FROM_INDICES: u32 = 16u;
 
 fn flag(f: u32) -> bool {
     return (params.flags & f) != 0u;
+}
+
+// Whether the bound weight chunk holds `expert`.
+fn in_chunk(expert: u32) -> bool {
+    return expert != NONE && expert >= params.expert_base && expert - params.expert_base < params.expert_count;
+}
+
+// Word index of element k = 0 of output column `col` (global) of `expert` in the bound chunk.
+fn weight_row(expert: u32, col: u32) -> u32 {
+    return ((expert - params.expert_base) * params.cols + (col - params.col_base)) * params.kdim;
 }
 
 // The inner loops' choices stay pipeline constants.

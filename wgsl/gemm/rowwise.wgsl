@@ -1,4 +1,4 @@
-// Row-wise expert projection: one invocation per (row, column) output, dot products read
+// Row-wise expert projection: one invocation per (row, column of the bound chunk) output, dot products read
 // straight from memory. Used for decode (few tokens: rows are entries, no dispatch needed)
 // and for the overflow pass of the bucketed path. The expert of a row is indices[entry]
 // (or params.fixed_expert without FLAG_EXPERT_FROM_INDICES). Same accumulation order as
@@ -14,11 +14,11 @@ override FAST_ORDER: bool = false;
 fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 64u;
     let rows = min(params.rows, row_count[params.count_word]);
-    if i >= rows * params.n {
+    if i >= rows * params.cols {
         return;
     }
-    let row = i / params.n;
-    let col = i % params.n;
+    let row = i / params.cols;
+    let col = params.col_base + i % params.cols;
     let entry = entry_of(row);
     if entry == NONE {
         return;
@@ -27,9 +27,12 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     if flag(FLAG_EXPERT_FROM_INDICES) {
         expert = expert_of_entry[entry];
     }
+    if !in_chunk(expert) {
+        return;
+    }
     let kdim = params.kdim;
     let xr = input_row(row, entry) * kdim;
-    let wr = (expert * params.n + col) * kdim;
+    let wr = weight_row(expert, col);
     var acc = vec4<f32>(0.0);
     var acc_up = vec4<f32>(0.0);
     var one = 0.0;

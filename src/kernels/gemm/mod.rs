@@ -7,6 +7,8 @@
 //! Shapes: `x[tokens, H]`; `gate`, `up` `[E, F, H]`; `down` `[E, H, F]`;
 //! `indices[tokens, k]`; output `partial[tokens * k, H]` indexed by entry `token * k + slot`.
 
+use std::ops::Range;
+
 use bytemuck::{Pod, Zeroable};
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
@@ -127,7 +129,7 @@ impl WeightDtype {
 /// Weights of `E` experts, each `[n, k]` (out x in), packed on the device.
 #[derive(Debug)]
 pub struct ExpertWeights {
-    buffer: wgpu::Buffer,
+    chunks: Vec<WeightChunk>,
     dtype: WeightDtype,
     experts: u32,
     n: u32,
@@ -169,36 +171,82 @@ impl StoredValues<'_> {
 /// Host bytes [`ExpertWeights::stream`] gathers before each write to the device.
 const STREAM_CHUNK: usize = 16 << 20;
 
+/// One buffer of a projection's weights: experts `experts`, and of each the output columns
+/// `cols`, as `[experts.len(), cols.len(), k]` packed words from word 0.
+#[derive(Debug)]
+struct WeightChunk {
+    buffer: wgpu::Buffer,
+    experts: Range<u32>,
+    cols: Range<u32>,
+    bytes: u64,
+}
+
+/// How `[experts, n, k]` weights of `dtype` split into chunks of at most `limit` bytes: whole
+/// experts, as many per chunk as fit; or, where one expert alone is past the limit, each
+/// expert in runs of whole output columns (rows of the weight matrix). K is never split.
+fn chunking(
+    dtype: WeightDtype,
+    [experts, n, k]: [u32; 3],
+    limit: u64,
+) -> Result<Vec<(Range<u32>, Range<u32>)>> {
+    // Word indices inside a chunk are u32; keep every element index below 2^32 too.
+    let limit = limit.min(u64::from(u32::MAX) + 1);
+    let fits = |elems: u64| dtype.packed_bytes(elems) <= limit;
+    let per_expert = u64::from(n) * u64::from(k);
+    if fits(per_expert) {
+        let mut per_chunk = (limit / dtype.packed_bytes(per_expert).max(1)).max(1);
+        while per_chunk > 1 && !fits(per_chunk * per_expert) {
+            per_chunk -= 1;
+        }
+        let per_chunk = u32::try_from(per_chunk).unwrap_or(u32::MAX);
+        return Ok((0..experts)
+            .step_by(per_chunk as usize)
+            .map(|e0| (e0..e0.saturating_add(per_chunk).min(experts), 0..n))
+            .collect());
+    }
+    let mut per_chunk = limit / dtype.packed_bytes(u64::from(k)).max(1);
+    while per_chunk > 0 && !fits(per_chunk * u64::from(k)) {
+        per_chunk -= 1;
+    }
+    if per_chunk == 0 {
+        return Err(Error::limit(
+            format!("one output column of the expert weights [{experts}, {n}, {k}] as {dtype:?}"),
+            dtype.packed_bytes(u64::from(k)),
+            limit,
+            "max_storage_buffer_binding_size (weights split by expert and by output column, never along K)",
+        ));
+    }
+    let per_chunk = u32::try_from(per_chunk).unwrap_or(u32::MAX);
+    Ok((0..experts)
+        .flat_map(|e| {
+            (0..n)
+                .step_by(per_chunk as usize)
+                .map(move |c0| (e..e + 1, c0..c0.saturating_add(per_chunk).min(n)))
+        })
+        .collect())
+}
+
 impl ExpertWeights {
-    /// Checks `[experts, n, k]` as `dtype` against the device's limits; returns the packed
-    /// size in bytes.
-    fn checked_size(ctx: &Context, dtype: WeightDtype, experts: u32, n: u32, k: u32) -> Result<u64> {
+    /// Checks `[experts, n, k]` as `dtype`; returns its chunks for this device's limits.
+    fn chunks_for(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+    ) -> Result<Vec<(Range<u32>, Range<u32>)>> {
+        let [experts, n, k] = shape;
         if experts == 0 || n == 0 || k == 0 {
             return Err(Error::invalid(format!(
                 "expert weights [{experts}, {n}, {k}] have an empty dimension"
             )));
         }
-        let elems = u64::from(experts) * u64::from(n) * u64::from(k);
-        let bytes = dtype.packed_bytes(elems);
-        let limit = ctx.limits().max_storage_buffer_binding_size;
-        if bytes > limit {
-            return Err(Error::limit(
-                format!("expert weights [{experts}, {n}, {k}] as {dtype:?}"),
-                bytes,
-                limit,
-                "max_storage_buffer_binding_size; no split plan covers one weight tensor past it",
-            ));
-        }
-        if elems > u64::from(u32::MAX) {
-            return Err(Error::limit("expert weight elements", elems, u32::MAX.into(), "u32 shader indices"));
-        }
-        Ok(bytes)
+        let limits = ctx.limits();
+        chunking(dtype, shape, limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) / 4 * 4)
     }
 
-    fn on_device(ctx: &Context, buffer: wgpu::Buffer, dtype: WeightDtype, shape: [u32; 3]) -> Self {
+    fn on_device(ctx: &Context, chunks: Vec<WeightChunk>, dtype: WeightDtype, shape: [u32; 3]) -> Self {
         let [experts, n, k] = shape;
         ExpertWeights {
-            buffer,
+            chunks,
             dtype,
             experts,
             n,
@@ -207,7 +255,8 @@ impl ExpertWeights {
         }
     }
 
-    /// Uploads `data[experts, n, k]`, rounding to `dtype`.
+    /// Uploads `data[experts, n, k]`, rounding to `dtype`, split into as many buffers as the
+    /// device's binding limit needs (see [`ExpertWeights::chunk_count`]).
     pub fn from_f32(
         ctx: &Context,
         data: &[f32],
@@ -224,9 +273,26 @@ impl ExpertWeights {
                 data.len(),
             ));
         }
-        Self::checked_size(ctx, dtype, experts, n, k)?;
-        let buffer = ctx.upload("expert weights", &dtype.pack(data))?;
-        Ok(Self::on_device(ctx, buffer, dtype, [experts, n, k]))
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        let (n64, k64) = (n as usize, k as usize);
+        let mut chunks = Vec::with_capacity(plan.len());
+        for (es, cs) in plan {
+            let mut words = Vec::new();
+            let mut values = Vec::new();
+            for e in es.clone() {
+                let row0 = (e as usize * n64 + cs.start as usize) * k64;
+                values.extend_from_slice(&data[row0..row0 + cs.len() * k64]);
+            }
+            words.extend(dtype.pack(&values));
+            let bytes = words.len() as u64 * 4;
+            chunks.push(WeightChunk {
+                buffer: ctx.upload("expert weights", &words)?,
+                experts: es,
+                cols: cs,
+                bytes,
+            });
+        }
+        Ok(Self::on_device(ctx, chunks, dtype, [experts, n, k]))
     }
 
     /// Uploads `[experts, n, k]` expert by expert without a host copy of the whole tensor:
@@ -235,8 +301,9 @@ impl ExpertWeights {
     /// `dtype` reach the device as they are. Host memory beyond the caller's is one expert's
     /// converted values plus a 16 MiB staging chunk, which is flushed to the device (and
     /// waited for) as it fills. `released(e)` is called once expert `e` is on its way, so a
-    /// caller can drop its pages. The result is bit-identical to [`ExpertWeights::from_f32`]
-    /// on the same values.
+    /// caller can drop its pages. The weights are split across buffers as
+    /// [`ExpertWeights::from_f32`] splits them, and are bit-identical to its on the same
+    /// values.
     ///
     /// # Errors
     /// An empty dimension, a size past the device's limits, an expert whose byte length is
@@ -251,52 +318,73 @@ impl ExpertWeights {
         Self::stream_in_chunks(ctx, dtype, shape, values, released, STREAM_CHUNK)
     }
 
-    /// [`ExpertWeights::stream`] with `chunk` bytes of staging.
+    /// [`ExpertWeights::stream`] with `staging` bytes of staging.
     fn stream_in_chunks<'a>(
         ctx: &Context,
         dtype: WeightDtype,
         shape: [u32; 3],
         mut values: impl FnMut(u32) -> Result<StoredValues<'a>>,
         mut released: impl FnMut(u32),
-        chunk: usize,
+        staging: usize,
     ) -> Result<Self> {
         let [experts, n, k] = shape;
-        let bytes = Self::checked_size(ctx, dtype, experts, n, k)?;
-        let buffer = ctx.zeroed("expert weights", bytes)?;
+        let plan = Self::chunks_for(ctx, dtype, shape)?;
         let per_expert = u64::from(n) * u64::from(k);
-        let mut pending: Vec<u8> = Vec::with_capacity(chunk + 4);
-        let mut offset = 0u64;
-        let flush = |pending: &mut Vec<u8>, offset: &mut u64, last: bool| -> Result<()> {
-            if last {
-                pending.resize(pending.len().next_multiple_of(4), 0);
+        let mut pending: Vec<u8> = Vec::with_capacity(staging + 4);
+        let mut chunks = Vec::with_capacity(plan.len());
+        for (es, cs) in plan {
+            let elems = u64::from(es.end - es.start) * cs.len() as u64 * u64::from(k);
+            let bytes = dtype.packed_bytes(elems);
+            let buffer = ctx.zeroed("expert weights", bytes)?;
+            let mut offset = 0u64;
+            let flush = |pending: &mut Vec<u8>, offset: &mut u64, last: bool| -> Result<()> {
+                if last {
+                    pending.resize(pending.len().next_multiple_of(4), 0);
+                }
+                // Writes are whole u32 words; an odd half-word waits for the next expert.
+                let whole = pending.len() / 4 * 4;
+                ctx.checked("writing expert weights", || {
+                    ctx.queue().write_buffer(&buffer, *offset, &pending[..whole])
+                })?;
+                *offset += whole as u64;
+                pending.drain(..whole);
+                ctx.submit_and_wait(ctx.encoder("expert weights upload"))
+            };
+            for e in es.clone() {
+                let v = values(e)?;
+                let eb = v.dtype.element_bytes();
+                let want = per_expert * eb as u64;
+                if v.bytes.len() as u64 != want {
+                    return Err(Error::shape(
+                        format!("expert {e} of [{experts}, {n}, {k}]"),
+                        format!("{per_expert} {:?} elements ({want} bytes)", v.dtype),
+                        format!("{} bytes", v.bytes.len()),
+                    ));
+                }
+                let row = k as usize * eb;
+                let part = StoredValues {
+                    dtype: v.dtype,
+                    bytes: &v.bytes[cs.start as usize * row..cs.end as usize * row],
+                };
+                part.append_as(dtype, &mut pending);
+                if cs.end == n {
+                    released(e);
+                }
+                if pending.len() >= staging {
+                    flush(&mut pending, &mut offset, false)?;
+                }
             }
-            // Writes are whole u32 words; the odd half-word waits for the next expert.
-            let whole = pending.len() / 4 * 4;
-            ctx.checked("writing expert weights", || {
-                ctx.queue().write_buffer(&buffer, *offset, &pending[..whole])
-            })?;
-            *offset += whole as u64;
-            pending.drain(..whole);
-            ctx.submit_and_wait(ctx.encoder("expert weights upload"))
-        };
-        for e in 0..experts {
-            let v = values(e)?;
-            let want = per_expert * v.dtype.element_bytes() as u64;
-            if v.bytes.len() as u64 != want {
-                return Err(Error::shape(
-                    format!("expert {e} of [{experts}, {n}, {k}]"),
-                    format!("{per_expert} {:?} elements ({want} bytes)", v.dtype),
-                    format!("{} bytes", v.bytes.len()),
-                ));
-            }
-            v.append_as(dtype, &mut pending);
-            released(e);
-            if pending.len() >= chunk {
-                flush(&mut pending, &mut offset, false)?;
-            }
+            flush(&mut pending, &mut offset, true)?;
+            chunks.push(WeightChunk { buffer, experts: es, cols: cs, bytes });
         }
-        flush(&mut pending, &mut offset, true)?;
-        Ok(Self::on_device(ctx, buffer, dtype, shape))
+        Ok(Self::on_device(ctx, chunks, dtype, shape))
+    }
+
+    /// How many buffers (storage bindings) hold these weights: 1 unless they are past the
+    /// device's `max_storage_buffer_binding_size` (or `max_buffer_size`). Split weights run
+    /// one dispatch per chunk in every path, with the same results bit for bit.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
     }
 
     /// Chooses native f16 loads (the default for f16 weights where the device has
@@ -328,9 +416,6 @@ impl ExpertWeights {
     /// `[experts, n, k]`.
     pub fn shape(&self) -> [u32; 3] {
         [self.experts, self.n, self.k]
-    }
-    fn bytes(&self) -> u64 {
-        self.dtype.packed_bytes(u64::from(self.experts) * u64::from(self.n) * u64::from(self.k))
     }
 }
 
@@ -430,6 +515,10 @@ struct Params {
     tile_rows: u32,
     count_word: u32,
     flags: u32,
+    expert_base: u32,
+    expert_count: u32,
+    col_base: u32,
+    cols: u32,
     pad: [u32; 3],
 }
 
@@ -471,20 +560,52 @@ impl Pass<'_> {
         Params { flags, ..self.params }
     }
 
-    fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> [Binding<'b>; 6] {
+    fn common<'b>(&'b self, params: &'b wgpu::Buffer, chunk: usize) -> [Binding<'b>; 6] {
+        let (w, u) = (&self.w.chunks[chunk], &self.w_up.chunks[chunk]);
         [
             Binding::new(0, params, std::mem::size_of::<Params>() as u64),
             Binding::new(1, self.x, self.x.size()),
-            Binding::new(2, &self.w.buffer, self.w.bytes()),
-            Binding::new(3, &self.w_up.buffer, self.w_up.bytes()),
+            Binding::new(2, &w.buffer, w.bytes),
+            Binding::new(3, &u.buffer, u.bytes),
             Binding::new(4, self.row_entry, self.row_entry.size()),
             Binding::new(6, self.out, self.out.size()),
         ]
     }
 
-    /// A block-GEMM dispatch of `variant`; `tiles` is the tile -> expert map, or None for
-    /// `params.fixed_expert`.
-    fn gemm(&self, ctx: &Context, variant: GemmVariant, tiles: Option<&wgpu::Buffer>) -> Result<Dispatch> {
+    /// The weight chunks this pass dispatches over, with the parameters of each: every chunk,
+    /// or with a fixed expert (`expert_from_buffer` false) the chunks that hold it.
+    fn chunks(&self, expert_from_buffer: bool, extra_flags: u32) -> Result<Vec<(usize, Params)>> {
+        if self.w.chunks.len() != self.w_up.chunks.len() {
+            return Err(Error::invalid("the gate and up projections are split differently"));
+        }
+        let fixed = self.params.fixed_expert;
+        Ok(self
+            .w
+            .chunks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| expert_from_buffer || c.experts.contains(&fixed))
+            .map(|(i, c)| {
+                let params = Params {
+                    expert_base: c.experts.start,
+                    expert_count: c.experts.end - c.experts.start,
+                    col_base: c.cols.start,
+                    cols: c.cols.end - c.cols.start,
+                    ..self.params_with(extra_flags)
+                };
+                (i, params)
+            })
+            .collect())
+    }
+
+    /// Block-GEMM dispatches of `variant`, one per weight chunk; `tiles` is the tile -> expert
+    /// map, or None for `params.fixed_expert`.
+    fn gemm(
+        &self,
+        ctx: &Context,
+        variant: GemmVariant,
+        tiles: Option<&wgpu::Buffer>,
+    ) -> Result<Vec<Dispatch>> {
         let constants = self.constants();
         let bytes = variant.workgroup_bytes();
         if bytes > ctx.limits().max_compute_workgroup_storage_size {
@@ -505,48 +626,52 @@ impl Pass<'_> {
         }
         let kernel = ctx.kernel(variant::spec(variant, self.order, self.w.native_f16), &constants)?;
         let from_tiles = if tiles.is_some() { FLAG_EXPERT_FROM_TILES } else { 0 };
-        let params = ctx.uniform("gemm params", &self.params_with(from_tiles))?;
         let placeholder = ctx.storage_scratch("no tile map", 4)?;
         let tiles = tiles.unwrap_or(&placeholder);
-        let mut bindings = self.common(&params).to_vec();
-        bindings.push(Binding::new(5, tiles, tiles.size()));
         let max = ctx.limits().max_compute_workgroups_per_dimension;
-        let grid = [
-            self.params.rows.div_ceil(variant.block_rows()),
-            self.params.n.div_ceil(variant.block_cols()),
-            1,
-        ];
-        if grid[0] > max || grid[1] > max {
-            return Err(Error::limit(
-                "GEMM workgroups per dimension",
-                grid[0].max(grid[1]).into(),
-                max.into(),
-                "max_compute_workgroups_per_dimension",
-            ));
+        let mut out = Vec::new();
+        for (chunk, p) in self.chunks(from_tiles != 0, from_tiles)? {
+            let params = ctx.uniform("gemm params", &p)?;
+            let mut bindings = self.common(&params, chunk).to_vec();
+            bindings.push(Binding::new(5, tiles, tiles.size()));
+            let grid = [p.rows.div_ceil(variant.block_rows()), p.cols.div_ceil(variant.block_cols()), 1];
+            if grid[0] > max || grid[1] > max {
+                return Err(Error::limit(
+                    "GEMM workgroups per dimension",
+                    grid[0].max(grid[1]).into(),
+                    max.into(),
+                    "max_compute_workgroups_per_dimension",
+                ));
+            }
+            out.push(ctx.dispatch(&kernel, &bindings, grid)?);
         }
-        ctx.dispatch(&kernel, &bindings, grid)
+        Ok(out)
     }
 
-    /// A row-wise dispatch; experts from `indices` (or `params.fixed_expert`), live rows
-    /// `min(params.rows, count[params.count_word])`.
+    /// Row-wise dispatches, one per weight chunk; experts from `indices` (or
+    /// `params.fixed_expert`), live rows `min(params.rows, count[params.count_word])`.
     fn rowwise(
         &self,
         ctx: &Context,
         indices: Option<&wgpu::Buffer>,
         count: &wgpu::Buffer,
-    ) -> Result<Dispatch> {
+    ) -> Result<Vec<Dispatch>> {
         let mut constants = self.constants();
         constants.push(("FAST_ORDER", f64::from(u8::from(self.order == GemmOrder::Fast))));
         let kernel = ctx.kernel(if self.w.native_f16 { &ROWWISE_F16 } else { &ROWWISE }, &constants)?;
         let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };
-        let params = ctx.uniform("gemm params", &self.params_with(from_indices))?;
         let placeholder = ctx.storage_scratch("no indices", 4)?;
         let indices = indices.unwrap_or(&placeholder);
-        let mut bindings = self.common(&params).to_vec();
-        bindings.push(Binding::new(7, count, count.size()));
-        bindings.push(Binding::new(8, indices, indices.size()));
-        let threads = u64::from(self.params.rows) * u64::from(self.params.n);
-        ctx.dispatch(&kernel, &bindings, ctx.grid(threads.div_ceil(64), "row-wise GEMM")?)
+        let mut out = Vec::new();
+        for (chunk, p) in self.chunks(from_indices != 0, from_indices)? {
+            let params = ctx.uniform("gemm params", &p)?;
+            let mut bindings = self.common(&params, chunk).to_vec();
+            bindings.push(Binding::new(7, count, count.size()));
+            bindings.push(Binding::new(8, indices, indices.size()));
+            let threads = u64::from(p.rows) * u64::from(p.cols);
+            out.push(ctx.dispatch(&kernel, &bindings, ctx.grid(threads.div_ceil(64), "row-wise GEMM")?)?);
+        }
+        Ok(out)
     }
 }
 
@@ -646,7 +771,9 @@ pub fn plan_ffn(
     ctx.check_binding("indices", indices, entries * 4, Access::Read)?;
     ctx.check_binding("partial", partial, entries * u64::from(h) * 4, Access::ReadWrite)?;
     for w in [&ffn.gate, &ffn.up, &ffn.down] {
-        ctx.check_binding("expert weights", &w.buffer, w.bytes(), Access::Read)?;
+        for c in &w.chunks {
+            ctx.check_binding("expert weights", &c.buffer, c.bytes, Access::Read)?;
+        }
     }
     if k == 0 {
         return Err(Error::invalid("k must be at least 1"));
@@ -685,9 +812,9 @@ pub fn plan_ffn(
             let mut p = up_pass(ffn, order, base, x, layout.perm(), &act);
             p.params.rows = rows;
             p.params.tile_rows = cfg.tile;
-            ds.push(p.gemm(ctx, kernels.up, Some(layout.tile_expert()))?);
+            ds.extend(p.gemm(ctx, kernels.up, Some(layout.tile_expert()))?);
             let down = down_pass(&p, ffn, &act, partial);
-            ds.push(down.gemm(ctx, kernels.down, Some(layout.tile_expert()))?);
+            ds.extend(down.gemm(ctx, kernels.down, Some(layout.tile_expert()))?);
         }
         FfnRouting::Bucketed(buckets) => {
             let inner = buckets.layout();
@@ -706,7 +833,7 @@ pub fn plan_ffn(
                 p.params.rows = bound;
                 p.params.row_offset = expert * bound;
                 p.params.fixed_expert = expert;
-                ds.push(p.gemm(ctx, kernels.up, None)?);
+                ds.extend(p.gemm(ctx, kernels.up, None)?);
                 let down = Pass {
                     swiglu: false,
                     gather: false,
@@ -718,15 +845,15 @@ pub fn plan_ffn(
                     params: Params { n: h, kdim: f, ..p.params },
                     ..p
                 };
-                ds.push(down.gemm(ctx, kernels.down, None)?);
+                ds.extend(down.gemm(ctx, kernels.down, None)?);
             }
             let over_act = ctx.storage_scratch("overflow activations", entries * u64::from(f) * 4)?;
             let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act);
             p.params.rows = entries32;
             p.params.count_word = 5;
-            ds.push(p.rowwise(ctx, Some(indices), inner.meta())?);
+            ds.extend(p.rowwise(ctx, Some(indices), inner.meta())?);
             let down = down_pass(&p, ffn, &over_act, partial);
-            ds.push(down.rowwise(ctx, Some(indices), inner.meta())?);
+            ds.extend(down.rowwise(ctx, Some(indices), inner.meta())?);
         }
         FfnRouting::Decode => {
             let act = ctx.storage_scratch("decode activations", entries * u64::from(f) * 4)?;
@@ -734,9 +861,9 @@ pub fn plan_ffn(
             let mut p = up_pass(ffn, order, base, x, &count, &act);
             p.identity_rows = true;
             p.params.rows = entries32;
-            ds.push(p.rowwise(ctx, Some(indices), &count)?);
+            ds.extend(p.rowwise(ctx, Some(indices), &count)?);
             let down = down_pass(&p, ffn, &act, partial);
-            ds.push(down.rowwise(ctx, Some(indices), &count)?);
+            ds.extend(down.rowwise(ctx, Some(indices), &count)?);
         }
     }
     Ok(FfnPlan { dispatches: ds })
@@ -784,7 +911,7 @@ pub fn plan_ffn_all_experts(
             out: &act,
             params,
         };
-        ds.push(up.gemm(ctx, kernels.up, None)?);
+        ds.extend(up.gemm(ctx, kernels.up, None)?);
         let down = Pass {
             swiglu: false,
             gather: false,
@@ -795,7 +922,7 @@ pub fn plan_ffn_all_experts(
             params: Params { n: h, kdim: f, ..params },
             ..up
         };
-        ds.push(down.gemm(ctx, kernels.down, None)?);
+        ds.extend(down.gemm(ctx, kernels.down, None)?);
     }
     Ok(FfnPlan { dispatches: ds })
 }
@@ -848,14 +975,14 @@ pub fn plan_dense(
         out: y,
         params,
     };
-    let dispatch = match kernel {
+    let dispatches = match kernel {
         DenseKernel::Block(variant) => {
             variant.validate()?;
             pass.gemm(ctx, variant, None)?
         }
         DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?)?,
     };
-    Ok(FfnPlan { dispatches: vec![dispatch] })
+    Ok(FfnPlan { dispatches })
 }
 
 #[cfg(test)]
@@ -901,8 +1028,9 @@ mod tests {
                     for to in dtypes {
                         let want = ExpertWeights::from_f32(ctx, &from.round(&values), to, e, n, k)
                             .expect("from_f32");
-                        let want =
-                            ctx.read_back::<u32>(&want.buffer, want.bytes() as usize / 4).expect("read");
+                        let want = ctx
+                            .read_back::<u32>(&want.chunks[0].buffer, want.chunks[0].bytes as usize / 4)
+                            .expect("read");
                         for chunk in [2usize, 6, 1 << 20] {
                             let mut released = Vec::new();
                             let got = ExpertWeights::stream_in_chunks(
@@ -921,7 +1049,7 @@ mod tests {
                             .expect("stream");
                             assert_eq!(got.shape(), shape);
                             assert_eq!(got.dtype(), to);
-                            let got = ctx.read_back::<u32>(&got.buffer, want.len()).expect("read");
+                            let got = ctx.read_back::<u32>(&got.chunks[0].buffer, want.len()).expect("read");
                             assert_eq!(got, want, "{shape:?} {from:?} -> {to:?}, chunk {chunk}");
                             assert_eq!(released, (0..e).collect::<Vec<_>>());
                         }

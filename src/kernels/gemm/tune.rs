@@ -237,7 +237,8 @@ fn measure(
         params: Params { n: h, kdim: f, ..params },
         ..up
     };
-    // One dispatch per candidate and pass; a refused variant is recorded as never fastest.
+    // One dispatch per candidate, pass and weight chunk of expert 0; a refused variant is
+    // recorded as never fastest.
     let mut runs = Vec::new();
     for &v in &opts.candidates {
         let built = v.validate().and_then(|()| Ok((up.gemm(ctx, v, None)?, down.gemm(ctx, v, None)?)));
@@ -249,9 +250,9 @@ fn measure(
             }
         }
     }
-    let time = |d: &crate::pipeline::Dispatch| -> Result<f64> {
+    let time = |ds: &[crate::pipeline::Dispatch]| -> Result<f64> {
         let t = Instant::now();
-        ctx.run(&[d])?;
+        ctx.run(&ds.iter().collect::<Vec<_>>())?;
         Ok(t.elapsed().as_secs_f64())
     };
     // Warm-up: compiles every pipeline and touches every buffer once.

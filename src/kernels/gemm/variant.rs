@@ -297,7 +297,7 @@ const EXPERT: &str = "    var expert = params.fixed_expert;
     if flag(FLAG_EXPERT_FROM_TILES) {
         expert = tile_expert[(params.row_offset + row0) / params.tile_rows];
     }
-    if expert == NONE {
+    if !in_chunk(expert) {
         return;
     }
 ";
@@ -309,7 +309,8 @@ fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder) -> String {
         "// Direct GEMM (generated): {lanes} invocations share {rows} rows; each computes {cols} columns
 // spaced {lanes} apart, reading x and the weights straight from memory (no workgroup memory,
 // no barriers). Order: {order:?} (see variant.rs). Rows past the row count or without an
-// entry read row 0 and are discarded; columns past N read column N - 1 and are discarded.
+// entry read row 0 and are discarded; columns past the chunk's last read its last column and
+// are discarded.
 
 @compute @workgroup_size({lanes})
 fn gemm(
@@ -321,9 +322,8 @@ fn gemm(
         return;
     }}
 {EXPERT}    let kdim = params.kdim;
-    let n = params.n;
-    let wbase = expert * n * kdim;
-    let col0 = wid.y * {}u + lid;
+    let cend = params.col_base + params.cols;
+    let col0 = params.col_base + wid.y * {}u + lid;
 ",
         cols * lanes
     );
@@ -344,7 +344,7 @@ fn gemm(
     for j in 0..cols {
         let _ = writeln!(
             s,
-            "    let c{j} = col0 + {}u;\n    let w{j}b = wbase + min(c{j}, n - 1u) * kdim;",
+            "    let c{j} = col0 + {}u;\n    let w{j}b = weight_row(expert, min(c{j}, cend - 1u));",
             j * lanes
         );
     }
@@ -382,7 +382,7 @@ fn gemm(
         for j in 0..cols {
             let _ = writeln!(
                 s,
-                "    if r{i} < params.rows && c{j} < n {{
+                "    if r{i} < params.rows && c{j} < cend {{
         var v = {};
         if SWIGLU {{
             v = silu_mul(v, {});
@@ -423,7 +423,7 @@ fn gemm(
     @builtin(local_invocation_index) lid: u32,
 ) {{
     let row0 = wid.x * 32u;
-    let col0 = wid.y * 32u;
+    let col0 = params.col_base + wid.y * 32u;
     if row0 >= params.rows {{
         return;
     }}
@@ -438,8 +438,7 @@ fn gemm(
     let ty = lid / 8u;
     let tx = lid % 8u;
     let kdim = params.kdim;
-    let n = params.n;
-    let wbase = expert * n * kdim;
+    let cend = params.col_base + params.cols;
 ",
         4 * bk4,
         n = 32 * bk4
@@ -464,10 +463,10 @@ fn gemm(
             let c = col0 + r;
             var wv = vec4<f32>(0.0);
             var uv = vec4<f32>(0.0);
-            if c < n {{
-                wv = weight4_tail(false, wbase + c * kdim, k, kdim);
+            if c < cend {{
+                wv = weight4_tail(false, weight_row(expert, c), k, kdim);
                 if SWIGLU {{
-                    uv = weight4_tail(true, wbase + c * kdim, k, kdim);
+                    uv = weight4_tail(true, weight_row(expert, c), k, kdim);
                 }}
             }}
             ws[t] = wv;
@@ -511,7 +510,7 @@ fn gemm(
         for j in 0..4 {
             let _ = writeln!(
                 s,
-                "    if row0 + ty * 4u + {i}u < params.rows && col0 + tx + {jj}u < n {{
+                "    if row0 + ty * 4u + {i}u < params.rows && col0 + tx + {jj}u < cend {{
         var v = {};
         if SWIGLU {{
             v = silu_mul(v, {});
