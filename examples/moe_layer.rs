@@ -65,6 +65,10 @@ struct Args {
     /// The MoE layer by index (`model.layers.N.`) in a checkpoint holding several.
     #[arg(long)]
     layer: Option<usize>,
+    /// Every MoE layer of the checkpoint in turn, each on the same input (one layer on the
+    /// device at a time, the checkpoint mapped once); outputs are named `layers.N.output` etc.
+    #[arg(long, conflicts_with_all = ["prefix", "layer"])]
+    all_layers: bool,
     /// Input tensor `x` [tokens, hidden] (safetensors).
     #[arg(long)]
     input: Option<PathBuf>,
@@ -214,34 +218,70 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
         routing,
         dtype: args.dtype.map(dtype),
     };
-    let loaded = upload_checkpoint_layer(ctx, &ckpt, &opts, |c| apply_modes(c, args))?;
-    let (layer, cfg) = (&loaded.layer, *loaded.layer.config());
-    println!("layer: {} at `{}`: {cfg}", loaded.routing.family, loaded.prefix);
     let (x, tokens, hidden) = load_input(&read_file(input)?, &input.display().to_string())?;
-    if hidden != cfg.hidden as usize {
-        return Err(Error::shape(
-            "input x",
-            format!("[tokens, {}]", cfg.hidden),
-            format!("[{tokens}, {hidden}]"),
-        ));
+    let layers: Vec<Option<usize>> = match args.all_layers {
+        true => {
+            let found = ckpt.moe_layers();
+            if found.is_empty() {
+                return Err(Error::invalid(format!("{} holds no MoE layer", weights.display())));
+            }
+            found.keys().map(|&l| Some(l)).collect()
+        }
+        false => vec![args.layer],
+    };
+    let mut results = Vec::new();
+    for index in layers {
+        let opts = LoadOptions { layer: index.or(opts.layer), ..opts.clone() };
+        let start = Instant::now();
+        let loaded = upload_checkpoint_layer(ctx, &ckpt, &opts, |c| apply_modes(c, args))?;
+        let load_s = start.elapsed().as_secs_f64();
+        let (layer, cfg) = (&loaded.layer, *loaded.layer.config());
+        println!("layer: {} at `{}`: {cfg} (loaded in {load_s:.2} s)", loaded.routing.family, loaded.prefix);
+        if hidden != cfg.hidden as usize {
+            return Err(Error::shape(
+                "input x",
+                format!("[tokens, {}]", cfg.hidden),
+                format!("[{tokens}, {hidden}]"),
+            ));
+        }
+        let out = layer.forward_host(ctx, &x)?;
+        let mut counts = vec![0u32; cfg.experts as usize];
+        for &i in &out.indices {
+            counts[i as usize] += 1;
+        }
+        let name = match (args.all_layers, index) {
+            (true, Some(l)) => format!("layers.{l}."),
+            _ => String::new(),
+        };
+        results.push((name, out, counts, cfg.k as usize));
     }
-    let out = layer.forward_host(ctx, &x)?;
-    let mut counts = vec![0u32; cfg.experts as usize];
-    for &i in &out.indices {
-        counts[i as usize] += 1;
+    let names: Vec<[String; 4]> = results
+        .iter()
+        .map(|(p, ..)| ["output", "topk_indices", "topk_weights", "expert_counts"].map(|n| format!("{p}{n}")))
+        .collect();
+    let shapes: Vec<([usize; 2], [usize; 2], [usize; 1])> =
+        results.iter().map(|(_, _, counts, k)| ([tokens, hidden], [tokens, *k], [counts.len()])).collect();
+    let mut tensors = Vec::new();
+    for (((_, out, counts, _), n), (ys, ks, es)) in results.iter().zip(&names).zip(&shapes) {
+        tensors.push(OutTensor::F32(&n[0], ys, &out.y));
+        tensors.push(OutTensor::U32(&n[1], ks, &out.indices));
+        tensors.push(OutTensor::F32(&n[2], ks, &out.weights));
+        tensors.push(OutTensor::U32(&n[3], es, counts));
     }
-    let k = cfg.k as usize;
-    write_tensors(
-        output,
-        &[
-            OutTensor::F32("output", &[tokens, hidden], &out.y),
-            OutTensor::U32("topk_indices", &[tokens, k], &out.indices),
-            OutTensor::F32("topk_weights", &[tokens, k], &out.weights),
-            OutTensor::U32("expert_counts", &[cfg.experts as usize], &counts),
-        ],
-    )?;
-    println!("wrote {} ({tokens} tokens)", output.display());
+    write_tensors(output, &tensors)?;
+    println!("wrote {} ({tokens} tokens, {} layer(s))", output.display(), results.len());
+    if let Some(mib) = peak_host_mib() {
+        println!("peak host memory: {mib} MiB (VmHWM; on CPU adapters it includes the device buffers)");
+    }
     Ok(true)
+}
+
+/// The process's peak resident memory in MiB (Linux `VmHWM`), where the OS reports it.
+fn peak_host_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
 }
 
 fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
@@ -253,6 +293,7 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
         ("--routed-scaling-factor", args.routed_scaling_factor.is_some()),
         ("--prefix", args.prefix.is_some()),
         ("--layer", args.layer.is_some()),
+        ("--all-layers", args.all_layers),
     ];
     if let Some((flag, _)) = file_only.iter().find(|(_, given)| *given) {
         return Err(Error::invalid(format!(

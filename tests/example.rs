@@ -46,13 +46,16 @@ fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
     }
 }
 
-fn write(path: &Path, tensors: Vec<(String, Vec<usize>, Vec<f32>)>, dtype: Dtype) {
+fn write(path: &Path, tensors: Vec<NamedTensor>, dtype: Dtype) {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
         tensors.into_iter().map(|(n, s, v)| (n, s, encode(&v, dtype))).collect();
     let views: Vec<(String, TensorView<'_>)> =
         bytes.iter().map(|(n, s, b)| (n.clone(), TensorView::new(dtype, s.clone(), b).unwrap())).collect();
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
+
+/// A tensor to write: name, shape, values.
+type NamedTensor = (String, Vec<usize>, Vec<f32>);
 
 #[derive(Clone, Copy, Debug)]
 enum Scheme {
@@ -63,12 +66,7 @@ enum Scheme {
 }
 
 /// Tensors of one layer under `prefix` with `scheme`'s names.
-fn tensors(
-    scheme: Scheme,
-    prefix: &str,
-    cfg: &MoeConfig,
-    w: &MoeWeights,
-) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+fn tensors(scheme: Scheme, prefix: &str, cfg: &MoeConfig, w: &MoeWeights) -> Vec<NamedTensor> {
     let (h, f, e) = (cfg.hidden as usize, cfg.ffn as usize, cfg.experts as usize);
     let mut out = Vec::new();
     let router = match scheme {
@@ -341,18 +339,70 @@ fn sharded(name: &str) -> (PathBuf, MoeConfig, serde_json::Value, [MoeWeights; 2
     shards[0].push(other("model.embed_tokens.weight"));
     shards[0].push(other("model.layers.0.self_attn.q_proj.weight"));
     shards[2].push(other("lm_head.weight"));
+    write_shards(&dir, shards, Dtype::F16);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    (dir, cfg, config, ws)
+}
+
+/// Writes `shards` as `model-0000i-of-0000n.safetensors` with a `model.safetensors.index.json`.
+fn write_shards(dir: &Path, shards: Vec<Vec<NamedTensor>>, dtype: Dtype) {
+    let count = shards.len();
     let mut map = serde_json::Map::new();
     for (i, s) in shards.into_iter().enumerate() {
-        let file = format!("model-{:05}-of-00003.safetensors", i + 1);
+        let file = format!("model-{:05}-of-{count:05}.safetensors", i + 1);
         for (n, _, _) in &s {
             map.insert(n.clone(), file.clone().into());
         }
-        write(&dir.join(&file), s, Dtype::F16);
+        write(&dir.join(&file), s, dtype);
     }
     let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": map});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    (dir, cfg, config, ws)
+}
+
+/// For every naming scheme: a two-layer checkpoint in four shards (tensors dealt round-robin,
+/// so each layer spans every shard) loads each layer exactly as the same tensors in one file.
+#[test]
+fn every_naming_scheme_loads_the_same_from_shards_as_from_one_file() {
+    for scheme in [Scheme::Mixtral, Scheme::Qwen2, Scheme::Olmoe, Scheme::DeepSeek] {
+        let dir = scratch(&format!("schemes-{scheme:?}"));
+        let (cfg, dtype, config, _) = case(scheme);
+        let config = config.unwrap_or_else(
+            || serde_json::json!({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}),
+        );
+        let mut all = Vec::new();
+        for (l, seed) in [(0, 21), (1, 22)] {
+            let w = Synth::new(seed).moe_weights(&cfg);
+            all.extend(tensors(scheme, &format!("model.layers.{l}."), &cfg, &w));
+        }
+        write(&dir.join("one.safetensors"), all.clone(), dtype);
+        let sharded = dir.join("sharded");
+        std::fs::create_dir_all(&sharded).unwrap();
+        let mut shards = vec![Vec::new(); 4];
+        for (i, t) in all.into_iter().enumerate() {
+            shards[i % 4].push(t);
+        }
+        write_shards(&sharded, shards, dtype);
+        let (one, many) =
+            (Checkpoint::open(&dir.join("one.safetensors")).unwrap(), Checkpoint::open(&sharded).unwrap());
+        assert_eq!(many.moe_layers(), one.moe_layers(), "{scheme:?}");
+        for l in 0..2 {
+            let module = match scheme {
+                Scheme::Mixtral => "block_sparse_moe.",
+                _ => "mlp.",
+            };
+            for (prefix, layer) in [(None, Some(l)), (Some(format!("model.layers.{l}.{module}")), None)] {
+                let opts =
+                    LoadOptions { prefix, layer, config: Some(config.clone()), ..LoadOptions::default() };
+                let a = load_checkpoint_layer(&one, &opts).unwrap();
+                let b = load_checkpoint_layer(&many, &opts).unwrap();
+                assert_eq!(b.prefix, format!("model.layers.{l}."));
+                assert_eq!(a.config, b.config, "{scheme:?}");
+                assert_eq!(a.config.shared_ffn, cfg.shared_ffn, "{scheme:?}");
+                assert!(a.weights == b.weights, "{scheme:?} layer {l}: weights differ");
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
 
 fn same_layer(a: &LoadedLayer, cfg: &MoeConfig, w: &MoeWeights) {
@@ -520,6 +570,42 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
         for (a, b) in g.iter().zip(r) {
             assert!((a - b).abs() <= 2e-5 + 2e-5 * scale, "{a} vs {b}");
         }
+    }
+    // Every layer in turn, from one mapping.
+    let out = Command::new(example())
+        .arg("--weights")
+        .arg(&dir)
+        .args(["--all-layers", "--config"])
+        .arg(dir.join("config.json"))
+        .arg("--input")
+        .arg(dir.join("x.safetensors"))
+        .arg("--output")
+        .arg(dir.join("all.safetensors"))
+        .output()
+        .expect("running the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.matches("loaded in").count(), 2, "{stdout}");
+    assert!(stdout.contains("2 layer(s)") && stdout.contains("peak host memory"), "{stdout}");
+    let bytes = std::fs::read(dir.join("all.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    for (l, w) in ws.iter().enumerate() {
+        let y: Vec<f32> = st
+            .tensor(&format!("layers.{l}.output"))
+            .unwrap()
+            .data()
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let (ry, _, _) = reference::forward(&cfg, w, &x);
+        let h = cfg.hidden as usize;
+        for (g, r) in y.chunks(h).zip(ry.chunks(h)) {
+            let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (a, b) in g.iter().zip(r) {
+                assert!((a - b).abs() <= 2e-5 + 2e-5 * scale, "layer {l}: {a} vs {b}");
+            }
+        }
+        assert_eq!(st.tensor(&format!("layers.{l}.expert_counts")).unwrap().shape(), &[cfg.experts as usize]);
     }
     // The output may not overwrite a shard.
     let shard = dir.join("model-00002-of-00003.safetensors");
