@@ -756,13 +756,16 @@ fn small_device_limits_are_errors_not_panics() {
         }))
         .unwrap();
         let ctx = Context::from_wgpu(device, queue);
+        // gate [4, 16, 32] f32 is 8 KiB: past the 4 KiB binding limit, so it runs split.
         let cfg = MoeConfig::new(32, 16, 4, 2);
-        let w = Synth::new(1).moe_weights(&cfg);
-        // gate [4, 16, 32] f32 is 8 KiB: past the 4 KiB binding limit.
+        let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
+        assert_eq!(layer.forward_host(&ctx, &[0.5; 32 * 3]).unwrap().y.len(), 32 * 3);
+        // One weight column of 2048 f32 (8 KiB) cannot be split: K is never split.
+        let cfg = MoeConfig::new(2048, 2, 2, 1);
         expect_err(
-            "weights past the binding limit",
-            MoeLayer::new(&ctx, cfg, &w),
-            &["past the limit of 4096"],
+            "one weight column past the binding limit",
+            MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)),
+            &["one output column", "past the limit of 4096"],
         );
         let small = MoeConfig::new(8, 8, 4, 2);
         let layer = MoeLayer::new(&ctx, small, &Synth::new(2).moe_weights(&small)).unwrap();

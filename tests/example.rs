@@ -518,6 +518,49 @@ fn broken_checkpoints_are_errors_naming_the_problem() {
     assert!(err.contains("is not a readable safetensors file"), "{err}");
     let err = Checkpoint::open(&dup.join("nothing.safetensors")).unwrap_err().to_string();
     assert!(err.contains("nothing.safetensors"), "{err}");
+    // Headers whose byte ranges disagree with dtype and shape, or overlap.
+    let raw = |name: &str, header: serde_json::Value, data: usize| {
+        let h = header.to_string().into_bytes();
+        let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(h);
+        bytes.extend(vec![0u8; data]);
+        std::fs::write(dup.join(name), bytes).unwrap();
+        Checkpoint::open(&dup.join(name)).unwrap_err().to_string()
+    };
+    let err = raw(
+        "short.safetensors",
+        serde_json::json!({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}),
+        12,
+    );
+    assert!(err.contains("short.safetensors is not a readable safetensors file"), "{err}");
+    let err = raw(
+        "overlap.safetensors",
+        serde_json::json!({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                           "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}),
+        24,
+    );
+    assert!(err.contains("overlap.safetensors is not a readable safetensors file"), "{err}");
+    // A shard holding an expert tensor of a dtype moeflow does not read.
+    let (ints, _, config, _) = sharded("ints");
+    let shard = ints.join("model-00003-of-00003.safetensors");
+    let st_bytes = std::fs::read(&shard).unwrap();
+    let st = SafeTensors::deserialize(&st_bytes).unwrap();
+    let mut owned: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.shape().to_vec(), t.dtype(), t.data().to_vec()))
+        .collect();
+    let victim = owned.iter_mut().find(|t| t.0.contains("down_proj")).unwrap();
+    victim.2 = Dtype::I16;
+    let victim_name = victim.0.clone();
+    let views: Vec<(String, TensorView<'_>)> =
+        owned.iter().map(|(n, s, d, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    std::fs::write(&shard, safetensors::serialize(views, None).unwrap()).unwrap();
+    let ckpt = Checkpoint::open(&ints).unwrap();
+    let opts = LoadOptions { layer: Some(1), config: Some(config), ..LoadOptions::default() };
+    let err = load_checkpoint_layer(&ckpt, &opts).unwrap_err().to_string();
+    assert!(err.contains(&format!("`{victim_name}` is I16")), "{err}");
+    std::fs::remove_dir_all(&ints).ok();
     for d in [dir, dup, empty] {
         std::fs::remove_dir_all(&d).ok();
     }
