@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::context::{Context, lock};
@@ -188,6 +189,9 @@ impl Context {
         })?;
         let kernel = Arc::new(kernel);
         lock(&self.pipelines().pipelines).insert(key, kernel.clone());
+        if let Some(dir) = std::env::var_os(DUMP_PIPELINES) {
+            dump_pipeline(Path::new(&dir), spec, constants);
+        }
         Ok(kernel)
     }
 
@@ -263,5 +267,33 @@ impl Context {
             })
         })?;
         Ok(Dispatch { kernel: kernel.clone(), bind_group, workgroups })
+    }
+}
+
+/// Environment variable naming a folder where every pipeline moeflow creates is recorded (its
+/// module's WGSL and, per entry point and constant set, a JSON file), so other WGSL compilers
+/// can be checked on exactly what the library builds (`tools/tint/`).
+pub const DUMP_PIPELINES: &str = "MOEFLOW_DUMP_PIPELINES";
+
+/// Writes `spec`'s module source and `{module, entry, constants}` under `dir` (files named for
+/// the module, entry and constants, so concurrent writers of one pipeline write the same
+/// bytes). A failure is logged and otherwise ignored: recording never changes a run.
+fn dump_pipeline(dir: &Path, spec: &KernelSpec, constants: &Constants) {
+    let module = spec.shader.name.replace('/', "__");
+    let mut sorted: Vec<(&str, f64)> = constants.to_vec();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    let tag: String = sorted.iter().map(|(k, v)| format!("-{k}{v}")).collect();
+    let record = serde_json::json!({
+        "module": format!("{module}.wgsl"),
+        "entry": spec.entry,
+        "constants": sorted.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+    });
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join(format!("{module}.wgsl")), spec.shader.compose())?;
+        std::fs::write(dir.join(format!("{module}__{}{tag}.json", spec.entry)), record.to_string())
+    };
+    if let Err(e) = write() {
+        log::warn!("moeflow: could not record pipeline {module}/{} in {}: {e}", spec.entry, dir.display());
     }
 }
