@@ -4,6 +4,10 @@
 //! `shared_expert_gate`, `mlp.gate.e_score_correction_bias`). Tensors may be f32, f16 or
 //! bf16. The routing comes from the family's semantics ([`family`]): a Hugging Face
 //! `config.json` names the family and its keys, or flags supply what the family needs.
+//!
+//! A [`Checkpoint`] maps one file or a sharded checkpoint; [`load_checkpoint_layer`] reads a
+//! layer to host f32 ([`LoadedLayer`]), [`upload_checkpoint_layer`] streams it to the device in
+//! its stored dtype ([`UploadedLayer`]), both after checking every header.
 
 mod checkpoint;
 pub mod family;

@@ -126,7 +126,9 @@ impl WeightDtype {
     }
 }
 
-/// Weights of `E` experts, each `[n, k]` (out x in), packed on the device.
+/// Weights of `E` experts, each `[n, k]` (out x in), packed on the device: in one buffer, or
+/// in chunks of whole experts (or of output columns within an expert) where the tensor is past
+/// the device's storage-binding limit ([`ExpertWeights::chunk_count`]).
 #[derive(Debug)]
 pub struct ExpertWeights {
     chunks: Vec<WeightChunk>,
