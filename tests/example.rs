@@ -38,6 +38,14 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// The 32-bit words (f32 or u32, little-endian) of tensor `name` in a file the example wrote.
+fn words<'a>(st: &'a SafeTensors<'_>, name: &str) -> impl Iterator<Item = u32> + 'a {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("tensor {name}: {e}"));
+    assert_eq!(t.dtype().bitsize(), 32, "tensor {name}");
+    let data = t.data();
+    data.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
 fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
         Dtype::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
@@ -207,32 +215,14 @@ fn example_runs_a_users_layer_for_every_naming_scheme() {
         );
         let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
-        let y: Vec<f32> = st
-            .tensor("output")
-            .unwrap()
-            .data()
-            .chunks(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        let idx: Vec<u32> = st
-            .tensor("topk_indices")
-            .unwrap()
-            .data()
-            .chunks(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
+        let idx = words(&st, "topk_indices").collect::<Vec<_>>();
         assert_eq!(st.tensor("topk_weights").unwrap().shape(), &[tokens, cfg.k as usize]);
         let counts = st.tensor("expert_counts").unwrap();
         assert_eq!(counts.shape(), &[cfg.experts as usize]);
         let (ry, ridx, _) = reference::forward(&cfg, &w, &x);
         assert_eq!(idx, ridx, "{scheme:?}: routing");
-        let h = cfg.hidden as usize;
-        for (t, (g, r)) in y.chunks(h).zip(ry.chunks(h)).enumerate() {
-            let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            for (a, b) in g.iter().zip(r) {
-                assert!((a - b).abs() <= 2e-5 + 2e-5 * scale, "{scheme:?} token {t}: {a} vs {b}");
-            }
-        }
+        common::assert_rows_close(&format!("{scheme:?}"), &y, &ry, cfg.hidden as usize);
         std::fs::remove_dir_all(&dir).ok();
     }
 }
@@ -599,21 +589,9 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
     assert!(stdout.contains("at `model.layers.1.`"), "{stdout}");
     let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let y: Vec<f32> = st
-        .tensor("output")
-        .unwrap()
-        .data()
-        .chunks(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
     let (ry, _, _) = reference::forward(&cfg, &ws[1], &x);
-    let h = cfg.hidden as usize;
-    for (g, r) in y.chunks(h).zip(ry.chunks(h)) {
-        let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        for (a, b) in g.iter().zip(r) {
-            assert!((a - b).abs() <= 2e-5 + 2e-5 * scale, "{a} vs {b}");
-        }
-    }
+    common::assert_rows_close("layer 1", &y, &ry, cfg.hidden as usize);
     // Every layer in turn, from one mapping.
     let out = Command::new(example())
         .arg("--weights")
@@ -633,21 +611,9 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
     let bytes = std::fs::read(dir.join("all.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     for (l, w) in ws.iter().enumerate() {
-        let y: Vec<f32> = st
-            .tensor(&format!("layers.{l}.output"))
-            .unwrap()
-            .data()
-            .chunks(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let y = words(&st, &format!("layers.{l}.output")).map(f32::from_bits).collect::<Vec<_>>();
         let (ry, _, _) = reference::forward(&cfg, w, &x);
-        let h = cfg.hidden as usize;
-        for (g, r) in y.chunks(h).zip(ry.chunks(h)) {
-            let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            for (a, b) in g.iter().zip(r) {
-                assert!((a - b).abs() <= 2e-5 + 2e-5 * scale, "layer {l}: {a} vs {b}");
-            }
-        }
+        common::assert_rows_close(&format!("layer {l}"), &y, &ry, cfg.hidden as usize);
         assert_eq!(st.tensor(&format!("layers.{l}.expert_counts")).unwrap().shape(), &[cfg.experts as usize]);
     }
     // The output may not overwrite a shard.
