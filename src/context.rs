@@ -67,6 +67,12 @@ pub struct KeyLimits {
     pub max_compute_workgroups_per_dimension: u32,
     /// Storage buffers visible to one compute shader.
     pub max_storage_buffers_per_shader_stage: u32,
+    /// Largest uniform-buffer binding, in bytes (0 in records older than this field).
+    #[serde(default)]
+    pub max_uniform_buffer_binding_size: u64,
+    /// Alignment of a uniform binding's offset, in bytes (0 in records older than this field).
+    #[serde(default)]
+    pub min_uniform_buffer_offset_alignment: u32,
 }
 
 impl From<&wgpu::Limits> for KeyLimits {
@@ -78,6 +84,8 @@ impl From<&wgpu::Limits> for KeyLimits {
             max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
             max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+            max_uniform_buffer_binding_size: l.max_uniform_buffer_binding_size,
+            min_uniform_buffer_offset_alignment: l.min_uniform_buffer_offset_alignment,
         }
     }
 }

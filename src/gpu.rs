@@ -103,6 +103,21 @@ impl Context {
         self.zeroed(label, bytes)
     }
 
+    /// A zero-filled buffer of `bytes` bytes that one kernel writes as storage and others read
+    /// in windows as uniform buffers; checked against the storage-binding limit.
+    pub(crate) fn window_scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        let limit = self.limits().max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(Error::limit(
+                format!("buffer `{label}`"),
+                bytes,
+                limit,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        self.buffer(label, bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM, false)
+    }
+
     /// A uniform buffer holding `value`.
     pub(crate) fn uniform<T: Pod>(&self, label: &str, value: &T) -> Result<wgpu::Buffer> {
         let bytes = bytemuck::bytes_of(value);

@@ -330,9 +330,9 @@ impl Comparison for TiledVsRowwise {
         "gemm/block-vs-rowwise-dense"
     }
     fn description(&self) -> &'static str {
-        "dense GEMM with the adapter's default block kernel (B: direct 16x8 register blocks on CPU \
-         adapters, 32x32 workgroup-memory tiles elsewhere) against one output per invocation (A); \
-         bit-identical"
+        "dense GEMM with the adapter's default block kernel (B: 16x8 register blocks reading x from \
+         uniform windows on CPU adapters, 32x32 workgroup-memory tiles elsewhere) against one output \
+         per invocation (A); bit-identical"
     }
     fn variants(&self) -> (&'static str, &'static str) {
         ("rowwise", "block")
@@ -498,6 +498,33 @@ impl Comparison for DirectVsTiled {
         let direct = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
         let a = FfnKernels { order: GemmOrder::Strict, up: tiled, down: tiled };
         grouped_pair(ctx, size, seed, a, FfnKernels { up: direct, down: direct, ..a })
+    }
+}
+
+/// The grouped FFN with window blocks (B: x read from uniform-buffer windows a staging pass
+/// fills) against the same direct blocks reading x from storage (A).
+pub struct WindowVsDirect;
+
+impl Comparison for WindowVsDirect {
+    fn name(&self) -> &'static str {
+        "gemm/window-vs-direct"
+    }
+    fn description(&self) -> &'static str {
+        "grouped expert FFN with 16x8 register blocks of 8 lanes reading x from uniform-buffer \
+         windows filled by a staging pass (B) against the same blocks reading x from storage (A), \
+         strict order; bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("direct", "window")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        layer_shape_sizes(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let direct = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
+        let window = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
+        let a = FfnKernels { order: GemmOrder::Strict, up: direct, down: direct };
+        grouped_pair(ctx, size, seed, a, FfnKernels { up: window, down: window, ..a })
     }
 }
 

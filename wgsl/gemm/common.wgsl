@@ -38,9 +38,11 @@ struct GemmParams {
     expert_count: u32,
     col_base: u32,
     cols: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
+    // Window kernels and the staging pass (stage.wgsl): rows per uniform window, the windows'
+    // stride in vec4, and the first row of the window a dispatch reads.
+    win_rows: u32,
+    win_stride4: u32,
+    win_row0: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: GemmParams;

@@ -47,7 +47,7 @@ static ROWWISE_F16_SHADER: ShaderSource = ShaderSource {
 /// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature): the
 /// row-wise kernel and the generated block kernels of every candidate variant in both orders.
 pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
-    let mut all = vec![&ROWWISE_SHADER, &ROWWISE_F16_SHADER];
+    let mut all = vec![&ROWWISE_SHADER, &ROWWISE_F16_SHADER, &STAGE_SHADER];
     let mut variants = candidates(true);
     variants.extend(candidates(false));
     for v in variants {
@@ -60,7 +60,18 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
     all
 }
 
+static STAGE_SHADER: ShaderSource = ShaderSource {
+    name: "gemm/stage",
+    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/stage.wgsl")],
+    entry_points: &["stage"],
+};
+
 use Access::{Read, ReadWrite, Uniform};
+static STAGE: KernelSpec = KernelSpec {
+    shader: &STAGE_SHADER,
+    entry: "stage",
+    bindings: &[(0, Uniform), (1, Read), (4, Read), (7, ReadWrite)],
+};
 const ROWWISE_BINDINGS: &[(u32, Access)] =
     &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read)];
 static ROWWISE: KernelSpec =
@@ -521,7 +532,9 @@ struct Params {
     expert_count: u32,
     col_base: u32,
     cols: u32,
-    pad: [u32; 3],
+    win_rows: u32,
+    win_stride4: u32,
+    win_row0: u32,
 }
 
 const NONE: u32 = u32::MAX;
@@ -600,14 +613,20 @@ impl Pass<'_> {
             .collect())
     }
 
-    /// Block-GEMM dispatches of `variant`, one per weight chunk; `tiles` is the tile -> expert
-    /// map, or None for `params.fixed_expert`.
+    /// Block-GEMM dispatches of `variant`, one per weight chunk (a window variant: a staging
+    /// dispatch, then one per weight chunk and window); `tiles` is the tile -> expert map, or
+    /// None for `params.fixed_expert`.
     fn gemm(
         &self,
         ctx: &Context,
         variant: GemmVariant,
         tiles: Option<&wgpu::Buffer>,
     ) -> Result<Vec<Dispatch>> {
+        let windows = match variant {
+            GemmVariant::Window { rows, .. } => Windows::fit(ctx, self.params.rows, self.params.kdim, rows),
+            _ => None,
+        };
+        let variant = if windows.is_some() { variant } else { variant.without_window() };
         let constants = self.constants();
         let bytes = variant.workgroup_bytes();
         if bytes > ctx.limits().max_compute_workgroup_storage_size {
@@ -632,20 +651,50 @@ impl Pass<'_> {
         let tiles = tiles.unwrap_or(&placeholder);
         let max = ctx.limits().max_compute_workgroups_per_dimension;
         let mut out = Vec::new();
-        for (chunk, p) in self.chunks(from_tiles != 0, from_tiles)? {
-            let params = ctx.uniform("gemm params", &p)?;
-            let mut bindings = self.common(&params, chunk).to_vec();
-            bindings.push(Binding::new(5, tiles, tiles.size()));
-            let grid = [p.rows.div_ceil(variant.block_rows()), p.cols.div_ceil(variant.block_cols()), 1];
-            if grid[0] > max || grid[1] > max {
-                return Err(Error::limit(
-                    "GEMM workgroups per dimension",
-                    grid[0].max(grid[1]).into(),
-                    max.into(),
-                    "max_compute_workgroups_per_dimension",
-                ));
+        let staged = match windows {
+            Some(win) => {
+                let (buffer, stage) = win.stage(ctx, self)?;
+                out.push(stage);
+                Some((win, buffer))
             }
-            out.push(ctx.dispatch(&kernel, &bindings, grid)?);
+            None => None,
+        };
+        for (chunk, p) in self.chunks(from_tiles != 0, from_tiles)? {
+            let col_groups = p.cols.div_ceil(variant.block_cols());
+            // (first row, rows) of each dispatch: the whole pass, or one window each.
+            let spans: Vec<(u32, u32)> = match &staged {
+                Some((win, _)) => (0..win.count).map(|w| (w * win.rows, win.rows)).collect(),
+                None => vec![(0, p.rows)],
+            };
+            for (index, (row0, rows)) in spans.into_iter().enumerate() {
+                let p = match &staged {
+                    Some((win, _)) => {
+                        Params { win_rows: win.rows, win_stride4: win.stride4(), win_row0: row0, ..p }
+                    }
+                    None => p,
+                };
+                let params = ctx.uniform("gemm params", &p)?;
+                let mut bindings = self.common(&params, chunk).to_vec();
+                bindings.push(Binding::new(5, tiles, tiles.size()));
+                if let Some((win, buffer)) = &staged {
+                    bindings.push(Binding {
+                        binding: 7,
+                        buffer,
+                        size: variant::WINDOW_BYTES,
+                        offset: index as u64 * win.stride,
+                    });
+                }
+                let grid = [rows.div_ceil(variant.block_rows()), col_groups, 1];
+                if grid[0] > max || grid[1] > max {
+                    return Err(Error::limit(
+                        "GEMM workgroups per dimension",
+                        grid[0].max(grid[1]).into(),
+                        max.into(),
+                        "max_compute_workgroups_per_dimension",
+                    ));
+                }
+                out.push(ctx.dispatch(&kernel, &bindings, grid)?);
+            }
         }
         Ok(out)
     }
@@ -674,6 +723,68 @@ impl Pass<'_> {
             out.push(ctx.dispatch(&kernel, &bindings, ctx.grid(threads.div_ceil(64), "row-wise GEMM")?)?);
         }
         Ok(out)
+    }
+}
+
+/// Where a window pass keeps its x rows: `count` uniform windows of `rows` rows each,
+/// `stride` bytes apart, row r of a window at vec4 `r * ceil(K / 4)`.
+#[derive(Clone, Copy, Debug)]
+struct Windows {
+    rows: u32,
+    count: u32,
+    stride: u64,
+}
+
+impl Windows {
+    /// The windows of a pass of `rows` rows of `kdim` values with blocks of `block_rows`, or
+    /// None where they cannot be had: the device's uniform bindings are smaller than a window,
+    /// a window holds fewer than `block_rows` rows of K, or the windows together are past one
+    /// storage binding or buffer.
+    fn fit(ctx: &Context, rows: u32, kdim: u32, block_rows: u32) -> Option<Self> {
+        let limits = ctx.limits();
+        if limits.max_uniform_buffer_binding_size < variant::WINDOW_BYTES || rows == 0 {
+            return None;
+        }
+        let row_bytes = u64::from(kdim.div_ceil(4)) * 16;
+        let fit = variant::WINDOW_BYTES / row_bytes;
+        let block = u64::from(block_rows);
+        // A window holds whole blocks, and no more rows than the pass has.
+        let per_window = (fit / block * block).min(u64::from(rows).div_ceil(block) * block);
+        if per_window == 0 {
+            return None;
+        }
+        let align = u64::from(limits.min_uniform_buffer_offset_alignment.max(16));
+        let stride = (per_window * row_bytes).div_ceil(align) * align;
+        let count = u64::from(rows).div_ceil(per_window);
+        let bytes = (count - 1) * stride + variant::WINDOW_BYTES;
+        if bytes > limits.max_storage_buffer_binding_size || bytes > limits.max_buffer_size {
+            return None;
+        }
+        Some(Windows { rows: u32::try_from(per_window).ok()?, count: u32::try_from(count).ok()?, stride })
+    }
+
+    /// The window stride in vec4.
+    fn stride4(&self) -> u32 {
+        // The stride is at most a window plus its alignment, far below u32.
+        (self.stride / 16) as u32
+    }
+
+    /// The windows' buffer and the dispatch that fills it with `pass`'s input rows.
+    fn stage(&self, ctx: &Context, pass: &Pass<'_>) -> Result<(wgpu::Buffer, Dispatch)> {
+        let bytes = u64::from(self.count - 1) * self.stride + variant::WINDOW_BYTES;
+        let buffer = ctx.window_scratch("gemm x windows", bytes)?;
+        let p = Params { win_rows: self.rows, win_stride4: self.stride4(), ..pass.params_with(0) };
+        let params = ctx.uniform("stage params", &p)?;
+        let kernel = ctx.kernel(&STAGE, &[])?;
+        let groups = (u64::from(p.rows) * u64::from(p.kdim.div_ceil(4))).div_ceil(64);
+        let bindings = [
+            Binding::new(0, &params, std::mem::size_of::<Params>() as u64),
+            Binding::new(1, pass.x, pass.x.size()),
+            Binding::new(4, pass.row_entry, pass.row_entry.size()),
+            Binding::new(7, &buffer, bytes),
+        ];
+        let dispatch = ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "GEMM staging")?)?;
+        Ok((buffer, dispatch))
     }
 }
 

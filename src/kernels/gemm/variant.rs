@@ -7,11 +7,18 @@
 //!
 //! - [`GemmVariant::Tiled`] (GPUs): 8 × 8 invocations, each a 4 × 4 block of a 32 × 32 output
 //!   tile, K staged through workgroup memory `4·bk4` at a time.
-//! - [`GemmVariant::Direct`] (CPU adapters): no workgroup memory and no barriers. `lanes`
-//!   invocations share one block of `rows` rows and each computes `cols` columns spaced
-//!   `lanes` apart, reading x and the weights straight from memory; every loaded value is
-//!   reused across the whole block, which is what pays on lavapipe, where each load is a
-//!   gather across the SIMD lanes and spilled accumulators cost far less than loads.
+//! - [`GemmVariant::Direct`]: no workgroup memory and no barriers. `lanes` invocations share
+//!   one block of `rows` rows and each computes `cols` columns spaced `lanes` apart, reading x
+//!   and the weights straight from memory; every loaded value is reused across the whole
+//!   block, which is what pays on lavapipe, where each storage-buffer load is a loop over the
+//!   SIMD lanes and spilled accumulators cost far less than loads.
+//! - [`GemmVariant::Window`] (CPU adapters): the direct block, reading its x rows from a
+//!   uniform-buffer window that a staging pass fills (`wgsl/gemm/stage.wgsl`). On llvmpipe a
+//!   uniform load at an address every lane shares is one scalar load and a broadcast, against a
+//!   per-lane loop for a storage load, so only the weight loads stay dear and each feeds `rows`
+//!   FMAs. Where a window cannot hold `rows` rows of K (or the device's uniform bindings are
+//!   smaller than a window) the pass runs as the direct variant of the same block: same
+//!   operations, same bits.
 //!
 //! Every variant of one [`GemmOrder`] computes every output with the same operations in the
 //! same order, so all variants (and the row-wise decode kernel) are bit-identical within a
@@ -63,6 +70,16 @@ pub enum GemmVariant {
         /// Invocations per workgroup.
         lanes: u32,
     },
+    /// [`GemmVariant::Direct`]'s block with x read from a uniform-buffer window (see the
+    /// module docs); same ranges.
+    Window {
+        /// Rows per block (divides 32).
+        rows: u32,
+        /// Columns per invocation.
+        cols: u32,
+        /// Invocations per workgroup.
+        lanes: u32,
+    },
 }
 
 /// Largest accumulator count (outputs per invocation, both SwiGLU halves counted) a variant
@@ -74,7 +91,7 @@ impl GemmVariant {
     pub fn block_rows(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 32,
-            GemmVariant::Direct { rows, .. } => rows,
+            GemmVariant::Direct { rows, .. } | GemmVariant::Window { rows, .. } => rows,
         }
     }
 
@@ -82,7 +99,7 @@ impl GemmVariant {
     pub fn block_cols(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 32,
-            GemmVariant::Direct { cols, lanes, .. } => cols * lanes,
+            GemmVariant::Direct { cols, lanes, .. } | GemmVariant::Window { cols, lanes, .. } => cols * lanes,
         }
     }
 
@@ -91,6 +108,9 @@ impl GemmVariant {
     /// # Errors
     /// [`Error::InvalidArgument`] naming the parameter.
     pub fn validate(self) -> Result<()> {
+        if let GemmVariant::Window { rows, cols, lanes } = self {
+            return GemmVariant::Direct { rows, cols, lanes }.validate();
+        }
         match self {
             GemmVariant::Tiled { bk4 } if !(1..=16).contains(&bk4) => {
                 Err(Error::invalid(format!("tiled GEMM bk4 = {bk4} must be in 1..=16")))
@@ -119,6 +139,7 @@ impl GemmVariant {
         match self {
             GemmVariant::Tiled { bk4 } => format!("tiled-bk{bk4}"),
             GemmVariant::Direct { rows, cols, lanes } => format!("direct-r{rows}c{cols}l{lanes}"),
+            GemmVariant::Window { rows, cols, lanes } => format!("window-r{rows}c{cols}l{lanes}"),
         }
     }
 
@@ -127,7 +148,7 @@ impl GemmVariant {
         match self {
             // x, w and up tiles of 32 rows x bk4 vec4, plus the block's 32 entries.
             GemmVariant::Tiled { bk4 } => 3 * 32 * bk4 * 16 + 32 * 4,
-            GemmVariant::Direct { .. } => 0,
+            GemmVariant::Direct { .. } | GemmVariant::Window { .. } => 0,
         }
     }
 
@@ -135,7 +156,16 @@ impl GemmVariant {
     pub fn invocations(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 64,
-            GemmVariant::Direct { lanes, .. } => lanes,
+            GemmVariant::Direct { lanes, .. } | GemmVariant::Window { lanes, .. } => lanes,
+        }
+    }
+
+    /// The direct variant of a window variant's block (what runs where no window fits);
+    /// other variants unchanged.
+    pub fn without_window(self) -> Self {
+        match self {
+            GemmVariant::Window { rows, cols, lanes } => GemmVariant::Direct { rows, cols, lanes },
+            other => other,
         }
     }
 }
@@ -153,13 +183,12 @@ pub struct FfnKernels {
 }
 
 impl FfnKernels {
-    /// The fixed default for an adapter: [`GemmVariant::Direct`] 16 × 8 blocks of 8 lanes on
-    /// CPU adapters, [`GemmVariant::Tiled`] elsewhere. (On lavapipe a 16 × 16 down block is
-    /// about 12% faster at the layer shape but takes three times as long to compile; the tuner
-    /// can choose it.)
+    /// The fixed default for an adapter: [`GemmVariant::Window`] 16 × 8 blocks of 8 lanes on
+    /// CPU adapters (the direct block where K is too long for a window),
+    /// [`GemmVariant::Tiled`] elsewhere.
     pub fn default_for(cpu: bool, order: GemmOrder) -> Self {
         if cpu {
-            let block = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
+            let block = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
             FfnKernels { order, up: block, down: block }
         } else {
             FfnKernels { order, up: GemmVariant::Tiled { bk4: 8 }, down: GemmVariant::Tiled { bk4: 8 } }
@@ -191,6 +220,22 @@ pub(crate) const BINDINGS: &[(u32, Access)] = &[
     (5, Access::Read),
     (6, Access::ReadWrite),
 ];
+
+/// Bindings of a window GEMM kernel: [`BINDINGS`] and the x window (7).
+pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
+    (0, Access::Uniform),
+    (1, Access::Read),
+    (2, Access::Read),
+    (3, Access::Read),
+    (4, Access::Read),
+    (5, Access::Read),
+    (6, Access::ReadWrite),
+    (7, Access::Uniform),
+];
+
+/// Bytes of the x window a window kernel declares (`array<vec4<f32>, 4096>`): WebGPU's
+/// default `max_uniform_buffer_binding_size`.
+pub(crate) const WINDOW_BYTES: u64 = 65536;
 
 /// The kernel spec for `variant` in `order` (native f16 weight loads or packed words),
 /// generated and built once per process.
@@ -224,7 +269,8 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
             parts: Box::leak(parts.into_boxed_slice()),
             entry_points: &["gemm"],
         }));
-        Box::leak(Box::new(KernelSpec { shader: source, entry: "gemm", bindings: BINDINGS }))
+        let bindings = if matches!(variant, GemmVariant::Window { .. }) { WINDOW_BINDINGS } else { BINDINGS };
+        Box::leak(Box::new(KernelSpec { shader: source, entry: "gemm", bindings }))
     })
 }
 
@@ -241,6 +287,8 @@ pub fn candidates(cpu: bool) -> Vec<GemmVariant> {
             GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 },
             GemmVariant::Direct { rows: 16, cols: 16, lanes: 8 },
             GemmVariant::Tiled { bk4: 8 },
+            GemmVariant::Window { rows: 16, cols: 8, lanes: 8 },
+            GemmVariant::Window { rows: 32, cols: 4, lanes: 8 },
         ]
     } else {
         vec![
@@ -287,7 +335,8 @@ fn zero(order: GemmOrder) -> &'static str {
 /// point `gemm`.
 pub(crate) fn generate(variant: GemmVariant, order: GemmOrder) -> String {
     match variant {
-        GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, order),
+        GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, order, false),
+        GemmVariant::Window { rows, cols, lanes } => direct(rows, cols, lanes, order, true),
         GemmVariant::Tiled { bk4 } => tiled(bk4, order),
     }
 }
@@ -302,22 +351,38 @@ const EXPERT: &str = "    var expert = params.fixed_expert;
     }
 ";
 
-fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder) -> String {
+/// The direct block; with `window`, x comes from the uniform window of the dispatch (rows
+/// `params.win_row0 ..`, `ceil(K / 4)` vec4 per row, zero past K and in rows without an entry).
+fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder, window: bool) -> String {
     let mut s = String::new();
+    let (what, source, first_row) = if window {
+        (
+            "Window",
+            "reading x from the dispatch's uniform window and the weights from memory",
+            "params.win_row0 + ",
+        )
+    } else {
+        ("Direct", "reading x and the weights straight from memory", "")
+    };
+    if window {
+        s.push_str(
+            "// The x rows of this dispatch: row win_row0 + r at r * ceil(K / 4) (see stage.wgsl).\n\
+             @group(0) @binding(7) var<uniform> xw: array<vec4<f32>, 4096>;\n\n",
+        );
+    }
     let _ = write!(
         s,
-        "// Direct GEMM (generated): {lanes} invocations share {rows} rows; each computes {cols} columns
-// spaced {lanes} apart, reading x and the weights straight from memory (no workgroup memory,
-// no barriers). Order: {order:?} (see variant.rs). Rows past the row count or without an
-// entry read row 0 and are discarded; columns past the chunk's last read its last column and
-// are discarded.
+        "// {what} GEMM (generated): {lanes} invocations share {rows} rows; each computes {cols} columns
+// spaced {lanes} apart, {source} (no workgroup memory, no barriers). Order: {order:?} (see
+// variant.rs). Rows past the row count or without an entry read row 0 (or zeros) and are
+// discarded; columns past the chunk's last read its last column and are discarded.
 
 @compute @workgroup_size({lanes})
 fn gemm(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {{
-    let row0 = wid.x * {rows}u;
+    let row0 = {first_row}wid.x * {rows}u;
     if row0 >= params.rows {{
         return;
     }}
@@ -327,6 +392,9 @@ fn gemm(
 ",
         cols * lanes
     );
+    if window {
+        s.push_str("    let kp4 = (kdim + 3u) / 4u;\n");
+    }
     for i in 0..rows {
         let _ = writeln!(
             s,
@@ -334,12 +402,19 @@ fn gemm(
     var e{i} = NONE;
     if r{i} < params.rows {{
         e{i} = entry_of(r{i});
-    }}
-    var x{i}b = 0u;
+    }}"
+        );
+        if window {
+            let _ = writeln!(s, "    let x{i}b = (r{i} - params.win_row0) * kp4;");
+        } else {
+            let _ = writeln!(
+                s,
+                "    var x{i}b = 0u;
     if e{i} != NONE {{
         x{i}b = input_row(r{i}, e{i}) * kdim;
     }}"
-        );
+            );
+        }
     }
     for j in 0..cols {
         let _ = writeln!(
@@ -358,7 +433,11 @@ fn gemm(
     // once.
     let _ = writeln!(s, "    for (var k = 0u; k < kdim; k += 4u) {{");
     for i in 0..rows {
-        let _ = writeln!(s, "        let x{i} = x_group(x{i}b, k, kdim);");
+        if window {
+            let _ = writeln!(s, "        let x{i} = xw[x{i}b + k / 4u];");
+        } else {
+            let _ = writeln!(s, "        let x{i} = x_group(x{i}b, k, kdim);");
+        }
     }
     for j in 0..cols {
         let _ = writeln!(s, "        let w{j} = weight_group(false, w{j}b, k, kdim);");
