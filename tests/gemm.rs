@@ -457,34 +457,39 @@ fn every_variant_is_bit_identical_within_an_order() {
     }
 }
 
-/// Window kernels across many windows (K = 1000: 16 rows of x per uniform window, so the
-/// gate/up pass of 16-row blocks spans several windows) and where no window holds a block
-/// (32-row blocks at K = 1000 run as the direct block): bitwise the direct kernels' results.
+/// Window kernels across many windows and every fallback, bitwise the direct kernels' results:
+/// K = 1000 holds 16 rows of x per uniform window (the gate/up pass of 16-row blocks spans
+/// several windows; 32-row blocks run as 16-row window blocks), K = 1100 holds 14 (16-row
+/// blocks run as 8-row window blocks), and K = 2100 holds 7 (no window block: the direct block).
 #[test]
 fn window_kernels_span_windows_and_fall_back_bitwise() {
     for ctx in contexts() {
-        let (e, h, f, k, tokens) = (4u32, 1000u32, 45u32, 2u32, 41u32);
-        let m = Model::new(63, e, h, f, WeightDtype::F32);
-        let x = adversarial(&mut rng(64), (tokens * h) as usize, 1.0);
-        let idx = routes(65, tokens, e, k, true);
-        for order in [GemmOrder::Strict, GemmOrder::Fast] {
-            let what = format!("{} {order:?}", ctx.adapter().slug());
-            let run_with = |up, down| {
-                let ffn = m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
-                run(&ctx, &ffn, &x, &idx, k, Path::Grouped)
-            };
-            let direct = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
-            let want = run_with(direct, direct);
-            assert_rows_close(
-                &format!("{what} direct vs reference"),
-                &want,
-                &m.reference_in(order, &x, &idx, k),
-                1,
-            );
-            for (rows, cols) in [(16, 8), (32, 4)] {
-                let window = GemmVariant::Window { rows, cols, lanes: 8 };
-                let got = run_with(window, window);
-                assert_eq!(bits_nan(&got), bits_nan(&want), "{what}: {} vs {}", window.name(), direct.name());
+        for (h, f) in [(1000u32, 1100u32), (2100, 45)] {
+            let (e, k, tokens) = (2u32, 2u32, 41u32);
+            let m = Model::new(63, e, h, f, WeightDtype::F32);
+            let x = adversarial(&mut rng(64), (tokens * h) as usize, 1.0);
+            let idx = routes(65, tokens, e, k, true);
+            for order in [GemmOrder::Strict, GemmOrder::Fast] {
+                let what = format!("{} H={h} F={f} {order:?}", ctx.adapter().slug());
+                let run_with = |up, down| {
+                    let ffn = m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+                    run(&ctx, &ffn, &x, &idx, k, Path::Grouped)
+                };
+                let direct = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
+                let want = run_with(direct, direct);
+                let reference = m.reference_in(order, &x, &idx, k);
+                assert_rows_close(&format!("{what} direct vs reference"), &want, &reference, 1);
+                for (rows, cols) in [(16, 8), (32, 4)] {
+                    let window = GemmVariant::Window { rows, cols, lanes: 8 };
+                    let got = run_with(window, window);
+                    assert_eq!(
+                        bits_nan(&got),
+                        bits_nan(&want),
+                        "{what}: {} vs {}",
+                        window.name(),
+                        direct.name()
+                    );
+                }
             }
         }
     }

@@ -142,7 +142,7 @@ impl Problem {
     }
 }
 
-/// Plans the grouped path (dispatch layout + FFN) into `partial`.
+/// Plans the grouped path (dispatch layout with the layer's tile + FFN) into `partial`.
 fn grouped(
     ctx: &Context,
     p: &Problem,
@@ -151,7 +151,9 @@ fn grouped(
     idx: &wgpu::Buffer,
     partial: &wgpu::Buffer,
 ) -> Result<Vec<Dispatch>> {
-    let layout = DispatchLayout::new(ctx, DispatchConfig { experts: p.e, k: p.k, tile: 32 }, p.tokens, 0)?;
+    // The layer's tile: the kernels' block rows (no more padding than the kernels need).
+    let tile = ffn.kernels(ctx).block_rows();
+    let layout = DispatchLayout::new(ctx, DispatchConfig { experts: p.e, k: p.k, tile }, p.tokens, 0)?;
     let mut ds = layout.plan(ctx, idx)?;
     let bufs = FfnBuffers { x, indices: idx, partial };
     ds.extend(plan_ffn(ctx, ffn, p.tokens, p.k, &bufs, FfnRouting::Grouped(&layout))?.into_dispatches());
@@ -393,6 +395,86 @@ impl Comparison for TiledVsRowwise {
             tokens: 0,
             validate: Box::new(validate),
             note: None,
+        })
+    }
+}
+
+/// The dense GEMM with the widest block candidate (B: window 32 x 4 blocks on CPU adapters,
+/// tiles with a 64-deep K chunk elsewhere) against the adapter's default block (A), strict
+/// order; bitwise equal. The dense target of the kernel work is read from B.
+pub struct DenseWideVsDefault;
+
+impl Comparison for DenseWideVsDefault {
+    fn name(&self) -> &'static str {
+        "gemm/dense-wide-vs-default"
+    }
+    fn description(&self) -> &'static str {
+        "dense GEMM y = x . w^T on one f32 weight matrix with the widest block candidate (B: window \
+         32x4 register blocks on CPU adapters, 32x32 tiles with a 64-deep K chunk elsewhere) against \
+         the adapter's default block (A), strict order; bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("default", "wide")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        let shapes: &[(u32, u32, u32)] = match (set, held_out) {
+            (SizeSet::Gpu, false) => &[(4096, 1024, 512), (4096, 4096, 1024)],
+            (SizeSet::Gpu, true) => &[(2048, 2048, 2048)],
+            (SizeSet::Cpu, false) => &[(256, 1024, 512)],
+            (SizeSet::Cpu, true) => &[(384, 768, 512)],
+        };
+        shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let (rows, n, k) = (size.get("rows"), size.get("N"), size.get("K"));
+        let mut s = Synth::new(seed);
+        let (x, w) =
+            (s.uniform((rows * k) as usize, 1.0), s.uniform((n * k) as usize, 1.0 / (k as f32).sqrt()));
+        let weights = ExpertWeights::from_f32(ctx, &w, WeightDtype::F32, 1, n, k)?;
+        let xb = ctx.upload("x", &x)?;
+        let bytes = u64::from(rows * n) * 4;
+        let (ya, yb) = (ctx.zeroed("y default", bytes)?, ctx.zeroed("y wide", bytes)?);
+        let cpu = ctx.adapter().is_cpu();
+        let default = FfnKernels::default_for(cpu, GemmOrder::Strict).down;
+        let wide = if cpu {
+            GemmVariant::Window { rows: 32, cols: 4, lanes: 8 }
+        } else {
+            GemmVariant::Tiled { bk4: 16 }
+        };
+        let plan = |variant, y| {
+            plan_dense(ctx, &weights, rows, &xb, y, DenseKernel::Block(variant), GemmOrder::Strict)
+        };
+        let a = plan(default, &ya)?.into_dispatches();
+        let b = plan(wide, &yb)?.into_dispatches();
+        let (nu, ku) = (n as usize, k as usize);
+        let validate = move |ctx: &Context| -> Result<()> {
+            let total = rows as usize * nu;
+            let (got_a, got_b): (Vec<f32>, Vec<f32>) =
+                (ctx.read_back(&ya, total)?, ctx.read_back(&yb, total)?);
+            for r in [0, rows as usize - 1] {
+                for c in 0..nu {
+                    let want = reference::dot(&x[r * ku..(r + 1) * ku], &w[c * ku..(c + 1) * ku]);
+                    if (got_b[r * nu + c] - want).abs() > 2e-5 + 2e-5 * want.abs().max(1.0) {
+                        return Err(Error::Validation(format!(
+                            "wide dense y[{r}, {c}] = {}, reference {want}",
+                            got_b[r * nu + c]
+                        )));
+                    }
+                }
+            }
+            if got_a.iter().zip(&got_b).any(|(p, q)| p.to_bits() != q.to_bits()) {
+                return Err(Error::Validation("wide dense GEMM is not bit-identical to the default".into()));
+            }
+            Ok(())
+        };
+        Ok(Case {
+            a: Work::Gpu(a),
+            b: Work::Gpu(b),
+            flops: 2.0 * f64::from(rows) * f64::from(n) * f64::from(k),
+            bytes: 0.0,
+            tokens: 0,
+            validate: Box::new(validate),
+            note: Some(format!("A: {}; B: {}", default.name(), wide.name())),
         })
     }
 }

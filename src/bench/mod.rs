@@ -40,6 +40,7 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(gemm::FastVsStrict),
         Box::new(gemm::DirectVsTiled),
         Box::new(gemm::WindowVsDirect),
+        Box::new(gemm::DenseWideVsDefault),
         Box::new(gemm::TunedVsDefault),
         Box::new(layer::OneLaunchCombine),
         Box::new(layer::LayerRoute),

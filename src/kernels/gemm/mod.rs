@@ -622,11 +622,7 @@ impl Pass<'_> {
         variant: GemmVariant,
         tiles: Option<&wgpu::Buffer>,
     ) -> Result<Vec<Dispatch>> {
-        let windows = match variant {
-            GemmVariant::Window { rows, .. } => Windows::fit(ctx, self.params.rows, self.params.kdim, rows),
-            _ => None,
-        };
-        let variant = if windows.is_some() { variant } else { variant.without_window() };
+        let (variant, windows) = Windows::choose(ctx, variant, self.params.rows, self.params.kdim);
         let constants = self.constants();
         let bytes = variant.workgroup_bytes();
         if bytes > ctx.limits().max_compute_workgroup_storage_size {
@@ -761,6 +757,29 @@ impl Windows {
             return None;
         }
         Some(Windows { rows: u32::try_from(per_window).ok()?, count: u32::try_from(count).ok()?, stride })
+    }
+
+    /// What runs `variant` on a pass of `rows` rows of `kdim` values: a window variant with its
+    /// windows where a window holds one of its blocks; else the same variant with half the rows
+    /// and twice the columns per block, down to 8 rows, where a window holds that block (it
+    /// still divides the dispatch tile; on lavapipe an 8-row window block is still about 1.5x
+    /// the 16-row direct one, its x loads being broadcasts); else the direct variant of the
+    /// original block. Other variants as they are. Every choice computes the same operations in
+    /// the same order.
+    fn choose(ctx: &Context, variant: GemmVariant, rows: u32, kdim: u32) -> (GemmVariant, Option<Self>) {
+        let GemmVariant::Window { rows: block_rows, cols, lanes } = variant else {
+            return (variant, None);
+        };
+        let (mut r, mut c) = (block_rows, cols);
+        loop {
+            if let Some(w) = Windows::fit(ctx, rows, kdim, r) {
+                return (GemmVariant::Window { rows: r, cols: c, lanes }, Some(w));
+            }
+            if r / 2 < 8 || c * 2 > 32 {
+                return (variant.without_window(), None);
+            }
+            (r, c) = (r / 2, c * 2);
+        }
     }
 
     /// The window stride in vec4.
