@@ -495,6 +495,34 @@ fn window_kernels_span_windows_and_fall_back_bitwise() {
     }
 }
 
+/// On a device whose uniform bindings are smaller than a window, window kernels run as the
+/// direct block and the row-wise passes read x from storage: the same bits as on a device with
+/// windows, on every path (grouped, decode, bucketed with its row-wise overflow).
+#[test]
+fn small_uniform_bindings_run_without_windows_bitwise() {
+    for adapter in common::wgpu_adapters() {
+        let limits = wgpu::Limits { max_uniform_buffer_binding_size: 16384, ..adapter.limits() };
+        let (device, queue) = pollster::block_on(
+            adapter.request_device(&wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() }),
+        )
+        .unwrap();
+        let small = Context::from_wgpu(device, queue);
+        let full = Context::from_adapter(&adapter).unwrap();
+        let (e, h, f, k, tokens) = (4u32, 72u32, 40u32, 2u32, 6u32);
+        let m = Model::new(66, e, h, f, WeightDtype::Bf16);
+        let x = adversarial(&mut rng(67), (tokens * h) as usize, 1.0);
+        let idx = routes(68, tokens, e, k, true);
+        let window = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
+        let kernels = FfnKernels { order: GemmOrder::Strict, up: window, down: window };
+        for path in [Path::Grouped, Path::Decode, Path::Bucketed(2)] {
+            let what = format!("{} {path:?}", full.adapter().slug());
+            let on =
+                |ctx: &Context| run(ctx, &m.upload(ctx).with_kernels(kernels).unwrap(), &x, &idx, k, path);
+            assert_eq!(bits_nan(&on(&small)), bits_nan(&on(&full)), "{what}: without windows vs with");
+        }
+    }
+}
+
 #[test]
 fn fast_order_is_deterministic_and_batch_invariant() {
     for ctx in contexts() {

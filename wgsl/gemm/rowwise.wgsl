@@ -1,5 +1,7 @@
-// Row-wise expert projection: one invocation per (row, column of the bound chunk) output, dot products read
-// straight from memory. Used for decode (few tokens: rows are entries, no dispatch needed)
+// Row-wise expert projection: one invocation per (row, column of the bound chunk) output, dot
+// products read straight from memory (x through x_base / x_vec: rowwise_x.wgsl reads storage,
+// rowwise_x_window.wgsl a uniform window). A dispatch computes rows win_row0 ..
+// win_row0 + win_rows. Used for decode (few tokens: rows are entries, no dispatch needed)
 // and for the overflow pass of the bucketed path. The expert of a row is indices[entry]
 // (or params.fixed_expert without FLAG_EXPERT_FROM_INDICES). Same accumulation order as
 // every other path of the mode (common.wgsl): FAST_ORDER picks the one-accumulator order.
@@ -14,10 +16,11 @@ override FAST_ORDER: bool = false;
 fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 64u;
     let rows = min(params.rows, row_count[params.count_word]);
-    if i >= rows * params.cols {
+    let local = i / params.cols;
+    let row = params.win_row0 + local;
+    if local >= params.win_rows || row >= rows {
         return;
     }
-    let row = i / params.cols;
     let col = params.col_base + i % params.cols;
     let entry = entry_of(row);
     if entry == NONE {
@@ -31,19 +34,18 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
         return;
     }
     let kdim = params.kdim;
-    let xr = input_row(row, entry) * kdim;
+    let xr = x_base(row, entry);
     let wr = weight_row(expert, col);
     var acc = vec4<f32>(0.0);
     var acc_up = vec4<f32>(0.0);
     var one = 0.0;
     var one_up = 0.0;
     for (var k = 0u; k < kdim; k += 4u) {
-        var xv = vec4<f32>(0.0);
+        let xv = x_vec(xr, k);
         var wv = vec4<f32>(0.0);
         var uv = vec4<f32>(0.0);
         for (var j = 0u; j < 4u; j++) {
             if k + j < kdim {
-                xv[j] = x[xr + k + j];
                 wv[j] = weight_from(false, wr + k + j);
                 if SWIGLU {
                     uv[j] = weight_from(true, wr + k + j);

@@ -28,26 +28,51 @@ pub use variant::{FfnKernels, GemmOrder, GemmVariant, candidates};
 /// Token counts up to this use the row-wise decode path when the path is chosen automatically.
 pub const DECODE_MAX_TOKENS: u32 = 8;
 
-static ROWWISE_SHADER: ShaderSource = ShaderSource {
-    name: "gemm/rowwise",
-    parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), wgsl!("gemm/rowwise.wgsl")],
-    entry_points: &["rowwise"],
-};
-static ROWWISE_F16_SHADER: ShaderSource = ShaderSource {
-    name: "gemm/rowwise_f16",
-    parts: &[
-        wgsl!("gemm/enable_f16.wgsl"),
-        wgsl!("gemm/common.wgsl"),
-        wgsl!("gemm/weights_f16.wgsl"),
-        wgsl!("gemm/rowwise.wgsl"),
-    ],
-    entry_points: &["rowwise"],
-};
+/// The row-wise kernel's module: x from storage or from uniform windows, packed or native f16
+/// weights.
+macro_rules! rowwise_shader {
+    ($name:literal, $x:literal) => {
+        ShaderSource {
+            name: concat!("gemm/", $name),
+            parts: &[
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/weights_packed.wgsl"),
+                wgsl!($x),
+                wgsl!("gemm/rowwise.wgsl"),
+            ],
+            entry_points: &["rowwise"],
+        }
+    };
+    ($name:literal, $x:literal, f16) => {
+        ShaderSource {
+            name: concat!("gemm/", $name),
+            parts: &[
+                wgsl!("gemm/enable_f16.wgsl"),
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/weights_f16.wgsl"),
+                wgsl!($x),
+                wgsl!("gemm/rowwise.wgsl"),
+            ],
+            entry_points: &["rowwise"],
+        }
+    };
+}
+static ROWWISE_SHADER: ShaderSource = rowwise_shader!("rowwise", "gemm/rowwise_x.wgsl");
+static ROWWISE_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_f16", "gemm/rowwise_x.wgsl", f16);
+static ROWWISE_WINDOW_SHADER: ShaderSource = rowwise_shader!("rowwise_window", "gemm/rowwise_x_window.wgsl");
+static ROWWISE_WINDOW_F16_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_window_f16", "gemm/rowwise_x_window.wgsl", f16);
 
 /// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature): the
 /// row-wise kernel and the generated block kernels of every candidate variant in both orders.
 pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
-    let mut all = vec![&ROWWISE_SHADER, &ROWWISE_F16_SHADER, &STAGE_SHADER];
+    let mut all = vec![
+        &ROWWISE_SHADER,
+        &ROWWISE_F16_SHADER,
+        &ROWWISE_WINDOW_SHADER,
+        &ROWWISE_WINDOW_F16_SHADER,
+        &STAGE_SHADER,
+    ];
     let mut variants = candidates(true);
     variants.extend(candidates(false));
     for v in variants {
@@ -74,10 +99,25 @@ static STAGE: KernelSpec = KernelSpec {
 };
 const ROWWISE_BINDINGS: &[(u32, Access)] =
     &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read)];
+const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] = &[
+    (0, Uniform),
+    (1, Read),
+    (2, Read),
+    (3, Read),
+    (4, Read),
+    (6, ReadWrite),
+    (7, Read),
+    (8, Read),
+    (9, Uniform),
+];
 static ROWWISE: KernelSpec =
     KernelSpec { shader: &ROWWISE_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
 static ROWWISE_F16: KernelSpec =
     KernelSpec { shader: &ROWWISE_F16_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
+static ROWWISE_WINDOW: KernelSpec =
+    KernelSpec { shader: &ROWWISE_WINDOW_SHADER, entry: "rowwise", bindings: ROWWISE_WINDOW_BINDINGS };
+static ROWWISE_WINDOW_F16: KernelSpec =
+    KernelSpec { shader: &ROWWISE_WINDOW_F16_SHADER, entry: "rowwise", bindings: ROWWISE_WINDOW_BINDINGS };
 
 /// Storage type of expert weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -696,27 +736,67 @@ impl Pass<'_> {
     }
 
     /// Row-wise dispatches, one per weight chunk; experts from `indices` (or
-    /// `params.fixed_expert`), live rows `min(params.rows, count[params.count_word])`.
+    /// `params.fixed_expert`), live rows `min(params.rows, count[params.count_word])`. With
+    /// `window` (and where windows of single rows fit, see [`Windows::fit`]) x is staged into
+    /// uniform windows and each chunk runs one dispatch per window: the same values, the same
+    /// bits.
     fn rowwise(
         &self,
         ctx: &Context,
         indices: Option<&wgpu::Buffer>,
         count: &wgpu::Buffer,
+        window: bool,
     ) -> Result<Vec<Dispatch>> {
+        let windows = if window { Windows::fit(ctx, self.params.rows, self.params.kdim, 1) } else { None };
         let mut constants = self.constants();
         constants.push(("FAST_ORDER", f64::from(u8::from(self.order == GemmOrder::Fast))));
-        let kernel = ctx.kernel(if self.w.native_f16 { &ROWWISE_F16 } else { &ROWWISE }, &constants)?;
+        let spec = match (windows.is_some(), self.w.native_f16) {
+            (false, false) => &ROWWISE,
+            (false, true) => &ROWWISE_F16,
+            (true, false) => &ROWWISE_WINDOW,
+            (true, true) => &ROWWISE_WINDOW_F16,
+        };
+        let kernel = ctx.kernel(spec, &constants)?;
         let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };
         let placeholder = ctx.storage_scratch("no indices", 4)?;
         let indices = indices.unwrap_or(&placeholder);
         let mut out = Vec::new();
+        let staged = match windows {
+            Some(win) => {
+                let (buffer, stage) = win.stage(ctx, self)?;
+                out.push(stage);
+                Some((win, buffer))
+            }
+            None => None,
+        };
         for (chunk, p) in self.chunks(from_indices != 0, from_indices)? {
-            let params = ctx.uniform("gemm params", &p)?;
-            let mut bindings = self.common(&params, chunk).to_vec();
-            bindings.push(Binding::new(7, count, count.size()));
-            bindings.push(Binding::new(8, indices, indices.size()));
-            let threads = u64::from(p.rows) * u64::from(p.cols);
-            out.push(ctx.dispatch(&kernel, &bindings, ctx.grid(threads.div_ceil(64), "row-wise GEMM")?)?);
+            // (first row, rows) of each dispatch: the whole pass, or one window each.
+            let spans: Vec<(u32, u32)> = match &staged {
+                Some((win, _)) => (0..win.count).map(|w| (w * win.rows, win.rows)).collect(),
+                None => vec![(0, p.rows)],
+            };
+            for (index, (row0, rows)) in spans.into_iter().enumerate() {
+                let stride4 = staged.as_ref().map_or(0, |(win, _)| win.stride4());
+                let p = Params { win_rows: rows, win_stride4: stride4, win_row0: row0, ..p };
+                let params = ctx.uniform("gemm params", &p)?;
+                let mut bindings = self.common(&params, chunk).to_vec();
+                bindings.push(Binding::new(7, count, count.size()));
+                bindings.push(Binding::new(8, indices, indices.size()));
+                if let Some((win, buffer)) = &staged {
+                    bindings.push(Binding {
+                        binding: 9,
+                        buffer,
+                        size: variant::WINDOW_BYTES,
+                        offset: index as u64 * win.stride,
+                    });
+                }
+                let threads = u64::from(rows) * u64::from(p.cols);
+                out.push(ctx.dispatch(
+                    &kernel,
+                    &bindings,
+                    ctx.grid(threads.div_ceil(64), "row-wise GEMM")?,
+                )?);
+            }
         }
         Ok(out)
     }
@@ -918,6 +998,8 @@ pub fn plan_ffn(
     let base = Params { k_route: k, fixed_expert: NONE, ..Params::default() };
     let kernels = ffn.kernels(ctx);
     let order = kernels.order;
+    // The row-wise passes read x from uniform windows when the block kernels do.
+    let windowed = matches!(kernels.up, GemmVariant::Window { .. });
     let mut ds = Vec::new();
     match routing {
         FfnRouting::Grouped(layout) => {
@@ -983,9 +1065,9 @@ pub fn plan_ffn(
             let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act);
             p.params.rows = entries32;
             p.params.count_word = 5;
-            ds.extend(p.rowwise(ctx, Some(indices), inner.meta())?);
+            ds.extend(p.rowwise(ctx, Some(indices), inner.meta(), windowed)?);
             let down = down_pass(&p, ffn, &over_act, partial);
-            ds.extend(down.rowwise(ctx, Some(indices), inner.meta())?);
+            ds.extend(down.rowwise(ctx, Some(indices), inner.meta(), windowed)?);
         }
         FfnRouting::Decode => {
             let act = ctx.storage_scratch("decode activations", entries * u64::from(f) * 4)?;
@@ -993,9 +1075,9 @@ pub fn plan_ffn(
             let mut p = up_pass(ffn, order, base, x, &count, &act);
             p.identity_rows = true;
             p.params.rows = entries32;
-            ds.extend(p.rowwise(ctx, Some(indices), &count)?);
+            ds.extend(p.rowwise(ctx, Some(indices), &count, windowed)?);
             let down = down_pass(&p, ffn, &act, partial);
-            ds.extend(down.rowwise(ctx, Some(indices), &count)?);
+            ds.extend(down.rowwise(ctx, Some(indices), &count, windowed)?);
         }
     }
     Ok(FfnPlan { dispatches: ds })
@@ -1112,7 +1194,7 @@ pub fn plan_dense(
             variant.validate()?;
             pass.gemm(ctx, variant, None)?
         }
-        DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?)?,
+        DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?, false)?,
     };
     Ok(FfnPlan { dispatches })
 }
