@@ -7,8 +7,18 @@
 //! oracles that mirror every kernel's accumulation order. [`dag`] runs a graph of stages one
 //! dispatch per stage, as fused static passes, or as a persistent task queue.
 
+//!
+//! Cargo features (all on by default): `vulkan`, `metal`, `dx12`, `gles` choose wgpu's back
+//! ends; `checkpoint` adds [`weights`] (safetensors checkpoints); `synth` adds seeded synthetic
+//! inputs; `dag` the stage-graph executors; `bench` the benchmark harness. With
+//! `default-features = false` and a back end, the crate is the kernels, the layer and the CPU
+//! references, with no plotting, RNG or logger in its dependencies. `moeflow::wgpu` is the wgpu
+//! it was built against.
+
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod context;
+#[cfg(feature = "dag")]
 pub mod dag;
 pub mod error;
 pub mod gpu;
@@ -17,8 +27,12 @@ pub mod layer;
 pub mod pipeline;
 pub mod reference;
 pub mod shader;
+#[cfg(feature = "synth")]
 pub mod synth;
+#[cfg(feature = "checkpoint")]
 pub mod weights;
+
+pub use wgpu;
 
 pub use context::{
     AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters, instance, wgpu_adapters,
@@ -27,11 +41,11 @@ pub use error::{Error, Result};
 pub use pipeline::Dispatch;
 
 /// `docs/layer.md`, compiled and run as a doc test.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "checkpoint", feature = "synth"))]
 #[doc = include_str!("../docs/layer.md")]
 pub struct LayerGuide;
 
 /// `docs/dag.md`, compiled and run as a doc test.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "dag"))]
 #[doc = include_str!("../docs/dag.md")]
 pub struct DagGuide;

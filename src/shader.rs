@@ -57,8 +57,12 @@ pub fn all_shaders() -> Vec<&'static ShaderSource> {
     all.extend_from_slice(crate::kernels::dispatch::SHADERS);
     all.extend(crate::kernels::gemm::shaders());
     all.extend_from_slice(crate::kernels::combine::SHADERS);
-    all.extend_from_slice(crate::dag::executor::SHADERS);
-    all.extend_from_slice(crate::dag::probe::SHADERS);
+    #[cfg(feature = "dag")]
+    {
+        all.extend_from_slice(crate::dag::executor::SHADERS);
+        all.extend_from_slice(crate::dag::probe::SHADERS);
+    }
+    #[cfg(feature = "bench")]
     all.extend_from_slice(crate::bench::calibrate::SHADERS);
     all
 }
@@ -154,6 +158,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(all(feature = "dag", feature = "bench"))]
     fn every_wgsl_file_belongs_to_a_module() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("wgsl");
         let used: Vec<&str> = all_shaders().iter().flat_map(|s| s.parts.iter().map(|p| p.path)).collect();

@@ -3,6 +3,7 @@
 //! (add, mul, fma), results match bit for bit; transcendental functions (`exp`) and division
 //! may differ by a few ULP on a GPU, which the comparison bound `2e-5 + 2e-5 * |ref|` covers.
 
+#[cfg(feature = "dag")]
 pub mod dag;
 pub mod dispatch;
 pub mod gemm;
