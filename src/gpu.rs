@@ -91,6 +91,12 @@ impl Context {
     /// A zero-filled buffer of `bytes` bytes that a kernel binds whole as storage: checked
     /// against `max_storage_buffer_binding_size` before it is allocated.
     pub(crate) fn storage_scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        self.check_storage_bytes(label, bytes)?;
+        self.zeroed(label, bytes)
+    }
+
+    /// `bytes` of buffer `label` against the storage-binding limit.
+    fn check_storage_bytes(&self, label: &str, bytes: u64) -> Result<()> {
         let limit = self.limits().max_storage_buffer_binding_size;
         if bytes > limit {
             return Err(Error::limit(
@@ -100,21 +106,13 @@ impl Context {
                 "max_storage_buffer_binding_size",
             ));
         }
-        self.zeroed(label, bytes)
+        Ok(())
     }
 
     /// A zero-filled buffer of `bytes` bytes that one kernel writes as storage and others read
     /// in windows as uniform buffers; checked against the storage-binding limit.
     pub(crate) fn window_scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
-        let limit = self.limits().max_storage_buffer_binding_size;
-        if bytes > limit {
-            return Err(Error::limit(
-                format!("buffer `{label}`"),
-                bytes,
-                limit,
-                "max_storage_buffer_binding_size",
-            ));
-        }
+        self.check_storage_bytes(label, bytes)?;
         self.buffer(label, bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM, false)
     }
 

@@ -349,54 +349,56 @@ impl Comparison for TiledVsRowwise {
         shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (rows, n, k) = (size.get("rows"), size.get("N"), size.get("K"));
-        let mut s = Synth::new(seed);
-        let (x, w) =
-            (s.uniform((rows * k) as usize, 1.0), s.uniform((n * k) as usize, 1.0 / (k as f32).sqrt()));
-        let weights = ExpertWeights::from_f32(ctx, &w, WeightDtype::F32, 1, n, k)?;
-        let xb = ctx.upload("x", &x)?;
-        let (ya, yb) = (
-            ctx.zeroed("y rowwise", u64::from(rows * n) * 4)?,
-            ctx.zeroed("y tiled", u64::from(rows * n) * 4)?,
-        );
         let block = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict).down;
-        let a = plan_dense(ctx, &weights, rows, &xb, &ya, DenseKernel::Rowwise, GemmOrder::Strict)?
-            .into_dispatches();
-        let b = plan_dense(ctx, &weights, rows, &xb, &yb, DenseKernel::Block(block), GemmOrder::Strict)?
-            .into_dispatches();
-        let (nu, ku) = (n as usize, k as usize);
-        let validate = move |ctx: &Context| -> Result<()> {
-            let total = rows as usize * nu;
-            let (got_a, got_b): (Vec<f32>, Vec<f32>) =
-                (ctx.read_back(&ya, total)?, ctx.read_back(&yb, total)?);
-            for r in [0, rows as usize - 1] {
-                for c in 0..nu {
-                    let want = reference::dot(&x[r * ku..(r + 1) * ku], &w[c * ku..(c + 1) * ku]);
-                    if (got_a[r * nu + c] - want).abs() > 2e-5 + 2e-5 * want.abs().max(1.0) {
-                        return Err(Error::Validation(format!(
-                            "row-wise dense y[{r}, {c}] = {}, reference {want}",
-                            got_a[r * nu + c]
-                        )));
-                    }
+        dense_pair(ctx, size, seed, DenseKernel::Rowwise, DenseKernel::Block(block))
+    }
+}
+
+/// Dense GEMMs `y = x . w^T` of one f32 weight matrix (`rows`, `N`, `K` from `size`) with
+/// kernel `a` (A) and `b` (B) in the strict order: both checked against the reference dot on
+/// the first and last row, and bitwise equal.
+fn dense_pair(ctx: &Context, size: &Size, seed: u64, a: DenseKernel, b: DenseKernel) -> Result<Case> {
+    let (rows, n, k) = (size.get("rows"), size.get("N"), size.get("K"));
+    let mut s = Synth::new(seed);
+    let (x, w) = (s.uniform((rows * k) as usize, 1.0), s.uniform((n * k) as usize, 1.0 / (k as f32).sqrt()));
+    let weights = ExpertWeights::from_f32(ctx, &w, WeightDtype::F32, 1, n, k)?;
+    let xb = ctx.upload("x", &x)?;
+    let bytes = u64::from(rows * n) * 4;
+    let (ya, yb) = (ctx.zeroed("y A", bytes)?, ctx.zeroed("y B", bytes)?);
+    let plan = |kernel, y| plan_dense(ctx, &weights, rows, &xb, y, kernel, GemmOrder::Strict);
+    let (wa, wb) = (plan(a, &ya)?.into_dispatches(), plan(b, &yb)?.into_dispatches());
+    let name = |kernel: DenseKernel| match kernel {
+        DenseKernel::Block(v) => v.name(),
+        DenseKernel::Rowwise => "row-wise".to_string(),
+    };
+    let note = Some(format!("A: {}; B: {}", name(a), name(b)));
+    let (nu, ku) = (n as usize, k as usize);
+    let validate = move |ctx: &Context| -> Result<()> {
+        let total = rows as usize * nu;
+        let (got_a, got_b): (Vec<f32>, Vec<f32>) = (ctx.read_back(&ya, total)?, ctx.read_back(&yb, total)?);
+        for r in [0, rows as usize - 1] {
+            for c in 0..nu {
+                let want = reference::dot(&x[r * ku..(r + 1) * ku], &w[c * ku..(c + 1) * ku]);
+                let got = got_a[r * nu + c];
+                if (got - want).abs() > 2e-5 + 2e-5 * want.abs().max(1.0) {
+                    return Err(Error::Validation(format!("dense y[{r}, {c}] = {got}, reference {want}")));
                 }
             }
-            if got_a.iter().zip(&got_b).any(|(p, q)| p.to_bits() != q.to_bits()) {
-                return Err(Error::Validation(
-                    "block dense GEMM is not bit-identical to the row-wise one".into(),
-                ));
-            }
-            Ok(())
-        };
-        Ok(Case {
-            a: Work::Gpu(a),
-            b: Work::Gpu(b),
-            flops: 2.0 * f64::from(rows) * f64::from(n) * f64::from(k),
-            bytes: 0.0,
-            tokens: 0,
-            validate: Box::new(validate),
-            note: None,
-        })
-    }
+        }
+        if got_a.iter().zip(&got_b).any(|(p, q)| p.to_bits() != q.to_bits()) {
+            return Err(Error::Validation("the two dense GEMMs are not bit-identical".into()));
+        }
+        Ok(())
+    };
+    Ok(Case {
+        a: Work::Gpu(wa),
+        b: Work::Gpu(wb),
+        flops: 2.0 * f64::from(rows) * f64::from(n) * f64::from(k),
+        bytes: 0.0,
+        tokens: 0,
+        validate: Box::new(validate),
+        note,
+    })
 }
 
 /// The dense GEMM with the widest block candidate (B: window 32 x 4 blocks on CPU adapters,
@@ -426,14 +428,6 @@ impl Comparison for DenseWideVsDefault {
         shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (rows, n, k) = (size.get("rows"), size.get("N"), size.get("K"));
-        let mut s = Synth::new(seed);
-        let (x, w) =
-            (s.uniform((rows * k) as usize, 1.0), s.uniform((n * k) as usize, 1.0 / (k as f32).sqrt()));
-        let weights = ExpertWeights::from_f32(ctx, &w, WeightDtype::F32, 1, n, k)?;
-        let xb = ctx.upload("x", &x)?;
-        let bytes = u64::from(rows * n) * 4;
-        let (ya, yb) = (ctx.zeroed("y default", bytes)?, ctx.zeroed("y wide", bytes)?);
         let cpu = ctx.adapter().is_cpu();
         let default = FfnKernels::default_for(cpu, GemmOrder::Strict).down;
         let wide = if cpu {
@@ -441,41 +435,7 @@ impl Comparison for DenseWideVsDefault {
         } else {
             GemmVariant::Tiled { bk4: 16 }
         };
-        let plan = |variant, y| {
-            plan_dense(ctx, &weights, rows, &xb, y, DenseKernel::Block(variant), GemmOrder::Strict)
-        };
-        let a = plan(default, &ya)?.into_dispatches();
-        let b = plan(wide, &yb)?.into_dispatches();
-        let (nu, ku) = (n as usize, k as usize);
-        let validate = move |ctx: &Context| -> Result<()> {
-            let total = rows as usize * nu;
-            let (got_a, got_b): (Vec<f32>, Vec<f32>) =
-                (ctx.read_back(&ya, total)?, ctx.read_back(&yb, total)?);
-            for r in [0, rows as usize - 1] {
-                for c in 0..nu {
-                    let want = reference::dot(&x[r * ku..(r + 1) * ku], &w[c * ku..(c + 1) * ku]);
-                    if (got_b[r * nu + c] - want).abs() > 2e-5 + 2e-5 * want.abs().max(1.0) {
-                        return Err(Error::Validation(format!(
-                            "wide dense y[{r}, {c}] = {}, reference {want}",
-                            got_b[r * nu + c]
-                        )));
-                    }
-                }
-            }
-            if got_a.iter().zip(&got_b).any(|(p, q)| p.to_bits() != q.to_bits()) {
-                return Err(Error::Validation("wide dense GEMM is not bit-identical to the default".into()));
-            }
-            Ok(())
-        };
-        Ok(Case {
-            a: Work::Gpu(a),
-            b: Work::Gpu(b),
-            flops: 2.0 * f64::from(rows) * f64::from(n) * f64::from(k),
-            bytes: 0.0,
-            tokens: 0,
-            validate: Box::new(validate),
-            note: Some(format!("A: {}; B: {}", default.name(), wide.name())),
-        })
+        dense_pair(ctx, size, seed, DenseKernel::Block(default), DenseKernel::Block(wide))
     }
 }
 

@@ -97,8 +97,8 @@ static STAGE: KernelSpec = KernelSpec {
     entry: "stage",
     bindings: &[(0, Uniform), (1, Read), (4, Read), (7, ReadWrite)],
 };
-const ROWWISE_BINDINGS: &[(u32, Access)] =
-    &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read)];
+/// Bindings of the row-wise kernel reading x from a window; without the window (9), those of
+/// the one reading storage.
 const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] = &[
     (0, Uniform),
     (1, Read),
@@ -110,6 +110,7 @@ const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] = &[
     (8, Read),
     (9, Uniform),
 ];
+const ROWWISE_BINDINGS: &[(u32, Access)] = ROWWISE_WINDOW_BINDINGS.split_at(8).0;
 static ROWWISE: KernelSpec =
     KernelSpec { shader: &ROWWISE_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
 static ROWWISE_F16: KernelSpec =
@@ -687,40 +688,16 @@ impl Pass<'_> {
         let tiles = tiles.unwrap_or(&placeholder);
         let max = ctx.limits().max_compute_workgroups_per_dimension;
         let mut out = Vec::new();
-        let staged = match windows {
-            Some(win) => {
-                let (buffer, stage) = win.stage(ctx, self)?;
-                out.push(stage);
-                Some((win, buffer))
-            }
-            None => None,
-        };
+        let staged = Staged::new(ctx, windows, self, &mut out)?;
         for (chunk, p) in self.chunks(from_tiles != 0, from_tiles)? {
             let col_groups = p.cols.div_ceil(variant.block_cols());
-            // (first row, rows) of each dispatch: the whole pass, or one window each.
-            let spans: Vec<(u32, u32)> = match &staged {
-                Some((win, _)) => (0..win.count).map(|w| (w * win.rows, win.rows)).collect(),
-                None => vec![(0, p.rows)],
-            };
-            for (index, (row0, rows)) in spans.into_iter().enumerate() {
-                let p = match &staged {
-                    Some((win, _)) => {
-                        Params { win_rows: win.rows, win_stride4: win.stride4(), win_row0: row0, ..p }
-                    }
-                    None => p,
-                };
+            for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
+                let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
                 let mut bindings = self.common(&params, chunk).to_vec();
                 bindings.push(Binding::new(5, tiles, tiles.size()));
-                if let Some((win, buffer)) = &staged {
-                    bindings.push(Binding {
-                        binding: 7,
-                        buffer,
-                        size: variant::WINDOW_BYTES,
-                        offset: index as u64 * win.stride,
-                    });
-                }
-                let grid = [rows.div_ceil(variant.block_rows()), col_groups, 1];
+                bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
+                let grid = [span.rows.div_ceil(variant.block_rows()), col_groups, 1];
                 if grid[0] > max || grid[1] > max {
                     return Err(Error::limit(
                         "GEMM workgroups per dimension",
@@ -761,36 +738,16 @@ impl Pass<'_> {
         let placeholder = ctx.storage_scratch("no indices", 4)?;
         let indices = indices.unwrap_or(&placeholder);
         let mut out = Vec::new();
-        let staged = match windows {
-            Some(win) => {
-                let (buffer, stage) = win.stage(ctx, self)?;
-                out.push(stage);
-                Some((win, buffer))
-            }
-            None => None,
-        };
+        let staged = Staged::new(ctx, windows, self, &mut out)?;
         for (chunk, p) in self.chunks(from_indices != 0, from_indices)? {
-            // (first row, rows) of each dispatch: the whole pass, or one window each.
-            let spans: Vec<(u32, u32)> = match &staged {
-                Some((win, _)) => (0..win.count).map(|w| (w * win.rows, win.rows)).collect(),
-                None => vec![(0, p.rows)],
-            };
-            for (index, (row0, rows)) in spans.into_iter().enumerate() {
-                let stride4 = staged.as_ref().map_or(0, |(win, _)| win.stride4());
-                let p = Params { win_rows: rows, win_stride4: stride4, win_row0: row0, ..p };
+            for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
+                let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
                 let mut bindings = self.common(&params, chunk).to_vec();
                 bindings.push(Binding::new(7, count, count.size()));
                 bindings.push(Binding::new(8, indices, indices.size()));
-                if let Some((win, buffer)) = &staged {
-                    bindings.push(Binding {
-                        binding: 9,
-                        buffer,
-                        size: variant::WINDOW_BYTES,
-                        offset: index as u64 * win.stride,
-                    });
-                }
-                let threads = u64::from(rows) * u64::from(p.cols);
+                bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
+                let threads = u64::from(span.rows) * u64::from(p.cols);
                 out.push(ctx.dispatch(
                     &kernel,
                     &bindings,
@@ -818,7 +775,7 @@ impl Windows {
     /// storage binding or buffer.
     fn fit(ctx: &Context, rows: u32, kdim: u32, block_rows: u32) -> Option<Self> {
         let limits = ctx.limits();
-        if limits.max_uniform_buffer_binding_size < variant::WINDOW_BYTES || rows == 0 {
+        if limits.max_uniform_buffer_binding_size < variant::WINDOW_BYTES || rows == 0 || kdim == 0 {
             return None;
         }
         let row_bytes = u64::from(kdim.div_ceil(4)) * 16;
@@ -832,11 +789,11 @@ impl Windows {
         let align = u64::from(limits.min_uniform_buffer_offset_alignment.max(16));
         let stride = (per_window * row_bytes).div_ceil(align) * align;
         let count = u64::from(rows).div_ceil(per_window);
-        let bytes = (count - 1) * stride + variant::WINDOW_BYTES;
-        if bytes > limits.max_storage_buffer_binding_size || bytes > limits.max_buffer_size {
-            return None;
-        }
-        Some(Windows { rows: u32::try_from(per_window).ok()?, count: u32::try_from(count).ok()?, stride })
+        let windows =
+            Windows { rows: u32::try_from(per_window).ok()?, count: u32::try_from(count).ok()?, stride };
+        let bytes = windows.bytes();
+        (bytes <= limits.max_storage_buffer_binding_size && bytes <= limits.max_buffer_size)
+            .then_some(windows)
     }
 
     /// What runs `variant` on a pass of `rows` rows of `kdim` values: a window variant with its
@@ -868,11 +825,39 @@ impl Windows {
         (self.stride / 16) as u32
     }
 
-    /// The windows' buffer and the dispatch that fills it with `pass`'s input rows.
-    fn stage(&self, ctx: &Context, pass: &Pass<'_>) -> Result<(wgpu::Buffer, Dispatch)> {
-        let bytes = u64::from(self.count - 1) * self.stride + variant::WINDOW_BYTES;
-        let buffer = ctx.window_scratch("gemm x windows", bytes)?;
-        let p = Params { win_rows: self.rows, win_stride4: self.stride4(), ..pass.params_with(0) };
+    /// Bytes of the windows' buffer (the last window is bound whole).
+    fn bytes(&self) -> u64 {
+        u64::from(self.count - 1) * self.stride + variant::WINDOW_BYTES
+    }
+}
+
+/// The rows one dispatch of a pass computes: `row0 .. row0 + rows`.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    row0: u32,
+    rows: u32,
+}
+
+/// A pass's x rows staged into uniform windows: the windows and their buffer.
+struct Staged {
+    windows: Windows,
+    buffer: wgpu::Buffer,
+}
+
+impl Staged {
+    /// With `windows`, the windows' buffer, and the dispatch that fills it with `pass`'s input
+    /// rows (found as the GEMM finds them), pushed onto `out`; None without.
+    fn new(
+        ctx: &Context,
+        windows: Option<Windows>,
+        pass: &Pass<'_>,
+        out: &mut Vec<Dispatch>,
+    ) -> Result<Option<Self>> {
+        let Some(windows) = windows else {
+            return Ok(None);
+        };
+        let buffer = ctx.window_scratch("gemm x windows", windows.bytes())?;
+        let p = Params { win_rows: windows.rows, win_stride4: windows.stride4(), ..pass.params_with(0) };
         let params = ctx.uniform("stage params", &p)?;
         let kernel = ctx.kernel(&STAGE, &[])?;
         let groups = (u64::from(p.rows) * u64::from(p.kdim.div_ceil(4))).div_ceil(64);
@@ -880,10 +865,30 @@ impl Windows {
             Binding::new(0, &params, std::mem::size_of::<Params>() as u64),
             Binding::new(1, pass.x, pass.x.size()),
             Binding::new(4, pass.row_entry, pass.row_entry.size()),
-            Binding::new(7, &buffer, bytes),
+            Binding::new(7, &buffer, windows.bytes()),
         ];
-        let dispatch = ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "GEMM staging")?)?;
-        Ok((buffer, dispatch))
+        out.push(ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "GEMM staging")?)?);
+        Ok(Some(Staged { windows, buffer }))
+    }
+
+    /// The dispatches of a pass of `rows` rows: one per window, or one for the whole pass.
+    fn spans(staged: Option<&Self>, rows: u32) -> Vec<Span> {
+        match staged {
+            Some(st) => (0..st.windows.count)
+                .map(|w| Span { row0: w * st.windows.rows, rows: st.windows.rows })
+                .collect(),
+            None => vec![Span { row0: 0, rows }],
+        }
+    }
+
+    /// Window `index` bound at `slot` as a uniform buffer.
+    fn binding(&self, slot: u32, index: usize) -> Binding<'_> {
+        Binding {
+            binding: slot,
+            buffer: &self.buffer,
+            size: variant::WINDOW_BYTES,
+            offset: index as u64 * self.windows.stride,
+        }
     }
 }
 

@@ -210,18 +210,8 @@ impl FfnKernels {
     }
 }
 
-/// Bindings of every generated GEMM kernel.
-pub(crate) const BINDINGS: &[(u32, Access)] = &[
-    (0, Access::Uniform),
-    (1, Access::Read),
-    (2, Access::Read),
-    (3, Access::Read),
-    (4, Access::Read),
-    (5, Access::Read),
-    (6, Access::ReadWrite),
-];
-
-/// Bindings of a window GEMM kernel: [`BINDINGS`] and the x window (7).
+/// Bindings of a window GEMM kernel: those of every generated GEMM kernel ([`BINDINGS`]) and
+/// the x window (7).
 pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
     (0, Access::Uniform),
     (1, Access::Read),
@@ -232,6 +222,9 @@ pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
     (6, Access::ReadWrite),
     (7, Access::Uniform),
 ];
+
+/// Bindings of every generated GEMM kernel.
+pub(crate) const BINDINGS: &[(u32, Access)] = WINDOW_BINDINGS.split_at(7).0;
 
 /// Bytes of the x window a window kernel declares (`array<vec4<f32>, 4096>`): WebGPU's
 /// default `max_uniform_buffer_binding_size`.
