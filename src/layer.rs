@@ -499,7 +499,7 @@ impl MoeLayer {
         let ffn_bufs = FfnBuffers { x, indices: &indices, partial: &partial };
         let (mut layout, mut buckets) = (None, None);
         match c.capacity {
-            Capacity::Dropless if uses_decode_path(tokens) => {
+            Capacity::Dropless if uses_decode_path(tokens, c.k, c.experts) => {
                 stages.push((
                     "experts",
                     plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Decode)?

@@ -756,10 +756,17 @@ fn small_device_limits_are_errors_not_panics() {
         }))
         .unwrap();
         let ctx = Context::from_wgpu(device, queue);
-        // gate [4, 16, 32] f32 is 8 KiB: past the 4 KiB binding limit, so it runs split.
+        // gate [4, 16, 32] f32 is 8 KiB: past the 4 KiB binding limit, so it runs split (one
+        // token: the decode path; three tokens take the grouped path, whose padded activations,
+        // 66 rows of 16, are past the limit: an error naming it).
         let cfg = MoeConfig::new(32, 16, 4, 2);
         let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
-        assert_eq!(layer.forward_host(&ctx, &[0.5; 32 * 3]).unwrap().y.len(), 32 * 3);
+        assert_eq!(layer.forward_host(&ctx, &[0.5; 32]).unwrap().y.len(), 32);
+        expect_err(
+            "grouped scratch past the binding limit",
+            layer.forward_host(&ctx, &[0.5; 32 * 3]),
+            &["past the limit of 4096"],
+        );
         // One weight column of 2048 f32 (8 KiB) cannot be split: K is never split.
         let cfg = MoeConfig::new(2048, 2, 2, 1);
         expect_err(

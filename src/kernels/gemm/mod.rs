@@ -25,7 +25,8 @@ mod variant;
 pub use tune::{TuneOptions, Tuned, default_cache_path, tune};
 pub use variant::{FfnKernels, GemmOrder, GemmVariant, candidates};
 
-/// Token counts up to this use the row-wise decode path when the path is chosen automatically.
+/// Token counts past this never use the row-wise decode path when the path is chosen
+/// automatically (see [`uses_decode_path`]).
 pub const DECODE_MAX_TOKENS: u32 = 8;
 
 /// The row-wise kernel's module: x from storage or from uniform windows, packed or native f16
@@ -954,10 +955,15 @@ impl FfnPlan {
     }
 }
 
-/// The path chosen automatically: row-wise decode up to [`DECODE_MAX_TOKENS`] tokens, else
-/// the grouped GEMM.
-pub fn uses_decode_path(tokens: u32) -> bool {
-    tokens <= DECODE_MAX_TOKENS
+/// The path chosen automatically for `tokens` tokens routed `k` ways over `experts` experts:
+/// the row-wise decode path for one token, or for up to [`DECODE_MAX_TOKENS`] tokens whose
+/// entries (`tokens * k`) are fewer than the experts; else the grouped GEMM. With fewer entries
+/// than experts each expert's weights serve about one entry, and the row-wise pass reads them
+/// once per entry without the grouped path's padded tiles; from about one entry per expert on,
+/// a grouped block reads an expert's weights once for all its rows (measured in docs/gemm.md).
+/// Either path gives the same bits.
+pub fn uses_decode_path(tokens: u32, k: u32, experts: u32) -> bool {
+    tokens == 1 || (tokens <= DECODE_MAX_TOKENS && u64::from(tokens) * u64::from(k) < u64::from(experts))
 }
 
 /// Device buffers of an expert FFN.
