@@ -16,7 +16,8 @@
 //!   uniform-buffer window that a staging pass fills (`wgsl/gemm/stage.wgsl`). On llvmpipe a
 //!   uniform load at an address every lane shares is one scalar load and a broadcast, against a
 //!   per-lane loop for a storage load, so only the weight loads stay dear and each feeds `rows`
-//!   FMAs. Where a window cannot hold `rows` rows of K (or the device's uniform bindings are
+//!   FMAs. Where a window cannot hold `rows` rows of K the block halves its rows (down to 8,
+//!   columns doubled); where no window block fits (or the device's uniform bindings are
 //!   smaller than a window) the pass runs as the direct variant of the same block: same
 //!   operations, same bits.
 //!
@@ -184,8 +185,8 @@ pub struct FfnKernels {
 
 impl FfnKernels {
     /// The fixed default for an adapter: [`GemmVariant::Window`] 16 × 8 blocks of 8 lanes on
-    /// CPU adapters (the direct block where K is too long for a window),
-    /// [`GemmVariant::Tiled`] elsewhere.
+    /// CPU adapters (8 × 16 window blocks, then the direct block, where K is too long for a
+    /// window of 16 rows), [`GemmVariant::Tiled`] elsewhere.
     pub fn default_for(cpu: bool, order: GemmOrder) -> Self {
         if cpu {
             let block = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
