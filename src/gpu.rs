@@ -110,16 +110,23 @@ impl Context {
     }
 
     /// A zero-filled buffer of `bytes` bytes that one kernel writes as storage and others read
-    /// in windows as uniform buffers; checked against the storage-binding limit.
+    /// in windows as uniform buffers; checked against the storage-binding limit. Copyable out,
+    /// like every buffer moeflow makes, so a plan can be captured whole.
     pub(crate) fn window_scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
         self.check_storage_bytes(label, bytes)?;
-        self.buffer(label, bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM, false)
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC;
+        self.buffer(label, bytes, usage, false)
     }
 
-    /// A uniform buffer holding `value`.
+    /// A uniform buffer holding `value` (see [`Context::uniform_bytes`]).
     pub(crate) fn uniform<T: Pod>(&self, label: &str, value: &T) -> Result<wgpu::Buffer> {
-        let bytes = bytemuck::bytes_of(value);
-        let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        self.uniform_bytes(label, bytemuck::bytes_of(value))
+    }
+
+    /// A uniform buffer holding `bytes` (copyable both ways: kernels' parameters are rewritten
+    /// in place, and read back when a plan is captured).
+    pub(crate) fn uniform_bytes(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let buffer = self.buffer(label, bytes.len() as u64, usage, true)?;
         fill_mapped(&buffer, bytes);
         Ok(buffer)

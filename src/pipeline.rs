@@ -53,10 +53,11 @@ impl KernelSpec {
     }
 }
 
-/// A built pipeline and its bind-group layout.
+/// A built pipeline, the constants it was specialised with, and its bind-group layout.
 #[derive(Debug)]
 pub struct Kernel {
     spec: &'static KernelSpec,
+    constants: Vec<(&'static str, f64)>,
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
 }
@@ -98,12 +99,31 @@ impl<'a> Binding<'a> {
     }
 }
 
+/// One buffer range a [`Dispatch`] binds, with the access its kernel declares for it.
+#[derive(Clone, Debug)]
+pub struct BoundBuffer {
+    /// Binding index in group 0.
+    pub binding: u32,
+    /// How the kernel binds it.
+    pub access: Access,
+    /// The buffer (a handle to the one bound, not a copy).
+    pub buffer: wgpu::Buffer,
+    /// First byte bound.
+    pub offset: u64,
+    /// Bytes bound.
+    pub size: u64,
+}
+
 /// A recorded-to-be dispatch: pipeline, bind group and grid. Recording it into a compute
 /// pass is all that is left; submission belongs to the caller.
+///
+/// A dispatch also describes itself (module, entry point, constants, bound ranges, grid), so
+/// the same work can be replayed through another WebGPU implementation (`tools/tint/`).
 #[derive(Clone, Debug)]
 pub struct Dispatch {
     kernel: Arc<Kernel>,
     bind_group: wgpu::BindGroup,
+    bindings: Vec<BoundBuffer>,
     workgroups: [u32; 3],
 }
 
@@ -124,6 +144,22 @@ impl Dispatch {
     /// Workgroups in x, y and z.
     pub fn workgroups(&self) -> [u32; 3] {
         self.workgroups
+    }
+
+    /// The WGSL module holding the entry point (its [`ShaderSource::compose`] is the text
+    /// the pipeline was built from).
+    pub fn shader(&self) -> &'static ShaderSource {
+        self.kernel.spec.shader
+    }
+
+    /// The override constants the pipeline was specialised with, in the order given.
+    pub fn constants(&self) -> &[(&'static str, f64)] {
+        &self.kernel.constants
+    }
+
+    /// The buffer ranges bound, in binding order as planned.
+    pub fn bindings(&self) -> &[BoundBuffer] {
+        &self.bindings
     }
 }
 
@@ -185,7 +221,7 @@ impl Context {
                 },
                 cache: None,
             });
-            Kernel { spec, pipeline, layout }
+            Kernel { spec, constants: constants.to_vec(), pipeline, layout }
         })?;
         let kernel = Arc::new(kernel);
         lock(&self.pipelines().pipelines).insert(key, kernel.clone());
@@ -266,7 +302,24 @@ impl Context {
                 entries: &entries,
             })
         })?;
-        Ok(Dispatch { kernel: kernel.clone(), bind_group, workgroups })
+        let access = |binding| {
+            kernel.spec.bindings.iter().find(|(b, _)| *b == binding).map(|&(_, a)| a).ok_or_else(|| {
+                Error::invalid(format!("`{}` declares no binding {binding}", kernel.spec.entry))
+            })
+        };
+        let bindings = bindings
+            .iter()
+            .map(|b| {
+                Ok(BoundBuffer {
+                    binding: b.binding,
+                    access: access(b.binding)?,
+                    buffer: b.buffer.clone(),
+                    offset: b.offset,
+                    size: b.size.max(4),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Dispatch { kernel: kernel.clone(), bind_group, bindings, workgroups })
     }
 }
 

@@ -201,13 +201,7 @@ pub fn plan_combine(
                 let at = i * stride as usize;
                 bytes[at..at + 32].copy_from_slice(bytemuck::bytes_of(p));
             }
-            let params = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-                label: Some("sequential combine params"),
-                size: bytes.len() as u64,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            ctx.queue().write_buffer(&params, 0, &bytes);
+            let params = ctx.uniform_bytes("sequential combine params", &bytes)?;
             let bound =
                 Bound { params, placeholder: ctx.storage_scratch("no shared", 4)?, bufs: *bufs, t, h, k: kk };
             let groups = [hidden.div_ceil(64), 1, 1];

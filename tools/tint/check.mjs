@@ -7,11 +7,10 @@
 // Dawn needs a Vulkan driver it accepts (SwiftShader here; it refuses Mesa 22's lavapipe).
 // Modules that enable f16 are reported as skipped where the adapter has no shader-f16.
 // Exit status: 0 when every pipeline compiled, 1 when one failed, 2 when nothing could run.
-import { create, globals } from 'webgpu';
 import fs from 'node:fs';
 import path from 'node:path';
+import { openDawn } from './dawn.mjs';
 
-Object.assign(globalThis, globals);
 const dir = process.argv[2];
 if (!dir || !fs.existsSync(dir)) {
   console.error('usage: node check.mjs DIR (a folder written by MOEFLOW_DUMP_PIPELINES)');
@@ -22,22 +21,8 @@ if (records.length === 0) {
   console.error(`no pipeline records in ${dir}`);
   process.exit(2);
 }
-const gpu = create([]);
-const adapter = await gpu.requestAdapter();
-if (!adapter) {
-  console.error('Dawn found no adapter (point VK_ICD_FILENAMES at SwiftShader)');
-  process.exit(2);
-}
-const info = adapter.info ?? {};
-console.log(`adapter: ${info.vendor} ${info.architecture} ${info.description}`.trim());
-const features = adapter.features.has('shader-f16') ? ['shader-f16'] : [];
-const requiredLimits = {};
-for (const key of ['maxComputeWorkgroupStorageSize', 'maxStorageBuffersPerShaderStage',
-  'maxComputeInvocationsPerWorkgroup', 'maxComputeWorkgroupSizeX', 'maxStorageBufferBindingSize',
-  'maxBufferSize']) {
-  requiredLimits[key] = adapter.limits[key];
-}
-const device = await adapter.requestDevice({ requiredFeatures: features, requiredLimits });
+const { device, features, description } = await openDawn();
+console.log(`adapter: ${description}`);
 const modules = new Map();
 let ok = 0;
 let failed = 0;

@@ -1,0 +1,11 @@
+import { openDawn } from './dawn.mjs';
+const { device } = await openDawn();
+console.log('opened');
+device.pushErrorScope('validation');
+console.log('pushed');
+const USAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+const b = device.createBuffer({ size: 32, usage: USAGE, mappedAtCreation: true });
+console.log('created');
+new Uint8Array(b.getMappedRange()).set(new Uint8Array(32));
+b.unmap();
+console.log('ok');
