@@ -233,6 +233,42 @@ fn tie_break_contract_holds_as_documented() {
     }
 }
 
+/// Renormalisation flushes subnormal scores and partial sums to +0.0 explicitly, so adapters
+/// that flush subnormals (SwiftShader) and adapters that keep them (Mesa) give the same
+/// weights: all-subnormal chosen scores are 0/0 = NaN everywhere, and a subnormal next to a
+/// normal score weighs exactly 0. (Subnormal logits go through the top-k kernel alone: the
+/// fused kernel's matvec may itself flush them, which changes the selection, not the rule.)
+#[test]
+fn renormalisation_flushes_subnormals_on_every_adapter() {
+    let tiny = f32::from_bits(1);
+    let raw = |k| RouteConfig { gating: Gating::Raw, renormalize: true, ..RouteConfig::new(1, 3, k) };
+    // 2^-125 - 1.5 * 2^-126 = 2^-127: two normal scores whose sum is subnormal, so it is +0.0
+    // and the weights are ±inf.
+    let (a, b) = (f32::from_bits(0x0100_0000), -f32::from_bits(0x00c0_0000));
+    for ctx in contexts() {
+        let slug = ctx.adapter().slug();
+        let cfg = raw(2);
+        let got = topk_host(&ctx, &cfg, &[tiny, 0.0, f32::from_bits(3)], None).unwrap();
+        assert_eq!(got.indices, vec![2, 0], "{slug}");
+        assert!(got.weights.iter().all(|w| w.is_nan()), "{slug}: all-subnormal weights {:?}", got.weights);
+        let got = topk_host(&ctx, &cfg, &[tiny, 0.75, -0.0], None).unwrap();
+        assert_eq!(got.indices, vec![1, 0], "{slug}");
+        assert_eq!(bits(&got.weights), bits(&[1.0, 0.0]), "{slug}: normal next to subnormal");
+        let (idx, w) = route_rows(&ctx, &cfg, &[a, -1.0, b], None);
+        assert_eq!(idx, vec![0, 2], "{slug}");
+        assert_eq!(w, vec![f32::INFINITY, f32::NEG_INFINITY], "{slug}: cancelling sum");
+        for row in [[tiny, 0.0, f32::from_bits(3)], [tiny, 0.75, -0.0], [a, -1.0, b]] {
+            // A NaN's sign and payload are not part of the contract.
+            let canon = |v: &[f32]| {
+                bits(&v.iter().map(|w| if w.is_nan() { f32::NAN } else { *w }).collect::<Vec<_>>())
+            };
+            let (_, want) = reference::topk(&cfg, &row, None);
+            let got = topk_host(&ctx, &cfg, &row, None).unwrap();
+            assert_eq!(canon(&got.weights), canon(&want), "{slug}: kernel vs reference on {row:?}");
+        }
+    }
+}
+
 fn expect_err(result: moeflow::Result<impl std::fmt::Debug>, needle: &str) {
     match result {
         Ok(v) => panic!("expected an error mentioning `{needle}`, got Ok({v:?})"),

@@ -171,6 +171,14 @@ fn choose(cfg: &RouteConfig, sel: &[f32], groups: &[bool]) -> Vec<u32> {
     chosen
 }
 
+/// Zero for a subnormal (or zero) `v`, `v` otherwise, as `flush_subnormal` in
+/// `wgsl/routing/select.wgsl`: the renormalising sum flushes explicitly, because WGSL lets an
+/// adapter flush f32 subnormals (SwiftShader does) and a sum of subnormals divided into
+/// itself would give 1 on one adapter and NaN on another.
+pub fn flush_subnormal(v: f32) -> f32 {
+    if v.abs() < f32::MIN_POSITIVE { 0.0 } else { v }
+}
+
 /// Top-k for one token: `(indices, weights)` from its logits row, as `route_select`. Without
 /// bias and groups the experts are chosen on the logits; else on the scores (plus bias).
 pub fn select(cfg: &RouteConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
@@ -187,14 +195,14 @@ pub fn select(cfg: &RouteConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u
     let mut sum = 0.0f32;
     if cfg.renormalize {
         for &e in &chosen {
-            sum += score[e as usize];
+            sum = flush_subnormal(sum + flush_subnormal(score[e as usize]));
         }
     }
     let weights = chosen
         .iter()
         .map(|&e| {
             let w = score[e as usize];
-            let w = if cfg.renormalize { w / sum } else { w };
+            let w = if cfg.renormalize { flush_subnormal(w) / sum } else { w };
             w * cfg.scale
         })
         .collect();

@@ -273,9 +273,17 @@ fn choose_experts(lid: u32) {
     }
 }
 
+// Zero for a subnormal (or zero) `v`, `v` otherwise (NaN and infinities included). WGSL lets
+// an implementation flush f32 subnormals to zero (SwiftShader does, Mesa does not); the
+// renormalising sum flushes explicitly, so its result is the same on both kinds.
+fn flush_subnormal(v: f32) -> f32 {
+    return select(v, 0.0, abs(v) < 1.17549435e-38);
+}
+
 // Without bias and groups the experts are chosen on the logits (before scoring), else on
-// the scores (plus bias). Weights: w_j = score[chosen_j]; with RENORMALIZE
-// w_j = w_j / (w_0 + ... + w_{k-1}) summed in slot order from 0.0; finally w_j = w_j * scale.
+// the scores (plus bias). Weights: w_j = score[chosen_j]; with RENORMALIZE each w_j is
+// flushed (flush_subnormal), sum = flush(sum + w_j) in slot order from 0.0, and w_j = w_j / sum;
+// finally w_j = w_j * scale.
 fn route_select(t: u32, lid: u32) {
     let on_logits = !HAS_BIAS && !HAS_GROUPS;
     if on_logits {
@@ -293,14 +301,14 @@ fn route_select(t: u32, lid: u32) {
         var sum = 0.0;
         if RENORMALIZE {
             for (var j = 0u; j < k; j++) {
-                sum = sum + score[chosen[j]];
+                sum = flush_subnormal(sum + flush_subnormal(score[chosen[j]]));
             }
         }
         let out = t * k;
         for (var j = 0u; j < k; j++) {
             var w = score[chosen[j]];
             if RENORMALIZE {
-                w = w / sum;
+                w = flush_subnormal(w) / sum;
             }
             topk_indices[out + j] = chosen[j];
             topk_weights[out + j] = w * params.scale;
