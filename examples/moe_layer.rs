@@ -54,6 +54,10 @@ struct Args {
     /// Adapter: `vulkan`, `gl`, `vulkan:llvmpipe`, a name substring (default: MOEFLOW_ADAPTER or the best found).
     #[arg(long)]
     adapter: Option<String>,
+    /// List every adapter wgpu finds (selector slug, name, backend, type, driver, the optional
+    /// features moeflow uses) and exit; fails when there is none.
+    #[arg(long, exclusive = true)]
+    list_adapters: bool,
     /// Layer weights: a `.safetensors` file, a sharded checkpoint's
     /// `model.safetensors.index.json`, or a directory holding either (memory-mapped).
     /// Without it a seeded synthetic model runs.
@@ -166,6 +170,20 @@ fn apply_modes(cfg: MoeConfig, args: &Args) -> MoeConfig {
 }
 
 fn run(args: &Args) -> Result<bool> {
+    if args.list_adapters {
+        let found = moeflow::adapters();
+        for a in &found {
+            let c = a.capabilities;
+            println!(
+                "{}: {a}; timestamps={} subgroups={} shader-f16={}",
+                a.slug(),
+                c.timestamps,
+                c.subgroups,
+                c.shader_f16
+            );
+        }
+        return Ok(!found.is_empty());
+    }
     let ctx = match &args.adapter {
         Some(s) => Context::with_selector(&s.parse::<AdapterSelector>()?)?,
         None => Context::new()?,

@@ -17,8 +17,8 @@ use crate::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, LoadStats, OverflowPolicy,
 };
 use crate::kernels::gemm::{
-    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant,
-    TuneOptions, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts, uses_decode_path,
+    AdapterKind, DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
+    GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts, uses_decode_path,
 };
 use crate::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::pipeline::Dispatch;
@@ -121,11 +121,11 @@ impl MoeConfig {
         }
     }
 
-    /// The expert projections' kernels on an adapter (`cpu`: a CPU adapter) before tuning:
-    /// the fixed choice, else the adapter's default.
-    pub fn ffn_kernels(&self, cpu: bool) -> FfnKernels {
+    /// The expert projections' kernels on a kind of adapter before tuning: the fixed choice,
+    /// else the kind's default.
+    pub fn ffn_kernels(&self, kind: AdapterKind) -> FfnKernels {
         match self.kernels {
-            KernelChoice::Default | KernelChoice::Tuned => FfnKernels::default_for(cpu, self.gemm_order),
+            KernelChoice::Default | KernelChoice::Tuned => FfnKernels::default_for(kind, self.gemm_order),
             KernelChoice::Fixed { up, down } => FfnKernels { order: self.gemm_order, up, down },
         }
     }
@@ -156,7 +156,7 @@ impl MoeConfig {
         if let Capacity::Bounded { bound: 0, .. } = self.capacity {
             return Err(Error::invalid("capacity bound must be at least 1"));
         }
-        self.ffn_kernels(false).validate()
+        self.ffn_kernels(AdapterKind::Gpu).validate()
     }
 }
 
@@ -426,7 +426,7 @@ impl MoeLayer {
             (None, None) => {}
             _ => return Err(Error::invalid("shared expert weights and config.shared_ffn disagree")),
         }
-        let mut kernels = cfg.ffn_kernels(ctx.adapter().is_cpu());
+        let mut kernels = cfg.ffn_kernels(AdapterKind::of(ctx.adapter()));
         if cfg.kernels == KernelChoice::Tuned {
             kernels =
                 crate::kernels::gemm::tune(ctx, &experts, cfg.gemm_order, &TuneOptions::for_context(ctx))?

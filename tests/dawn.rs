@@ -18,8 +18,8 @@ use common::{rng, uniform};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use moeflow::kernels::gemm::{
-    ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant, WeightDtype,
-    plan_ffn,
+    AdapterKind, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant,
+    WeightDtype, plan_ffn,
 };
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
 use moeflow::layer::{MoeConfig, MoeLayer};
@@ -28,7 +28,6 @@ use moeflow::reference;
 use moeflow::reference::dispatch::NONE;
 use moeflow::synth::Synth;
 use moeflow::{Context, Dispatch};
-use rand::Rng;
 use serde_json::{Value, json};
 
 /// Environment variable naming the folder the cases are written to.
@@ -43,26 +42,23 @@ fn contexts() -> Vec<Context> {
         .iter()
         .map(|adapter| {
             let a = adapter.limits();
+            // Each limit named here: WebGPU's default, capped by the adapter's own.
+            macro_rules! capped {
+                ($($field:ident),*) => {
+                    wgpu::Limits { $($field: webgpu.$field.min(a.$field),)* ..a.clone() }
+                };
+            }
             let limits = wgpu::Limits {
                 min_uniform_buffer_offset_alignment: webgpu.min_uniform_buffer_offset_alignment,
                 min_storage_buffer_offset_alignment: webgpu.min_storage_buffer_offset_alignment,
-                max_storage_buffers_per_shader_stage: webgpu
-                    .max_storage_buffers_per_shader_stage
-                    .min(a.max_storage_buffers_per_shader_stage),
-                max_uniform_buffer_binding_size: webgpu
-                    .max_uniform_buffer_binding_size
-                    .min(a.max_uniform_buffer_binding_size),
-                max_storage_buffer_binding_size: webgpu
-                    .max_storage_buffer_binding_size
-                    .min(a.max_storage_buffer_binding_size),
-                max_buffer_size: webgpu.max_buffer_size.min(a.max_buffer_size),
-                max_compute_workgroup_storage_size: webgpu
-                    .max_compute_workgroup_storage_size
-                    .min(a.max_compute_workgroup_storage_size),
-                max_compute_invocations_per_workgroup: webgpu
-                    .max_compute_invocations_per_workgroup
-                    .min(a.max_compute_invocations_per_workgroup),
-                ..a
+                ..capped!(
+                    max_storage_buffers_per_shader_stage,
+                    max_uniform_buffer_binding_size,
+                    max_storage_buffer_binding_size,
+                    max_buffer_size,
+                    max_compute_workgroup_storage_size,
+                    max_compute_invocations_per_workgroup
+                )
             };
             // No optional features: the replay's device has none either.
             let desc = wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() };
@@ -292,30 +288,12 @@ fn routing_cases() {
     }
 }
 
-/// Skewed routes: expert e drawn with weight 1/(e+1), odd experts past 2 left empty.
-fn skewed_routes(seed: u64, tokens: u32, experts: u32, k: u32) -> Vec<u32> {
-    let mut r = rng(seed);
-    let mut out = Vec::new();
-    for _ in 0..tokens {
-        let start = out.len();
-        while out.len() - start < k as usize {
-            let u: f32 = r.random();
-            let e = ((u * u * experts as f32) as u32).min(experts - 1);
-            let e = if e > 2 && e % 2 == 1 { e - 1 } else { e };
-            if !out[start..].contains(&e) {
-                out.push(e);
-            }
-        }
-    }
-    out
-}
-
 /// The dispatch layout (count, scan, stable permutation, tile map): every word exactly.
 #[test]
 fn dispatch_layout_case() {
     for ctx in contexts() {
         let (tokens, experts, k, tile) = (300u32, 60u32, 4u32, 16u32);
-        let idx = skewed_routes(5, tokens, experts, k);
+        let idx = common::routes(5, tokens, experts, k, true);
         let ib = ctx.upload("indices", &idx).unwrap();
         let layout = DispatchLayout::new(&ctx, DispatchConfig { experts, k, tile }, tokens, 0).unwrap();
         let mut cap = Capture::run(&ctx, "dispatch-layout", layout.plan(&ctx, &ib).unwrap());
@@ -348,8 +326,8 @@ fn grouped_gemm_cases() {
         let up = dtype.round(&uniform(&mut r, n, sh));
         let down = dtype.round(&uniform(&mut r, n, sf));
         let x = uniform(&mut r, (tokens * h) as usize, 1.0);
-        let idx = skewed_routes(22, tokens, e, k);
-        let default = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict);
+        let idx = common::routes(22, tokens, e, k, true);
+        let default = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
         let tiled = GemmVariant::Tiled { bk4: 2 };
         for (name, kernels) in
             [("tiled", FfnKernels { up: tiled, down: tiled, ..default }), ("default", default)]

@@ -204,7 +204,9 @@ fn example_runs_a_users_layer_for_every_naming_scheme() {
             cmd.arg("--config").arg(dir.join("config.json"));
         }
         if matches!(scheme, Scheme::Olmoe) {
-            cmd.args(["--adapter", "gl", "--prefix", prefix]);
+            // The adapter flag, naming the last adapter's backend (GL where it is listed).
+            let backend = format!("{:?}", adapters[adapters.len() - 1].get_info().backend).to_lowercase();
+            cmd.args(["--adapter", &backend, "--prefix", prefix]);
         }
         let out = cmd.output().expect("running the example");
         assert!(

@@ -4,14 +4,14 @@
 
 mod common;
 
-use common::{assert_rows_close, bits, contexts, rng, uniform};
+use common::{assert_rows_close, bits, contexts, rng, routes, uniform};
 use moeflow::Context;
 use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
 };
 use moeflow::kernels::gemm::{
-    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant,
-    WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
+    AdapterKind, DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
+    GemmVariant, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use rand::Rng;
@@ -105,29 +105,6 @@ fn run(ctx: &Context, ffn: &ExpertFfn, x: &[f32], idx: &[u32], k: u32, path: Pat
     ds.extend(plan_ffn(ctx, ffn, tokens, k, &bufs, routing).unwrap().into_dispatches());
     ctx.run(&ds.iter().collect::<Vec<_>>()).unwrap();
     ctx.read_back(&partial, (tokens * k * h) as usize).unwrap()
-}
-
-/// k distinct experts per token; with `skew`, experts are drawn towards 0 and odd ones above 2
-/// stay empty.
-fn routes(seed: u64, tokens: u32, e: u32, k: u32, skew: bool) -> Vec<u32> {
-    let mut r = rng(seed);
-    let mut out = Vec::new();
-    for _ in 0..tokens {
-        let start = out.len();
-        while out.len() - start < k as usize {
-            let c = if skew {
-                let u: f32 = r.random::<f32>();
-                let x = ((u * u * e as f32) as u32).min(e - 1);
-                if x > 2 && x % 2 == 1 { x - 1 } else { x }
-            } else {
-                r.random_range(0..e)
-            };
-            if !out[start..].contains(&c) {
-                out.push(c);
-            }
-        }
-    }
-    out
 }
 
 #[test]
@@ -233,7 +210,7 @@ fn dense_gemm_matches_the_reference_dot() {
         let w = uniform(&mut r, (n * kd) as usize, 0.1);
         let weights = ExpertWeights::from_f32(&ctx, &w, WeightDtype::F32, 1, n, kd).unwrap();
         let (xb, yb) = (ctx.upload("x", &x).unwrap(), ctx.zeroed("y", u64::from(rows * n) * 4).unwrap());
-        let block = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict).down;
+        let block = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict).down;
         ctx.run(
             &plan_dense(&ctx, &weights, rows, &xb, &yb, DenseKernel::Block(block), GemmOrder::Strict)
                 .unwrap()
@@ -371,7 +348,7 @@ fn native_f16_loads_equal_the_packed_path_bitwise() {
 /// Small variants that exercise every part of the generator (blocks of one, odd lane counts,
 /// short K chunks) next to the adapter's defaults.
 fn variants_under_test(ctx: &Context) -> Vec<GemmVariant> {
-    let d = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict);
+    let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
     let mut v = vec![
         d.up,
         d.down,
@@ -512,8 +489,13 @@ fn small_uniform_bindings_run_without_windows_bitwise() {
         let m = Model::new(66, e, h, f, WeightDtype::Bf16);
         let x = adversarial(&mut rng(67), (tokens * h) as usize, 1.0);
         let idx = routes(68, tokens, e, k, true);
-        let window = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
-        let kernels = FfnKernels { order: GemmOrder::Strict, up: window, down: window };
+        // The adapter's default window block where it has one (16 x 4 on SwiftShader, whose
+        // compiler takes minutes over a bf16 16 x 8 block on each of the two fresh devices).
+        let mut kernels = FfnKernels::default_for(AdapterKind::of(full.adapter()), GemmOrder::Strict);
+        if !matches!(kernels.up, GemmVariant::Window { .. }) {
+            let window = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
+            kernels = FfnKernels { up: window, down: window, ..kernels };
+        }
         for path in [Path::Grouped, Path::Decode, Path::Bucketed(2)] {
             let what = format!("{} {path:?}", full.adapter().slug());
             let on =
@@ -528,7 +510,7 @@ fn fast_order_is_deterministic_and_batch_invariant() {
     for ctx in contexts() {
         let (e, k) = (16u32, 4u32);
         let m = Model::new(70, e, 48, 36, WeightDtype::F16);
-        let d = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Fast);
+        let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Fast);
         let ffn = m.upload(&ctx).with_kernels(d).unwrap();
         let h = m.h as usize;
         let x = uniform(&mut rng(71), 300 * h, 1.0);
@@ -585,9 +567,10 @@ fn split_weights_give_the_unsplit_results_bitwise() {
             for (limit, chunks) in [(2 * per_expert + 4, 2usize), (per_expert, 4), (per_expert / 2, 8)] {
                 let split = small_binding_context(&adapter, limit.next_multiple_of(4));
                 for order in [GemmOrder::Strict, GemmOrder::Fast] {
-                    // Any variant shows the split (all are bit-identical within an order); the
-                    // tiled kernel compiles fastest on a fresh device of every adapter.
-                    let tiled = GemmVariant::Tiled { bk4: 8 };
+                    // Any variant shows the split (all are bit-identical within an order); a
+                    // short-chunk tiled kernel compiles fast on a fresh device of every adapter
+                    // (SwiftShader keeps no shader cache).
+                    let tiled = GemmVariant::Tiled { bk4: 2 };
                     let kernels = FfnKernels { order, up: tiled, down: tiled };
                     let a = m.upload(&whole).with_kernels(kernels).unwrap();
                     let b = m.upload(&split).with_kernels(kernels).unwrap();

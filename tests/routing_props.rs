@@ -14,8 +14,6 @@
 
 mod common;
 
-use std::sync::OnceLock;
-
 use moeflow::Context;
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig, topk_host};
 use moeflow::reference::routing::{self as reference, order_key};
@@ -24,11 +22,6 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
 const TOTAL_CASES: u32 = 10_000;
-
-fn contexts() -> &'static [Context] {
-    static CTX: OnceLock<Vec<Context>> = OnceLock::new();
-    CTX.get_or_init(common::contexts)
-}
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -195,7 +188,7 @@ fn check(ctx: &Context, case: &Case) -> Result<(), TestCaseError> {
 
 #[test]
 fn routing_matches_the_reference_on_random_adversarial_cases() {
-    let ctxs = contexts();
+    let ctxs = common::contexts();
     if ctxs.is_empty() {
         return;
     }

@@ -96,7 +96,8 @@ fn a_tuned_layer_runs_the_cached_choice_and_gives_the_default_bits() {
         ..TuneOptions::for_context(ctx)
     };
     let key = tune(ctx, &experts, GemmOrder::Fast, &probe).unwrap().key;
-    let choice = moeflow::kernels::gemm::candidates(ctx.adapter().is_cpu())[0];
+    let choice =
+        moeflow::kernels::gemm::candidates(moeflow::kernels::gemm::AdapterKind::of(ctx.adapter()))[0];
     let entry = serde_json::json!({"up": choice, "down": choice, "timings": []});
     std::fs::write(&path, serde_json::json!({"entries": {key: entry}}).to_string()).unwrap();
     // SAFETY: this test binary sets the variable in this one test only, before any tuning reads it.

@@ -7,8 +7,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
 use crate::kernels::gemm::{
-    DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant,
-    TuneOptions, WeightDtype, plan_dense, plan_ffn, tune,
+    AdapterKind, DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
+    GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_ffn, tune,
 };
 use crate::pipeline::Dispatch;
 use crate::reference::gemm as reference;
@@ -349,7 +349,7 @@ impl Comparison for TiledVsRowwise {
         shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let block = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict).down;
+        let block = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict).down;
         dense_pair(ctx, size, seed, DenseKernel::Rowwise, DenseKernel::Block(block))
     }
 }
@@ -428,9 +428,9 @@ impl Comparison for DenseWideVsDefault {
         shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let cpu = ctx.adapter().is_cpu();
-        let default = FfnKernels::default_for(cpu, GemmOrder::Strict).down;
-        let wide = if cpu {
+        let kind = AdapterKind::of(ctx.adapter());
+        let default = FfnKernels::default_for(kind, GemmOrder::Strict).down;
+        let wide = if ctx.adapter().is_cpu() {
             GemmVariant::Window { rows: 32, cols: 4, lanes: 8 }
         } else {
             GemmVariant::Tiled { bk4: 16 }
@@ -512,8 +512,7 @@ impl Comparison for FastVsStrict {
         layer_shape_sizes(set, held_out)
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let cpu = ctx.adapter().is_cpu();
-        let a = FfnKernels::default_for(cpu, GemmOrder::Strict);
+        let a = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
         grouped_pair(ctx, size, seed, a, FfnKernels { order: GemmOrder::Fast, ..a })
     }
 }
@@ -589,7 +588,7 @@ impl Comparison for TunedVsDefault {
         layer_shape_sizes(set, held_out)
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let a = FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict);
+        let a = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
         let p = Problem::new(size, seed);
         let opts = TuneOptions { cache: None, ..TuneOptions::for_context(ctx) };
         let tuned = tune(ctx, &p.ffn(ctx)?, GemmOrder::Strict, &opts)?;

@@ -1,14 +1,34 @@
 //! Shared test helpers: one context per adapter, seeded data, and float comparison.
 #![allow(dead_code)]
 
+use std::sync::{Arc, OnceLock};
+
 use moeflow::Context;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// One context per adapter. With no adapter at all, the calling test fails when
 /// `MOEFLOW_REQUIRE_ADAPTER=1` and otherwise prints why it does nothing.
-pub fn contexts() -> Vec<Context> {
-    let ctxs = Context::all().expect("creating a device on an adapter that wgpu listed");
+///
+/// Contexts on Vulkan, Metal and DX12 adapters are made once per test process and shared by
+/// its tests (wgpu's error scopes are per thread, so concurrent tests do not see each other's
+/// errors), so each pipeline is compiled once per process: SwiftShader keeps no shader cache
+/// across devices, and compiling the GEMM kernels anew for every test dominated its run. GL
+/// contexts are made fresh on every call: wgpu runs a GL device behind one lock that panics
+/// after six seconds of waiting, which concurrent tests on one device could reach.
+pub fn contexts() -> Vec<Arc<Context>> {
+    static SHARED: OnceLock<Vec<Arc<Context>>> = OnceLock::new();
+    let open = |gl: bool| -> Vec<Arc<Context>> {
+        moeflow::wgpu_adapters()
+            .iter()
+            .filter(|a| (a.get_info().backend == wgpu::Backend::Gl) == gl)
+            .map(|a| {
+                Arc::new(Context::from_adapter(a).expect("creating a device on an adapter that wgpu listed"))
+            })
+            .collect()
+    };
+    let mut ctxs = SHARED.get_or_init(|| open(false)).clone();
+    ctxs.extend(open(true));
     require_some(ctxs.len());
     ctxs
 }
@@ -31,6 +51,29 @@ fn require_some(found: usize) {
 
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// k distinct experts per token; with `skew`, experts are drawn towards 0 and odd ones above 2
+/// stay empty.
+pub fn routes(seed: u64, tokens: u32, e: u32, k: u32, skew: bool) -> Vec<u32> {
+    let mut r = rng(seed);
+    let mut out = Vec::new();
+    for _ in 0..tokens {
+        let start = out.len();
+        while out.len() - start < k as usize {
+            let c = if skew {
+                let u: f32 = r.random::<f32>();
+                let x = ((u * u * e as f32) as u32).min(e - 1);
+                if x > 2 && x % 2 == 1 { x - 1 } else { x }
+            } else {
+                r.random_range(0..e)
+            };
+            if !out[start..].contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
 }
 
 pub fn uniform(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {

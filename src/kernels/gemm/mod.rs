@@ -23,7 +23,7 @@ mod tune;
 mod variant;
 
 pub use tune::{TuneOptions, Tuned, default_cache_path, tune};
-pub use variant::{FfnKernels, GemmOrder, GemmVariant, candidates};
+pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
 
 /// Token counts past this never use the row-wise decode path when the path is chosen
 /// automatically (see [`uses_decode_path`]).
@@ -74,8 +74,9 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
         &ROWWISE_WINDOW_F16_SHADER,
         &STAGE_SHADER,
     ];
-    let mut variants = candidates(true);
-    variants.extend(candidates(false));
+    let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
+    variants.sort_by_key(|v| v.name());
+    variants.dedup();
     for v in variants {
         for order in [GemmOrder::Strict, GemmOrder::Fast] {
             for native in [false, true] {
@@ -530,7 +531,8 @@ impl ExpertFfn {
 
     /// The kernels this FFN runs on `ctx`.
     pub fn kernels(&self, ctx: &Context) -> FfnKernels {
-        self.kernels.unwrap_or_else(|| FfnKernels::default_for(ctx.adapter().is_cpu(), GemmOrder::Strict))
+        self.kernels
+            .unwrap_or_else(|| FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict))
     }
     /// Experts.
     pub fn experts(&self) -> u32 {
@@ -799,24 +801,26 @@ impl Windows {
 
     /// What runs `variant` on a pass of `rows` rows of `kdim` values: a window variant with its
     /// windows where a window holds one of its blocks; else the same variant with half the rows
-    /// and twice the columns per block, down to 8 rows, where a window holds that block (it
-    /// still divides the dispatch tile; on lavapipe an 8-row window block is still about 1.5x
-    /// the 16-row direct one, its x loads being broadcasts); else the direct variant of the
+    /// and twice the columns per block (the same columns on SwiftShader, where wider blocks
+    /// take minutes to compile), down to 8 rows, where a window holds that block (it still
+    /// divides the dispatch tile; on lavapipe an 8-row window block is still about 1.5x the
+    /// 16-row direct one, its x loads being broadcasts); else the direct variant of the
     /// original block. Other variants as they are. Every choice computes the same operations in
     /// the same order.
     fn choose(ctx: &Context, variant: GemmVariant, rows: u32, kdim: u32) -> (GemmVariant, Option<Self>) {
         let GemmVariant::Window { rows: block_rows, cols, lanes } = variant else {
             return (variant, None);
         };
+        let widen = if AdapterKind::of(ctx.adapter()) == AdapterKind::SwiftShader { 1 } else { 2 };
         let (mut r, mut c) = (block_rows, cols);
         loop {
             if let Some(w) = Windows::fit(ctx, rows, kdim, r) {
                 return (GemmVariant::Window { rows: r, cols: c, lanes }, Some(w));
             }
-            if r / 2 < 8 || c * 2 > 32 {
+            if r / 2 < 8 || c * widen > 32 {
                 return (variant.without_window(), None);
             }
-            (r, c) = (r / 2, c * 2);
+            (r, c) = (r / 2, c * widen);
         }
     }
 

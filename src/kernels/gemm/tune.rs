@@ -43,7 +43,7 @@ impl TuneOptions {
     /// The defaults for `ctx`'s adapter.
     pub fn for_context(ctx: &Context) -> Self {
         TuneOptions {
-            candidates: variant::candidates(ctx.adapter().is_cpu()),
+            candidates: variant::candidates(variant::AdapterKind::of(ctx.adapter())),
             rows: 64,
             rounds: 5,
             cache: default_cache_path(),

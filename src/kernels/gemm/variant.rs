@@ -31,7 +31,7 @@ use std::sync::{Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::context::lock;
+use crate::context::{AdapterDescription, lock};
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, KernelSpec};
 use crate::shader::{ShaderPart, ShaderSource, wgsl};
@@ -183,17 +183,49 @@ pub struct FfnKernels {
     pub down: GemmVariant,
 }
 
-impl FfnKernels {
-    /// The fixed default for an adapter: [`GemmVariant::Window`] 16 × 8 blocks of 8 lanes on
-    /// CPU adapters (8 × 16 window blocks, then the direct block, where K is too long for a
-    /// window of 16 rows), [`GemmVariant::Tiled`] elsewhere.
-    pub fn default_for(cpu: bool, order: GemmOrder) -> Self {
-        if cpu {
-            let block = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
-            FfnKernels { order, up: block, down: block }
+/// The kinds of adapter the expert kernels' defaults and tuning candidates are chosen for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdapterKind {
+    /// Hardware GPUs, and any adapter that is not one of the kinds below.
+    Gpu,
+    /// CPU adapters whose shader compiler is LLVM (Mesa's lavapipe and llvmpipe, WARP).
+    Cpu,
+    /// SwiftShader (a CPU adapter whose Subzero compiler takes minutes over the large unrolled
+    /// blocks the other CPU adapters run best: 223 s for a bf16 window 16 × 8 pipeline, 4.6 s
+    /// for 16 × 4; see docs/portability.md).
+    SwiftShader,
+}
+
+impl AdapterKind {
+    /// Every kind.
+    pub const ALL: [AdapterKind; 3] = [AdapterKind::Gpu, AdapterKind::Cpu, AdapterKind::SwiftShader];
+
+    /// The kind of `adapter`: SwiftShader by name, else CPU by device type, else GPU.
+    pub fn of(adapter: &AdapterDescription) -> Self {
+        if adapter.name.contains("SwiftShader") {
+            AdapterKind::SwiftShader
+        } else if adapter.is_cpu() {
+            AdapterKind::Cpu
         } else {
-            FfnKernels { order, up: GemmVariant::Tiled { bk4: 8 }, down: GemmVariant::Tiled { bk4: 8 } }
+            AdapterKind::Gpu
         }
+    }
+}
+
+impl FfnKernels {
+    /// The fixed default for a kind of adapter: [`GemmVariant::Tiled`] on GPUs;
+    /// [`GemmVariant::Window`] 16 × 8 blocks of 8 lanes on LLVM CPU adapters (8 × 16 window
+    /// blocks, then the direct block, where K is too long for a window of 16 rows); window
+    /// 16 × 4 blocks of 8 lanes on SwiftShader (8 × 4 window blocks, then the direct block,
+    /// where K is too long): they compile in seconds there and run as fast as any block
+    /// measured, where blocks of 8 columns take minutes to compile with bf16 or f16 weights.
+    pub fn default_for(kind: AdapterKind, order: GemmOrder) -> Self {
+        let block = match kind {
+            AdapterKind::Gpu => GemmVariant::Tiled { bk4: 8 },
+            AdapterKind::Cpu => GemmVariant::Window { rows: 16, cols: 8, lanes: 8 },
+            AdapterKind::SwiftShader => GemmVariant::Window { rows: 16, cols: 4, lanes: 8 },
+        };
+        FfnKernels { order, up: block, down: block }
     }
 
     /// Checks both variants.
@@ -273,25 +305,32 @@ fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
 }
 
-/// The variants the tuner and the tests draw from.
-pub fn candidates(cpu: bool) -> Vec<GemmVariant> {
-    if cpu {
-        vec![
+/// The variants the tuner and the tests draw from for a kind of adapter.
+pub fn candidates(kind: AdapterKind) -> Vec<GemmVariant> {
+    match kind {
+        AdapterKind::Cpu => vec![
             GemmVariant::Direct { rows: 8, cols: 8, lanes: 8 },
             GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 },
             GemmVariant::Direct { rows: 16, cols: 16, lanes: 8 },
             GemmVariant::Tiled { bk4: 8 },
             GemmVariant::Window { rows: 16, cols: 8, lanes: 8 },
             GemmVariant::Window { rows: 32, cols: 4, lanes: 8 },
-        ]
-    } else {
-        vec![
+        ],
+        // Blocks of at most 4 columns: the ones Subzero compiles in seconds.
+        AdapterKind::SwiftShader => vec![
+            GemmVariant::Window { rows: 16, cols: 4, lanes: 8 },
+            GemmVariant::Window { rows: 8, cols: 4, lanes: 8 },
+            GemmVariant::Window { rows: 4, cols: 4, lanes: 16 },
+            GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 },
+            GemmVariant::Tiled { bk4: 2 },
+        ],
+        AdapterKind::Gpu => vec![
             GemmVariant::Tiled { bk4: 4 },
             GemmVariant::Tiled { bk4: 8 },
             GemmVariant::Tiled { bk4: 16 },
             GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 },
             GemmVariant::Direct { rows: 8, cols: 4, lanes: 32 },
-        ]
+        ],
     }
 }
 
