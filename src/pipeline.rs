@@ -284,6 +284,24 @@ impl Context {
         bindings: &[Binding<'_>],
         workgroups: [u32; 3],
     ) -> Result<Dispatch> {
+        let access = |binding| {
+            kernel.spec.bindings.iter().find(|(b, _)| *b == binding).map(|&(_, a)| a).ok_or_else(|| {
+                Error::invalid(format!("`{}` declares no binding {binding}", kernel.spec.entry))
+            })
+        };
+        // Every binding must be one the kernel declares before a bind group is made of them.
+        let bound = bindings
+            .iter()
+            .map(|b| {
+                Ok(BoundBuffer {
+                    binding: b.binding,
+                    access: access(b.binding)?,
+                    buffer: b.buffer.clone(),
+                    offset: b.offset,
+                    size: b.size.max(4),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let entries: Vec<wgpu::BindGroupEntry<'_>> = bindings
             .iter()
             .map(|b| wgpu::BindGroupEntry {
@@ -302,24 +320,7 @@ impl Context {
                 entries: &entries,
             })
         })?;
-        let access = |binding| {
-            kernel.spec.bindings.iter().find(|(b, _)| *b == binding).map(|&(_, a)| a).ok_or_else(|| {
-                Error::invalid(format!("`{}` declares no binding {binding}", kernel.spec.entry))
-            })
-        };
-        let bindings = bindings
-            .iter()
-            .map(|b| {
-                Ok(BoundBuffer {
-                    binding: b.binding,
-                    access: access(b.binding)?,
-                    buffer: b.buffer.clone(),
-                    offset: b.offset,
-                    size: b.size.max(4),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Dispatch { kernel: kernel.clone(), bind_group, bindings, workgroups })
+        Ok(Dispatch { kernel: kernel.clone(), bind_group, bindings: bound, workgroups })
     }
 }
 

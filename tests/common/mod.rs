@@ -106,20 +106,33 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
 
-/// Bound relative to each row's scale: |got - ref| <= 2e-5 + 2e-5 * max|ref row|, for outputs
-/// of sums whose terms cancel. Returns how many elements were bit-equal.
-pub fn assert_rows_close(what: &str, got: &[f32], want: &[f32], width: usize) -> usize {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
+/// Bound relative to each row's scale: |got - ref| <= 2e-5 + 2e-5 * max|ref row| (the scale
+/// over the row's finite values), for outputs of sums whose terms cancel; NaN only against NaN
+/// and an infinity only against itself, as [`close`]. Returns how many elements were
+/// bit-equal, or the first element out of bounds.
+pub fn rows_close(got: &[f32], want: &[f32], width: usize) -> Result<usize, String> {
+    if got.len() != want.len() {
+        return Err(format!("{} values, want {}", got.len(), want.len()));
+    }
     let mut bit_equal = 0;
     for (r, (g, w)) in got.chunks(width).zip(want.chunks(width)).enumerate() {
-        let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        for (c, (a, b)) in g.iter().zip(w).enumerate() {
-            assert!(
-                (a - b).abs() <= 2e-5 + 2e-5 * scale,
-                "{what}: row {r} col {c}: {a:e} vs reference {b:e}"
-            );
+        let scale = w.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
+        for (c, (&a, &b)) in g.iter().zip(w).enumerate() {
+            let within = if a.is_nan() || b.is_nan() || a.is_infinite() || b.is_infinite() {
+                close(a, b)
+            } else {
+                (a - b).abs() <= 2e-5 + 2e-5 * scale
+            };
+            if !within {
+                return Err(format!("row {r} col {c}: got {a:e}, reference {b:e}"));
+            }
             bit_equal += usize::from(a.to_bits() == b.to_bits());
         }
     }
-    bit_equal
+    Ok(bit_equal)
+}
+
+/// [`rows_close`], panicking with `what` on the first element out of bounds.
+pub fn assert_rows_close(what: &str, got: &[f32], want: &[f32], width: usize) -> usize {
+    rows_close(got, want, width).unwrap_or_else(|e| panic!("{what}: {e}"))
 }

@@ -54,7 +54,7 @@ function mismatch(got, want, bound) {
     case 'rows':
       for (let r = 0; r * bound.width < want.length; r++) {
         const row = w.subarray(r * bound.width, (r + 1) * bound.width);
-        const scale = row.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+        const scale = row.reduce((m, v) => (Number.isFinite(v) ? Math.max(m, Math.abs(v)) : m), 0);
         for (let c = 0; c < row.length; c++) {
           const a = f[r * bound.width + c];
           if (!close(a, row[c], scale)) return `row ${r} col ${c}: got ${a}, want ${row[c]}`;

@@ -801,8 +801,8 @@ impl Windows {
 
     /// What runs `variant` on a pass of `rows` rows of `kdim` values: a window variant with its
     /// windows where a window holds one of its blocks; else the same variant with half the rows
-    /// and twice the columns per block (the same columns on SwiftShader, where wider blocks
-    /// take minutes to compile), down to 8 rows, where a window holds that block (it still
+    /// and twice the columns per block (at most [`AdapterKind::max_block_cols`]; never fewer
+    /// than it had), down to 8 rows, where a window holds that block (it still
     /// divides the dispatch tile; on lavapipe an 8-row window block is still about 1.5x the
     /// 16-row direct one, its x loads being broadcasts); else the direct variant of the
     /// original block. Other variants as they are. Every choice computes the same operations in
@@ -811,16 +811,16 @@ impl Windows {
         let GemmVariant::Window { rows: block_rows, cols, lanes } = variant else {
             return (variant, None);
         };
-        let widen = if AdapterKind::of(ctx.adapter()) == AdapterKind::SwiftShader { 1 } else { 2 };
+        let max_cols = AdapterKind::of(ctx.adapter()).max_block_cols().max(cols);
         let (mut r, mut c) = (block_rows, cols);
         loop {
             if let Some(w) = Windows::fit(ctx, rows, kdim, r) {
                 return (GemmVariant::Window { rows: r, cols: c, lanes }, Some(w));
             }
-            if r / 2 < 8 || c * widen > 32 {
+            if r / 2 < 8 {
                 return (variant.without_window(), None);
             }
-            (r, c) = (r / 2, c * widen);
+            (r, c) = (r / 2, (c * 2).min(max_cols));
         }
     }
 

@@ -210,6 +210,16 @@ impl AdapterKind {
             AdapterKind::Gpu
         }
     }
+
+    /// The most columns a direct or window block gets when the window fallback widens a
+    /// block: 32 (the variants' limit), 4 on SwiftShader, where blocks of 8 columns take
+    /// minutes to compile.
+    pub fn max_block_cols(self) -> u32 {
+        match self {
+            AdapterKind::Gpu | AdapterKind::Cpu => 32,
+            AdapterKind::SwiftShader => 4,
+        }
+    }
 }
 
 impl FfnKernels {
