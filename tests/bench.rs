@@ -10,7 +10,7 @@ use common::contexts;
 use moeflow::bench::calibrate::calibrate;
 use moeflow::bench::comparison::Work;
 use moeflow::bench::record::Calibration;
-use moeflow::bench::routing::FusedRoute;
+use moeflow::bench::routing::{FusedRoute, GateShare};
 use moeflow::bench::{Case, Comparison, Settings, Size, SizeSet, Verdict, run_case, run_comparison};
 use moeflow::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use moeflow::{Context, Error, Result};
@@ -121,6 +121,20 @@ fn a_registered_comparison_records_blocks_on_both_clocks() {
         }
         assert!(rec.ratio.is_finite());
         assert!(matches!(rec.verdict, Verdict::Pass | Verdict::Fail | Verdict::Inconclusive));
+    }
+}
+
+/// The gate-share comparison times the unfused route's own first dispatch against the whole
+/// route, and its validation holds (the matvec's logits bit-identical to the route's) on a size
+/// that is not a multiple of the matvec's workgroup.
+#[test]
+fn gate_share_times_the_routes_own_matvec_against_the_route() {
+    for ctx in contexts() {
+        let size = Size::of(&[("M", 5), ("H", 70), ("E", 13), ("k", 3)]);
+        let case = GateShare.build(&ctx, &size, 7).unwrap();
+        assert_eq!((case.a.dispatches(), case.b.dispatches()), (2, 1), "route, then its matvec alone");
+        let rec = run_case(&ctx, &size, &case, &quick(), &calibration()).unwrap();
+        assert!(rec.ratio.is_finite() && rec.ratio > 0.0);
     }
 }
 

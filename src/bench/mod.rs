@@ -32,6 +32,7 @@ pub(crate) fn bitwise_equal(a: &[f32], b: &[f32]) -> bool {
 pub fn comparisons() -> Vec<Box<dyn Comparison>> {
     let mut all: Vec<Box<dyn Comparison>> = vec![
         Box::new(routing::FusedRoute),
+        Box::new(routing::GateShare),
         Box::new(dispatch::DeviceDispatch),
         Box::new(gemm::GroupedVsDense),
         Box::new(gemm::GroupedVsBucketed),
