@@ -29,6 +29,93 @@ fn route_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
     tokens.iter().map(|&m| Size::of(&[("M", m), ("H", hidden), ("E", 256), ("k", 8)])).collect()
 }
 
+/// One route size on the device: its config, the token rows and gate weights (also uploaded),
+/// and the CPU reference's logits.
+struct RouteInputs {
+    cfg: RouteConfig,
+    tokens: u32,
+    x: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    ref_logits: Vec<f32>,
+}
+
+impl RouteInputs {
+    /// `size` (M, H, E, k; softmax, renormalised) with inputs drawn from `seed`.
+    fn new(ctx: &Context, size: &Size, seed: u64) -> Result<Self> {
+        let (m, h, e, k) = (size.get("M"), size.get("H"), size.get("E"), size.get("k"));
+        let (x, gate) = Synth::new(seed).routing(m as usize, h as usize, e as usize);
+        Ok(RouteInputs {
+            cfg: RouteConfig { renormalize: true, ..RouteConfig::new(h, e, k) },
+            tokens: m,
+            x: ctx.upload("x", &x)?,
+            gate: ctx.upload("gate", &gate)?,
+            ref_logits: reference::gate_logits(&x, &gate, h as usize),
+        })
+    }
+
+    /// Routing outputs: `(logits, indices, weights)` element counts.
+    fn counts(&self) -> (u64, u64, u64) {
+        let m = u64::from(self.tokens);
+        (m * u64::from(self.cfg.experts), m * u64::from(self.cfg.k), m * u64::from(self.cfg.k))
+    }
+
+    /// A plan of the route in `mode` writing to fresh buffers tagged `tag`: the dispatches and
+    /// the (logits, indices, weights) buffers (no logits buffer where `mode` writes none).
+    fn plan(&self, ctx: &Context, tag: &str, mode: RouteMode) -> Result<(Vec<Dispatch>, RouteOutputs)> {
+        let (nl, ni, nw) = self.counts();
+        let logits =
+            if mode.writes_logits() { Some(ctx.zeroed(&format!("{tag} logits"), nl * 4)?) } else { None };
+        let out = RouteOutputs {
+            logits,
+            indices: ctx.zeroed(&format!("{tag} indices"), ni * 4)?,
+            weights: ctx.zeroed(&format!("{tag} weights"), nw * 4)?,
+        };
+        let bufs = RouteBuffers {
+            x: &self.x,
+            gate: &self.gate,
+            bias: None,
+            logits: out.logits.as_ref(),
+            indices: &out.indices,
+            weights: &out.weights,
+        };
+        Ok((plan_route(ctx, &self.cfg, self.tokens, &bufs, mode)?.into_dispatches(), out))
+    }
+
+    /// Reads `logits` back and checks them against the reference (within the float bound).
+    fn checked_logits(&self, ctx: &Context, logits: &wgpu::Buffer) -> Result<Vec<f32>> {
+        let got: Vec<f32> = ctx.read_back(logits, self.ref_logits.len())?;
+        if let Some(i) = (0..got.len()).find(|&i| !within(got[i], self.ref_logits[i])) {
+            return Err(Error::Validation(format!(
+                "unfused logit {i}: {} vs reference {}",
+                got[i], self.ref_logits[i]
+            )));
+        }
+        Ok(got)
+    }
+
+    /// FLOPs of the gate matvec.
+    fn flops(&self) -> f64 {
+        2.0 * f64::from(self.tokens) * f64::from(self.cfg.experts) * f64::from(self.cfg.hidden)
+    }
+
+    /// Bytes of x and the gate weights.
+    fn input_bytes(&self) -> f64 {
+        4.0 * f64::from(self.cfg.hidden) * (f64::from(self.tokens) + f64::from(self.cfg.experts))
+    }
+}
+
+/// A planned route's output buffers.
+struct RouteOutputs {
+    logits: Option<wgpu::Buffer>,
+    indices: wgpu::Buffer,
+    weights: wgpu::Buffer,
+}
+
+/// The buffer a route wrote its logits to, or an error where it wrote none.
+fn logits_of(out: &RouteOutputs) -> Result<&wgpu::Buffer> {
+    out.logits.as_ref().ok_or_else(|| Error::invalid("the unfused route wrote no logits buffer"))
+}
+
 fn within(got: f32, want: f32) -> bool {
     (got - want).abs() <= 2e-5 + 2e-5 * want.abs()
 }
@@ -52,56 +139,34 @@ impl Comparison for FusedRoute {
     }
 
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (m, h, e, k) = (size.get("M"), size.get("H"), size.get("E"), size.get("k"));
-        let cfg = RouteConfig { renormalize: true, ..RouteConfig::new(h, e, k) };
-        let (x, gate) = Synth::new(seed).routing(m as usize, h as usize, e as usize);
-        let xb = ctx.upload("x", &x)?;
-        let gb = ctx.upload("gate", &gate)?;
-        let (mk, me) = (u64::from(m) * u64::from(k), u64::from(m) * u64::from(e));
-        let a_logits = ctx.zeroed("A logits", me * 4)?;
-        let a_idx = ctx.zeroed("A indices", mk * 4)?;
-        let a_w = ctx.zeroed("A weights", mk * 4)?;
-        let b_idx = ctx.zeroed("B indices", mk * 4)?;
-        let b_w = ctx.zeroed("B weights", mk * 4)?;
-        let bufs = |logits, indices, weights| RouteBuffers {
-            x: &xb,
-            gate: &gb,
-            bias: None,
-            logits,
-            indices,
-            weights,
-        };
-        let a = plan_route(ctx, &cfg, m, &bufs(Some(&a_logits), &a_idx, &a_w), RouteMode::Unfused)?;
-        let b =
-            plan_route(ctx, &cfg, m, &bufs(None, &b_idx, &b_w), RouteMode::Fused { write_logits: false })?;
-        let ref_logits = reference::gate_logits(&x, &gate, h as usize);
+        let inputs = RouteInputs::new(ctx, size, seed)?;
+        let (a, a_out) = inputs.plan(ctx, "A", RouteMode::Unfused)?;
+        let (b, b_out) = inputs.plan(ctx, "B", RouteMode::Fused { write_logits: false })?;
+        let (flops, input_bytes) = (inputs.flops(), inputs.input_bytes());
+        let (_, n, _) = inputs.counts();
+        let tokens = inputs.tokens;
         let validate = move |ctx: &Context| -> Result<()> {
-            let (n, ne) = (mk as usize, me as usize);
-            let logits: Vec<f32> = ctx.read_back(&a_logits, ne)?;
-            if let Some(i) = (0..ne).find(|&i| !within(logits[i], ref_logits[i])) {
-                return Err(Error::Validation(format!(
-                    "unfused logit {i}: {} vs reference {}",
-                    logits[i], ref_logits[i]
-                )));
-            }
-            let (ref_idx, ref_w) = reference::topk(&cfg, &logits, None);
-            let (ai, aw): (Vec<u32>, Vec<f32>) = (ctx.read_back(&a_idx, n)?, ctx.read_back(&a_w, n)?);
+            let n = n as usize;
+            let logits = inputs.checked_logits(ctx, logits_of(&a_out)?)?;
+            let (ref_idx, ref_w) = reference::topk(&inputs.cfg, &logits, None);
+            let (ai, aw): (Vec<u32>, Vec<f32>) =
+                (ctx.read_back(&a_out.indices, n)?, ctx.read_back(&a_out.weights, n)?);
             if ai != ref_idx || aw.iter().zip(&ref_w).any(|(g, w)| !within(*g, *w)) {
                 return Err(Error::Validation("unfused top-k disagrees with the CPU reference".into()));
             }
-            let (bi, bw): (Vec<u32>, Vec<f32>) = (ctx.read_back(&b_idx, n)?, ctx.read_back(&b_w, n)?);
+            let (bi, bw): (Vec<u32>, Vec<f32>) =
+                (ctx.read_back(&b_out.indices, n)?, ctx.read_back(&b_out.weights, n)?);
             if bi != ai || bw.iter().zip(&aw).any(|(x, y)| x.to_bits() != y.to_bits()) {
                 return Err(Error::Validation("fused route is not bit-identical to unfused".into()));
             }
             Ok(())
         };
-        let (mf, ef, hf) = (f64::from(m), f64::from(e), f64::from(h));
         Ok(Case {
-            a: Work::Gpu(a.into_dispatches()),
-            b: Work::Gpu(b.into_dispatches()),
-            flops: 2.0 * mf * ef * hf,
-            bytes: 4.0 * (mf * hf + ef * hf + 2.0 * mf * f64::from(k)),
-            tokens: m,
+            a: Work::Gpu(a),
+            b: Work::Gpu(b),
+            flops,
+            bytes: input_bytes + 4.0 * 2.0 * n as f64,
+            tokens,
             validate: Box::new(validate),
             note: None,
         })
@@ -127,45 +192,20 @@ impl Comparison for GateShare {
     }
 
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (m, h, e, k) = (size.get("M"), size.get("H"), size.get("E"), size.get("k"));
-        let cfg = RouteConfig { renormalize: true, ..RouteConfig::new(h, e, k) };
-        let (x, gate) = Synth::new(seed).routing(m as usize, h as usize, e as usize);
-        let xb = ctx.upload("x", &x)?;
-        let gb = ctx.upload("gate", &gate)?;
-        let (mk, me) = (u64::from(m) * u64::from(k), u64::from(m) * u64::from(e));
-        let plan = |tag: &str| -> Result<(Vec<Dispatch>, wgpu::Buffer)> {
-            let logits = ctx.zeroed(&format!("{tag} logits"), me * 4)?;
-            let indices = ctx.zeroed(&format!("{tag} indices"), mk * 4)?;
-            let weights = ctx.zeroed(&format!("{tag} weights"), mk * 4)?;
-            let bufs = RouteBuffers {
-                x: &xb,
-                gate: &gb,
-                bias: None,
-                logits: Some(&logits),
-                indices: &indices,
-                weights: &weights,
-            };
-            let dispatches = plan_route(ctx, &cfg, m, &bufs, RouteMode::Unfused)?.into_dispatches();
-            Ok((dispatches, logits))
-        };
-        let (a, a_logits) = plan("A")?;
-        let (mut b, b_logits) = plan("B")?;
+        let inputs = RouteInputs::new(ctx, size, seed)?;
+        let (a, a_out) = inputs.plan(ctx, "A", RouteMode::Unfused)?;
+        let (mut b, b_out) = inputs.plan(ctx, "B", RouteMode::Unfused)?;
         // The unfused route is the gate matvec, then top-k; B keeps the matvec.
         if b.len() != 2 {
             return Err(Error::invalid(format!("the unfused route has {} dispatches, not 2", b.len())));
         }
         b.truncate(1);
-        let ref_logits = reference::gate_logits(&x, &gate, h as usize);
+        let (flops, input_bytes) = (inputs.flops(), inputs.input_bytes());
+        let (nl, _, _) = inputs.counts();
+        let tokens = inputs.tokens;
         let validate = move |ctx: &Context| -> Result<()> {
-            let ne = me as usize;
-            let (al, bl): (Vec<f32>, Vec<f32>) =
-                (ctx.read_back(&a_logits, ne)?, ctx.read_back(&b_logits, ne)?);
-            if let Some(i) = (0..ne).find(|&i| !within(al[i], ref_logits[i])) {
-                return Err(Error::Validation(format!(
-                    "unfused logit {i}: {} vs reference {}",
-                    al[i], ref_logits[i]
-                )));
-            }
+            let al = inputs.checked_logits(ctx, logits_of(&a_out)?)?;
+            let bl: Vec<f32> = ctx.read_back(logits_of(&b_out)?, al.len())?;
             if al.iter().zip(&bl).any(|(a, b)| a.to_bits() != b.to_bits()) {
                 return Err(Error::Validation(
                     "the gate matvec alone is not bit-identical to the route's".into(),
@@ -173,13 +213,12 @@ impl Comparison for GateShare {
             }
             Ok(())
         };
-        let (mf, ef, hf) = (f64::from(m), f64::from(e), f64::from(h));
         Ok(Case {
             a: Work::Gpu(a),
             b: Work::Gpu(b),
-            flops: 2.0 * mf * ef * hf,
-            bytes: 4.0 * (mf * hf + ef * hf + mf * ef),
-            tokens: m,
+            flops,
+            bytes: input_bytes + 4.0 * nl as f64,
+            tokens,
             validate: Box::new(validate),
             note: None,
         })
