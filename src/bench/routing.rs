@@ -1,6 +1,7 @@
 //! Routing comparisons: fused vs unfused route, and the gate matvec's share of the unfused
 //! route (how much a fused route could save at most).
 
+use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -53,22 +54,23 @@ impl RouteInputs {
         })
     }
 
-    /// Routing outputs: `(logits, indices, weights)` element counts.
-    fn counts(&self) -> (u64, u64, u64) {
+    /// Routing outputs' element counts: `(logits, selections)`, selections being the length
+    /// of both the indices and the weights.
+    fn counts(&self) -> (u64, u64) {
         let m = u64::from(self.tokens);
-        (m * u64::from(self.cfg.experts), m * u64::from(self.cfg.k), m * u64::from(self.cfg.k))
+        (m * u64::from(self.cfg.experts), m * u64::from(self.cfg.k))
     }
 
     /// A plan of the route in `mode` writing to fresh buffers tagged `tag`: the dispatches and
     /// the (logits, indices, weights) buffers (no logits buffer where `mode` writes none).
     fn plan(&self, ctx: &Context, tag: &str, mode: RouteMode) -> Result<(Vec<Dispatch>, RouteOutputs)> {
-        let (nl, ni, nw) = self.counts();
+        let (nl, ns) = self.counts();
         let logits =
             if mode.writes_logits() { Some(ctx.zeroed(&format!("{tag} logits"), nl * 4)?) } else { None };
         let out = RouteOutputs {
             logits,
-            indices: ctx.zeroed(&format!("{tag} indices"), ni * 4)?,
-            weights: ctx.zeroed(&format!("{tag} weights"), nw * 4)?,
+            indices: ctx.zeroed(&format!("{tag} indices"), ns * 4)?,
+            weights: ctx.zeroed(&format!("{tag} weights"), ns * 4)?,
         };
         let bufs = RouteBuffers {
             x: &self.x,
@@ -143,7 +145,7 @@ impl Comparison for FusedRoute {
         let (a, a_out) = inputs.plan(ctx, "A", RouteMode::Unfused)?;
         let (b, b_out) = inputs.plan(ctx, "B", RouteMode::Fused { write_logits: false })?;
         let (flops, input_bytes) = (inputs.flops(), inputs.input_bytes());
-        let (_, n, _) = inputs.counts();
+        let (_, n) = inputs.counts();
         let tokens = inputs.tokens;
         let validate = move |ctx: &Context| -> Result<()> {
             let n = n as usize;
@@ -156,7 +158,7 @@ impl Comparison for FusedRoute {
             }
             let (bi, bw): (Vec<u32>, Vec<f32>) =
                 (ctx.read_back(&b_out.indices, n)?, ctx.read_back(&b_out.weights, n)?);
-            if bi != ai || bw.iter().zip(&aw).any(|(x, y)| x.to_bits() != y.to_bits()) {
+            if bi != ai || !bitwise_equal(&bw, &aw) {
                 return Err(Error::Validation("fused route is not bit-identical to unfused".into()));
             }
             Ok(())
@@ -201,12 +203,12 @@ impl Comparison for GateShare {
         }
         b.truncate(1);
         let (flops, input_bytes) = (inputs.flops(), inputs.input_bytes());
-        let (nl, _, _) = inputs.counts();
+        let (nl, _) = inputs.counts();
         let tokens = inputs.tokens;
         let validate = move |ctx: &Context| -> Result<()> {
             let al = inputs.checked_logits(ctx, logits_of(&a_out)?)?;
             let bl: Vec<f32> = ctx.read_back(logits_of(&b_out)?, al.len())?;
-            if al.iter().zip(&bl).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            if !bitwise_equal(&al, &bl) {
                 return Err(Error::Validation(
                     "the gate matvec alone is not bit-identical to the route's".into(),
                 ));
