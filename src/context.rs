@@ -73,6 +73,15 @@ pub struct KeyLimits {
     /// Alignment of a uniform binding's offset, in bytes (0 in records older than this field).
     #[serde(default)]
     pub min_uniform_buffer_offset_alignment: u32,
+    /// Sampled textures visible to one compute shader (0 in records older than this field).
+    #[serde(default)]
+    pub max_sampled_textures_per_shader_stage: u32,
+    /// Largest width and height of a 2-D texture, in texels (0 in older records).
+    #[serde(default)]
+    pub max_texture_dimension_2d: u32,
+    /// Most layers of a 2-D texture array (0 in older records).
+    #[serde(default)]
+    pub max_texture_array_layers: u32,
 }
 
 impl From<&wgpu::Limits> for KeyLimits {
@@ -86,6 +95,9 @@ impl From<&wgpu::Limits> for KeyLimits {
             max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
             max_uniform_buffer_binding_size: l.max_uniform_buffer_binding_size,
             min_uniform_buffer_offset_alignment: l.min_uniform_buffer_offset_alignment,
+            max_sampled_textures_per_shader_stage: l.max_sampled_textures_per_shader_stage,
+            max_texture_dimension_2d: l.max_texture_dimension_2d,
+            max_texture_array_layers: l.max_texture_array_layers,
         }
     }
 }

@@ -9,7 +9,7 @@ use crate::context::{Context, lock};
 use crate::error::{Error, Result};
 use crate::shader::ShaderSource;
 
-/// How a kernel binds one buffer.
+/// How a kernel binds one resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     /// `var<uniform>`.
@@ -18,6 +18,15 @@ pub enum Access {
     Read,
     /// `var<storage, read_write>`.
     ReadWrite,
+    /// `texture_2d_array<u32>`, read with `textureLoad` (a sampled texture; no sampler).
+    TextureU32,
+}
+
+impl Access {
+    /// Whether the binding is a buffer (every access but [`Access::TextureU32`]).
+    pub fn is_buffer(self) -> bool {
+        self != Access::TextureU32
+    }
 }
 
 /// A compute entry point and its explicit bind-group layout (group 0).
@@ -35,19 +44,25 @@ impl KernelSpec {
     fn layout_entries(&self) -> Vec<wgpu::BindGroupLayoutEntry> {
         self.bindings
             .iter()
-            .map(|&(binding, access)| wgpu::BindGroupLayoutEntry {
-                binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty: match access {
-                        Access::Uniform => wgpu::BufferBindingType::Uniform,
-                        Access::Read => wgpu::BufferBindingType::Storage { read_only: true },
-                        Access::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+            .map(|&(binding, access)| {
+                let buffer =
+                    |ty| wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None };
+                let ty = match access {
+                    Access::Uniform => buffer(wgpu::BufferBindingType::Uniform),
+                    Access::Read => buffer(wgpu::BufferBindingType::Storage { read_only: true }),
+                    Access::ReadWrite => buffer(wgpu::BufferBindingType::Storage { read_only: false }),
+                    Access::TextureU32 => wgpu::BindingType::Texture {
+                        sample_type: wgpu::TextureSampleType::Uint,
+                        view_dimension: wgpu::TextureViewDimension::D2Array,
+                        multisampled: false,
                     },
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
-                },
-                count: None,
+                };
+                wgpu::BindGroupLayoutEntry {
+                    binding,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty,
+                    count: None,
+                }
             })
             .collect()
     }
@@ -99,6 +114,24 @@ impl<'a> Binding<'a> {
     }
 }
 
+/// One texture bound at `binding` (a whole `texture_2d_array<u32>` view).
+#[derive(Clone, Copy, Debug)]
+pub struct TextureBinding<'a> {
+    /// Binding index in group 0.
+    pub binding: u32,
+    /// The texture (every layer and its only mip level are bound).
+    pub texture: &'a wgpu::Texture,
+}
+
+/// One texture a [`Dispatch`] binds.
+#[derive(Clone, Debug)]
+pub struct BoundTexture {
+    /// Binding index in group 0.
+    pub binding: u32,
+    /// The texture (a handle to the one bound, not a copy).
+    pub texture: wgpu::Texture,
+}
+
 /// One buffer range a [`Dispatch`] binds, with the access its kernel declares for it.
 #[derive(Clone, Debug)]
 pub struct BoundBuffer {
@@ -124,6 +157,7 @@ pub struct Dispatch {
     kernel: Arc<Kernel>,
     bind_group: wgpu::BindGroup,
     bindings: Vec<BoundBuffer>,
+    textures: Vec<BoundTexture>,
     workgroups: [u32; 3],
 }
 
@@ -161,6 +195,11 @@ impl Dispatch {
     pub fn bindings(&self) -> &[BoundBuffer] {
         &self.bindings
     }
+
+    /// The textures bound (none but for kernels that read their weights from textures).
+    pub fn textures(&self) -> &[BoundTexture] {
+        &self.textures
+    }
 }
 
 impl Context {
@@ -172,15 +211,26 @@ impl Context {
         if let Some(k) = lock(&self.pipelines().pipelines).get(&key) {
             return Ok(k.clone());
         }
-        let storage = spec.bindings.iter().filter(|(_, a)| *a != Access::Uniform).count() as u64;
-        let max_storage = u64::from(self.limits().max_storage_buffers_per_shader_stage);
-        if storage > max_storage {
-            return Err(Error::limit(
-                format!("storage buffers bound by `{}`", spec.entry),
-                storage,
-                max_storage,
+        let count =
+            |access: &[Access]| spec.bindings.iter().filter(|(_, a)| access.contains(a)).count() as u64;
+        let limits = self.limits();
+        for (what, n, max, name) in [
+            (
+                "storage buffers",
+                count(&[Access::Read, Access::ReadWrite]),
+                limits.max_storage_buffers_per_shader_stage,
                 "max_storage_buffers_per_shader_stage",
-            ));
+            ),
+            (
+                "sampled textures",
+                count(&[Access::TextureU32]),
+                limits.max_sampled_textures_per_shader_stage,
+                "max_sampled_textures_per_shader_stage",
+            ),
+        ] {
+            if n > u64::from(max) {
+                return Err(Error::limit(format!("{what} bound by `{}`", spec.entry), n, max.into(), name));
+            }
         }
         let device = self.device();
         let module = {
@@ -277,17 +327,35 @@ impl Context {
         Ok(())
     }
 
-    /// A dispatch of `kernel` over `workgroups` with `bindings`.
+    /// A dispatch of `kernel` over `workgroups` with `bindings` (buffers only).
     pub(crate) fn dispatch(
         &self,
         kernel: &Arc<Kernel>,
         bindings: &[Binding<'_>],
         workgroups: [u32; 3],
     ) -> Result<Dispatch> {
-        let access = |binding| {
-            kernel.spec.bindings.iter().find(|(b, _)| *b == binding).map(|&(_, a)| a).ok_or_else(|| {
-                Error::invalid(format!("`{}` declares no binding {binding}", kernel.spec.entry))
-            })
+        self.dispatch_with_textures(kernel, bindings, &[], workgroups)
+    }
+
+    /// A dispatch of `kernel` over `workgroups` with buffer `bindings` and `textures`.
+    pub(crate) fn dispatch_with_textures(
+        &self,
+        kernel: &Arc<Kernel>,
+        bindings: &[Binding<'_>],
+        textures: &[TextureBinding<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<Dispatch> {
+        let access = |binding, buffer: bool| {
+            let what = if buffer { "buffer" } else { "texture" };
+            kernel
+                .spec
+                .bindings
+                .iter()
+                .find(|(b, a)| *b == binding && a.is_buffer() == buffer)
+                .map(|&(_, a)| a)
+                .ok_or_else(|| {
+                    Error::invalid(format!("`{}` declares no {what} binding {binding}", kernel.spec.entry))
+                })
         };
         // Every binding must be one the kernel declares before a bind group is made of them.
         let bound = bindings
@@ -295,13 +363,29 @@ impl Context {
             .map(|b| {
                 Ok(BoundBuffer {
                     binding: b.binding,
-                    access: access(b.binding)?,
+                    access: access(b.binding, true)?,
                     buffer: b.buffer.clone(),
                     offset: b.offset,
                     size: b.size.max(4),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let bound_textures = textures
+            .iter()
+            .map(|t| {
+                access(t.binding, false)?;
+                Ok(BoundTexture { binding: t.binding, texture: t.texture.clone() })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let views: Vec<wgpu::TextureView> = textures
+            .iter()
+            .map(|t| {
+                t.texture.create_view(&wgpu::TextureViewDescriptor {
+                    dimension: Some(wgpu::TextureViewDimension::D2Array),
+                    ..Default::default()
+                })
+            })
+            .collect();
         let entries: Vec<wgpu::BindGroupEntry<'_>> = bindings
             .iter()
             .map(|b| wgpu::BindGroupEntry {
@@ -312,6 +396,10 @@ impl Context {
                     size: NonZeroU64::new(b.size.max(4)),
                 }),
             })
+            .chain(textures.iter().zip(&views).map(|(t, view)| wgpu::BindGroupEntry {
+                binding: t.binding,
+                resource: wgpu::BindingResource::TextureView(view),
+            }))
             .collect();
         let bind_group = self.checked(kernel.spec.entry, || {
             self.device().create_bind_group(&wgpu::BindGroupDescriptor {
@@ -320,7 +408,13 @@ impl Context {
                 entries: &entries,
             })
         })?;
-        Ok(Dispatch { kernel: kernel.clone(), bind_group, bindings: bound, workgroups })
+        Ok(Dispatch {
+            kernel: kernel.clone(),
+            bind_group,
+            bindings: bound,
+            textures: bound_textures,
+            workgroups,
+        })
     }
 }
 

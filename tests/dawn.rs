@@ -121,6 +121,11 @@ struct Capture {
 impl Capture {
     /// Reads back every buffer `dispatches` bind (their state before the run), then runs them.
     fn run(ctx: &Context, name: &str, dispatches: Vec<Dispatch>) -> Self {
+        // The cases run the adapters' default kernels, which bind buffers only.
+        assert!(
+            dispatches.iter().all(|d| d.textures().is_empty()),
+            "{name}: texture bindings are not captured"
+        );
         let mut buffers: Vec<wgpu::Buffer> = Vec::new();
         for b in dispatches.iter().flat_map(|d| d.bindings()) {
             if !buffers.contains(&b.buffer) {
@@ -174,6 +179,7 @@ impl Capture {
                             Access::Uniform => "uniform",
                             Access::Read => "read-only-storage",
                             Access::ReadWrite => "storage",
+                            Access::TextureU32 => unreachable!("textures are not buffer bindings"),
                         },
                         "buffer": self.buffers.iter().position(|x| *x == b.buffer),
                         "offset": b.offset,

@@ -355,6 +355,7 @@ fn variants_under_test(ctx: &Context) -> Vec<GemmVariant> {
         GemmVariant::Direct { rows: 1, cols: 1, lanes: 1 },
         GemmVariant::Direct { rows: 4, cols: 3, lanes: 5 },
         GemmVariant::Direct { rows: 32, cols: 2, lanes: 8 },
+        GemmVariant::Texture { rows: 4, cols: 3, lanes: 5 },
         GemmVariant::Tiled { bk4: 1 },
         GemmVariant::Tiled { bk4: 3 },
     ];
@@ -540,12 +541,78 @@ fn fast_order_is_deterministic_and_batch_invariant() {
 
 /// A device whose storage bindings are at most `limit` bytes, on `adapter`.
 fn small_binding_context(adapter: &wgpu::Adapter, limit: u64) -> Context {
-    let limits = wgpu::Limits { max_storage_buffer_binding_size: limit, ..adapter.limits() };
+    limited_context(adapter, wgpu::Limits { max_storage_buffer_binding_size: limit, ..adapter.limits() })
+}
+
+/// A device with `limits` on `adapter`.
+fn limited_context(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Context {
     let (device, queue) = pollster::block_on(
         adapter.request_device(&wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() }),
     )
     .unwrap();
     Context::from_wgpu(device, queue)
+}
+
+/// Texture variants read the packed words from texture copies made on the device: rows spread
+/// over several array layers, copies made from weights split by output column, odd K (16-bit
+/// rows that start mid-word), and weights past the texture limits (which run as the window
+/// block): every case bitwise the window kernels' results, on the grouped and bucketed paths,
+/// in every dtype and both orders.
+#[test]
+fn texture_weights_give_the_window_results_bitwise() {
+    for adapter in common::wgpu_adapters() {
+        let whole = Context::from_adapter(&adapter).unwrap();
+        let slug = whole.adapter().slug();
+        // K = 999 is 250 texels, 16 rows per x window; F = 71 is odd.
+        let (e, h, f, k, tokens) = (4u32, 999u32, 71u32, 2u32, 5u32);
+        let per_expert = WeightDtype::F32.packed_bytes(u64::from(h * f));
+        // Layers of 256 rows (gate and up 284 rows: 2 layers; down 3996: 16) from weights split
+        // by column; and too few layers for any copy.
+        let layered = limited_context(
+            &adapter,
+            wgpu::Limits {
+                max_texture_dimension_2d: 256,
+                max_storage_buffer_binding_size: (per_expert / 2).next_multiple_of(4).max(1 << 16),
+                ..adapter.limits()
+            },
+        );
+        let no_room = limited_context(
+            &adapter,
+            wgpu::Limits { max_texture_dimension_2d: 256, max_texture_array_layers: 1, ..adapter.limits() },
+        );
+        for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+            let m = Model::new(70, e, h, f, dtype);
+            let x = adversarial(&mut rng(71), (tokens * h) as usize, 1.0);
+            let idx = routes(72, tokens, e, k, true);
+            for order in [GemmOrder::Strict, GemmOrder::Fast] {
+                // Blocks of four columns: quick to compile on every adapter.
+                let window = GemmVariant::Window { rows: 16, cols: 4, lanes: 8 };
+                let texture = GemmVariant::Texture { rows: 16, cols: 4, lanes: 8 };
+                let with = |ctx: &Context, v| {
+                    m.upload(ctx).with_kernels(FfnKernels { order, up: v, down: v }).unwrap()
+                };
+                for path in [Path::Grouped, Path::Bucketed(3)] {
+                    let what = format!("{slug} {dtype:?} {order:?} {path:?}");
+                    let want = run(&whole, &with(&whole, window), &x, &idx, k, path);
+                    for (name, ctx, copied) in
+                        [("whole", &whole, true), ("layered", &layered, true), ("no room", &no_room, false)]
+                    {
+                        let ffn = with(ctx, texture);
+                        let got = run(ctx, &ffn, &x, &idx, k, path);
+                        assert_eq!(ffn.gate.has_texture(), copied, "{what} {name}: texture copy made");
+                        assert_eq!(ffn.down.has_texture(), copied, "{what} {name}: texture copy made");
+                        assert_eq!(bits_nan(&got), bits_nan(&want), "{what} {name}: texture vs window");
+                    }
+                    if dtype == WeightDtype::F32 && order == GemmOrder::Strict {
+                        assert!(
+                            with(&layered, texture).gate.chunk_count() > 1,
+                            "{slug}: the layered weights are split"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Weights past the binding limit split by expert (several experts per chunk, or one), and an

@@ -569,6 +569,66 @@ impl Comparison for WindowVsDirect {
     }
 }
 
+/// The texture blocks' columns on `ctx`: 8, or 4 on SwiftShader (whose compiler takes minutes
+/// over blocks of 8 columns).
+fn texture_cols(ctx: &Context) -> u32 {
+    AdapterKind::of(ctx.adapter()).max_block_cols().min(8)
+}
+
+/// The grouped FFN with texture blocks (B: the weights read from texture copies made on the
+/// device) against the same window blocks reading the weights from storage (A).
+pub struct TextureVsWindow;
+
+impl Comparison for TextureVsWindow {
+    fn name(&self) -> &'static str {
+        "gemm/texture-vs-window"
+    }
+    fn description(&self) -> &'static str {
+        "grouped expert FFN with 16x8 register blocks of 8 lanes (16x4 on SwiftShader) reading the \
+         weights from texture copies (B) against the same blocks reading them from storage (A), x \
+         from uniform windows in both, strict order; bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("window", "texture")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        layer_shape_sizes(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let cols = texture_cols(ctx);
+        let window = GemmVariant::Window { rows: 16, cols, lanes: 8 };
+        let texture = GemmVariant::Texture { rows: 16, cols, lanes: 8 };
+        let a = FfnKernels { order: GemmOrder::Strict, up: window, down: window };
+        grouped_pair(ctx, size, seed, a, FfnKernels { up: texture, down: texture, ..a })
+    }
+}
+
+/// The dense GEMM with texture blocks of 32 rows (B) against window 32 x 4 blocks (A, the
+/// widest storage-weight block), strict order; bitwise equal.
+pub struct DenseTextureVsWindow;
+
+impl Comparison for DenseTextureVsWindow {
+    fn name(&self) -> &'static str {
+        "gemm/dense-texture-vs-window"
+    }
+    fn description(&self) -> &'static str {
+        "dense GEMM y = x . w^T on one f32 weight matrix with 32x8 register blocks (32x4 on \
+         SwiftShader) reading the weights from a texture copy (B) against window 32x4 blocks reading \
+         them from storage (A), strict order; bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("window", "texture")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        DenseWideVsDefault.sizes(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let window = GemmVariant::Window { rows: 32, cols: 4, lanes: 8 };
+        let texture = GemmVariant::Texture { rows: 32, cols: texture_cols(ctx), lanes: 8 };
+        dense_pair(ctx, size, seed, DenseKernel::Block(window), DenseKernel::Block(texture))
+    }
+}
+
 /// The grouped FFN with the tuner's choice (B) against the adapter's fixed default (A); the
 /// note says which variants the tuner chose.
 pub struct TunedVsDefault;

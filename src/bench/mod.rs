@@ -42,6 +42,8 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(gemm::DirectVsTiled),
         Box::new(gemm::WindowVsDirect),
         Box::new(gemm::DenseWideVsDefault),
+        Box::new(gemm::TextureVsWindow),
+        Box::new(gemm::DenseTextureVsWindow),
         Box::new(gemm::TunedVsDefault),
         Box::new(layer::OneLaunchCombine),
         Box::new(layer::LayerRoute),

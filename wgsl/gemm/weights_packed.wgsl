@@ -29,36 +29,11 @@ fn weight_from(buf_is_up: bool, idx: u32) -> f32 {
     return bitcast<f32>(bits16 << 16u);
 }
 
-// Exact IEEE half -> f32 with integer operations only (no f16 capability needed).
-fn f16_bits_to_f32(h: u32) -> f32 {
-    let sign = (h & 0x8000u) << 16u;
-    let exponent = (h >> 10u) & 0x1fu;
-    let mantissa = h & 0x3ffu;
-    if exponent == 0u {
-        // Zero or subnormal: mantissa * 2^-24, exact in f32.
-        let magnitude = f32(mantissa) * 5.9604644775390625e-8;
-        return bitcast<f32>(bitcast<u32>(magnitude) | sign);
-    }
-    if exponent == 31u {
-        return bitcast<f32>(sign | 0x7f800000u | (mantissa << 13u));
-    }
-    return bitcast<f32>(sign | ((exponent + 112u) << 23u) | (mantissa << 13u));
-}
-
-
 fn weight_word(buf_is_up: bool, i: u32) -> u32 {
     if buf_is_up {
         return w_up[i];
     }
     return w[i];
-}
-
-// A 16-bit weight as f32 (DTYPE 1: IEEE half, 2: bfloat16).
-fn half_to_f32(bits16: u32) -> f32 {
-    if DTYPE == 1u {
-        return f16_bits_to_f32(bits16);
-    }
-    return bitcast<f32>(bits16 << 16u);
 }
 
 fn weight4(buf_is_up: bool, idx: u32) -> vec4<f32> {

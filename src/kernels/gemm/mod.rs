@@ -8,19 +8,23 @@
 //! `indices[tokens, k]`; output `partial[tokens * k, H]` indexed by entry `token * k + slot`.
 
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use bytemuck::{Pod, Zeroable};
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 
-use crate::context::Context;
+use crate::context::{Context, lock};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, TextureBinding};
 use crate::shader::{ShaderSource, wgsl};
 
+mod texture;
 mod tune;
 mod variant;
+
+use texture::TextureWeights;
 
 pub use tune::{TuneOptions, Tuned, default_cache_path, tune};
 pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
@@ -38,6 +42,7 @@ macro_rules! rowwise_shader {
             parts: &[
                 wgsl!("gemm/common.wgsl"),
                 wgsl!("gemm/weights_packed.wgsl"),
+                wgsl!("gemm/half.wgsl"),
                 wgsl!($x),
                 wgsl!("gemm/rowwise.wgsl"),
             ],
@@ -73,6 +78,7 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
         &ROWWISE_WINDOW_SHADER,
         &ROWWISE_WINDOW_F16_SHADER,
         &STAGE_SHADER,
+        &texture::PACK_SHADER,
     ];
     let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
     variants.sort_by_key(|v| v.name());
@@ -191,6 +197,9 @@ pub struct ExpertWeights {
     n: u32,
     k: u32,
     native_f16: bool,
+    /// The texture copy texture variants read, made on first use: None until then, then
+    /// Some(None) where the weights are past the device's texture limits.
+    texture: Mutex<Option<Option<Arc<TextureWeights>>>>,
 }
 
 /// One expert's `[n, k]` values as a file stores them: little-endian `dtype` elements.
@@ -308,7 +317,27 @@ impl ExpertWeights {
             n,
             k,
             native_f16: dtype == WeightDtype::F16 && ctx.capabilities().shader_f16,
+            texture: Mutex::new(None),
         }
+    }
+
+    /// The texture copy of these weights ([`texture`]), made on the device the first time it
+    /// is asked for; None where it would be past the device's texture limits.
+    fn texture(&self, ctx: &Context) -> Result<Option<Arc<TextureWeights>>> {
+        let mut slot = lock(&self.texture);
+        if let Some(made) = &*slot {
+            return Ok(made.clone());
+        }
+        let made = TextureWeights::new(ctx, self)?;
+        *slot = Some(made.clone());
+        Ok(made)
+    }
+
+    /// Whether a texture copy of these weights is on the device (texture variants make it the
+    /// first time they are planned with these weights; it takes as many bytes again as the
+    /// packed weights, rows padded to whole texels).
+    pub fn has_texture(&self) -> bool {
+        matches!(*lock(&self.texture), Some(Some(_)))
     }
 
     /// Uploads `data[experts, n, k]`, rounding to `dtype`, split into as many buffers as the
@@ -619,16 +648,35 @@ impl Pass<'_> {
         Params { flags, ..self.params }
     }
 
-    fn common<'b>(&'b self, params: &'b wgpu::Buffer, chunk: usize) -> [Binding<'b>; 6] {
-        let (w, u) = (&self.w.chunks[chunk], &self.w_up.chunks[chunk]);
-        [
+    /// The bindings every GEMM dispatch of this pass makes: parameters, x, rows and output.
+    fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> Vec<Binding<'b>> {
+        vec![
             Binding::new(0, params, std::mem::size_of::<Params>() as u64),
             Binding::new(1, self.x, self.x.size()),
-            Binding::new(2, &w.buffer, w.bytes),
-            Binding::new(3, &u.buffer, u.bytes),
             Binding::new(4, self.row_entry, self.row_entry.size()),
             Binding::new(6, self.out, self.out.size()),
         ]
+    }
+
+    /// [`Pass::common`] and weight chunk `chunk` (2, and the up projection's at 3).
+    fn with_chunk<'b>(&'b self, params: &'b wgpu::Buffer, chunk: usize) -> Vec<Binding<'b>> {
+        let (w, u) = (&self.w.chunks[chunk], &self.w_up.chunks[chunk]);
+        let mut bindings = self.common(params);
+        bindings.push(Binding::new(2, &w.buffer, w.bytes));
+        bindings.push(Binding::new(3, &u.buffer, u.bytes));
+        bindings
+    }
+
+    /// The texture copies of the weights and the up projection's (the weights' own where
+    /// they are one), or None where either is past the device's texture limits.
+    fn textures(&self, ctx: &Context) -> Result<Option<[Arc<TextureWeights>; 2]>> {
+        let Some(w) = self.w.texture(ctx)? else {
+            return Ok(None);
+        };
+        if std::ptr::eq(self.w, self.w_up) {
+            return Ok(Some([w.clone(), w]));
+        }
+        Ok(self.w_up.texture(ctx)?.map(|u| [w, u]))
     }
 
     /// The weight chunks this pass dispatches over, with the parameters of each: every chunk,
@@ -666,7 +714,14 @@ impl Pass<'_> {
         variant: GemmVariant,
         tiles: Option<&wgpu::Buffer>,
     ) -> Result<Vec<Dispatch>> {
+        // A texture variant without texture copies runs as the window variant of its block.
+        let textures = match variant {
+            GemmVariant::Texture { .. } => self.textures(ctx)?,
+            _ => None,
+        };
+        let variant = if textures.is_some() { variant } else { variant.without_texture() };
         let (variant, windows) = Windows::choose(ctx, variant, self.params.rows, self.params.kdim);
+        let textures = textures.filter(|_| matches!(variant, GemmVariant::Texture { .. }));
         let constants = self.constants();
         let bytes = variant.workgroup_bytes();
         if bytes > ctx.limits().max_compute_workgroup_storage_size {
@@ -692,12 +747,22 @@ impl Pass<'_> {
         let max = ctx.limits().max_compute_workgroups_per_dimension;
         let mut out = Vec::new();
         let staged = Staged::new(ctx, windows, self, &mut out)?;
-        for (chunk, p) in self.chunks(from_tiles != 0, from_tiles)? {
+        // Texture copies hold every expert: one unsplit chunk.
+        let chunks = match &textures {
+            Some(_) => vec![(None, self.unsplit(from_tiles))],
+            None => {
+                self.chunks(from_tiles != 0, from_tiles)?.into_iter().map(|(c, p)| (Some(c), p)).collect()
+            }
+        };
+        for (chunk, p) in chunks {
             let col_groups = p.cols.div_ceil(variant.block_cols());
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
-                let mut bindings = self.common(&params, chunk).to_vec();
+                let mut bindings = match chunk {
+                    Some(chunk) => self.with_chunk(&params, chunk),
+                    None => self.common(&params),
+                };
                 bindings.push(Binding::new(5, tiles, tiles.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
                 let grid = [span.rows.div_ceil(variant.block_rows()), col_groups, 1];
@@ -709,10 +774,31 @@ impl Pass<'_> {
                         "max_compute_workgroups_per_dimension",
                     ));
                 }
-                out.push(ctx.dispatch(&kernel, &bindings, grid)?);
+                let texture_bindings: Vec<TextureBinding<'_>> = textures
+                    .iter()
+                    .flat_map(|[w, u]| {
+                        [
+                            TextureBinding { binding: 2, texture: &w.texture },
+                            TextureBinding { binding: 3, texture: &u.texture },
+                        ]
+                    })
+                    .collect();
+                out.push(ctx.dispatch_with_textures(&kernel, &bindings, &texture_bindings, grid)?);
             }
         }
         Ok(out)
+    }
+
+    /// The parameters of a dispatch over the whole, unsplit weights (every expert, every
+    /// column), with the FLAG_* bits of this pass and `extra`.
+    fn unsplit(&self, extra_flags: u32) -> Params {
+        Params {
+            expert_base: 0,
+            expert_count: self.w.experts,
+            col_base: 0,
+            cols: self.w.n,
+            ..self.params_with(extra_flags)
+        }
     }
 
     /// Row-wise dispatches, one per weight chunk; experts from `indices` (or
@@ -746,7 +832,7 @@ impl Pass<'_> {
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
-                let mut bindings = self.common(&params, chunk).to_vec();
+                let mut bindings = self.with_chunk(&params, chunk);
                 bindings.push(Binding::new(7, count, count.size()));
                 bindings.push(Binding::new(8, indices, indices.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
@@ -799,7 +885,7 @@ impl Windows {
             .then_some(windows)
     }
 
-    /// What runs `variant` on a pass of `rows` rows of `kdim` values: a window variant with its
+    /// What runs `variant` on a pass of `rows` rows of `kdim` values: a window (or texture) variant with its
     /// windows where a window holds one of its blocks; else the same variant with half the rows
     /// and twice the columns per block (at most [`AdapterKind::max_block_cols`]; never fewer
     /// than it had), down to 8 rows, where a window holds that block (it still
@@ -808,14 +894,16 @@ impl Windows {
     /// original block. Other variants as they are. Every choice computes the same operations in
     /// the same order.
     fn choose(ctx: &Context, variant: GemmVariant, rows: u32, kdim: u32) -> (GemmVariant, Option<Self>) {
-        let GemmVariant::Window { rows: block_rows, cols, lanes } = variant else {
+        let (GemmVariant::Window { rows: block_rows, cols, .. }
+        | GemmVariant::Texture { rows: block_rows, cols, .. }) = variant
+        else {
             return (variant, None);
         };
         let max_cols = AdapterKind::of(ctx.adapter()).max_block_cols().max(cols);
         let (mut r, mut c) = (block_rows, cols);
         loop {
             if let Some(w) = Windows::fit(ctx, rows, kdim, r) {
-                return (GemmVariant::Window { rows: r, cols: c, lanes }, Some(w));
+                return (variant.with_block(r, c), Some(w));
             }
             if r / 2 < 8 {
                 return (variant.without_window(), None);

@@ -20,6 +20,12 @@
 //!   columns doubled); where no window block fits (or the device's uniform bindings are
 //!   smaller than a window) the pass runs as the direct variant of the same block: same
 //!   operations, same bits.
+//! - [`GemmVariant::Texture`] (LLVM CPU adapters): the window block reading its weights from a
+//!   texture copy of the same words (`wgsl/gemm/weights_texture.wgsl`, [`super::texture`]), one
+//!   texel fetch per group of four K values. On llvmpipe a storage load is a loop over the
+//!   SIMD lanes while a texel fetch serves them together. Where the texture copy is past the
+//!   device's texture limits the pass runs as the window variant of the same block, and where no
+//!   window fits as the direct one: same operations, same bits.
 //!
 //! Every variant of one [`GemmOrder`] computes every output with the same operations in the
 //! same order, so all variants (and the row-wise decode kernel) are bit-identical within a
@@ -81,6 +87,16 @@ pub enum GemmVariant {
         /// Invocations per workgroup.
         lanes: u32,
     },
+    /// [`GemmVariant::Window`]'s block with the weights read from a texture copy (see the
+    /// module docs); same ranges.
+    Texture {
+        /// Rows per block (divides 32).
+        rows: u32,
+        /// Columns per invocation.
+        cols: u32,
+        /// Invocations per workgroup.
+        lanes: u32,
+    },
 }
 
 /// Largest accumulator count (outputs per invocation, both SwiGLU halves counted) a variant
@@ -92,7 +108,9 @@ impl GemmVariant {
     pub fn block_rows(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 32,
-            GemmVariant::Direct { rows, .. } | GemmVariant::Window { rows, .. } => rows,
+            GemmVariant::Direct { rows, .. }
+            | GemmVariant::Window { rows, .. }
+            | GemmVariant::Texture { rows, .. } => rows,
         }
     }
 
@@ -100,7 +118,9 @@ impl GemmVariant {
     pub fn block_cols(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 32,
-            GemmVariant::Direct { cols, lanes, .. } | GemmVariant::Window { cols, lanes, .. } => cols * lanes,
+            GemmVariant::Direct { cols, lanes, .. }
+            | GemmVariant::Window { cols, lanes, .. }
+            | GemmVariant::Texture { cols, lanes, .. } => cols * lanes,
         }
     }
 
@@ -109,7 +129,7 @@ impl GemmVariant {
     /// # Errors
     /// [`Error::InvalidArgument`] naming the parameter.
     pub fn validate(self) -> Result<()> {
-        if let GemmVariant::Window { rows, cols, lanes } = self {
+        if let GemmVariant::Window { rows, cols, lanes } | GemmVariant::Texture { rows, cols, lanes } = self {
             return GemmVariant::Direct { rows, cols, lanes }.validate();
         }
         match self {
@@ -141,6 +161,7 @@ impl GemmVariant {
             GemmVariant::Tiled { bk4 } => format!("tiled-bk{bk4}"),
             GemmVariant::Direct { rows, cols, lanes } => format!("direct-r{rows}c{cols}l{lanes}"),
             GemmVariant::Window { rows, cols, lanes } => format!("window-r{rows}c{cols}l{lanes}"),
+            GemmVariant::Texture { rows, cols, lanes } => format!("texture-r{rows}c{cols}l{lanes}"),
         }
     }
 
@@ -149,7 +170,7 @@ impl GemmVariant {
         match self {
             // x, w and up tiles of 32 rows x bk4 vec4, plus the block's 32 entries.
             GemmVariant::Tiled { bk4 } => 3 * 32 * bk4 * 16 + 32 * 4,
-            GemmVariant::Direct { .. } | GemmVariant::Window { .. } => 0,
+            GemmVariant::Direct { .. } | GemmVariant::Window { .. } | GemmVariant::Texture { .. } => 0,
         }
     }
 
@@ -157,17 +178,45 @@ impl GemmVariant {
     pub fn invocations(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 64,
-            GemmVariant::Direct { lanes, .. } | GemmVariant::Window { lanes, .. } => lanes,
+            GemmVariant::Direct { lanes, .. }
+            | GemmVariant::Window { lanes, .. }
+            | GemmVariant::Texture { lanes, .. } => lanes,
         }
     }
 
-    /// The direct variant of a window variant's block (what runs where no window fits);
-    /// other variants unchanged.
+    /// The direct variant of a window or texture variant's block (what runs where no window
+    /// fits); other variants unchanged.
     pub fn without_window(self) -> Self {
         match self {
-            GemmVariant::Window { rows, cols, lanes } => GemmVariant::Direct { rows, cols, lanes },
+            GemmVariant::Window { rows, cols, lanes } | GemmVariant::Texture { rows, cols, lanes } => {
+                GemmVariant::Direct { rows, cols, lanes }
+            }
             other => other,
         }
+    }
+
+    /// The window variant of a texture variant's block (what runs where the weights have no
+    /// texture copy); other variants unchanged.
+    pub fn without_texture(self) -> Self {
+        match self {
+            GemmVariant::Texture { rows, cols, lanes } => GemmVariant::Window { rows, cols, lanes },
+            other => other,
+        }
+    }
+
+    /// The same kind of block with `rows` rows and `cols` columns per invocation (window and
+    /// texture variants, whose rows the window fallback halves); other variants unchanged.
+    pub(crate) fn with_block(self, rows: u32, cols: u32) -> Self {
+        match self {
+            GemmVariant::Window { lanes, .. } => GemmVariant::Window { rows, cols, lanes },
+            GemmVariant::Texture { lanes, .. } => GemmVariant::Texture { rows, cols, lanes },
+            other => other,
+        }
+    }
+
+    /// Whether x comes from uniform windows (window and texture variants).
+    pub fn reads_windows(self) -> bool {
+        matches!(self, GemmVariant::Window { .. } | GemmVariant::Texture { .. })
     }
 }
 
@@ -269,14 +318,28 @@ pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
 /// Bindings of every generated GEMM kernel.
 pub(crate) const BINDINGS: &[(u32, Access)] = WINDOW_BINDINGS.split_at(7).0;
 
+/// Bindings of a texture GEMM kernel: a window kernel's, with the weights (2, 3) as textures.
+pub(crate) const TEXTURE_BINDINGS: &[(u32, Access)] = &[
+    (0, Access::Uniform),
+    (1, Access::Read),
+    (2, Access::TextureU32),
+    (3, Access::TextureU32),
+    (4, Access::Read),
+    (5, Access::Read),
+    (6, Access::ReadWrite),
+    (7, Access::Uniform),
+];
+
 /// Bytes of the x window a window kernel declares (`array<vec4<f32>, 4096>`): WebGPU's
 /// default `max_uniform_buffer_binding_size`.
 pub(crate) const WINDOW_BYTES: u64 = 65536;
 
-/// The kernel spec for `variant` in `order` (native f16 weight loads or packed words),
-/// generated and built once per process.
+/// The kernel spec for `variant` in `order` (native f16 weight loads or packed words; texture
+/// variants unpack their texels' words whatever `native_f16` says), generated and built once
+/// per process.
 pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> &'static KernelSpec {
     type Key = (GemmVariant, GemmOrder, bool);
+    let native_f16 = native_f16 && !matches!(variant, GemmVariant::Texture { .. });
     static SPECS: OnceLock<Mutex<HashMap<Key, &'static KernelSpec>>> = OnceLock::new();
     let mut specs = lock(SPECS.get_or_init(Default::default));
     specs.entry((variant, order, native_f16)).or_insert_with(|| {
@@ -290,7 +353,9 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
             if native_f16 { "-f16" } else { "" }
         );
         let body = ShaderPart { path: "gemm (generated)", text: leak(generate(variant, order)) };
-        let parts: Vec<ShaderPart> = if native_f16 {
+        let parts: Vec<ShaderPart> = if matches!(variant, GemmVariant::Texture { .. }) {
+            vec![wgsl!("gemm/common.wgsl"), wgsl!("gemm/half.wgsl"), wgsl!("gemm/weights_texture.wgsl"), body]
+        } else if native_f16 {
             vec![
                 wgsl!("gemm/enable_f16.wgsl"),
                 wgsl!("gemm/common.wgsl"),
@@ -298,14 +363,18 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
                 body,
             ]
         } else {
-            vec![wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), body]
+            vec![wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), wgsl!("gemm/half.wgsl"), body]
         };
         let source: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
             name: leak(name),
             parts: Box::leak(parts.into_boxed_slice()),
             entry_points: &["gemm"],
         }));
-        let bindings = if matches!(variant, GemmVariant::Window { .. }) { WINDOW_BINDINGS } else { BINDINGS };
+        let bindings = match variant {
+            GemmVariant::Window { .. } => WINDOW_BINDINGS,
+            GemmVariant::Texture { .. } => TEXTURE_BINDINGS,
+            GemmVariant::Tiled { .. } | GemmVariant::Direct { .. } => BINDINGS,
+        };
         Box::leak(Box::new(KernelSpec { shader: source, entry: "gemm", bindings }))
     })
 }
@@ -378,8 +447,9 @@ fn zero(order: GemmOrder) -> &'static str {
 /// point `gemm`.
 pub(crate) fn generate(variant: GemmVariant, order: GemmOrder) -> String {
     match variant {
-        GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, order, false),
-        GemmVariant::Window { rows, cols, lanes } => direct(rows, cols, lanes, order, true),
+        GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Storage),
+        GemmVariant::Window { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Window),
+        GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Texture),
         GemmVariant::Tiled { bk4 } => tiled(bk4, order),
     }
 }
@@ -394,18 +464,34 @@ const EXPERT: &str = "    var expert = params.fixed_expert;
     }
 ";
 
-/// The direct block; with `window`, x comes from the uniform window of the dispatch (rows
-/// `params.win_row0 ..`, `ceil(K / 4)` vec4 per row, zero past K and in rows without an entry).
-fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder, window: bool) -> String {
+/// Where a direct-shaped block reads its operands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// x and the weights from storage.
+    Storage,
+    /// x from the dispatch's uniform window (rows `params.win_row0 ..`, `ceil(K / 4)` vec4 per
+    /// row, zero past K and in rows without an entry), the weights from storage.
+    Window,
+    /// x from the window, the weights from their texture copy (zero past K).
+    Texture,
+}
+
+/// The direct block, reading its operands from `source`.
+fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder, source: Source) -> String {
     let mut s = String::new();
-    let (what, source, first_row) = if window {
-        (
+    let window = source != Source::Storage;
+    let (what, from, first_row) = match source {
+        Source::Storage => ("Direct", "reading x and the weights straight from memory", ""),
+        Source::Window => (
             "Window",
             "reading x from the dispatch's uniform window and the weights from memory",
             "params.win_row0 + ",
-        )
-    } else {
-        ("Direct", "reading x and the weights straight from memory", "")
+        ),
+        Source::Texture => (
+            "Texture",
+            "reading x from the dispatch's uniform window and the weights from their texture",
+            "params.win_row0 + ",
+        ),
     };
     if window {
         s.push_str(
@@ -416,7 +502,7 @@ fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder, window: bool) -> S
     let _ = write!(
         s,
         "// {what} GEMM (generated): {lanes} invocations share {rows} rows; each computes {cols} columns
-// spaced {lanes} apart, {source} (no workgroup memory, no barriers). Order: {order:?} (see
+// spaced {lanes} apart, {from} (no workgroup memory, no barriers). Order: {order:?} (see
 // variant.rs). Rows past the row count or without an entry read row 0 (or zeros) and are
 // discarded; columns past the chunk's last read its last column and are discarded.
 
@@ -460,9 +546,13 @@ fn gemm(
         }
     }
     for j in 0..cols {
+        let (name, at) = match source {
+            Source::Texture => ("t", "weight_texel_row"),
+            Source::Storage | Source::Window => ("b", "weight_row"),
+        };
         let _ = writeln!(
             s,
-            "    let c{j} = col0 + {}u;\n    let w{j}b = weight_row(expert, min(c{j}, cend - 1u));",
+            "    let c{j} = col0 + {}u;\n    let w{j}{name} = {at}(expert, min(c{j}, cend - 1u));",
             j * lanes
         );
     }
@@ -473,7 +563,7 @@ fn gemm(
     }
     // One copy of the block: the loads take the bounded path in the last, partial group of
     // four (a branch that is the same for every invocation), so the unrolled FMAs are emitted
-    // once.
+    // once. Windows and textures hold zeros past K: their loads need no bound.
     let _ = writeln!(s, "    for (var k = 0u; k < kdim; k += 4u) {{");
     for i in 0..rows {
         if window {
@@ -482,8 +572,12 @@ fn gemm(
             let _ = writeln!(s, "        let x{i} = x_group(x{i}b, k, kdim);");
         }
     }
+    let load = |j: u32, up: bool| match source {
+        Source::Texture => format!("weight_texel({up}, w{j}t, k / 4u)"),
+        Source::Storage | Source::Window => format!("weight_group({up}, w{j}b, k, kdim)"),
+    };
     for j in 0..cols {
-        let _ = writeln!(s, "        let w{j} = weight_group(false, w{j}b, k, kdim);");
+        let _ = writeln!(s, "        let w{j} = {};", load(j, false));
     }
     for i in 0..rows {
         for j in 0..cols {
@@ -492,7 +586,7 @@ fn gemm(
     }
     let _ = writeln!(s, "        if SWIGLU {{");
     for j in 0..cols {
-        let _ = writeln!(s, "            let v{j} = weight_group(true, w{j}b, k, kdim);");
+        let _ = writeln!(s, "            let v{j} = {};", load(j, true));
     }
     for i in 0..rows {
         for j in 0..cols {

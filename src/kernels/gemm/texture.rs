@@ -1,0 +1,187 @@
+//! Texture copies of expert weights, read by the texture variants of the block kernels
+//! ([`GemmVariant::Texture`](super::GemmVariant::Texture), `wgsl/gemm/weights_texture.wgsl`).
+//!
+//! Layout: one texture row per weight row (row `r = expert * N + column` of `[E, N, K]`), its K
+//! elements as `ceil(K / 4)` texels of four, zeros past K: `Rgba32Uint` texels of four f32 words,
+//! or `Rg32Uint` texels of two words of two halves each (low half first) for f16 and bf16. Rows
+//! fill `layers = max(2, ceil(E * N / max_texture_dimension_2d))` layers of
+//! `height = ceil(E * N / layers)` rows, row `r` at `y = r % height` in layer `r / height`. The words are the packed buffers' words, copied on
+//! the device (`wgsl/gemm/pack_texture.wgsl`, then a buffer-to-texture copy), so a kernel sees
+//! the same values from either. The copy is made once per [`ExpertWeights`], the first time a
+//! texture variant is planned with them, and kept beside the buffers (it doubles the device
+//! memory the weights take).
+
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{ExpertWeights, WeightDtype};
+use crate::context::{Context, KeyLimits};
+use crate::error::Result;
+use crate::gpu::record;
+use crate::pipeline::{Access, Binding, KernelSpec};
+use crate::shader::{ShaderSource, wgsl};
+
+pub(super) static PACK_SHADER: ShaderSource = ShaderSource {
+    name: "gemm/pack_texture",
+    parts: &[wgsl!("gemm/pack_texture.wgsl")],
+    entry_points: &["pack"],
+};
+
+static PACK: KernelSpec = KernelSpec {
+    shader: &PACK_SHADER,
+    entry: "pack",
+    bindings: &[(0, Access::Uniform), (1, Access::Read), (2, Access::ReadWrite)],
+};
+
+/// `PackParams` of pack_texture.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct PackParams {
+    rows: u32,
+    src_row0: u32,
+    kdim: u32,
+    row_words: u32,
+    pitch_words: u32,
+    halves: u32,
+}
+
+/// Bytes between rows of a buffer-to-texture copy must be a multiple of this.
+const COPY_ROW_ALIGN: u64 = wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as u64;
+
+/// The extent of the texture copy of `[experts, n, k]` weights of `dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TextureLayout {
+    /// Texels per row: `ceil(K / 4)`.
+    pub width: u32,
+    /// Rows per layer.
+    pub height: u32,
+    /// Array layers.
+    pub layers: u32,
+    /// `Rgba32Uint` (f32) or `Rg32Uint` (16-bit).
+    pub format: wgpu::TextureFormat,
+}
+
+impl TextureLayout {
+    /// The layout of `[experts, n, k]` weights of `dtype` within `limits`, or None where a row
+    /// is wider than a texture or the rows need more layers than a texture array has.
+    pub fn of(dtype: WeightDtype, [experts, n, k]: [u32; 3], limits: &KeyLimits) -> Option<Self> {
+        let width = k.div_ceil(4);
+        let max = limits.max_texture_dimension_2d;
+        let rows = u64::from(experts) * u64::from(n);
+        if width == 0 || width > max || rows == 0 {
+            return None;
+        }
+        // At least two layers: wgpu's GL back end makes a one-layer texture a plain 2-D one,
+        // which cannot be bound as an array. Rows are spread evenly over the layers.
+        let layers = rows.div_ceil(u64::from(max)).max(2);
+        let height = rows.div_ceil(layers);
+        if layers > u64::from(limits.max_texture_array_layers) {
+            return None;
+        }
+        let format = match dtype {
+            WeightDtype::F32 => wgpu::TextureFormat::Rgba32Uint,
+            WeightDtype::F16 | WeightDtype::Bf16 => wgpu::TextureFormat::Rg32Uint,
+        };
+        // Both fit in u32: height <= max, layers <= max_texture_array_layers.
+        Some(TextureLayout { width, height: height as u32, layers: layers as u32, format })
+    }
+
+    /// u32 words per texel.
+    fn texel_words(self) -> u32 {
+        if self.format == wgpu::TextureFormat::Rgba32Uint { 4 } else { 2 }
+    }
+}
+
+/// The texture copy of one projection's weights.
+#[derive(Debug)]
+pub(crate) struct TextureWeights {
+    pub texture: wgpu::Texture,
+}
+
+impl TextureWeights {
+    /// Makes the texture copy of `w` on the device (one submission, waited for), or None where
+    /// its layout is past the device's texture limits ([`TextureLayout::of`]).
+    pub fn new(ctx: &Context, w: &ExpertWeights) -> Result<Option<Arc<Self>>> {
+        let [experts, n, k] = w.shape();
+        let Some(layout) = TextureLayout::of(w.dtype, [experts, n, k], &ctx.limits()) else {
+            return Ok(None);
+        };
+        let texture = ctx.checked("expert weight texture", || {
+            ctx.device().create_texture(&wgpu::TextureDescriptor {
+                label: Some("expert weight texture"),
+                size: wgpu::Extent3d {
+                    width: layout.width,
+                    height: layout.height,
+                    depth_or_array_layers: layout.layers,
+                },
+                mip_level_count: 1,
+                sample_count: 1,
+                dimension: wgpu::TextureDimension::D2,
+                format: layout.format,
+                usage: wgpu::TextureUsages::TEXTURE_BINDING
+                    | wgpu::TextureUsages::COPY_DST
+                    | wgpu::TextureUsages::COPY_SRC,
+                view_formats: &[],
+            })
+        })?;
+        let row_words = layout.width * layout.texel_words();
+        let pitch = (u64::from(row_words) * 4).next_multiple_of(COPY_ROW_ALIGN);
+        // Rows packed per copy: a layer's, at most as many as one storage binding holds.
+        let batch = (ctx.limits().max_storage_buffer_binding_size.min(ctx.limits().max_buffer_size) / pitch)
+            .clamp(1, u64::from(layout.height));
+        let scratch = ctx.storage_scratch("expert weight texture rows", batch * pitch)?;
+        let kernel = ctx.kernel(&PACK, &[])?;
+        let mut encoder = ctx.encoder("expert weight texture");
+        let height = u64::from(layout.height);
+        for chunk in &w.chunks {
+            // A chunk's rows are consecutive weight rows: whole experts, or columns of one.
+            let first = u64::from(chunk.experts.start) * u64::from(n) + u64::from(chunk.cols.start);
+            let rows = u64::from(chunk.experts.end - chunk.experts.start) * chunk.cols.len() as u64;
+            let mut done = 0u64;
+            while done < rows {
+                let row = first + done;
+                let count = batch.min(height - row % height).min(rows - done);
+                // Every count and row index below is under the texture's u32 extent or a
+                // chunk's u32 row count.
+                let params = PackParams {
+                    rows: count as u32,
+                    src_row0: done as u32,
+                    kdim: k,
+                    row_words,
+                    pitch_words: (pitch / 4) as u32,
+                    halves: u32::from(w.dtype != WeightDtype::F32),
+                };
+                let params = ctx.uniform("pack params", &params)?;
+                let bindings = [
+                    Binding::new(0, &params, std::mem::size_of::<PackParams>() as u64),
+                    Binding::new(1, &chunk.buffer, chunk.bytes),
+                    Binding::new(2, &scratch, count * pitch),
+                ];
+                let groups = (count * u64::from(row_words)).div_ceil(64);
+                let pack = ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "weight texture packing")?)?;
+                record(&mut encoder, &[&pack]);
+                encoder.copy_buffer_to_texture(
+                    wgpu::TexelCopyBufferInfo {
+                        buffer: &scratch,
+                        layout: wgpu::TexelCopyBufferLayout {
+                            offset: 0,
+                            bytes_per_row: Some(pitch as u32),
+                            rows_per_image: Some(count as u32),
+                        },
+                    },
+                    wgpu::TexelCopyTextureInfo {
+                        texture: &texture,
+                        mip_level: 0,
+                        origin: wgpu::Origin3d { x: 0, y: (row % height) as u32, z: (row / height) as u32 },
+                        aspect: wgpu::TextureAspect::All,
+                    },
+                    wgpu::Extent3d { width: layout.width, height: count as u32, depth_or_array_layers: 1 },
+                );
+                done += count;
+            }
+        }
+        ctx.submit_and_wait(encoder)?;
+        Ok(Some(Arc::new(TextureWeights { texture })))
+    }
+}
