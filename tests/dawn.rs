@@ -114,18 +114,24 @@ struct Capture {
     name: String,
     buffers: Vec<wgpu::Buffer>,
     initial: Vec<Vec<u8>>,
+    textures: Vec<wgpu::Texture>,
+    /// Each texture's texels before the run, rows `TEXTURE_ROW_ALIGN`-padded.
+    texels: Vec<Vec<u8>>,
     dispatches: Vec<Dispatch>,
     checks: Vec<(String, usize, Vec<u32>, Bound)>,
 }
 
 impl Capture {
-    /// Reads back every buffer `dispatches` bind (their state before the run), then runs them.
+    /// Reads back every buffer and texture `dispatches` bind (their state before the run), then
+    /// runs them.
     fn run(ctx: &Context, name: &str, dispatches: Vec<Dispatch>) -> Self {
-        // The cases run the adapters' default kernels, which bind buffers only.
-        assert!(
-            dispatches.iter().all(|d| d.textures().is_empty()),
-            "{name}: texture bindings are not captured"
-        );
+        let mut textures: Vec<wgpu::Texture> = Vec::new();
+        for t in dispatches.iter().flat_map(|d| d.textures()) {
+            if !textures.contains(&t.texture) {
+                textures.push(t.texture.clone());
+            }
+        }
+        let texels = textures.iter().map(|t| read_texture(ctx, t)).collect();
         let mut buffers: Vec<wgpu::Buffer> = Vec::new();
         for b in dispatches.iter().flat_map(|d| d.bindings()) {
             if !buffers.contains(&b.buffer) {
@@ -138,7 +144,7 @@ impl Capture {
             .collect();
         ctx.run(&dispatches.iter().collect::<Vec<_>>()).expect("running the case on wgpu");
         let name = format!("{}-{name}", ctx.adapter().slug());
-        Capture { name, buffers, initial, dispatches, checks: Vec::new() }
+        Capture { name, buffers, initial, textures, texels, dispatches, checks: Vec::new() }
     }
 
     /// Checks the first `want.len()` words of `buffer` here and records the check for Dawn.
@@ -187,6 +193,16 @@ impl Capture {
                     })
                 })
                 .collect();
+            let textures: Vec<Value> = d
+                .textures()
+                .iter()
+                .map(|t| {
+                    json!({
+                        "binding": t.binding,
+                        "texture": self.textures.iter().position(|x| *x == t.texture),
+                    })
+                })
+                .collect();
             let constants: serde_json::Map<String, Value> =
                 d.constants().iter().map(|&(k, v)| (k.to_string(), json!(v))).collect();
             dispatches.push(json!({
@@ -194,6 +210,7 @@ impl Capture {
                 "entry": d.entry(),
                 "constants": constants,
                 "bindings": bindings,
+                "textures": textures,
                 "workgroups": d.workgroups(),
             }));
         }
@@ -202,6 +219,23 @@ impl Capture {
             let file = format!("buffer{i}.bin");
             std::fs::write(at.join(&file), bytes)?;
             buffers.push(json!({"file": file, "size": bytes.len()}));
+        }
+        let mut textures = Vec::new();
+        for (i, (t, bytes)) in self.textures.iter().zip(&self.texels).enumerate() {
+            let file = format!("texture{i}.bin");
+            std::fs::write(at.join(&file), bytes)?;
+            let format = match t.format() {
+                wgpu::TextureFormat::Rgba32Uint => "rgba32uint",
+                wgpu::TextureFormat::Rg32Uint => "rg32uint",
+                other => panic!("{}: no replay for {other:?} textures", self.name),
+            };
+            let size = t.size();
+            textures.push(json!({
+                "file": file,
+                "format": format,
+                "size": [size.width, size.height, size.depth_or_array_layers],
+                "bytesPerRow": texture_pitch(t),
+            }));
         }
         let mut checks = Vec::new();
         for (i, (what, buffer, want, bound)) in self.checks.iter().enumerate() {
@@ -218,6 +252,7 @@ impl Capture {
         let case = json!({
             "name": self.name,
             "buffers": buffers,
+            "textures": textures,
             "dispatches": dispatches,
             "checks": checks,
         });
@@ -232,6 +267,35 @@ impl Capture {
             eprintln!("wrote case {} ({} dispatches)", self.name, self.dispatches.len());
         }
     }
+}
+
+/// Bytes per row of `texture`'s texels as captured: whole rows padded to the copy alignment.
+fn texture_pitch(texture: &wgpu::Texture) -> u32 {
+    let texel = texture.format().block_copy_size(None).expect("an uncompressed colour format");
+    (texture.width() * texel).next_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT)
+}
+
+/// Every layer of `texture`, rows padded to [`texture_pitch`].
+fn read_texture(ctx: &Context, texture: &wgpu::Texture) -> Vec<u8> {
+    let pitch = texture_pitch(texture);
+    let size = texture.size();
+    let bytes = u64::from(pitch) * u64::from(size.height) * u64::from(size.depth_or_array_layers);
+    let staging = ctx.zeroed("texture readback", bytes).unwrap();
+    let mut encoder = ctx.encoder("texture readback");
+    encoder.copy_texture_to_buffer(
+        texture.as_image_copy(),
+        wgpu::TexelCopyBufferInfo {
+            buffer: &staging,
+            layout: wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(pitch),
+                rows_per_image: Some(size.height),
+            },
+        },
+        size,
+    );
+    ctx.submit_and_wait(encoder).unwrap();
+    ctx.read_back(&staging, bytes as usize).unwrap()
 }
 
 /// DeepSeek-style scoring with group-limited selection: sigmoid, bias, renormalised top-k.

@@ -493,7 +493,7 @@ fn small_uniform_bindings_run_without_windows_bitwise() {
         // The adapter's default window block where it has one (16 x 4 on SwiftShader, whose
         // compiler takes minutes over a bf16 16 x 8 block on each of the two fresh devices).
         let mut kernels = FfnKernels::default_for(AdapterKind::of(full.adapter()), GemmOrder::Strict);
-        if !matches!(kernels.up, GemmVariant::Window { .. }) {
+        if !kernels.up.reads_windows() {
             let window = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
             kernels = FfnKernels { up: window, down: window, ..kernels };
         }

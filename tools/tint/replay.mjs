@@ -6,8 +6,9 @@
 //
 //   VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json node replay.mjs DIR
 //
-// Each case folder holds case.json (buffers, dispatches in order, checks), the buffers' bytes
-// before the run, the WGSL modules and the expected outputs. The dispatches run in one compute
+// Each case folder holds case.json (buffers, textures, dispatches in order, checks), the
+// buffers' bytes and the textures' texels before the run, the WGSL modules and the expected
+// outputs. The dispatches run in one compute
 // pass, as moeflow records them; the pipelines get explicit bind-group layouts with the
 // access moeflow declares for each binding.
 // Exit status: 0 when every case passed, 1 when one failed, 2 when nothing could run.
@@ -76,6 +77,17 @@ async function replay(at, spec) {
     buffer.unmap();
     return buffer;
   });
+  const textures = (spec.textures ?? []).map((t) => {
+    const [width, height, layers] = t.size;
+    const texture = device.createTexture({
+      size: [width, height, layers],
+      format: t.format,
+      usage: GPUTextureUsage.TEXTURE_BINDING | GPUTextureUsage.COPY_DST,
+    });
+    device.queue.writeTexture({ texture }, fs.readFileSync(path.join(at, t.file)),
+      { bytesPerRow: t.bytesPerRow, rowsPerImage: height }, [width, height, layers]);
+    return texture;
+  });
   const modules = new Map();
   const pipelines = new Map();
   const steps = [];
@@ -88,10 +100,18 @@ async function replay(at, spec) {
       }
       modules.set(d.module, module);
     }
-    const key = `${d.module} ${d.entry} ${JSON.stringify(d.constants)} ${d.bindings.map((b) => `${b.binding}:${b.access}`)}`;
+    const bound = d.textures ?? [];
+    const key = `${d.module} ${d.entry} ${JSON.stringify(d.constants)} ${d.bindings.map((b) => `${b.binding}:${b.access}`)} ${bound.map((t) => t.binding)}`;
     if (!pipelines.has(key)) {
       const layout = device.createBindGroupLayout({
-        entries: d.bindings.map((b) => ({ binding: b.binding, visibility: GPUShaderStage.COMPUTE, buffer: { type: b.access } })),
+        entries: [
+          ...d.bindings.map((b) => ({ binding: b.binding, visibility: GPUShaderStage.COMPUTE, buffer: { type: b.access } })),
+          ...bound.map((t) => ({
+            binding: t.binding,
+            visibility: GPUShaderStage.COMPUTE,
+            texture: { sampleType: 'uint', viewDimension: '2d-array' },
+          })),
+        ],
       });
       const pipeline = await device.createComputePipelineAsync({
         layout: device.createPipelineLayout({ bindGroupLayouts: [layout] }),
@@ -102,7 +122,10 @@ async function replay(at, spec) {
     const { layout, pipeline } = pipelines.get(key);
     const group = device.createBindGroup({
       layout,
-      entries: d.bindings.map((b) => ({ binding: b.binding, resource: { buffer: buffers[b.buffer], offset: b.offset, size: b.size } })),
+      entries: [
+        ...d.bindings.map((b) => ({ binding: b.binding, resource: { buffer: buffers[b.buffer], offset: b.offset, size: b.size } })),
+        ...bound.map((t) => ({ binding: t.binding, resource: textures[t.texture].createView({ dimension: '2d-array' }) })),
+      ],
     });
     steps.push({ pipeline, group, workgroups: d.workgroups });
   }
@@ -136,7 +159,7 @@ async function replay(at, spec) {
     const bad = mismatch(got, want, c.bound);
     if (bad) failures.push(`${c.what}: ${bad}`);
   }
-  for (const b of [...buffers, ...reads]) b.destroy();
+  for (const b of [...buffers, ...reads, ...textures]) b.destroy();
   return failures;
 }
 

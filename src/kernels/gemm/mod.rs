@@ -1102,7 +1102,7 @@ pub fn plan_ffn(
     let kernels = ffn.kernels(ctx);
     let order = kernels.order;
     // The row-wise passes read x from uniform windows when the block kernels do.
-    let windowed = matches!(kernels.up, GemmVariant::Window { .. });
+    let windowed = kernels.up.reads_windows();
     let mut ds = Vec::new();
     match routing {
         FfnRouting::Grouped(layout) => {

@@ -273,15 +273,17 @@ impl AdapterKind {
 
 impl FfnKernels {
     /// The fixed default for a kind of adapter: [`GemmVariant::Tiled`] on GPUs;
-    /// [`GemmVariant::Window`] 16 × 8 blocks of 8 lanes on LLVM CPU adapters (8 × 16 window
-    /// blocks, then the direct block, where K is too long for a window of 16 rows); window
-    /// 16 × 4 blocks of 8 lanes on SwiftShader (8 × 4 window blocks, then the direct block,
-    /// where K is too long): they compile in seconds there and run as fast as any block
-    /// measured, where blocks of 8 columns take minutes to compile with bf16 or f16 weights.
+    /// [`GemmVariant::Texture`] 16 × 8 blocks of 8 lanes on LLVM CPU adapters (weights from
+    /// texture copies, x from windows; 8 × 16 blocks, then the direct block, where K is too long
+    /// for a window of 16 rows; the window block where the weights are past the texture
+    /// limits); window 16 × 4 blocks of 8 lanes on SwiftShader (8 × 4 window blocks, then the
+    /// direct block, where K is too long): they compile in seconds there and run as fast as any
+    /// block measured, where blocks of 8 columns take minutes to compile with bf16 or f16
+    /// weights, and texture weights make no consistent difference there.
     pub fn default_for(kind: AdapterKind, order: GemmOrder) -> Self {
         let block = match kind {
             AdapterKind::Gpu => GemmVariant::Tiled { bk4: 8 },
-            AdapterKind::Cpu => GemmVariant::Window { rows: 16, cols: 8, lanes: 8 },
+            AdapterKind::Cpu => GemmVariant::Texture { rows: 16, cols: 8, lanes: 8 },
             AdapterKind::SwiftShader => GemmVariant::Window { rows: 16, cols: 4, lanes: 8 },
         };
         FfnKernels { order, up: block, down: block }
@@ -394,6 +396,8 @@ pub fn candidates(kind: AdapterKind) -> Vec<GemmVariant> {
             GemmVariant::Tiled { bk4: 8 },
             GemmVariant::Window { rows: 16, cols: 8, lanes: 8 },
             GemmVariant::Window { rows: 32, cols: 4, lanes: 8 },
+            GemmVariant::Texture { rows: 16, cols: 8, lanes: 8 },
+            GemmVariant::Texture { rows: 32, cols: 8, lanes: 8 },
         ],
         // Blocks of at most 4 columns: the ones Subzero compiles in seconds.
         AdapterKind::SwiftShader => vec![
