@@ -556,8 +556,8 @@ fn limited_context(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Context {
 /// Texture variants read the packed words from texture copies made on the device: rows spread
 /// over several array layers, copies made from weights split by output column, odd K (16-bit
 /// rows that start mid-word), and weights past the texture limits (which run as the window
-/// block): every case bitwise the window kernels' results, on the grouped and bucketed paths,
-/// in every dtype and both orders.
+/// block): every case bitwise the window kernels' results, on the grouped, bucketed (with its
+/// row-wise overflow pass) and row-wise decode paths, in every dtype and both orders.
 #[test]
 fn texture_weights_give_the_window_results_bitwise() {
     for adapter in common::wgpu_adapters() {
@@ -591,7 +591,7 @@ fn texture_weights_give_the_window_results_bitwise() {
                 let with = |ctx: &Context, v| {
                     m.upload(ctx).with_kernels(FfnKernels { order, up: v, down: v }).unwrap()
                 };
-                for path in [Path::Grouped, Path::Bucketed(3)] {
+                for path in [Path::Grouped, Path::Bucketed(3), Path::Decode] {
                     let what = format!("{slug} {dtype:?} {order:?} {path:?}");
                     let want = run(&whole, &with(&whole, window), &x, &idx, k, path);
                     for (name, ctx, copied) in

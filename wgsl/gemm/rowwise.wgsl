@@ -1,6 +1,7 @@
 // Row-wise expert projection: one invocation per (row, column of the bound chunk) output, dot
 // products read straight from memory (x through x_base / x_vec: rowwise_x.wgsl reads storage,
-// rowwise_x_window.wgsl a uniform window). A dispatch computes rows win_row0 ..
+// rowwise_x_window.wgsl a uniform window; the weights through weight_at / weight_vec:
+// rowwise_w_packed.wgsl reads the weight buffers, rowwise_w_texture.wgsl their texture copies). A dispatch computes rows win_row0 ..
 // win_row0 + win_rows. Used for decode (few tokens: rows are entries, no dispatch needed)
 // and for the overflow pass of the bucketed path. The expert of a row is indices[entry]
 // (or params.fixed_expert without FLAG_EXPERT_FROM_INDICES). Same accumulation order as
@@ -35,22 +36,17 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     }
     let kdim = params.kdim;
     let xr = x_base(row, entry);
-    let wr = weight_row(expert, col);
+    let wr = weight_at(expert, col);
     var acc = vec4<f32>(0.0);
     var acc_up = vec4<f32>(0.0);
     var one = 0.0;
     var one_up = 0.0;
     for (var k = 0u; k < kdim; k += 4u) {
         let xv = x_vec(xr, k);
-        var wv = vec4<f32>(0.0);
+        let wv = weight_vec(false, wr, k);
         var uv = vec4<f32>(0.0);
-        for (var j = 0u; j < 4u; j++) {
-            if k + j < kdim {
-                wv[j] = weight_from(false, wr + k + j);
-                if SWIGLU {
-                    uv[j] = weight_from(true, wr + k + j);
-                }
-            }
+        if SWIGLU {
+            uv = weight_vec(true, wr, k);
         }
         if FAST_ORDER {
             one = fma(xv.w, wv.w, fma(xv.z, wv.z, fma(xv.y, wv.y, fma(xv.x, wv.x, one))));

@@ -33,41 +33,57 @@ pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
 /// automatically (see [`uses_decode_path`]).
 pub const DECODE_MAX_TOKENS: u32 = 8;
 
-/// The row-wise kernel's module: x from storage or from uniform windows, packed or native f16
-/// weights.
+/// The row-wise kernel's module: x from storage or from uniform windows; packed or native f16
+/// weights from their buffers, or their texture copies.
 macro_rules! rowwise_shader {
-    ($name:literal, $x:literal) => {
+    ($name:literal, $x:literal, $($weights:literal),+) => {
         ShaderSource {
             name: concat!("gemm/", $name),
-            parts: &[
-                wgsl!("gemm/common.wgsl"),
-                wgsl!("gemm/weights_packed.wgsl"),
-                wgsl!("gemm/half.wgsl"),
-                wgsl!($x),
-                wgsl!("gemm/rowwise.wgsl"),
-            ],
+            parts: &[$(wgsl!($weights),)+ wgsl!($x), wgsl!("gemm/rowwise.wgsl")],
             entry_points: &["rowwise"],
         }
+    };
+    ($name:literal, $x:literal, packed) => {
+        rowwise_shader!(
+            $name,
+            $x,
+            "gemm/common.wgsl",
+            "gemm/weights_packed.wgsl",
+            "gemm/half.wgsl",
+            "gemm/rowwise_w_packed.wgsl"
+        )
     };
     ($name:literal, $x:literal, f16) => {
-        ShaderSource {
-            name: concat!("gemm/", $name),
-            parts: &[
-                wgsl!("gemm/enable_f16.wgsl"),
-                wgsl!("gemm/common.wgsl"),
-                wgsl!("gemm/weights_f16.wgsl"),
-                wgsl!($x),
-                wgsl!("gemm/rowwise.wgsl"),
-            ],
-            entry_points: &["rowwise"],
-        }
+        rowwise_shader!(
+            $name,
+            $x,
+            "gemm/enable_f16.wgsl",
+            "gemm/common.wgsl",
+            "gemm/weights_f16.wgsl",
+            "gemm/rowwise_w_packed.wgsl"
+        )
+    };
+    ($name:literal, $x:literal, texture) => {
+        rowwise_shader!(
+            $name,
+            $x,
+            "gemm/common.wgsl",
+            "gemm/half.wgsl",
+            "gemm/weights_texture.wgsl",
+            "gemm/rowwise_w_texture.wgsl"
+        )
     };
 }
-static ROWWISE_SHADER: ShaderSource = rowwise_shader!("rowwise", "gemm/rowwise_x.wgsl");
+static ROWWISE_SHADER: ShaderSource = rowwise_shader!("rowwise", "gemm/rowwise_x.wgsl", packed);
 static ROWWISE_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_f16", "gemm/rowwise_x.wgsl", f16);
-static ROWWISE_WINDOW_SHADER: ShaderSource = rowwise_shader!("rowwise_window", "gemm/rowwise_x_window.wgsl");
+static ROWWISE_TEXTURE_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_texture", "gemm/rowwise_x.wgsl", texture);
+static ROWWISE_WINDOW_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_window", "gemm/rowwise_x_window.wgsl", packed);
 static ROWWISE_WINDOW_F16_SHADER: ShaderSource =
     rowwise_shader!("rowwise_window_f16", "gemm/rowwise_x_window.wgsl", f16);
+static ROWWISE_WINDOW_TEXTURE_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_window_texture", "gemm/rowwise_x_window.wgsl", texture);
 
 /// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature): the
 /// row-wise kernel and the generated block kernels of every candidate variant in both orders.
@@ -77,6 +93,8 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
         &ROWWISE_F16_SHADER,
         &ROWWISE_WINDOW_SHADER,
         &ROWWISE_WINDOW_F16_SHADER,
+        &ROWWISE_TEXTURE_SHADER,
+        &ROWWISE_WINDOW_TEXTURE_SHADER,
         &STAGE_SHADER,
         &texture::PACK_SHADER,
     ];
@@ -99,7 +117,7 @@ static STAGE_SHADER: ShaderSource = ShaderSource {
     entry_points: &["stage"],
 };
 
-use Access::{Read, ReadWrite, Uniform};
+use Access::{Read, ReadWrite, TextureU32, Uniform};
 static STAGE: KernelSpec = KernelSpec {
     shader: &STAGE_SHADER,
     entry: "stage",
@@ -119,14 +137,34 @@ const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] = &[
     (9, Uniform),
 ];
 const ROWWISE_BINDINGS: &[(u32, Access)] = ROWWISE_WINDOW_BINDINGS.split_at(8).0;
+/// [`ROWWISE_WINDOW_BINDINGS`] with the weights (2, 3) as textures.
+const ROWWISE_WINDOW_TEXTURE_BINDINGS: &[(u32, Access)] = &[
+    (0, Uniform),
+    (1, Read),
+    (2, TextureU32),
+    (3, TextureU32),
+    (4, Read),
+    (6, ReadWrite),
+    (7, Read),
+    (8, Read),
+    (9, Uniform),
+];
+const ROWWISE_TEXTURE_BINDINGS: &[(u32, Access)] = ROWWISE_WINDOW_TEXTURE_BINDINGS.split_at(8).0;
 static ROWWISE: KernelSpec =
     KernelSpec { shader: &ROWWISE_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
 static ROWWISE_F16: KernelSpec =
     KernelSpec { shader: &ROWWISE_F16_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
+static ROWWISE_TEXTURE: KernelSpec =
+    KernelSpec { shader: &ROWWISE_TEXTURE_SHADER, entry: "rowwise", bindings: ROWWISE_TEXTURE_BINDINGS };
 static ROWWISE_WINDOW: KernelSpec =
     KernelSpec { shader: &ROWWISE_WINDOW_SHADER, entry: "rowwise", bindings: ROWWISE_WINDOW_BINDINGS };
 static ROWWISE_WINDOW_F16: KernelSpec =
     KernelSpec { shader: &ROWWISE_WINDOW_F16_SHADER, entry: "rowwise", bindings: ROWWISE_WINDOW_BINDINGS };
+static ROWWISE_WINDOW_TEXTURE: KernelSpec = KernelSpec {
+    shader: &ROWWISE_WINDOW_TEXTURE_SHADER,
+    entry: "rowwise",
+    bindings: ROWWISE_WINDOW_TEXTURE_BINDINGS,
+};
 
 /// Storage type of expert weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -747,22 +785,12 @@ impl Pass<'_> {
         let max = ctx.limits().max_compute_workgroups_per_dimension;
         let mut out = Vec::new();
         let staged = Staged::new(ctx, windows, self, &mut out)?;
-        // Texture copies hold every expert: one unsplit chunk.
-        let chunks = match &textures {
-            Some(_) => vec![(None, self.unsplit(from_tiles))],
-            None => {
-                self.chunks(from_tiles != 0, from_tiles)?.into_iter().map(|(c, p)| (Some(c), p)).collect()
-            }
-        };
-        for (chunk, p) in chunks {
+        for (chunk, p) in self.weight_chunks(textures.is_some(), from_tiles != 0, from_tiles)? {
             let col_groups = p.cols.div_ceil(variant.block_cols());
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
-                let mut bindings = match chunk {
-                    Some(chunk) => self.with_chunk(&params, chunk),
-                    None => self.common(&params),
-                };
+                let mut bindings = self.bindings(&params, chunk);
                 bindings.push(Binding::new(5, tiles, tiles.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
                 let grid = [span.rows.div_ceil(variant.block_rows()), col_groups, 1];
@@ -774,53 +802,80 @@ impl Pass<'_> {
                         "max_compute_workgroups_per_dimension",
                     ));
                 }
-                let texture_bindings: Vec<TextureBinding<'_>> = textures
-                    .iter()
-                    .flat_map(|[w, u]| {
-                        [
-                            TextureBinding { binding: 2, texture: &w.texture },
-                            TextureBinding { binding: 3, texture: &u.texture },
-                        ]
-                    })
-                    .collect();
-                out.push(ctx.dispatch_with_textures(&kernel, &bindings, &texture_bindings, grid)?);
+                out.push(ctx.dispatch_with_textures(
+                    &kernel,
+                    &bindings,
+                    &texture_bindings(&textures),
+                    grid,
+                )?);
             }
         }
         Ok(out)
     }
 
-    /// The parameters of a dispatch over the whole, unsplit weights (every expert, every
-    /// column), with the FLAG_* bits of this pass and `extra`.
-    fn unsplit(&self, extra_flags: u32) -> Params {
-        Params {
-            expert_base: 0,
-            expert_count: self.w.experts,
-            col_base: 0,
-            cols: self.w.n,
-            ..self.params_with(extra_flags)
+    /// The weight chunks a pass dispatches over, as [`Pass::chunks`]; with texture copies
+    /// (which hold every expert) one unsplit chunk, None, whose parameters describe every expert
+    /// and every column.
+    fn weight_chunks(
+        &self,
+        textures: bool,
+        expert_from_buffer: bool,
+        extra_flags: u32,
+    ) -> Result<Vec<(Option<usize>, Params)>> {
+        if textures {
+            let p = Params {
+                expert_base: 0,
+                expert_count: self.w.experts,
+                col_base: 0,
+                cols: self.w.n,
+                ..self.params_with(extra_flags)
+            };
+            return Ok(vec![(None, p)]);
+        }
+        Ok(self.chunks(expert_from_buffer, extra_flags)?.into_iter().map(|(c, p)| (Some(c), p)).collect())
+    }
+
+    /// [`Pass::common`], and chunk `chunk`'s weight buffers or (None) nothing: the textures
+    /// are bound apart.
+    fn bindings<'b>(&'b self, params: &'b wgpu::Buffer, chunk: Option<usize>) -> Vec<Binding<'b>> {
+        match chunk {
+            Some(chunk) => self.with_chunk(params, chunk),
+            None => self.common(params),
         }
     }
 
     /// Row-wise dispatches, one per weight chunk; experts from `indices` (or
-    /// `params.fixed_expert`), live rows `min(params.rows, count[params.count_word])`. With
-    /// `window` (and where windows of single rows fit, see [`Windows::fit`]) x is staged into
-    /// uniform windows and each chunk runs one dispatch per window: the same values, the same
-    /// bits.
+    /// `params.fixed_expert`), live rows `min(params.rows, count[params.count_word])`, x and
+    /// the weights read from `source`: x staged into uniform windows (where windows of single
+    /// rows fit, see [`Windows::fit`]; each chunk then runs one dispatch per window), the weights
+    /// from their texture copies (where the weights have them; one unsplit chunk). The same
+    /// values, the same bits from every source.
     fn rowwise(
         &self,
         ctx: &Context,
         indices: Option<&wgpu::Buffer>,
         count: &wgpu::Buffer,
-        window: bool,
+        source: RowSource,
     ) -> Result<Vec<Dispatch>> {
-        let windows = if window { Windows::fit(ctx, self.params.rows, self.params.kdim, 1) } else { None };
+        let windows = match source {
+            RowSource::Storage => None,
+            RowSource::Window | RowSource::Texture => {
+                Windows::fit(ctx, self.params.rows, self.params.kdim, 1)
+            }
+        };
+        let textures = match source {
+            RowSource::Texture => self.textures(ctx)?,
+            RowSource::Storage | RowSource::Window => None,
+        };
         let mut constants = self.constants();
         constants.push(("FAST_ORDER", f64::from(u8::from(self.order == GemmOrder::Fast))));
-        let spec = match (windows.is_some(), self.w.native_f16) {
-            (false, false) => &ROWWISE,
-            (false, true) => &ROWWISE_F16,
-            (true, false) => &ROWWISE_WINDOW,
-            (true, true) => &ROWWISE_WINDOW_F16,
+        let spec = match (windows.is_some(), textures.is_some(), self.w.native_f16) {
+            (false, true, _) => &ROWWISE_TEXTURE,
+            (true, true, _) => &ROWWISE_WINDOW_TEXTURE,
+            (false, false, false) => &ROWWISE,
+            (false, false, true) => &ROWWISE_F16,
+            (true, false, false) => &ROWWISE_WINDOW,
+            (true, false, true) => &ROWWISE_WINDOW_F16,
         };
         let kernel = ctx.kernel(spec, &constants)?;
         let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };
@@ -828,23 +883,61 @@ impl Pass<'_> {
         let indices = indices.unwrap_or(&placeholder);
         let mut out = Vec::new();
         let staged = Staged::new(ctx, windows, self, &mut out)?;
-        for (chunk, p) in self.chunks(from_indices != 0, from_indices)? {
+        for (chunk, p) in self.weight_chunks(textures.is_some(), from_indices != 0, from_indices)? {
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
-                let mut bindings = self.with_chunk(&params, chunk);
+                let mut bindings = self.bindings(&params, chunk);
                 bindings.push(Binding::new(7, count, count.size()));
                 bindings.push(Binding::new(8, indices, indices.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
                 let threads = u64::from(span.rows) * u64::from(p.cols);
-                out.push(ctx.dispatch(
+                let grid = ctx.grid(threads.div_ceil(64), "row-wise GEMM")?;
+                out.push(ctx.dispatch_with_textures(
                     &kernel,
                     &bindings,
-                    ctx.grid(threads.div_ceil(64), "row-wise GEMM")?,
+                    &texture_bindings(&textures),
+                    grid,
                 )?);
             }
         }
         Ok(out)
+    }
+}
+
+/// The texture copies of a pass's weights and up projection bound at 2 and 3 (none without).
+fn texture_bindings(textures: &Option<[Arc<TextureWeights>; 2]>) -> Vec<TextureBinding<'_>> {
+    textures
+        .iter()
+        .flat_map(|[w, u]| {
+            [
+                TextureBinding { binding: 2, texture: &w.texture },
+                TextureBinding { binding: 3, texture: &u.texture },
+            ]
+        })
+        .collect()
+}
+
+/// Where a row-wise pass reads x and the weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowSource {
+    /// Both from storage.
+    Storage,
+    /// x from uniform windows, the weights from storage.
+    Window,
+    /// x from uniform windows, the weights from their texture copies.
+    Texture,
+}
+
+impl RowSource {
+    /// The source of the row-wise passes beside block kernels `variant`: as they read x and
+    /// the weights.
+    fn like(variant: GemmVariant) -> Self {
+        match variant {
+            GemmVariant::Texture { .. } => RowSource::Texture,
+            GemmVariant::Window { .. } => RowSource::Window,
+            GemmVariant::Tiled { .. } | GemmVariant::Direct { .. } => RowSource::Storage,
+        }
     }
 }
 
@@ -1101,8 +1194,8 @@ pub fn plan_ffn(
     let base = Params { k_route: k, fixed_expert: NONE, ..Params::default() };
     let kernels = ffn.kernels(ctx);
     let order = kernels.order;
-    // The row-wise passes read x from uniform windows when the block kernels do.
-    let windowed = kernels.up.reads_windows();
+    // The row-wise passes read x and the weights as the block kernels do.
+    let source = RowSource::like(kernels.up);
     let mut ds = Vec::new();
     match routing {
         FfnRouting::Grouped(layout) => {
@@ -1168,9 +1261,9 @@ pub fn plan_ffn(
             let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act);
             p.params.rows = entries32;
             p.params.count_word = 5;
-            ds.extend(p.rowwise(ctx, Some(indices), inner.meta(), windowed)?);
+            ds.extend(p.rowwise(ctx, Some(indices), inner.meta(), source)?);
             let down = down_pass(&p, ffn, &over_act, partial);
-            ds.extend(down.rowwise(ctx, Some(indices), inner.meta(), windowed)?);
+            ds.extend(down.rowwise(ctx, Some(indices), inner.meta(), source)?);
         }
         FfnRouting::Decode => {
             let act = ctx.storage_scratch("decode activations", entries * u64::from(f) * 4)?;
@@ -1178,9 +1271,9 @@ pub fn plan_ffn(
             let mut p = up_pass(ffn, order, base, x, &count, &act);
             p.identity_rows = true;
             p.params.rows = entries32;
-            ds.extend(p.rowwise(ctx, Some(indices), &count, windowed)?);
+            ds.extend(p.rowwise(ctx, Some(indices), &count, source)?);
             let down = down_pass(&p, ffn, &act, partial);
-            ds.extend(down.rowwise(ctx, Some(indices), &count, windowed)?);
+            ds.extend(down.rowwise(ctx, Some(indices), &count, source)?);
         }
     }
     Ok(FfnPlan { dispatches: ds })
@@ -1297,7 +1390,9 @@ pub fn plan_dense(
             variant.validate()?;
             pass.gemm(ctx, variant, None)?
         }
-        DenseKernel::Rowwise => pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?, false)?,
+        DenseKernel::Rowwise => {
+            pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?, RowSource::Storage)?
+        }
     };
     Ok(FfnPlan { dispatches })
 }
