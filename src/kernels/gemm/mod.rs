@@ -785,6 +785,7 @@ impl Pass<'_> {
         let max = ctx.limits().max_compute_workgroups_per_dimension;
         let mut out = Vec::new();
         let staged = Staged::new(ctx, windows, self, &mut out)?;
+        let bound_textures = texture_bindings(&textures);
         for (chunk, p) in self.weight_chunks(textures.is_some(), from_tiles != 0, from_tiles)? {
             let col_groups = p.cols.div_ceil(variant.block_cols());
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
@@ -802,12 +803,7 @@ impl Pass<'_> {
                         "max_compute_workgroups_per_dimension",
                     ));
                 }
-                out.push(ctx.dispatch_with_textures(
-                    &kernel,
-                    &bindings,
-                    &texture_bindings(&textures),
-                    grid,
-                )?);
+                out.push(ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?);
             }
         }
         Ok(out)
@@ -883,6 +879,7 @@ impl Pass<'_> {
         let indices = indices.unwrap_or(&placeholder);
         let mut out = Vec::new();
         let staged = Staged::new(ctx, windows, self, &mut out)?;
+        let bound_textures = texture_bindings(&textures);
         for (chunk, p) in self.weight_chunks(textures.is_some(), from_indices != 0, from_indices)? {
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
@@ -893,12 +890,7 @@ impl Pass<'_> {
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
                 let threads = u64::from(span.rows) * u64::from(p.cols);
                 let grid = ctx.grid(threads.div_ceil(64), "row-wise GEMM")?;
-                out.push(ctx.dispatch_with_textures(
-                    &kernel,
-                    &bindings,
-                    &texture_bindings(&textures),
-                    grid,
-                )?);
+                out.push(ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?);
             }
         }
         Ok(out)
