@@ -185,3 +185,58 @@ impl TextureWeights {
         Ok(Some(Arc::new(TextureWeights { texture })))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(dim: u32, layers: u32) -> KeyLimits {
+        KeyLimits {
+            max_storage_buffer_binding_size: 1 << 27,
+            max_buffer_size: 1 << 28,
+            max_compute_workgroup_storage_size: 16384,
+            max_compute_invocations_per_workgroup: 256,
+            max_compute_workgroups_per_dimension: 65535,
+            max_storage_buffers_per_shader_stage: 8,
+            max_uniform_buffer_binding_size: 65536,
+            min_uniform_buffer_offset_alignment: 256,
+            max_sampled_textures_per_shader_stage: 16,
+            max_texture_dimension_2d: dim,
+            max_texture_array_layers: layers,
+        }
+    }
+
+    #[test]
+    fn layouts_hold_every_row_in_at_least_two_layers() {
+        for (shape, dim, layers) in [
+            ([1u32, 1u32, 1u32], 8192u32, 256u32),
+            ([16, 1024, 512], 8192, 256),
+            ([4, 71, 999], 256, 256),
+            ([4, 999, 71], 256, 16),
+            ([256, 2048, 7168], 8192, 256),
+        ] {
+            let l = TextureLayout::of(WeightDtype::Bf16, shape, &limits(dim, layers)).unwrap();
+            let rows = u64::from(shape[0]) * u64::from(shape[1]);
+            assert_eq!(l.width, shape[2].div_ceil(4), "{shape:?}");
+            assert!(l.layers >= 2 && l.layers <= layers, "{shape:?}: {l:?}");
+            assert!(l.height <= dim, "{shape:?}: {l:?}");
+            assert!(u64::from(l.height) * u64::from(l.layers) >= rows, "{shape:?}: {l:?}");
+            // No layer is left empty (but for one row, which still gets two layers): the rows
+            // are spread evenly.
+            assert!(rows == 1 || u64::from(l.height) * u64::from(l.layers - 1) < rows, "{shape:?}: {l:?}");
+            assert_eq!(l.format, wgpu::TextureFormat::Rg32Uint);
+        }
+        let f32 = TextureLayout::of(WeightDtype::F32, [2, 3, 5], &limits(8192, 256)).unwrap();
+        assert_eq!(f32.format, wgpu::TextureFormat::Rgba32Uint);
+    }
+
+    #[test]
+    fn layouts_past_the_limits_are_none() {
+        // Rows wider than a texture.
+        assert!(TextureLayout::of(WeightDtype::F32, [1, 4, 4 * 257], &limits(256, 256)).is_none());
+        // More layers than an array holds (and one layer is never enough).
+        assert!(TextureLayout::of(WeightDtype::F32, [16, 256, 64], &limits(256, 15)).is_none());
+        assert!(TextureLayout::of(WeightDtype::F32, [1, 1, 4], &limits(256, 1)).is_none());
+        assert!(TextureLayout::of(WeightDtype::F32, [16, 256, 64], &limits(256, 16)).is_some());
+    }
+}
