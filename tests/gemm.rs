@@ -435,6 +435,41 @@ fn every_variant_is_bit_identical_within_an_order() {
     }
 }
 
+/// Blocks whose tile holds fewer live rows than the block run a narrower copy of the K loop
+/// (16-row blocks: 16, 8 or 4 rows; 32-row blocks: 32, 16 or 8): experts with 1, 4, 5, 9,
+/// 16, 17 and 33 tokens in 32-row tiles reach every copy (and blocks with no live row), and
+/// every variant gives the row-wise kernel's bits in both orders.
+#[test]
+fn blocks_with_few_live_rows_give_the_row_wise_bits() {
+    for ctx in contexts() {
+        let counts = [1u32, 4, 5, 9, 16, 17, 33];
+        let (e, h, f, k) = (counts.len() as u32, 36u32, 20u32, 1u32);
+        // Tokens interleaved over the experts, so no expert's rows are contiguous in x.
+        let mut idx = Vec::new();
+        for round in 0..*counts.iter().max().unwrap_or(&0) {
+            idx.extend((0..e).filter(|&x| round < counts[x as usize]));
+        }
+        let tokens = idx.len() as u32;
+        let m = Model::new(70, e, h, f, WeightDtype::F32);
+        let x = adversarial(&mut rng(71), (tokens * h) as usize, 1.0);
+        for order in [GemmOrder::Strict, GemmOrder::Fast] {
+            let ffn_with = |up, down| m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+            let first = variants_under_test(&ctx)[0];
+            let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
+            for v in variants_under_test(&ctx) {
+                let grouped = run(&ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
+                assert_eq!(
+                    bits_nan(&grouped),
+                    bits_nan(&decode),
+                    "{} {order:?}: grouped {} vs row-wise",
+                    ctx.adapter().slug(),
+                    v.name()
+                );
+            }
+        }
+    }
+}
+
 /// Window kernels across many windows and every fallback, bitwise the direct kernels' results:
 /// K = 1000 holds 16 rows of x per uniform window (the gate/up pass of 16-row blocks spans
 /// several windows; 32-row blocks run as 16-row window blocks), K = 1100 holds 14 (16-row

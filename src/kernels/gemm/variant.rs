@@ -11,7 +11,10 @@
 //!   one block of `rows` rows and each computes `cols` columns spaced `lanes` apart, reading x
 //!   and the weights straight from memory; every loaded value is reused across the whole
 //!   block, which is what pays on lavapipe, where each storage-buffer load is a loop over the
-//!   SIMD lanes and spilled accumulators cost far less than loads.
+//!   SIMD lanes and spilled accumulators cost far less than loads. The K loop is written out
+//!   once per live-row count (`rows`, then halves down to 4): a block whose rows past the
+//!   first `n` have no entry (the padding at the end of an expert's tile) runs the narrowest
+//!   copy that covers its live rows, so padding rows cost no FMAs beyond that.
 //! - [`GemmVariant::Window`] (CPU adapters): the direct block, reading its x rows from a
 //!   uniform-buffer window that a staging pass fills (`wgsl/gemm/stage.wgsl`). On llvmpipe a
 //!   uniform load at an address every lane shares is one scalar load and a broadcast, against a
@@ -565,39 +568,35 @@ fn gemm(
             let _ = writeln!(s, "    var a{i}_{j} = {z};\n    var u{i}_{j} = {z};", z = zero(order));
         }
     }
-    // One copy of the block: the loads take the bounded path in the last, partial group of
-    // four (a branch that is the same for every invocation), so the unrolled FMAs are emitted
-    // once. Windows and textures hold zeros past K: their loads need no bound.
-    let _ = writeln!(s, "    for (var k = 0u; k < kdim; k += 4u) {{");
-    for i in 0..rows {
-        if window {
-            let _ = writeln!(s, "        let x{i} = xw[x{i}b + k / 4u];");
-        } else {
-            let _ = writeln!(s, "        let x{i} = x_group(x{i}b, k, kdim);");
+    // The block's live rows: up to the last row with an entry (padding rows of a grouped
+    // tile come last). A block with no entry past row `n` runs a copy of the K loop over
+    // its first `n` rows only (the same operations for those rows; the other rows'
+    // accumulators stay zero and their outputs are discarded as before), so the padding of a
+    // tile costs a fraction of its FMAs. The branch is the same for every invocation.
+    let copies = live_copies(rows);
+    if copies.len() > 1 {
+        s.push_str("    var live = 0u;\n");
+        for i in 0..rows {
+            let _ = writeln!(s, "    if e{i} != NONE {{\n        live = {}u;\n    }}", i + 1);
         }
     }
-    let load = |j: u32, up: bool| match source {
-        Source::Texture => format!("weight_texel({up}, w{j}t, k / 4u)"),
-        Source::Storage | Source::Window => format!("weight_group({up}, w{j}b, k, kdim)"),
-    };
-    for j in 0..cols {
-        let _ = writeln!(s, "        let w{j} = {};", load(j, false));
+    for (c, &n) in copies.iter().enumerate() {
+        let cond = match (c, copies.get(c + 1)) {
+            (_, Some(next)) => format!("live > {next}u"),
+            (_, None) => String::new(),
+        };
+        let head = match (c, cond.is_empty()) {
+            (0, true) => String::new(),
+            (0, false) => format!("    if {cond} {{\n"),
+            (_, true) => "    } else {\n".to_string(),
+            (_, false) => format!("    }} else if {cond} {{\n"),
+        };
+        s.push_str(&head);
+        k_loop(&mut s, n, cols, order, source);
     }
-    for i in 0..rows {
-        for j in 0..cols {
-            step(&mut s, order, &format!("a{i}_{j}"), &format!("x{i}"), &format!("w{j}"), "        ");
-        }
+    if copies.len() > 1 {
+        s.push_str("    }\n");
     }
-    let _ = writeln!(s, "        if SWIGLU {{");
-    for j in 0..cols {
-        let _ = writeln!(s, "            let v{j} = {};", load(j, true));
-    }
-    for i in 0..rows {
-        for j in 0..cols {
-            step(&mut s, order, &format!("u{i}_{j}"), &format!("x{i}"), &format!("v{j}"), "            ");
-        }
-    }
-    let _ = writeln!(s, "        }}\n    }}");
     for i in 0..rows {
         for j in 0..cols {
             let _ = writeln!(
@@ -619,6 +618,56 @@ fn gemm(
     }
     s.push_str("}\n");
     s
+}
+
+/// The row counts of a block's copies of the K loop, widest first: `rows`, then halves
+/// down to 4 rows (a 16-row block runs 16, 8 or 4 rows, whichever is the fewest that covers
+/// its live rows).
+fn live_copies(rows: u32) -> Vec<u32> {
+    let mut copies = vec![rows];
+    let mut n = rows / 2;
+    while n >= 4 {
+        copies.push(n);
+        n /= 2;
+    }
+    copies
+}
+
+/// One copy of the direct block's K loop over its first `rows` rows: the loads take the
+/// bounded path in the last, partial group of four (a branch that is the same for every
+/// invocation), so the unrolled FMAs are emitted once per copy. Windows and textures hold
+/// zeros past K: their loads need no bound.
+fn k_loop(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source) {
+    let _ = writeln!(s, "    for (var k = 0u; k < kdim; k += 4u) {{");
+    for i in 0..rows {
+        if source == Source::Storage {
+            let _ = writeln!(s, "        let x{i} = x_group(x{i}b, k, kdim);");
+        } else {
+            let _ = writeln!(s, "        let x{i} = xw[x{i}b + k / 4u];");
+        }
+    }
+    let load = |j: u32, up: bool| match source {
+        Source::Texture => format!("weight_texel({up}, w{j}t, k / 4u)"),
+        Source::Storage | Source::Window => format!("weight_group({up}, w{j}b, k, kdim)"),
+    };
+    for j in 0..cols {
+        let _ = writeln!(s, "        let w{j} = {};", load(j, false));
+    }
+    for i in 0..rows {
+        for j in 0..cols {
+            step(s, order, &format!("a{i}_{j}"), &format!("x{i}"), &format!("w{j}"), "        ");
+        }
+    }
+    let _ = writeln!(s, "        if SWIGLU {{");
+    for j in 0..cols {
+        let _ = writeln!(s, "            let v{j} = {};", load(j, true));
+    }
+    for i in 0..rows {
+        for j in 0..cols {
+            step(s, order, &format!("u{i}_{j}"), &format!("x{i}"), &format!("v{j}"), "            ");
+        }
+    }
+    let _ = writeln!(s, "        }}\n    }}");
 }
 
 fn tiled(bk4: u32, order: GemmOrder) -> String {
