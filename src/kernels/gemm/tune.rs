@@ -1,8 +1,11 @@
 //! The GEMM tuner: picks the fastest candidate variant for each projection of an expert FFN by
 //! timing them on the device, and remembers the choice on disk.
 //!
-//! Each candidate runs the FFN's own expert-0 weights as a dense problem of `rows` rows (the
-//! SwiGLU gate/up pass and the down pass separately); candidates are timed in interleaved
+//! Each candidate runs the FFN's own expert-0 weights as two dense problems standing for two
+//! experts' rows in a prefill, `3·rows/4` and `5·rows/4` rows for a mean share of `rows` (the
+//! SwiGLU gate/up pass and the down pass separately): neither is a multiple of the blocks'
+//! rows, so the partial blocks at the end of an expert's tile, which wide blocks pay more for,
+//! are in the time as they are in the layer. Candidates are timed in interleaved
 //! rounds (the order reversed every other round, a short version of the ABBA protocol) and the
 //! median of each decides. Every candidate computes the same bits in one order, so the choice
 //! changes speed only.
@@ -25,13 +28,16 @@ use super::variant::{self, FfnKernels, GemmOrder, GemmVariant};
 use super::{ExpertFfn, Params, Pass};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::pipeline::Dispatch;
 
 /// How to tune.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
     /// Variants to time (default: [`variant::candidates`] for the adapter).
     pub candidates: Vec<GemmVariant>,
-    /// Rows of the timed problem (a prefill-sized class; default 64).
+    /// An expert's mean share of rows in the prefill the choice is for (default 32: 256
+    /// tokens routed 2 ways over 16 experts); the timed problem is one expert of `3·rows/4`
+    /// rows and one of `5·rows/4` (see the module docs).
     pub rows: u32,
     /// Interleaved timing rounds (default 5).
     pub rounds: u32,
@@ -44,7 +50,7 @@ impl TuneOptions {
     pub fn for_context(ctx: &Context) -> Self {
         TuneOptions {
             candidates: variant::candidates(variant::AdapterKind::of(ctx.adapter())),
-            rows: 64,
+            rows: 32,
             rounds: 5,
             cache: default_cache_path(),
         }
@@ -209,40 +215,54 @@ fn measure(
         return Err(Error::invalid("the tuner needs at least one candidate variant"));
     }
     let (f, h) = (ffn.ffn(), ffn.hidden());
-    let x = ctx.upload("tune x", &vec![0.25f32; (rows * h) as usize])?;
-    let act = ctx.storage_scratch("tune activations", u64::from(rows) * u64::from(f) * 4)?;
-    let out = ctx.storage_scratch("tune output", u64::from(rows) * u64::from(h) * 4)?;
+    let shares = timed_rows(rows);
+    let most = shares.iter().copied().max().unwrap_or(rows);
+    let x = ctx.upload("tune x", &vec![0.25f32; (most * h) as usize])?;
+    let act = ctx.storage_scratch("tune activations", u64::from(most) * u64::from(f) * 4)?;
+    let out = ctx.storage_scratch("tune output", u64::from(most) * u64::from(h) * 4)?;
     let unused = ctx.storage_scratch("tune rows", 4)?;
-    let params =
-        Params { rows, n: f, kdim: h, k_route: 1, fixed_expert: 0, tile_rows: 1, ..Params::default() };
-    let up = Pass {
-        order,
-        swiglu: true,
-        gather: false,
-        out_entry: false,
-        identity_rows: true,
-        x: &x,
-        w: &ffn.gate,
-        w_up: &ffn.up,
-        row_entry: &unused,
-        out: &act,
-        params,
+    let passes = |rows: u32| {
+        let params =
+            Params { rows, n: f, kdim: h, k_route: 1, fixed_expert: 0, tile_rows: 1, ..Params::default() };
+        let up = Pass {
+            order,
+            swiglu: true,
+            gather: false,
+            out_entry: false,
+            identity_rows: true,
+            x: &x,
+            w: &ffn.gate,
+            w_up: &ffn.up,
+            row_entry: &unused,
+            out: &act,
+            params,
+        };
+        let down = Pass {
+            swiglu: false,
+            x: &act,
+            w: &ffn.down,
+            w_up: &ffn.down,
+            out: &out,
+            params: Params { n: h, kdim: f, ..params },
+            ..up
+        };
+        (up, down)
     };
-    let down = Pass {
-        swiglu: false,
-        x: &act,
-        w: &ffn.down,
-        w_up: &ffn.down,
-        out: &out,
-        params: Params { n: h, kdim: f, ..params },
-        ..up
+    // The dispatches of every share per candidate and pass (each weight chunk of expert 0); a
+    // refused variant is recorded as never fastest.
+    let build = |v: GemmVariant| -> Result<(Vec<Dispatch>, Vec<Dispatch>)> {
+        v.validate()?;
+        let (mut u, mut d) = (Vec::new(), Vec::new());
+        for &n in &shares {
+            let (up, down) = passes(n);
+            u.extend(up.gemm(ctx, v, None)?);
+            d.extend(down.gemm(ctx, v, None)?);
+        }
+        Ok((u, d))
     };
-    // One dispatch per candidate, pass and weight chunk of expert 0; a refused variant is
-    // recorded as never fastest.
     let mut runs = Vec::new();
     for &v in &opts.candidates {
-        let built = v.validate().and_then(|()| Ok((up.gemm(ctx, v, None)?, down.gemm(ctx, v, None)?)));
-        match built {
+        match build(v) {
             Ok(pair) => runs.push((v, Some(pair))),
             Err(e) => {
                 log::info!("moeflow: tuner skips {}: {e}", v.name());
@@ -250,7 +270,7 @@ fn measure(
             }
         }
     }
-    let time = |ds: &[crate::pipeline::Dispatch]| -> Result<f64> {
+    let time = |ds: &[Dispatch]| -> Result<f64> {
         let t = Instant::now();
         ctx.run(&ds.iter().collect::<Vec<_>>())?;
         Ok(t.elapsed().as_secs_f64())
@@ -281,4 +301,25 @@ fn measure(
         v[v.len() / 2]
     };
     Ok(runs.iter().zip(samples.iter_mut()).map(|((v, _), (u, d))| (*v, median(u), median(d))).collect())
+}
+
+/// The row counts of the timed problem for a mean share of `rows` (see the module docs):
+/// `3·rows/4` and `5·rows/4`, at least one row each.
+fn timed_rows(rows: u32) -> [u32; 2] {
+    [(3 * rows / 4).max(1), (5 * rows / 4).max(1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timed_rows;
+
+    #[test]
+    fn the_timed_experts_straddle_the_mean_share_off_the_block_rows() {
+        assert_eq!(timed_rows(32), [24, 40]);
+        assert_eq!(timed_rows(64), [48, 80]);
+        // Neither is a multiple of 16 or 32 at the default share.
+        assert!(timed_rows(32).iter().all(|r| r % 16 != 0));
+        assert_eq!(timed_rows(1), [1, 1]);
+        assert_eq!(timed_rows(0), [1, 1]);
+    }
 }
