@@ -5,7 +5,8 @@
 mod common;
 
 use moeflow::kernels::gemm::{
-    ExpertFfn, ExpertWeights, GemmOrder, GemmVariant, TuneOptions, WeightDtype, tune,
+    AdapterKind, ExpertFfn, ExpertWeights, FfnKernels, GemmOrder, GemmVariant, TUNE_DEFAULT_MARGIN,
+    TuneOptions, WeightDtype, tune,
 };
 use moeflow::layer::{KernelChoice, MoeConfig, MoeLayer};
 use moeflow::synth::Synth;
@@ -107,4 +108,34 @@ fn a_tuned_layer_runs_the_cached_choice_and_gives_the_default_bits() {
     let default = MoeLayer::new(ctx, cfg, &w).unwrap();
     let (a, b) = (tuned.forward_host(ctx, &x).unwrap(), default.forward_host(ctx, &x).unwrap());
     assert_eq!(common::bits(&a.y), common::bits(&b.y), "tuned and default kernels give the same bits");
+}
+
+#[test]
+fn the_default_stays_unless_a_candidate_beats_it_by_the_margin() {
+    for ctx in common::contexts() {
+        let what = ctx.adapter().slug();
+        let w = |n: u32, k: u32| {
+            let data = Synth::new(u64::from(n + k)).uniform((2 * n * k) as usize, 0.1);
+            ExpertWeights::from_f32(&ctx, &data, WeightDtype::F32, 2, n, k).unwrap()
+        };
+        let ffn = ExpertFfn::new(w(40, 48), w(40, 48), w(48, 40)).unwrap();
+        let default = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Fast);
+        let mut candidates = small_candidates();
+        candidates.extend([default.up, default.down]);
+        let opts = TuneOptions { candidates, rows: 16, rounds: 3, cache: None };
+        let t = tune(&ctx, &ffn, GemmOrder::Fast, &opts).unwrap();
+        for (chosen, fixed, time) in [
+            (t.kernels.up, default.up, (|x: &(GemmVariant, f64, f64)| x.1) as fn(&_) -> f64),
+            (t.kernels.down, default.down, |x: &(GemmVariant, f64, f64)| x.2),
+        ] {
+            let of = |v: GemmVariant| t.timings.iter().find(|x| x.0 == v).map(time).unwrap();
+            let fastest = t.timings.iter().map(time).fold(f64::INFINITY, f64::min);
+            if chosen == fixed {
+                assert!(fastest * (1.0 + TUNE_DEFAULT_MARGIN) >= of(fixed), "{what}: {:?}", t.timings);
+            } else {
+                assert_eq!(of(chosen), fastest, "{what}: {:?}", t.timings);
+                assert!(of(chosen) * (1.0 + TUNE_DEFAULT_MARGIN) < of(fixed), "{what}: {:?}", t.timings);
+            }
+        }
+    }
 }

@@ -26,7 +26,7 @@ mod variant;
 
 use texture::TextureWeights;
 
-pub use tune::{TuneOptions, Tuned, default_cache_path, tune};
+pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune};
 pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
 
 /// Token counts past this never use the row-wise decode path when the path is chosen

@@ -7,7 +7,8 @@
 //! rows, so the partial blocks at the end of an expert's tile, which wide blocks pay more for,
 //! are in the time as they are in the layer. Candidates are timed in interleaved
 //! rounds (the order reversed every other round, a short version of the ABBA protocol) and the
-//! median of each decides. Every candidate computes the same bits in one order, so the choice
+//! median of each decides; the adapter's fixed default stays unless a candidate is faster by
+//! more than [`TUNE_DEFAULT_MARGIN`]. Every candidate computes the same bits in one order, so the choice
 //! changes speed only.
 //!
 //! The cache is a JSON file (`MOEFLOW_TUNE_CACHE`, else `$XDG_CACHE_HOME/moeflow/tune.json`,
@@ -29,6 +30,11 @@ use super::{ExpertFfn, Params, Pass};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::Dispatch;
+
+/// How much faster than the adapter's fixed default ([`FfnKernels::default_for`]) a candidate
+/// must time to replace it: 5%, about the spread of the tuner's medians on the CPU adapters,
+/// where a 2% win in the tuner's problem measured as a 4–6% loss in the layer.
+pub const TUNE_DEFAULT_MARGIN: f64 = 0.05;
 
 /// How to tune.
 #[derive(Clone, Debug)]
@@ -76,7 +82,7 @@ pub struct Tuned {
     pub kernels: FfnKernels,
     /// Taken from the cache file (nothing was timed).
     pub from_cache: bool,
-    /// Median seconds per candidate and pass (`up` then `down`), when timed.
+    /// Median seconds per candidate (each listed once) and pass (`up` then `down`), when timed.
     pub timings: Vec<(GemmVariant, f64, f64)>,
     /// The cache key.
     pub key: String,
@@ -179,15 +185,21 @@ pub fn tune(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, opts: &TuneOptions
         );
     }
     let timings = measure(ctx, ffn, order, rows, opts)?;
-    let best = |pick: fn(&(GemmVariant, f64, f64)) -> f64| {
-        timings
+    let default = FfnKernels::default_for(variant::AdapterKind::of(ctx.adapter()), order);
+    let best = |pick: fn(&(GemmVariant, f64, f64)) -> f64, fixed: GemmVariant| {
+        let fastest = timings
             .iter()
             .filter(|t| pick(t).is_finite())
             .min_by(|a, b| pick(a).total_cmp(&pick(b)))
-            .map(|t| t.0)
-            .ok_or_else(|| Error::invalid("no GEMM candidate ran on this device"))
+            .ok_or_else(|| Error::invalid("no GEMM candidate ran on this device"))?;
+        // The fixed default stays unless a candidate beats it by more than the timing noise.
+        let stays = timings
+            .iter()
+            .find(|t| t.0 == fixed)
+            .is_some_and(|t| pick(fastest) * (1.0 + TUNE_DEFAULT_MARGIN) >= pick(t));
+        Ok::<_, Error>(if stays { fixed } else { fastest.0 })
     };
-    let kernels = FfnKernels { order, up: best(|t| t.1)?, down: best(|t| t.2)? };
+    let kernels = FfnKernels { order, up: best(|t| t.1, default.up)?, down: best(|t| t.2, default.down)? };
     if let Some(path) = &opts.cache {
         cache.entries.insert(
             key.clone(),
@@ -261,7 +273,10 @@ fn measure(
         Ok((u, d))
     };
     let mut runs = Vec::new();
-    for &v in &opts.candidates {
+    for (i, &v) in opts.candidates.iter().enumerate() {
+        if opts.candidates[..i].contains(&v) {
+            continue;
+        }
         match build(v) {
             Ok(pair) => runs.push((v, Some(pair))),
             Err(e) => {
