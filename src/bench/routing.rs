@@ -7,7 +7,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::pipeline::Dispatch;
-use crate::reference::routing as reference;
+use crate::reference::{routing as reference, within};
 use crate::synth::Synth;
 
 /// Fused route (one dispatch, logits in workgroup memory) against gate matvec + top-k.
@@ -116,10 +116,6 @@ struct RouteOutputs {
 /// The buffer a route wrote its logits to, or an error where it wrote none.
 fn logits_of(out: &RouteOutputs) -> Result<&wgpu::Buffer> {
     out.logits.as_ref().ok_or_else(|| Error::invalid("the unfused route wrote no logits buffer"))
-}
-
-fn within(got: f32, want: f32) -> bool {
-    (got - want).abs() <= 2e-5 + 2e-5 * want.abs()
 }
 
 impl Comparison for FusedRoute {
