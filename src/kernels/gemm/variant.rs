@@ -650,23 +650,21 @@ fn k_loop(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source
         Source::Texture => format!("weight_texel({up}, w{j}t, k / 4u)"),
         Source::Storage | Source::Window => format!("weight_group({up}, w{j}b, k, kdim)"),
     };
-    for j in 0..cols {
-        let _ = writeln!(s, "        let w{j} = {};", load(j, false));
-    }
-    for i in 0..rows {
+    // One projection's loads and FMAs: weights `w` into accumulators `acc` (gate or plain),
+    // or `v` into `u` (up, under SWIGLU).
+    let half = |s: &mut String, acc: &str, w: &str, up: bool, indent: &str| {
         for j in 0..cols {
-            step(s, order, &format!("a{i}_{j}"), &format!("x{i}"), &format!("w{j}"), "        ");
+            let _ = writeln!(s, "{indent}let {w}{j} = {};", load(j, up));
         }
-    }
+        for i in 0..rows {
+            for j in 0..cols {
+                step(s, order, &format!("{acc}{i}_{j}"), &format!("x{i}"), &format!("{w}{j}"), indent);
+            }
+        }
+    };
+    half(s, "a", "w", false, "        ");
     let _ = writeln!(s, "        if SWIGLU {{");
-    for j in 0..cols {
-        let _ = writeln!(s, "            let v{j} = {};", load(j, true));
-    }
-    for i in 0..rows {
-        for j in 0..cols {
-            step(s, order, &format!("u{i}_{j}"), &format!("x{i}"), &format!("v{j}"), "            ");
-        }
-    }
+    half(s, "u", "v", true, "            ");
     let _ = writeln!(s, "        }}\n    }}");
 }
 
