@@ -581,17 +581,14 @@ fn gemm(
         }
     }
     for (c, &n) in copies.iter().enumerate() {
-        let cond = match (c, copies.get(c + 1)) {
-            (_, Some(next)) => format!("live > {next}u"),
-            (_, None) => String::new(),
-        };
-        let head = match (c, cond.is_empty()) {
-            (0, true) => String::new(),
-            (0, false) => format!("    if {cond} {{\n"),
-            (_, true) => "    } else {\n".to_string(),
-            (_, false) => format!("    }} else if {cond} {{\n"),
-        };
-        s.push_str(&head);
+        let open = if c == 0 { "    if" } else { "    } else if" };
+        match copies.get(c + 1) {
+            Some(next) => {
+                let _ = writeln!(s, "{open} live > {next}u {{");
+            }
+            None if c > 0 => s.push_str("    } else {\n"),
+            None => {}
+        }
         k_loop(&mut s, n, cols, order, source);
     }
     if copies.len() > 1 {
