@@ -72,6 +72,11 @@ fn write(path: &Path, text: &str) -> moeflow::Result<()> {
     std::fs::write(path, text).map_err(|source| Error::Io { path: path.display().to_string(), source })
 }
 
+fn write_record(path: &Path, record: &RunRecord) -> moeflow::Result<()> {
+    let json = serde_json::to_string_pretty(record).map_err(|e| Error::invalid(e.to_string()))?;
+    write(path, &json)
+}
+
 fn main() -> ExitCode {
     env_logger::init();
     let args = Args::parse();
@@ -175,6 +180,7 @@ fn run(args: &Args) -> moeflow::Result<()> {
             comparisons: Vec::new(),
             queue_probe: None,
         };
+        let path = args.out.join(format!("{date}-{}{tag}.json", ctx.adapter().slug()));
         for cmp in &chosen {
             let rec = run_comparison(ctx, cmp.as_ref(), set, &settings, &record.calibration, |what| {
                 bar.set_message(format!("{}: {what}", ctx.adapter().slug()));
@@ -184,14 +190,14 @@ fn run(args: &Args) -> moeflow::Result<()> {
                 bar.println(format!("{} {}: {e}", ctx.adapter().slug(), rec.name));
             }
             record.comparisons.push(rec);
+            // Written after every comparison, so a run stopped part-way keeps what it measured.
+            write_record(&path, &record)?;
         }
         if record.comparisons.iter().any(|c| c.name.starts_with("dag/")) {
             // Cached by the first queue comparison: the verdict its `W=0` sizes used.
             record.queue_probe = moeflow::dag::probe(ctx).ok().map(|p| (*p).clone());
         }
-        let path = args.out.join(format!("{date}-{}{tag}.json", ctx.adapter().slug()));
-        let json = serde_json::to_string_pretty(&record).map_err(|e| Error::invalid(e.to_string()))?;
-        write(&path, &json)?;
+        write_record(&path, &record)?;
         bar.println(format!("wrote {}", path.display()));
         records.push(record);
     }
