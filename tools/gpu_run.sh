@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The benchmark run for a lent GPU machine that has no Rust toolchain: the binaries are built
-# here and carried in .gpu/ (with the Vulkan loader packages in .gl/), then this script runs
-# the matrix comparisons, the peers' layer shape and a GEMM kernel sweep there, each under its
-# own time limit, and leaves everything in $OUT (results.tgz plus the logs).
+# here and carried in .gpu/ (with the Vulkan loader packages in .gl/), then this script runs, in
+# order of worth and each under its own time limit: the layer at the peers' shape, every `gemm/`
+# comparison of the matrix, Burn's MoE forward against moeflow's layer (A B B A, separate
+# processes), ggml's Vulkan MUL_MAT_ID at the same shapes, the rest of the matrix and the
+# held-out `gemm/` run. Everything lands in $OUT (results.tgz plus the logs).
 #
 #   cargo build --release --examples && cp target/release/examples/{bench_matrix,moe_layer} .gpu/
-#   (optionally a GEMM sweep binary as .gpu/gemm_lab with its kernels in .gpu/lab/)
-#   git rev-parse HEAD > .gpu/REVISION   # then, on the machine: bash tools/gpu_run.sh
+#   git rev-parse HEAD > .gpu/REVISION
+#   optional peers in .gpu/peers/: burn_moe.xz (xz of the peer binary, ../shared/peers/burn_moe),
+#   ggml.tar.xz (ggmlpack/test-backend-ops and ggmlpack/lib/*.so.0), libgomp.so.1
+#   then, on the machine: BUDGET=<seconds> bash tools/gpu_run.sh
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -14,35 +18,59 @@ export XDG_RUNTIME_DIR=/tmp/xdg && mkdir -p "$XDG_RUNTIME_DIR"
 export MOEFLOW_GIT_REVISION
 MOEFLOW_GIT_REVISION=$(cat .gpu/REVISION)
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT/m"
+M=$OUT/m
+mkdir -p "$M"
 B=.gpu
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/m/nvidia-smi.txt" 2>&1
-if ! timeout 60 $B/moe_layer --adapter vulkan --tokens 16 --hidden 64 --ffn 32 --experts 8 --k 2 --shared-ffn 0 > "$OUT/m/smoke.txt" 2>&1; then
+BUDGET=${BUDGET:-500} # seconds for all steps, so the results are packed before the call ends
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$M/nvidia-smi.txt" 2>&1
+smoke() { timeout 60 $B/moe_layer --adapter vulkan --tokens 16 --hidden 64 --ffn 32 --experts 8 --k 2 --shared-ffn 0 > "$M/smoke.txt" 2>&1; }
+if ! smoke; then
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
     export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-    timeout 60 $B/moe_layer --adapter vulkan --tokens 16 --hidden 64 --ffn 32 --experts 8 --k 2 --shared-ffn 0 > "$OUT/m/smoke.txt" 2>&1
+    smoke
 fi
-head -3 "$OUT/m/smoke.txt"
-BUDGET=${BUDGET:-500} # seconds for all steps, so the results are packed before the call ends
+head -5 "$M/smoke.txt"
 step() { # name, seconds, command...
     local name=$1 secs=$2; shift 2
     local left=$((BUDGET - SECONDS))
-    if [ "$left" -lt 20 ]; then echo "$name: skipped (time budget spent)"; return; fi
+    if [ "$left" -lt 15 ]; then echo "$name: skipped (time budget spent)"; return; fi
     [ "$secs" -gt "$left" ] && secs=$left
     local t0=$SECONDS
-    timeout "$secs" "$@" > "$OUT/m/$name.log" 2>&1
+    timeout "$secs" "$@" > "$M/$name.log" 2>&1
     echo "$name: exit $? in $((SECONDS - t0)) s"
 }
-for k in 2 8; do
-    step layer-k$k 60 $B/moe_layer --adapter vulkan --tokens 256 --hidden 512 --ffn 1024 --experts 16 --k $k --shared-ffn 0
-done
-step layer-default 60 $B/moe_layer --adapter vulkan
-if [ -x $B/gemm_lab ]; then
-    step gemm-lab 90 env LAB_DIR=$B/lab LAB_M=4096 LAB_N=4096 LAB_K=4096 LAB_REPS=5 $B/gemm_lab --nocapture --test-threads 1
+layer() { $B/moe_layer --adapter vulkan --tokens 256 --hidden 512 --ffn 1024 --experts 16 --k "$1" --shared-ffn 0; }
+export B && export -f layer # `step` runs commands under `timeout`, which needs them exported
+for k in 2 8; do step layer-k$k 40 bash -c "layer $k"; done
+step matrix-gemm 200 $B/bench_matrix --adapter vulkan --comparison gemm/ --out "$M/gemm"
+
+if [ -f $B/peers/burn_moe.xz ]; then
+    xz -dc $B/peers/burn_moe.xz > /tmp/burn_moe && chmod +x /tmp/burn_moe
+    # Burn's forward (A) against moeflow's layer (B), each run its own process, A B B A per k.
+    peer_abba() {
+        for k in 2 8; do
+            for who in A B B A; do
+                if [ "$who" = A ]; then
+                    echo "k=$k A"; ITERS=5 WARMUP=2 CHECK=0 /tmp/burn_moe 256 512 1024 16 "$k" 2>&1 | grep -E '^(CHECK|first|config)'
+                else
+                    echo "k=$k B"; layer "$k" 2>&1 | grep -E '^  (experts|total|host wall)|^result'
+                fi
+            done
+        done
+    }
+    export -f peer_abba
+    step peers-burn 90 bash -c peer_abba
 fi
-for c in gemm/ layer route dispatch combine; do
-    step "matrix-${c%/}" 100 $B/bench_matrix --adapter vulkan --comparison "$c" --out "$OUT/m/${c%/}"
+if [ -f $B/peers/ggml.tar.xz ]; then
+    tar xJf $B/peers/ggml.tar.xz -C /tmp && cp $B/peers/libgomp.so.1 /tmp/ggmlpack/lib/
+    step peers-ggml 100 env LD_LIBRARY_PATH=/tmp/ggmlpack/lib GGML_VK_VISIBLE_DEVICES=0 \
+        /tmp/ggmlpack/test-backend-ops perf -o MUL_MAT_ID -b Vulkan0 -p n_mats=16
+fi
+for c in layer route dispatch combine dag; do
+    step matrix-$c 45 $B/bench_matrix --adapter vulkan --comparison $c/ --out "$M/$c"
 done
-step matrix-dag 100 $B/bench_matrix --adapter vulkan --comparison dag/ --out "$OUT/m/dag"
+step matrix-gemm-held-out 120 $B/bench_matrix --adapter vulkan --comparison gemm/ --held-out --out "$M/gemm-held-out"
 tar czf "$OUT/results.tgz" -C "$OUT" m
-grep -h "GFLOP/s\|total\|result:" "$OUT"/m/layer-*.log "$OUT"/m/gemm-lab.log 2>/dev/null | tail -40
+grep -h "experts\|total\|host wall\|result:" "$M"/layer-*.log | head -12
+grep -h "MUL_MAT_ID" "$M"/peers-ggml.log 2>/dev/null | head -8
+tail -20 "$M"/peers-burn.log 2>/dev/null
