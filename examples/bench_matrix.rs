@@ -120,8 +120,7 @@ fn run(args: &Args) -> moeflow::Result<()> {
         return report_only(args);
     }
     let selector: AdapterSelector = args.adapter.as_deref().unwrap_or("").parse()?;
-    let ctxs: Vec<Context> =
-        Context::all()?.into_iter().filter(|c| selector.matches_description(c.adapter())).collect();
+    let ctxs = Context::matching(&selector)?;
     if ctxs.is_empty() {
         return Err(Error::NoAdapter(format!(
             "none matches {:?}; `apt-get install mesa-vulkan-drivers` provides lavapipe",

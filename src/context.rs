@@ -384,7 +384,18 @@ impl Context {
 
     /// Opens one context per adapter wgpu can see (in enumeration order).
     pub fn all() -> Result<Vec<Self>> {
-        wgpu_adapters().iter().map(Context::from_adapter).collect()
+        Context::matching(&AdapterSelector::default())
+    }
+
+    /// Opens one context per adapter that `selector` matches (in enumeration order). Adapters
+    /// it does not match get no device, so a driver that fails at device creation (an EGL
+    /// context on a headless GPU, say) does not stop work on the adapters asked for.
+    pub fn matching(selector: &AdapterSelector) -> Result<Vec<Self>> {
+        wgpu_adapters()
+            .iter()
+            .filter(|a| selector.matches(&a.get_info()))
+            .map(Context::from_adapter)
+            .collect()
     }
 
     /// Creates a device on `adapter` with every optional feature moeflow uses that the
