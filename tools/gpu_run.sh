@@ -10,7 +10,7 @@
 #   git rev-parse HEAD > .gpu/REVISION
 #   optional peers in .gpu/peers/: burn_moe.xz (xz of the peer binary, ../shared/peers/burn_moe),
 #   ggml.tar.xz (ggmlpack/test-backend-ops and ggmlpack/lib/*.so.0), libgomp.so.1
-#   then, on the machine: BUDGET=<seconds> bash tools/gpu_run.sh
+#   then, on the machine: BUDGET=<seconds> bash tools/gpu_run.sh (PEERS=0 skips the peers)
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -44,7 +44,7 @@ export B && export -f layer # `step` runs commands under `timeout`, which needs 
 for k in 2 8; do step layer-k$k 40 bash -c "layer $k"; done
 step matrix-gemm 200 $B/bench_matrix --adapter vulkan --comparison gemm/ --out "$M/gemm"
 
-if [ -f $B/peers/burn_moe.xz ]; then
+if [ "${PEERS:-1}" = 1 ] && [ -f $B/peers/burn_moe.xz ]; then
     xz -dc $B/peers/burn_moe.xz > /tmp/burn_moe && chmod +x /tmp/burn_moe
     # Burn's forward (A) against moeflow's layer (B), each run its own process, A B B A per k.
     peer_abba() {
@@ -61,7 +61,7 @@ if [ -f $B/peers/burn_moe.xz ]; then
     export -f peer_abba
     step peers-burn 90 bash -c peer_abba
 fi
-if [ -f $B/peers/ggml.tar.xz ]; then
+if [ "${PEERS:-1}" = 1 ] && [ -f $B/peers/ggml.tar.xz ]; then
     tar xJf $B/peers/ggml.tar.xz -C /tmp && cp $B/peers/libgomp.so.1 /tmp/ggmlpack/lib/
     step peers-ggml 100 env LD_LIBRARY_PATH=/tmp/ggmlpack/lib GGML_VK_VISIBLE_DEVICES=0 \
         /tmp/ggmlpack/test-backend-ops perf -o MUL_MAT_ID -b Vulkan0 -p n_mats=16
