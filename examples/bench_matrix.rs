@@ -91,6 +91,7 @@ fn main() -> ExitCode {
 
 /// Writes the Markdown table and SVG chart of `records` as `<out>/<stem>.md` and `.svg`.
 fn write_reports(out: &Path, stem: &str, records: &[RunRecord]) -> moeflow::Result<()> {
+    std::fs::create_dir_all(out).map_err(|source| Error::Io { path: out.display().to_string(), source })?;
     let md = report::markdown(records);
     let md_path = out.join(format!("{stem}.md"));
     write(&md_path, &md)?;
