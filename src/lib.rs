@@ -29,6 +29,7 @@ pub mod reference;
 pub mod shader;
 #[cfg(feature = "synth")]
 pub mod synth;
+pub mod timer;
 #[cfg(feature = "checkpoint")]
 pub mod weights;
 

@@ -659,7 +659,7 @@ impl Comparison for TunedVsDefault {
             .map(|(v, u, d)| format!("{} {:.1}/{:.1} ms", v.name(), u * 1e3, d * 1e3))
             .collect();
         case.note = Some(format!(
-            "tuned: up {}, down {} (up/down for experts of 3/4 and 5/4 of {} rows: {})",
+            "tuned: up {}, down {} (up/down on every expert, 3/4 and 5/4 of {} rows alternately: {})",
             tuned.kernels.up.name(),
             tuned.kernels.down.name(),
             opts.rows,

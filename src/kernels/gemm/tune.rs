@@ -1,14 +1,19 @@
 //! The GEMM tuner: picks the fastest candidate variant for each projection of an expert FFN by
 //! timing them on the device, and remembers the choice on disk.
 //!
-//! Each candidate runs the FFN's own expert-0 weights as two dense problems standing for two
-//! experts' rows in a prefill, `3·rows/4` and `5·rows/4` rows for a mean share of `rows` (the
-//! SwiGLU gate/up pass and the down pass separately): neither is a multiple of the blocks'
-//! rows, so the partial blocks at the end of an expert's tile, which wide blocks pay more for,
-//! are in the time as they are in the layer. Candidates are timed in interleaved
-//! rounds (the order reversed every other round, a short version of the ABBA protocol) and the
-//! median of each decides; the adapter's fixed default stays unless a candidate is faster by
-//! more than [`TUNE_DEFAULT_MARGIN`]. Every candidate computes the same bits in one order, so the choice
+//! Each candidate runs the grouped GEMM the layer runs (the SwiGLU gate/up pass and the down
+//! pass, timed separately) on the FFN's own weights, every expert taking part: expert `e` gets
+//! `3·rows/4` rows when `e` is even and `5·rows/4` when odd, for a mean share of `rows`, routed
+//! through a dispatch layout with the candidate's own row tile (its block rows, as the layer
+//! plans it). So the device is as full as in the layer (a GPU measured on two experts' rows was
+//! idle enough to prefer a variant 1.57× slower at full occupancy), and neither share is a
+//! multiple of the blocks' rows, so the partial blocks at the end of an expert's tile, which
+//! wide blocks pay more for, are in the time as they are in the layer. Times are the GPU clock
+//! (timestamps around each pass) where the adapter has timestamps, else host wall time from
+//! submit to completion. Candidates are timed in interleaved rounds (the order reversed every
+//! other round, a short version of the ABBA protocol) and the median of each decides; the
+//! adapter's fixed default stays unless a candidate is faster by more than
+//! [`TUNE_DEFAULT_MARGIN`]. Every candidate computes the same bits in one order, so the choice
 //! changes speed only.
 //!
 //! The cache is a JSON file (`MOEFLOW_TUNE_CACHE`, else `$XDG_CACHE_HOME/moeflow/tune.json`,
@@ -21,15 +26,16 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use super::variant::{self, FfnKernels, GemmOrder, GemmVariant};
-use super::{ExpertFfn, Params, Pass};
+use super::{ExpertFfn, NONE, Params, down_pass, up_pass};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use crate::pipeline::Dispatch;
+use crate::timer::{Sample, Sampler};
 
 /// How much faster than the adapter's fixed default ([`FfnKernels::default_for`]) a candidate
 /// must time to replace it: 5%, about the spread of the tuner's medians on the CPU adapters,
@@ -42,8 +48,8 @@ pub struct TuneOptions {
     /// Variants to time (default: [`variant::candidates`] for the adapter).
     pub candidates: Vec<GemmVariant>,
     /// An expert's mean share of rows in the prefill the choice is for (default 32: 256
-    /// tokens routed 2 ways over 16 experts); the timed problem is one expert of `3·rows/4`
-    /// rows and one of `5·rows/4` (see the module docs).
+    /// tokens routed 2 ways over 16 experts); the timed problem gives every expert
+    /// `3·rows/4` or `5·rows/4` rows, alternately (see the module docs).
     pub rows: u32,
     /// Interleaved timing rounds (default 5).
     pub rounds: u32,
@@ -119,7 +125,7 @@ fn kernel_revision() -> u64 {
 fn key(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, rows: u32) -> String {
     let a = ctx.adapter();
     format!(
-        "{} | {} | {} | wgpu {} | kernels {:016x} | {:?}{} | {order:?} | H={} F={} rows={rows}",
+        "{} | {} | {} | wgpu {} | kernels {:016x} | {:?}{} | {order:?} | E={} H={} F={} rows={rows}",
         a.name,
         a.driver,
         a.driver_info,
@@ -127,6 +133,7 @@ fn key(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, rows: u32) -> String {
         kernel_revision(),
         ffn.gate.dtype,
         if ffn.gate.native_f16 { " native" } else { "" },
+        ffn.experts(),
         ffn.hidden(),
         ffn.ffn(),
     )
@@ -226,52 +233,39 @@ fn measure(
     if opts.candidates.is_empty() {
         return Err(Error::invalid("the tuner needs at least one candidate variant"));
     }
-    let (f, h) = (ffn.ffn(), ffn.hidden());
+    let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
     let shares = timed_rows(rows);
-    let most = shares.iter().copied().max().unwrap_or(rows);
-    let x = ctx.upload("tune x", &vec![0.25f32; (most * h) as usize])?;
-    let act = ctx.storage_scratch("tune activations", u64::from(most) * u64::from(f) * 4)?;
-    let out = ctx.storage_scratch("tune output", u64::from(most) * u64::from(h) * 4)?;
-    let unused = ctx.storage_scratch("tune rows", 4)?;
-    let passes = |rows: u32| {
-        let params =
-            Params { rows, n: f, kdim: h, k_route: 1, fixed_expert: 0, tile_rows: 1, ..Params::default() };
-        let up = Pass {
-            order,
-            swiglu: true,
-            gather: false,
-            out_entry: false,
-            identity_rows: true,
-            x: &x,
-            w: &ffn.gate,
-            w_up: &ffn.up,
-            row_entry: &unused,
-            out: &act,
-            params,
-        };
-        let down = Pass {
-            swiglu: false,
-            x: &act,
-            w: &ffn.down,
-            w_up: &ffn.down,
-            out: &out,
-            params: Params { n: h, kdim: f, ..params },
-            ..up
-        };
-        (up, down)
-    };
-    // The dispatches of every share per candidate and pass (each weight chunk of expert 0); a
-    // refused variant is recorded as never fastest.
-    let build = |v: GemmVariant| -> Result<(Vec<Dispatch>, Vec<Dispatch>)> {
+    // Tokens routed one way each, expert by expert: expert `e` takes `shares[e % 2]` of them.
+    let experts: Vec<u32> =
+        (0..e).flat_map(|ex| std::iter::repeat_n(ex, shares[ex as usize % 2] as usize)).collect();
+    let tokens = u32::try_from(experts.len())
+        .map_err(|_| Error::limit("tuner rows", experts.len() as u64, u32::MAX.into(), "u32 entries"))?;
+    let x = ctx.upload("tune x", &vec![0.25f32; tokens as usize * h as usize])?;
+    let indices = ctx.upload("tune indices", &experts)?;
+    let partial = ctx.storage_scratch("tune output", u64::from(tokens) * u64::from(h) * 4)?;
+    // One dispatch layout (filled once, untimed) and activation buffer per row tile in use.
+    let mut layouts: Vec<(u32, DispatchLayout, wgpu::Buffer)> = Vec::new();
+    let mut build = |v: GemmVariant| -> Result<(Vec<Dispatch>, Vec<Dispatch>)> {
         v.validate()?;
-        let (mut u, mut d) = (Vec::new(), Vec::new());
-        for &n in &shares {
-            let (up, down) = passes(n);
-            u.extend(up.gemm(ctx, v, None)?);
-            d.extend(down.gemm(ctx, v, None)?);
+        let tile = v.block_rows();
+        if !layouts.iter().any(|(t, ..)| *t == tile) {
+            let layout = DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile }, tokens, 0)?;
+            ctx.run(&layout.plan(ctx, &indices)?.iter().collect::<Vec<_>>())?;
+            let act =
+                ctx.storage_scratch("tune activations", u64::from(layout.max_rows()) * u64::from(f) * 4)?;
+            layouts.push((tile, layout, act));
         }
-        Ok((u, d))
+        let Some((_, layout, act)) = layouts.iter().find(|(t, ..)| *t == tile) else {
+            return Err(Error::invalid("the tuner lost a dispatch layout it made"));
+        };
+        let base = Params { k_route: 1, fixed_expert: NONE, ..Params::default() };
+        let mut up = up_pass(ffn, order, base, &x, layout.perm(), act);
+        up.params.rows = layout.max_rows();
+        up.params.tile_rows = tile;
+        let down = down_pass(&up, ffn, act, &partial);
+        Ok((up.gemm(ctx, v, Some(layout.tile_expert()))?, down.gemm(ctx, v, Some(layout.tile_expert()))?))
     };
+    // A refused variant is recorded as never fastest.
     let mut runs = Vec::new();
     for (i, &v) in opts.candidates.iter().enumerate() {
         if opts.candidates[..i].contains(&v) {
@@ -285,37 +279,44 @@ fn measure(
             }
         }
     }
-    let time = |ds: &[Dispatch]| -> Result<f64> {
-        let t = Instant::now();
-        ctx.run(&ds.iter().collect::<Vec<_>>())?;
-        Ok(t.elapsed().as_secs_f64())
-    };
+    let rounds = opts.rounds.max(1);
+    let built = runs.iter().filter(|r| r.1.is_some()).count() as u32;
+    let mut sampler = Sampler::new(ctx, 2 * rounds * built)?;
     // Warm-up: compiles every pipeline and touches every buffer once.
-    for (_, pair) in &runs {
-        if let Some((u, d)) = pair {
-            time(u)?;
-            time(d)?;
-        }
+    for (u, d) in runs.iter().filter_map(|r| r.1.as_ref()) {
+        sampler.untimed(&u.iter().collect::<Vec<_>>(), 1)?;
+        sampler.untimed(&d.iter().collect::<Vec<_>>(), 1)?;
     }
-    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); runs.len()];
-    for round in 0..opts.rounds.max(1) {
+    let mut samples: Vec<(Vec<Sample>, Vec<Sample>)> = vec![(Vec::new(), Vec::new()); runs.len()];
+    for round in 0..rounds {
         let order_of: Vec<usize> =
             if round % 2 == 0 { (0..runs.len()).collect() } else { (0..runs.len()).rev().collect() };
         for i in order_of {
             if let Some((u, d)) = &runs[i].1 {
-                samples[i].0.push(time(u)?);
-                samples[i].1.push(time(d)?);
+                samples[i].0.push(sampler.sample(&u.iter().collect::<Vec<_>>(), 1)?);
+                samples[i].1.push(sampler.sample(&d.iter().collect::<Vec<_>>(), 1)?);
             }
         }
     }
-    let median = |v: &mut Vec<f64>| {
+    // The GPU clock where every sample has it, else the wall clock.
+    let seconds = |ss: &[Sample]| -> Result<Vec<f64>> {
+        let gpu = sampler.gpu_seconds(ss)?;
+        Ok(match gpu.iter().copied().collect::<Option<Vec<f64>>>() {
+            Some(g) => g,
+            None => ss.iter().map(|s| s.wall_s).collect(),
+        })
+    };
+    let median = |mut v: Vec<f64>| {
         if v.is_empty() {
             return f64::INFINITY;
         }
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Ok(runs.iter().zip(samples.iter_mut()).map(|((v, _), (u, d))| (*v, median(u), median(d))).collect())
+    runs.iter()
+        .zip(&samples)
+        .map(|((v, _), (u, d))| Ok((*v, median(seconds(u)?), median(seconds(d)?))))
+        .collect()
 }
 
 /// The row counts of the timed problem for a mean share of `rows` (see the module docs):
