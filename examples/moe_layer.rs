@@ -105,7 +105,7 @@ struct Args {
     #[arg(long, value_enum)]
     dtype: Option<Dtype>,
     /// Routing: one fused dispatch or gate matvec + top-k (bit-identical).
-    #[arg(long, value_enum, default_value_t = Route::Fused)]
+    #[arg(long, value_enum, default_value_t = Route::Unfused)]
     route: Route,
     /// Combine: one launch or one dispatch per token and slot (bit-identical).
     #[arg(long, value_enum, default_value_t = Combine::OneLaunch)]

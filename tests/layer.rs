@@ -70,7 +70,7 @@ fn routing_and_combine_variants_are_bit_identical() {
             let x = Synth::new(3).uniform(37 * cfg.hidden as usize, 1.0);
             let base = MoeLayer::new(&ctx, cfg, &w).unwrap().forward_host(&ctx, &x).unwrap();
             for (variant, c) in [
-                ("unfused routing", MoeConfig { route_mode: RouteMode::Unfused, ..cfg }),
+                ("fused routing", MoeConfig { route_mode: RouteMode::Fused { write_logits: false }, ..cfg }),
                 (
                     "fused routing with logits",
                     MoeConfig { route_mode: RouteMode::Fused { write_logits: true }, ..cfg },

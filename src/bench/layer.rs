@@ -117,7 +117,11 @@ impl Comparison for LayerRoute {
         let (ya, yb) =
             (ctx.zeroed("y unfused", u64::from(m * h) * 4)?, ctx.zeroed("y fused", u64::from(m * h) * 4)?);
         let unfused = MoeLayer::new(ctx, MoeConfig { route_mode: RouteMode::Unfused, ..cfg }, &w)?;
-        let fused = MoeLayer::new(ctx, cfg, &w)?;
+        let fused = MoeLayer::new(
+            ctx,
+            MoeConfig { route_mode: RouteMode::Fused { write_logits: false }, ..cfg },
+            &w,
+        )?;
         let pa = unfused.plan(ctx, m, &xb, &ya)?;
         let pb = fused.plan(ctx, m, &xb, &yb)?;
         let (mf, hf, ff) = (f64::from(m), f64::from(h), f64::from(f));
