@@ -267,8 +267,10 @@ pub fn instance() -> &'static wgpu::Instance {
     })
 }
 
-/// Every adapter wgpu can see: those of [`instance`], enumerated once per process and kept,
-/// then the GL adapters of a fresh GL-only instance.
+/// Every adapter wgpu can see that runs compute shaders: those of [`instance`], enumerated
+/// once per process and kept, then the GL adapters of a fresh GL-only instance. An adapter
+/// without compute shaders (a GL context below 4.3 or ES 3.1, as EGL gives on some headless
+/// GPUs) can run nothing of moeflow's; it is left out with a log line.
 pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
     static SHARED: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
     let mut adapters = SHARED
@@ -285,7 +287,24 @@ pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
         adapters.extend(pollster::block_on(wgpu::Instance::new(desc).enumerate_adapters(gl)));
     }
     adapters.retain(|a| a.get_info().backend != wgpu::Backend::Noop);
+    adapters.retain(|a| {
+        let ok = runs_compute(&a.get_downlevel_capabilities());
+        if !ok {
+            let i = a.get_info();
+            log::warn!(
+                "moeflow: leaving out {} ({}): it has no compute shaders",
+                i.name,
+                backend_name(i.backend)
+            );
+        }
+        ok
+    });
     adapters
+}
+
+/// Whether an adapter with these capabilities runs compute shaders.
+fn runs_compute(caps: &wgpu::DownlevelCapabilities) -> bool {
+    caps.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
 }
 
 fn instance_backends() -> wgpu::Backends {
@@ -400,7 +419,19 @@ impl Context {
 
     /// Creates a device on `adapter` with every optional feature moeflow uses that the
     /// adapter has, and the adapter's full limits.
+    ///
+    /// # Errors
+    /// [`Error::MissingFeature`] for an adapter without compute shaders; the device request's
+    /// error.
     pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        if !runs_compute(&adapter.get_downlevel_capabilities()) {
+            let i = adapter.get_info();
+            return Err(Error::MissingFeature(format!(
+                "{} ({}) has no compute shaders (GL needs 4.3 or ES 3.1)",
+                i.name,
+                backend_name(i.backend)
+            )));
+        }
         let features = Capabilities::wanted(adapter.features());
         let desc = wgpu::DeviceDescriptor {
             label: Some("moeflow"),
@@ -507,6 +538,19 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adapters_without_compute_shaders_are_left_out() {
+        let full = wgpu::DownlevelCapabilities::default();
+        assert!(runs_compute(&full));
+        let gl_es3 = wgpu::DownlevelCapabilities {
+            flags: full.flags.difference(wgpu::DownlevelFlags::COMPUTE_SHADERS),
+            ..full
+        };
+        assert!(!runs_compute(&gl_es3));
+        // Every adapter moeflow lists can run compute.
+        assert!(super::wgpu_adapters().iter().all(|a| runs_compute(&a.get_downlevel_capabilities())));
+    }
 
     #[test]
     fn selector_parses_backend_and_name() {
