@@ -358,6 +358,8 @@ fn variants_under_test(ctx: &Context) -> Vec<GemmVariant> {
         GemmVariant::Texture { rows: 4, cols: 3, lanes: 5 },
         GemmVariant::Tiled { bk4: 1 },
         GemmVariant::Tiled { bk4: 3 },
+        GemmVariant::TiledWide { cols: 64, tn: 4, bk4: 1 },
+        GemmVariant::TiledWide { cols: 128, tn: 8, bk4: 3 },
     ];
     v.dedup();
     v

@@ -928,7 +928,9 @@ impl RowSource {
         match variant {
             GemmVariant::Texture { .. } => RowSource::Texture,
             GemmVariant::Window { .. } => RowSource::Window,
-            GemmVariant::Tiled { .. } | GemmVariant::Direct { .. } => RowSource::Storage,
+            GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } | GemmVariant::Direct { .. } => {
+                RowSource::Storage
+            }
         }
     }
 }

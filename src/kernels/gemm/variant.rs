@@ -7,6 +7,9 @@
 //!
 //! - [`GemmVariant::Tiled`] (GPUs): 8 × 8 invocations, each a 4 × 4 block of a 32 × 32 output
 //!   tile, K staged through workgroup memory `4·bk4` at a time.
+//! - [`GemmVariant::TiledWide`] (GPU candidates): the tiled kernel on 32 × `cols` tiles (64 or
+//!   128 columns), each invocation 4 rows × `tn` columns: each staged x value feeds `cols`
+//!   outputs instead of 32, for GPUs whose tiled kernel waits on workgroup memory.
 //! - [`GemmVariant::Direct`]: no workgroup memory and no barriers. `lanes` invocations share
 //!   one block of `rows` rows and each computes `cols` columns spaced `lanes` apart, reading x
 //!   and the weights straight from memory; every loaded value is reused across the whole
@@ -70,6 +73,17 @@ pub enum GemmVariant {
         /// Groups of four K values staged per chunk.
         bk4: u32,
     },
+    /// Workgroup-memory tiles of 32 rows × `cols` columns: 8 × `cols / tn` invocations, each
+    /// 4 rows × `tn` columns (rows `4·ty + i`, columns `tx + (cols / tn)·j`), K staged `4·bk4`
+    /// at a time. `cols` is 32, 64 or 128, `tn` 4 or 8, `bk4` in 1..=16.
+    TiledWide {
+        /// Output columns per workgroup.
+        cols: u32,
+        /// Output columns per invocation.
+        tn: u32,
+        /// Groups of four K values staged per chunk.
+        bk4: u32,
+    },
     /// No workgroup memory: `lanes` invocations (1..=256) share `rows` rows (1, 2, 4, 8, 16
     /// or 32), each computing `cols` columns (1..=32) spaced `lanes` apart.
     Direct {
@@ -110,7 +124,7 @@ impl GemmVariant {
     /// Rows per workgroup block; dispatch tiles must be a multiple of it.
     pub fn block_rows(self) -> u32 {
         match self {
-            GemmVariant::Tiled { .. } => 32,
+            GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => 32,
             GemmVariant::Direct { rows, .. }
             | GemmVariant::Window { rows, .. }
             | GemmVariant::Texture { rows, .. } => rows,
@@ -121,6 +135,7 @@ impl GemmVariant {
     pub fn block_cols(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 32,
+            GemmVariant::TiledWide { cols, .. } => cols,
             GemmVariant::Direct { cols, lanes, .. }
             | GemmVariant::Window { cols, lanes, .. }
             | GemmVariant::Texture { cols, lanes, .. } => cols * lanes,
@@ -136,8 +151,14 @@ impl GemmVariant {
             return GemmVariant::Direct { rows, cols, lanes }.validate();
         }
         match self {
-            GemmVariant::Tiled { bk4 } if !(1..=16).contains(&bk4) => {
+            GemmVariant::Tiled { bk4 } | GemmVariant::TiledWide { bk4, .. } if !(1..=16).contains(&bk4) => {
                 Err(Error::invalid(format!("tiled GEMM bk4 = {bk4} must be in 1..=16")))
+            }
+            GemmVariant::TiledWide { cols, .. } if !matches!(cols, 32 | 64 | 128) => {
+                Err(Error::invalid(format!("wide tiled GEMM cols = {cols} must be 32, 64 or 128")))
+            }
+            GemmVariant::TiledWide { tn, .. } if !matches!(tn, 4 | 8) => {
+                Err(Error::invalid(format!("wide tiled GEMM tn = {tn} must be 4 or 8")))
             }
             GemmVariant::Direct { rows, .. } if !matches!(rows, 1 | 2 | 4 | 8 | 16 | 32) => {
                 Err(Error::invalid(format!("direct GEMM rows = {rows} must be 1, 2, 4, 8, 16 or 32")))
@@ -162,6 +183,7 @@ impl GemmVariant {
     pub fn name(self) -> String {
         match self {
             GemmVariant::Tiled { bk4 } => format!("tiled-bk{bk4}"),
+            GemmVariant::TiledWide { cols, tn, bk4 } => format!("tiledw-c{cols}t{tn}-bk{bk4}"),
             GemmVariant::Direct { rows, cols, lanes } => format!("direct-r{rows}c{cols}l{lanes}"),
             GemmVariant::Window { rows, cols, lanes } => format!("window-r{rows}c{cols}l{lanes}"),
             GemmVariant::Texture { rows, cols, lanes } => format!("texture-r{rows}c{cols}l{lanes}"),
@@ -173,6 +195,8 @@ impl GemmVariant {
         match self {
             // x, w and up tiles of 32 rows x bk4 vec4, plus the block's 32 entries.
             GemmVariant::Tiled { bk4 } => 3 * 32 * bk4 * 16 + 32 * 4,
+            // x tile of 32 rows, w and up tiles of `cols` rows, each bk4 vec4, plus 32 entries.
+            GemmVariant::TiledWide { cols, bk4, .. } => (32 + 2 * cols) * bk4 * 16 + 32 * 4,
             GemmVariant::Direct { .. } | GemmVariant::Window { .. } | GemmVariant::Texture { .. } => 0,
         }
     }
@@ -181,6 +205,7 @@ impl GemmVariant {
     pub fn invocations(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 64,
+            GemmVariant::TiledWide { cols, tn, .. } => 8 * cols / tn,
             GemmVariant::Direct { lanes, .. }
             | GemmVariant::Window { lanes, .. }
             | GemmVariant::Texture { lanes, .. } => lanes,
@@ -378,7 +403,9 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
         let bindings = match variant {
             GemmVariant::Window { .. } => WINDOW_BINDINGS,
             GemmVariant::Texture { .. } => TEXTURE_BINDINGS,
-            GemmVariant::Tiled { .. } | GemmVariant::Direct { .. } => BINDINGS,
+            GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } | GemmVariant::Direct { .. } => {
+                BINDINGS
+            }
         };
         Box::leak(Box::new(KernelSpec { shader: source, entry: "gemm", bindings }))
     })
@@ -416,6 +443,9 @@ pub fn candidates(kind: AdapterKind) -> Vec<GemmVariant> {
             GemmVariant::Tiled { bk4: 16 },
             GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 },
             GemmVariant::Direct { rows: 8, cols: 4, lanes: 32 },
+            GemmVariant::TiledWide { cols: 64, tn: 4, bk4: 4 },
+            GemmVariant::TiledWide { cols: 64, tn: 8, bk4: 4 },
+            GemmVariant::TiledWide { cols: 128, tn: 4, bk4: 2 },
         ],
     }
 }
@@ -457,7 +487,8 @@ pub(crate) fn generate(variant: GemmVariant, order: GemmOrder) -> String {
         GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Storage),
         GemmVariant::Window { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Window),
         GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Texture),
-        GemmVariant::Tiled { bk4 } => tiled(bk4, order),
+        GemmVariant::Tiled { bk4 } => tiled(32, 4, bk4, order),
+        GemmVariant::TiledWide { cols, tn, bk4 } => tiled(cols, tn, bk4, order),
     }
 }
 
@@ -665,57 +696,62 @@ fn k_loop(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source
     let _ = writeln!(s, "        }}\n    }}");
 }
 
-fn tiled(bk4: u32, order: GemmOrder) -> String {
+/// The tiled kernel on 32 × `cols` tiles, `tn` columns per invocation (see
+/// [`GemmVariant::TiledWide`]; [`GemmVariant::Tiled`] is `cols` 32, `tn` 4).
+fn tiled(cols: u32, tn: u32, bk4: u32, order: GemmOrder) -> String {
+    let tx_n = cols / tn;
+    let threads = 8 * tx_n;
     let mut s = String::new();
     let _ = write!(
         s,
-        "// Tiled GEMM (generated): a workgroup of 8 x 8 invocations computes a 32 x 32 block, each
-// invocation 4 rows x 4 columns (rows ty * 4 + i, columns tx + 8 j), streaming K through
+        "// Tiled GEMM (generated): a workgroup of 8 x {tx_n} invocations computes a 32 x {cols} block, each
+// invocation 4 rows x {tn} columns (rows ty * 4 + i, columns tx + {tx_n} j), streaming K through
 // workgroup memory in chunks of {} ({bk4} groups of four; past K zeros). Order: {order:?}
 // (see variant.rs).
 
 const BK4: u32 = {bk4}u;
 
-var<workgroup> xs: array<vec4<f32>, {n}>;
-var<workgroup> ws: array<vec4<f32>, {n}>;
-var<workgroup> us: array<vec4<f32>, {n}>;
+var<workgroup> xs: array<vec4<f32>, {nx}>;
+var<workgroup> ws: array<vec4<f32>, {nw}>;
+var<workgroup> us: array<vec4<f32>, {nw}>;
 var<workgroup> block_entry: array<u32, 32>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size({threads})
 fn gemm(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {{
     let row0 = wid.x * 32u;
-    let col0 = params.col_base + wid.y * 32u;
+    let col0 = params.col_base + wid.y * {cols}u;
     if row0 >= params.rows {{
         return;
     }}
-{EXPERT}    if lid < 32u {{
+{EXPERT}    for (var r = lid; r < 32u; r += {threads}u) {{
         var e = NONE;
-        if row0 + lid < params.rows {{
-            e = entry_of(row0 + lid);
+        if row0 + r < params.rows {{
+            e = entry_of(row0 + r);
         }}
-        block_entry[lid] = e;
+        block_entry[r] = e;
     }}
     workgroupBarrier();
-    let ty = lid / 8u;
-    let tx = lid % 8u;
+    let ty = lid / {tx_n}u;
+    let tx = lid % {tx_n}u;
     let kdim = params.kdim;
     let cend = params.col_base + params.cols;
 ",
         4 * bk4,
-        n = 32 * bk4
+        nx = 32 * bk4,
+        nw = cols * bk4
     );
     for i in 0..4 {
-        for j in 0..4 {
+        for j in 0..tn {
             let _ = writeln!(s, "    var a{i}_{j} = {z};\n    var u{i}_{j} = {z};", z = zero(order));
         }
     }
     let _ = writeln!(
         s,
         "    for (var k0 = 0u; k0 < kdim; k0 += 4u * BK4) {{
-        for (var t = lid; t < 32u * BK4; t += 64u) {{
+        for (var t = lid; t < 32u * BK4; t += {threads}u) {{
             let r = t / BK4;
             let k = k0 + 4u * (t % BK4);
             var xv = vec4<f32>(0.0);
@@ -724,7 +760,10 @@ fn gemm(
                 xv = x_tail(input_row(row0 + r, e) * kdim, k, kdim);
             }}
             xs[t] = xv;
-            let c = col0 + r;
+        }}
+        for (var t = lid; t < {cols}u * BK4; t += {threads}u) {{
+            let k = k0 + 4u * (t % BK4);
+            let c = col0 + t / BK4;
             var wv = vec4<f32>(0.0);
             var uv = vec4<f32>(0.0);
             if c < cend {{
@@ -743,20 +782,20 @@ fn gemm(
     for i in 0..4 {
         let _ = writeln!(s, "                let x{i} = xs[(ty * 4u + {i}u) * BK4 + g];");
     }
-    for j in 0..4 {
-        let _ = writeln!(s, "                let w{j} = ws[(tx + {}u) * BK4 + g];", 8 * j);
+    for j in 0..tn {
+        let _ = writeln!(s, "                let w{j} = ws[(tx + {}u) * BK4 + g];", tx_n * j);
     }
     for i in 0..4 {
-        for j in 0..4 {
+        for j in 0..tn {
             step(&mut s, order, &format!("a{i}_{j}"), &format!("x{i}"), &format!("w{j}"), "                ");
         }
     }
     let _ = writeln!(s, "                if SWIGLU {{");
-    for j in 0..4 {
-        let _ = writeln!(s, "                    let v{j} = us[(tx + {}u) * BK4 + g];", 8 * j);
+    for j in 0..tn {
+        let _ = writeln!(s, "                    let v{j} = us[(tx + {}u) * BK4 + g];", tx_n * j);
     }
     for i in 0..4 {
-        for j in 0..4 {
+        for j in 0..tn {
             step(
                 &mut s,
                 order,
@@ -771,7 +810,7 @@ fn gemm(
         writeln!(s, "                }}\n            }}\n        }}\n        workgroupBarrier();\n    }}");
     for i in 0..4 {
         let _ = writeln!(s, "    let e{i} = block_entry[ty * 4u + {i}u];");
-        for j in 0..4 {
+        for j in 0..tn {
             let _ = writeln!(
                 s,
                 "    if row0 + ty * 4u + {i}u < params.rows && col0 + tx + {jj}u < cend {{
@@ -786,7 +825,7 @@ fn gemm(
     }}",
                 result(order, &format!("a{i}_{j}")),
                 result(order, &format!("u{i}_{j}")),
-                jj = 8 * j
+                jj = tx_n * j
             );
         }
     }
