@@ -31,9 +31,10 @@ struct Args {
     /// Only adapters matching this selector (`vulkan`, `gl`, `vulkan:llvmpipe`, a name substring).
     #[arg(long)]
     adapter: Option<String>,
-    /// Only comparisons whose name contains this text.
+    /// Only comparisons whose name contains this text; repeat the flag for several, which
+    /// then run in the order given (each comparison once).
     #[arg(long)]
-    comparison: Option<String>,
+    comparison: Vec<String>,
     /// Size set.
     #[arg(long, value_enum, default_value_t = Sizes::Auto)]
     sizes: Sizes,
@@ -137,10 +138,21 @@ fn run(args: &Args) -> moeflow::Result<()> {
         min_sample_s: args.min_sample_ms / 1e3,
         ..Settings::default()
     };
-    let chosen: Vec<Box<dyn moeflow::bench::Comparison>> = comparisons()
-        .into_iter()
-        .filter(|c| args.comparison.as_deref().is_none_or(|f| c.name().contains(f)))
-        .collect();
+    let mut pool: Vec<Option<Box<dyn moeflow::bench::Comparison>>> =
+        comparisons().into_iter().map(Some).collect();
+    let chosen: Vec<Box<dyn moeflow::bench::Comparison>> = if args.comparison.is_empty() {
+        pool.into_iter().flatten().collect()
+    } else {
+        let mut chosen = Vec::new();
+        for filter in &args.comparison {
+            for slot in &mut pool {
+                if slot.as_ref().is_some_and(|c| c.name().contains(filter.as_str())) {
+                    chosen.extend(slot.take());
+                }
+            }
+        }
+        chosen
+    };
     let set_for = |ctx: &Context| match args.sizes {
         Sizes::Auto => SizeSet::for_adapter(ctx.adapter()),
         Sizes::Gpu => SizeSet::Gpu,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark run for a lent GPU machine that has no Rust toolchain: the binaries are built
 # here and carried in .gpu/ (with the Vulkan loader packages in .gl/), then this script runs, in
-# order of worth and each under its own time limit: the layer at the peers' shape, every `gemm/`
-# comparison of the matrix, Burn's MoE forward against moeflow's layer (A B B A, separate
+# order of worth and each under its own time limit: the layer at the peers' shape, the `gemm/`
+# comparisons that concern GPUs, Burn's MoE forward against moeflow's layer (A B B A, separate
 # processes), ggml's Vulkan MUL_MAT_ID at the same shapes, the rest of the matrix and the
 # held-out `gemm/` run. Everything lands in $OUT (results.tgz plus the logs).
 #
@@ -42,7 +42,12 @@ step() { # name, seconds, command...
 layer() { $B/moe_layer --adapter vulkan --tokens 256 --hidden 512 --ffn 1024 --experts 16 --k "$1" --shared-ffn 0; }
 export B && export -f layer # `step` runs commands under `timeout`, which needs them exported
 for k in 2 8; do step layer-k$k 40 bash -c "layer $k"; done
-step matrix-gemm 200 $B/bench_matrix --adapter vulkan --comparison gemm/ --out "$M/gemm"
+# The GEMM comparisons that concern GPUs, most wanted first (the window and texture ones compare
+# CPU adapters' blocks: on an H200 `gemm/window-vs-direct` did not finish a size in 55 s).
+GEMM=(--comparison tuned-vs-default --comparison grouped-vs-dense --comparison fast-vs-strict
+    --comparison decode-vs-grouped --comparison dense-wide --comparison block-vs-rowwise
+    --comparison grouped-vs-bucketed --comparison direct-vs-tiled)
+step matrix-gemm 200 $B/bench_matrix --adapter vulkan "${GEMM[@]}" --out "$M/gemm"
 
 if [ "${PEERS:-1}" = 1 ] && [ -f $B/peers/burn_moe.xz ]; then
     xz -dc $B/peers/burn_moe.xz > /tmp/burn_moe && chmod +x /tmp/burn_moe
@@ -69,7 +74,7 @@ fi
 for c in layer route dispatch combine dag; do
     step matrix-$c 45 $B/bench_matrix --adapter vulkan --comparison $c/ --out "$M/$c"
 done
-step matrix-gemm-held-out 120 $B/bench_matrix --adapter vulkan --comparison gemm/ --held-out --out "$M/gemm-held-out"
+step matrix-gemm-held-out 120 $B/bench_matrix --adapter vulkan "${GEMM[@]}" --held-out --out "$M/gemm-held-out"
 tar czf "$OUT/results.tgz" -C "$OUT" m
 grep -h "experts\|total\|host wall\|result:" "$M"/layer-*.log | head -12
 grep -h "MUL_MAT_ID" "$M"/peers-ggml.log 2>/dev/null | head -8
