@@ -13,10 +13,26 @@ pub enum Error {
     InvalidArgument(String),
     /// A buffer or tensor does not have the shape or size the operation needs.
     #[error("shape mismatch for `{what}`: expected {expected}, got {got}")]
-    Shape { what: String, expected: String, got: String },
+    Shape {
+        /// The buffer, tensor or argument.
+        what: String,
+        /// What the operation needs.
+        expected: String,
+        /// What it was given.
+        got: String,
+    },
     /// A size is past what the adapter (or a kernel) supports.
     #[error("{what} is {value}, past the limit of {limit} ({why})")]
-    LimitExceeded { what: String, value: u64, limit: u64, why: String },
+    LimitExceeded {
+        /// The quantity.
+        what: String,
+        /// Its value.
+        value: u64,
+        /// The most allowed.
+        limit: u64,
+        /// Whose limit (a wgpu limit's name, or the kernel's reason).
+        why: String,
+    },
     /// The adapter lacks a feature the operation needs.
     #[error("missing adapter feature: {0}")]
     MissingFeature(String),
@@ -25,7 +41,12 @@ pub enum Error {
     RequestDevice(#[from] wgpu::RequestDeviceError),
     /// wgpu reported a validation or out-of-memory error, or the device was lost.
     #[error("GPU error in {context}: {message}")]
-    Gpu { context: String, message: String },
+    Gpu {
+        /// What moeflow was doing (a kernel, buffer or pipeline name).
+        context: String,
+        /// wgpu's message.
+        message: String,
+    },
     /// The device was lost or destroyed; nothing more can run on it.
     #[error("the GPU device is lost ({0}); create a new Context")]
     DeviceLost(String),
@@ -38,7 +59,9 @@ pub enum Error {
     /// A file could not be read or written.
     #[error("I/O error on {path}: {source}")]
     Io {
+        /// The file.
         path: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },

@@ -3,10 +3,9 @@
 //!
 //! Start with a [`Context`] (an adapter chosen by backend or name, or your own device via
 //! [`Context::from_wgpu`]), then plan kernels from [`kernels`]; plans hold
-//! [`Dispatch`]es that you record into your own encoder. [`reference`] holds the CPU
-//! oracles that mirror every kernel's accumulation order. [`dag`] runs a graph of stages one
+//! [`Dispatch`]es that you record into your own encoder. [`reference`](mod@reference) holds the
+//! CPU oracles that mirror every kernel's accumulation order. [`dag`] runs a graph of stages one
 //! dispatch per stage, as fused static passes, or as a persistent task queue.
-
 //!
 //! Cargo features (all on by default): `vulkan`, `metal`, `dx12`, `gles` choose wgpu's back
 //! ends; `checkpoint` adds [`weights`] (safetensors checkpoints); `synth` adds seeded synthetic
@@ -14,6 +13,8 @@
 //! `default-features = false` and a back end, the crate is the kernels, the layer and the CPU
 //! references, with no plotting, RNG or logger in its dependencies. `moeflow::wgpu` is the wgpu
 //! it was built against.
+
+#![warn(missing_docs)]
 
 #[cfg(feature = "bench")]
 pub mod bench;
