@@ -368,6 +368,9 @@ impl fmt::Debug for Context {
 impl Context {
     /// Opens the adapter named by `MOEFLOW_ADAPTER` (see [`AdapterSelector`]), or the best
     /// one found: discrete, integrated, virtual, then CPU; Vulkan, Metal, DX12, then GL.
+    ///
+    /// # Errors
+    /// An unparsable `MOEFLOW_ADAPTER`, as [`Self::with_selector`].
     pub fn new() -> Result<Self> {
         let selector = match std::env::var(ADAPTER_ENV) {
             Ok(s) => s.parse()?,
@@ -377,6 +380,10 @@ impl Context {
     }
 
     /// Opens the best adapter that `selector` matches.
+    ///
+    /// # Errors
+    /// [`Error::NoAdapter`] when nothing matches (the message lists what exists);
+    /// [`Error::MissingFeature`] or the device request's error from [`Self::from_adapter`].
     pub fn with_selector(selector: &AdapterSelector) -> Result<Self> {
         let adapters = wgpu_adapters();
         let found: Vec<String> = adapters
@@ -402,6 +409,9 @@ impl Context {
     }
 
     /// Opens one context per adapter wgpu can see (in enumeration order).
+    ///
+    /// # Errors
+    /// As [`Self::matching`].
     pub fn all() -> Result<Vec<Self>> {
         Context::matching(&AdapterSelector::default())
     }
@@ -409,6 +419,9 @@ impl Context {
     /// Opens one context per adapter that `selector` matches (in enumeration order). Adapters
     /// it does not match get no device, so a driver that fails at device creation (an EGL
     /// context on a headless GPU, say) does not stop work on the adapters asked for.
+    ///
+    /// # Errors
+    /// The first adapter whose device request fails ([`Self::from_adapter`]).
     pub fn matching(selector: &AdapterSelector) -> Result<Vec<Self>> {
         wgpu_adapters()
             .iter()

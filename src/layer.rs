@@ -149,6 +149,10 @@ impl MoeConfig {
     }
 
     /// Checks every field.
+    ///
+    /// # Errors
+    /// [`RouteConfig::validate`]'s errors; [`Error::InvalidArgument`] for zero FFN sizes, a
+    /// shared gate without a shared expert or a zero capacity bound.
     pub fn validate(&self) -> Result<()> {
         self.route().validate()?;
         if self.ffn == 0 || self.shared_ffn == Some(0) {
@@ -209,6 +213,10 @@ fn expect_len(what: &str, got: usize, dims: &[u32]) -> Result<()> {
 
 impl MoeWeights {
     /// Checks every tensor against `cfg`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a tensor whose length does not fit `cfg`;
+    /// [`Error::InvalidArgument`] when the shared expert's tensors and `cfg.shared_ffn` disagree.
     pub fn check(&self, cfg: &MoeConfig) -> Result<()> {
         let (h, f, e) = (cfg.hidden, cfg.ffn, cfg.experts);
         check_router(cfg, &self.router, self.bias.as_deref(), self.shared_gate.as_deref())?;
@@ -242,6 +250,10 @@ pub struct RouterWeights {
 
 impl RouterWeights {
     /// Checks every tensor against `cfg`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a tensor whose shape does not fit `cfg`;
+    /// [`Error::InvalidArgument`] when the shared expert's tensors and `cfg.shared_ffn` disagree.
     pub fn check(&self, cfg: &MoeConfig) -> Result<()> {
         check_router(cfg, &self.router, self.bias.as_deref(), self.shared_gate.as_deref())
     }
@@ -333,6 +345,9 @@ impl ForwardPlan {
     }
 
     /// Expert load of the last forward (reads counts back; not part of the forward).
+    ///
+    /// # Errors
+    /// A device error while reading back.
     pub fn load(&self, ctx: &Context, experts: u32) -> Result<LoadStats> {
         if let Some(l) = &self.layout {
             return l.stats(ctx);
@@ -360,6 +375,10 @@ pub struct ForwardOutput {
 
 impl MoeLayer {
     /// Uploads `weights` for `cfg`.
+    ///
+    /// # Errors
+    /// [`MoeConfig::validate`] and [`MoeWeights::check`]'s errors; tuning and device errors
+    /// while uploading.
     pub fn new(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights) -> Result<Self> {
         cfg.validate()?;
         weights.check(&cfg)?;
@@ -465,6 +484,10 @@ impl MoeLayer {
     }
 
     /// Plans a forward of `tokens` tokens from `x[tokens, H]` into `y[tokens, H]`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for `x` or `y` smaller than `tokens` rows; [`Error::LimitExceeded`]
+    /// for sizes past u32 indices or the adapter's limits; the stages' planning errors.
     pub fn plan(
         &self,
         ctx: &Context,
@@ -567,6 +590,10 @@ impl MoeLayer {
 
     /// Runs one forward on host data and reads the results back (for tests, examples and
     /// one-off use; an application records a [`ForwardPlan`] instead).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `x` is not whole rows of H; [`Self::plan`]'s errors; device
+    /// errors while running or reading back.
     pub fn forward_host(&self, ctx: &Context, x: &[f32]) -> Result<ForwardOutput> {
         let h = self.cfg.hidden as usize;
         if !x.len().is_multiple_of(h) {

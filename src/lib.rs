@@ -14,7 +14,7 @@
 //! references, with no plotting, RNG or logger in its dependencies. `moeflow::wgpu` is the wgpu
 //! it was built against.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, clippy::missing_errors_doc)]
 
 #[cfg(feature = "bench")]
 pub mod bench;

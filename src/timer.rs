@@ -37,6 +37,9 @@ impl Sample {
 
 impl<'c> Sampler<'c> {
     /// A sampler for up to `samples` timed samples.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] past [`MAX_TIMED_SAMPLES`].
     pub fn new(ctx: &'c Context, samples: u32) -> Result<Self> {
         if samples > MAX_TIMED_SAMPLES {
             return Err(Error::limit(
@@ -104,6 +107,10 @@ impl<'c> Sampler<'c> {
 
     /// Runs each stage in its own timestamped pass, all in one submission. Every returned
     /// sample carries the wall time of the whole submission.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the stages need more samples than remain; device
+    /// errors.
     pub fn sample_stages(&mut self, stages: &[Vec<&Dispatch>]) -> Result<Vec<Sample>> {
         let n = stages.len() as u32;
         if self.queries.is_some() && self.used + n > self.capacity {
@@ -133,17 +140,26 @@ impl<'c> Sampler<'c> {
     }
 
     /// Runs `dispatches` `reps` times in one pass and times it on both clocks.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the sampler is full; device errors.
     pub fn sample(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
         self.run(dispatches, reps, true)
     }
 
     /// Runs `dispatches` `reps` times in one pass without a timestamp (warm-up).
+    ///
+    /// # Errors
+    /// Device errors.
     pub fn untimed(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
         self.run(dispatches, reps, false)
     }
 
     /// GPU seconds of each timed sample, in the order given (None without timestamps, or
     /// where the adapter returned an end before the beginning).
+    ///
+    /// # Errors
+    /// Device errors while resolving or reading the timestamps.
     pub fn gpu_seconds(&self, samples: &[Sample]) -> Result<Vec<Option<f64>>> {
         let Some(qs) = &self.queries else {
             return Ok(vec![None; samples.len()]);

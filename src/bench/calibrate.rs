@@ -57,6 +57,9 @@ fn time(ctx: &Context, d: &crate::pipeline::Dispatch) -> Result<(f64, &'static s
 }
 
 /// Measures the adapter's copy bandwidth and FMA rate with sizes fit for `set`.
+///
+/// # Errors
+/// A size past the adapter's limits, or a device error while the probes run.
 pub fn calibrate(ctx: &Context, set: SizeSet) -> Result<Calibration> {
     // vec4 elements copied; invocations and rounds of the FMA probe.
     let (n, invocations, iters) = match set {

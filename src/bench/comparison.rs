@@ -120,5 +120,9 @@ pub trait Comparison {
     /// Sizes of `set`; `held_out` gives the confirmation sizes.
     fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size>;
     /// Builds the case for one size with data from `seed`.
+    ///
+    /// # Errors
+    /// Whatever building the case's buffers and plans returns (shapes, limits, missing
+    /// features, device errors).
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case>;
 }

@@ -139,6 +139,9 @@ fn plot_err(e: impl std::fmt::Display) -> Error {
 
 /// An SVG bar chart of the B/A ratios on a log scale: one group per comparison size, one bar
 /// per adapter drawn from 1.0 (up: B slower, down: B faster).
+///
+/// # Errors
+/// The plotting back end's error, as [`Error::InvalidArgument`].
 pub fn svg(records: &[RunRecord]) -> Result<String> {
     let rows = rows(records);
     let n = rows.len().max(1);

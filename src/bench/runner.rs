@@ -74,6 +74,10 @@ impl Runner<'_> {
 /// blocks, `blocks` recorded ABBA blocks, validation again. A validation failure is an
 /// [`Error::Validation`] and no timing is returned. Cases with host-driven work are judged
 /// on the wall clock.
+///
+/// # Errors
+/// [`Error::Validation`] when an output disagrees with its reference (then no timing);
+/// device errors while running; a sampler past its capacity.
 pub fn run_case(
     ctx: &Context,
     size: &Size,

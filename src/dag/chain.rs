@@ -64,6 +64,9 @@ pub struct RowGraph {
 
 impl RowGraph {
     /// An empty graph over `rows x cols` values, tiled by `tile_rows` rows.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for zero columns, and [`Graph::new`]'s errors.
     pub fn new(rows: u32, cols: u32, tile_rows: u32) -> Result<Self> {
         if cols == 0 {
             return Err(Error::shape("row graph columns", "at least 1", 0));
@@ -72,6 +75,10 @@ impl RowGraph {
     }
 
     /// Adds `op` reading `source`; its reach comes from the op.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when the op's parameters are not one per column, and
+    /// [`Graph::add`]'s errors.
     pub fn add(&mut self, name: impl Into<String>, op: RowOp, source: Source) -> Result<usize> {
         let name = name.into();
         let n = self.cols as usize;
@@ -107,6 +114,9 @@ impl RowGraph {
 
     /// The eight-stage chain of the scheduler experiment: (affine, SiLU, RMS) twice, then
     /// (affine, SiLU), over `rows x cols`, one row per tile, parameters from `seed`.
+    ///
+    /// # Errors
+    /// As [`Self::new`].
     pub fn seed_chain(rows: u32, cols: u32, seed: u64) -> Result<Self> {
         let mut g = RowGraph::new(rows, cols, 1)?;
         let mut s = Synth::new(seed);

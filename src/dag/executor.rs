@@ -119,12 +119,19 @@ impl RowRun {
     /// Prepares `graph` on `inputs` for `executor` with the adapter's lanes
     /// ([`lanes_for`]). A queue on an adapter whose probe refuses it runs fused passes
     /// instead; [`Self::refused`] says why.
+    ///
+    /// # Errors
+    /// As [`Self::prepare_with_lanes`].
     pub fn prepare(ctx: &Context, graph: &RowGraph, inputs: &RowInputs, executor: Executor) -> Result<Self> {
         Self::prepare_with_lanes(ctx, graph, inputs, executor, lanes_for(ctx))
     }
 
     /// As [`Self::prepare`] with static passes of `lanes` lanes (a power of two from 1 to 64;
     /// the queue's workers always have [`QUEUE_LANES`]). Results do not depend on it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `lanes` out of range; [`Error::LimitExceeded`] for a
+    /// queue wider than the adapter allows; device errors while preparing or probing.
     pub fn prepare_with_lanes(
         ctx: &Context,
         graph: &RowGraph,
@@ -386,6 +393,9 @@ impl RowRun {
     }
 
     /// Reads the queue's state words (for a static run, an all-zero status).
+    ///
+    /// # Errors
+    /// A device error while reading the state back.
     pub fn queue_status(&self, ctx: &Context) -> Result<QueueStatus> {
         if self.main.tasks == 0 {
             return Ok(QueueStatus {
@@ -416,6 +426,9 @@ impl RowRun {
 
     /// Runs once and waits. A queue run whose status shows a timeout or missing tasks is
     /// rerun with fused passes, and the report says so.
+    ///
+    /// # Errors
+    /// A device error while running or reading the queue's status.
     pub fn run(&self, ctx: &Context) -> Result<RunReport> {
         ctx.run(&self.dispatches().iter().collect::<Vec<_>>())?;
         let main = self.main.label.clone();
@@ -444,6 +457,9 @@ impl RowRun {
     }
 
     /// Stage `s`'s output, `rows x cols`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a stage past the graph; a device error while reading.
     pub fn read_stage(&self, ctx: &Context, s: usize) -> Result<Vec<f32>> {
         if s >= self.stages {
             return Err(Error::invalid(format!("stage {s} of a graph with {} stages", self.stages)));
@@ -454,6 +470,9 @@ impl RowRun {
     }
 
     /// Every stage's output, in stage order.
+    ///
+    /// # Errors
+    /// A device error while reading.
     pub fn read_all(&self, ctx: &Context) -> Result<Vec<Vec<f32>>> {
         let n = self.rows as usize * self.cols as usize;
         let all: Vec<f32> = ctx.read_back(&self.vals, self.stages * n)?;

@@ -62,6 +62,9 @@ fn tiles_for(rows: (u32, u32), tile_rows: u32) -> (u32, u32) {
 
 impl<K> Graph<K> {
     /// An empty graph over `rows` rows in tiles of `tile_rows`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for zero rows or a zero tile.
     pub fn new(rows: u32, tile_rows: u32) -> Result<Self> {
         if rows == 0 || tile_rows == 0 {
             return Err(Error::shape(
@@ -74,6 +77,9 @@ impl<K> Graph<K> {
     }
 
     /// Adds a stage and returns its index. Every read must name the input or an earlier stage.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a read of a stage that is not earlier.
     pub fn add(&mut self, name: impl Into<String>, kernel: K, reads: Vec<Read>) -> Result<usize> {
         let name = name.into();
         for r in &reads {

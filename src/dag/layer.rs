@@ -26,6 +26,10 @@ fn reads_of(name: &str) -> Result<&'static [&'static str]> {
 }
 
 /// The layer's forward plan as a graph over its tokens (one tile).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a stage name the graph does not know, and
+/// [`Graph::add`]'s errors.
 pub fn layer_graph(forward: ForwardPlan) -> Result<DispatchGraph> {
     let tokens = forward.tokens().max(1);
     let mut graph = Graph::new(tokens, tokens)?;
@@ -67,6 +71,9 @@ pub fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &Dispatc
 }
 
 /// Runs `graph` with `executor` in one encoder and one submission, and waits.
+///
+/// # Errors
+/// A device error while running.
 pub fn run_dispatch_graph(ctx: &Context, graph: &DispatchGraph, executor: Executor) -> Result<RunReport> {
     let (plan, fallback) = dispatch_plan(graph, executor);
     let mut encoder = ctx.encoder("moeflow dag");

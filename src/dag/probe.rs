@@ -123,6 +123,9 @@ pub struct ProbeReport {
 
 impl ProbeReport {
     /// The worker bound, or why the queue is refused.
+    ///
+    /// # Errors
+    /// The probe's reason for refusing the queue on this adapter.
     pub fn max_workers(&self) -> std::result::Result<u32, String> {
         match &self.verdict {
             ProbeVerdict::Allowed { max_workers } => Ok(*max_workers),
@@ -143,6 +146,9 @@ fn cache_key(ctx: &Context) -> String {
 
 /// The probe verdict for `ctx`'s adapter: run once per adapter and driver in this process,
 /// then served from the cache.
+///
+/// # Errors
+/// As [`run_probe`].
 pub fn probe(ctx: &Context) -> Result<Arc<ProbeReport>> {
     let key = cache_key(ctx);
     if let Some(r) = cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
@@ -154,6 +160,9 @@ pub fn probe(ctx: &Context) -> Result<Arc<ProbeReport>> {
 }
 
 /// Runs the probe now, bypassing the cache.
+///
+/// # Errors
+/// A device error while the probe's kernels run or are read back.
 pub fn run_probe(ctx: &Context) -> Result<ProbeReport> {
     let a = ctx.adapter();
     let mp = message_passing(ctx)?;

@@ -46,6 +46,10 @@ pub struct RowInputs {
 
 impl RowInputs {
     /// Uploads `x[rows, cols]` and the stages' parameters.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `x` is not `rows x cols`; [`Error::LimitExceeded`] for inputs
+    /// past u32 indices or the binding limit; device errors while uploading.
     pub fn upload(ctx: &Context, graph: &RowGraph, x: &[f32]) -> Result<Self> {
         let g = graph.graph();
         let n = g.rows() as usize * graph.cols() as usize;

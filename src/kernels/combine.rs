@@ -152,6 +152,10 @@ fn check(
 }
 
 /// Plans the combine for `tokens` tokens in `mode`.
+///
+/// # Errors
+/// [`Error::Shape`] for a buffer smaller than its shape; [`Error::LimitExceeded`] for
+/// sizes past u32 indices or the adapter's limits; device errors while building pipelines.
 pub fn plan_combine(
     ctx: &Context,
     tokens: u32,
@@ -218,6 +222,10 @@ pub fn plan_combine(
 }
 
 /// Zero-fills the first `elems` floats of `buf` (rows of dropped entries must read as 0).
+///
+/// # Errors
+/// [`Error::Shape`] for a buffer smaller than `elems` floats; [`Error::LimitExceeded`]
+/// past the adapter's limits.
 pub fn plan_fill_zero(ctx: &Context, buf: &wgpu::Buffer, elems: u32) -> Result<Dispatch> {
     ctx.check_binding("fill target", buf, u64::from(elems) * 4, ReadWrite)?;
     let params = ctx.uniform("fill params", &Params { tokens: elems, hidden: 1, ..Params::default() })?;

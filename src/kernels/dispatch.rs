@@ -88,6 +88,10 @@ pub struct DispatchConfig {
 
 impl DispatchConfig {
     /// Checks the ranges.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero experts, zero k, k above the experts or a tile
+    /// that is not a power of two in range; [`Error::LimitExceeded`] for too many experts.
     pub fn validate(&self) -> Result<()> {
         if self.experts == 0 {
             return Err(Error::invalid("experts must be at least 1"));
@@ -188,6 +192,10 @@ const U32: u64 = 4;
 impl DispatchLayout {
     /// Allocates a layout for `tokens` tokens; `bound` (0: none) sets the capacity used for
     /// overflow accounting.
+    ///
+    /// # Errors
+    /// [`DispatchConfig::validate`]'s errors on `cfg`; [`Error::LimitExceeded`] for buffers past the
+    /// adapter's binding or buffer limits or u32 indices.
     pub fn new(ctx: &Context, cfg: DispatchConfig, tokens: u32, bound: u32) -> Result<Self> {
         cfg.validate()?;
         let entries64 = u64::from(tokens) * u64::from(cfg.k);
@@ -279,6 +287,10 @@ impl DispatchLayout {
     }
 
     /// The four dispatches that fill the layout from `indices[tokens, k]` (u32).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for an `indices` buffer smaller than the layout's entries;
+    /// [`Error::LimitExceeded`] for grids past the adapter's limits.
     pub fn plan(&self, ctx: &Context, indices: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
         ctx.check_binding("indices", indices, u64::from(self.entries) * U32, Access::Read)?;
         let blocks = ctx.grid(u64::from(self.blocks), "dispatch blocks")?;
@@ -338,6 +350,9 @@ impl DispatchLayout {
     }
 
     /// Reads the layout back (trimmed to the rows and tiles in use).
+    ///
+    /// # Errors
+    /// A device error while reading back.
     pub fn read(&self, ctx: &Context) -> Result<Layout> {
         let e = self.cfg.experts as usize;
         let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, 8)?);
@@ -354,17 +369,26 @@ impl DispatchLayout {
     }
 
     /// The whole tile map, including the NONE entries past the tiles in use.
+    ///
+    /// # Errors
+    /// A device error while reading back.
     pub fn read_tile_map(&self, ctx: &Context) -> Result<Vec<u32>> {
         ctx.read_back(&self.tile_expert, self.max_tiles as usize)
     }
 
     /// Expert load statistics (reads counts and meta).
+    ///
+    /// # Errors
+    /// A device error while reading back.
     pub fn stats(&self, ctx: &Context) -> Result<LoadStats> {
         let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, 8)?);
         Ok(LoadStats::new(ctx.read_back(&self.counts, self.cfg.experts as usize)?, meta))
     }
 
     /// Writes a host-built layout into the device buffers (the host-dispatch path).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when the layout is not for this one's experts and entries.
     pub fn upload(&self, ctx: &Context, l: &Layout) -> Result<()> {
         let e = self.cfg.experts as usize;
         let mut tiles = l.tile_expert.clone();
@@ -394,6 +418,9 @@ impl DispatchLayout {
 
 /// Host baseline: reads `indices` back, stable-sorts on the CPU, and uploads the layout.
 /// One readback and eight uploads per call; kept as the A side of the dispatch A/B.
+///
+/// # Errors
+/// As [`DispatchLayout::upload`], and device errors while reading `indices` back.
 pub fn host_dispatch(
     ctx: &Context,
     layout: &DispatchLayout,
@@ -449,6 +476,10 @@ pub struct HostBuckets {
 
 impl BucketLayout {
     /// Allocates the bucket layout for `tokens` tokens.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a zero bound; [`Error::LimitExceeded`] for slots past
+    /// u32 indices or the adapter's limits; [`DispatchLayout::new`]'s errors.
     pub fn new(ctx: &Context, cfg: BucketConfig, tokens: u32) -> Result<Self> {
         if cfg.bound == 0 {
             return Err(Error::invalid("bucket bound must be at least 1"));
@@ -497,6 +528,9 @@ impl BucketLayout {
     }
 
     /// Dispatches that fill the bucket layout from `winners[tokens]` (u32).
+    ///
+    /// # Errors
+    /// As [`DispatchLayout::plan`].
     pub fn plan(&self, ctx: &Context, winners: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
         let mut ds = self.layout.plan(ctx, winners)?;
         let slots = u64::from(self.cfg.n_caps) * u64::from(self.cfg.bound);
@@ -522,6 +556,9 @@ impl BucketLayout {
     }
 
     /// Reads the bucket lists back.
+    ///
+    /// # Errors
+    /// A device error while reading back.
     pub fn read(&self, ctx: &Context) -> Result<HostBuckets> {
         let meta = Meta::from_words(&ctx.read_back::<u32>(self.layout.meta(), 8)?);
         let slots = (self.cfg.n_caps * self.cfg.bound) as usize;
@@ -537,6 +574,9 @@ impl BucketLayout {
 }
 
 /// Checks host-side indices before upload: every index must be below `experts`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the first index at or past `experts`.
 pub fn check_indices(indices: &[u32], experts: u32) -> Result<()> {
     match indices.iter().position(|&i| i >= experts) {
         None => Ok(()),
@@ -548,6 +588,10 @@ pub fn check_indices(indices: &[u32], experts: u32) -> Result<()> {
 }
 
 /// Groups host `indices[tokens * k]` on the device and reads the layout back.
+///
+/// # Errors
+/// [`check_indices`] and [`DispatchConfig::validate`]'s errors; [`Error::Shape`] when
+/// the length is not a multiple of k; device errors while running or reading back.
 pub fn dispatch_host_indices(ctx: &Context, cfg: DispatchConfig, indices: &[u32]) -> Result<Layout> {
     cfg.validate()?;
     check_indices(indices, cfg.experts)?;

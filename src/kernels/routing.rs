@@ -188,6 +188,10 @@ impl RouteConfig {
     }
 
     /// Checks every field against its documented range.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the field out of range (hidden, experts, k, scale,
+    /// groups); [`Error::LimitExceeded`] for more experts or a larger k than the kernels take.
     pub fn validate(&self) -> Result<()> {
         if self.hidden == 0 {
             return Err(Error::invalid("hidden size must be at least 1"));
@@ -397,9 +401,10 @@ fn prepare(ctx: &Context, cfg: &RouteConfig, tokens: u32, bias: Option<&wgpu::Bu
 
 /// Plans the full route (gate matvec and top-k) for `tokens` tokens.
 ///
-/// Errors: any config field out of range, a missing or unexpected bias buffer, a missing
-/// logits buffer when `mode` writes logits, a buffer smaller than its shape, or a size past
-/// the adapter's limits.
+/// # Errors
+/// Any config field out of range, a missing or unexpected bias buffer, a missing logits
+/// buffer when `mode` writes logits, a buffer smaller than its shape, or a size past the
+/// adapter's limits.
 pub fn plan_route(
     ctx: &Context,
     cfg: &RouteConfig,
@@ -454,6 +459,10 @@ pub fn plan_route(
 }
 
 /// Plans top-k alone over given `logits[tokens, experts]` (the unfused second stage).
+///
+/// # Errors
+/// [`RouteConfig::validate`]'s errors; [`Error::Shape`] for a buffer smaller than its
+/// shape; [`Error::LimitExceeded`] past the adapter's limits.
 pub fn plan_topk(
     ctx: &Context,
     cfg: &RouteConfig,
@@ -486,6 +495,9 @@ pub fn plan_topk(
 /// Plans `winners[t] = argmax_e scores[t, e]` over `scores[tokens, n_caps]` with the routing
 /// tie rule (equal scores: lower index; NaN last); `values[t]` receives the winning score.
 /// This is the top-k kernel with `k = 1` on raw scores, the winner list bucket routing takes.
+///
+/// # Errors
+/// As [`plan_topk`].
 pub fn plan_argmax(
     ctx: &Context,
     scores: &wgpu::Buffer,
@@ -540,6 +552,10 @@ fn check_len(what: &str, len: usize, expected: u64) -> Result<()> {
 /// Routes host data end to end: uploads `x[tokens, hidden]`, `gate[experts, hidden]` and
 /// `bias`, runs the plan, and reads the results back. For tests, examples and one-off use;
 /// a forward pass records a [`RoutePlan`] instead.
+///
+/// # Errors
+/// [`RouteConfig::validate`]'s errors; [`Error::Shape`] for inputs whose lengths do not
+/// fit `cfg`; device errors while running or reading back.
 pub fn route_host(
     ctx: &Context,
     cfg: &RouteConfig,
@@ -577,6 +593,9 @@ pub fn route_host(
 }
 
 /// Runs top-k alone on host `logits[tokens, experts]` and reads the results back.
+///
+/// # Errors
+/// As [`route_host`].
 pub fn topk_host(
     ctx: &Context,
     cfg: &RouteConfig,

@@ -33,6 +33,9 @@ use crate::kernels::gemm::{ExpertFfn, ExpertWeights, StoredValues};
 use crate::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 
 /// Reads a whole file.
+///
+/// # Errors
+/// [`Error::Io`] naming the file.
 pub fn read_file(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|source| Error::Io { path: path.display().to_string(), source })
 }
@@ -42,6 +45,9 @@ fn st_err(path: &str) -> impl Fn(safetensors::SafeTensorError) -> Error + '_ {
 }
 
 /// A tensor's values as f32 (from f32, f16 or bf16).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for any other dtype.
 pub fn to_f32(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>> {
     let d = t.data();
     Ok(match t.dtype() {

@@ -380,6 +380,10 @@ impl ExpertWeights {
 
     /// Uploads `data[experts, n, k]`, rounding to `dtype`, split into as many buffers as the
     /// device's binding limit needs (see [`ExpertWeights::chunk_count`]).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `data` is not `experts * n * k` values; [`Error::LimitExceeded`]
+    /// when a single expert matrix is past the binding limit; device errors while uploading.
     pub fn from_f32(
         ctx: &Context,
         data: &[f32],
@@ -513,6 +517,10 @@ impl ExpertWeights {
     /// Chooses native f16 loads (the default for f16 weights where the device has
     /// shader-f16) or the packed integer unpacking; both see the same values. Asking for
     /// native loads without shader-f16, or for non-f16 weights, is an error.
+    ///
+    /// # Errors
+    /// [`Error::MissingFeature`] without shader-f16; [`Error::InvalidArgument`] for weights
+    /// that are not f16.
     pub fn with_native_f16(mut self, ctx: &Context, on: bool) -> Result<Self> {
         if on && !ctx.capabilities().shader_f16 {
             return Err(Error::MissingFeature("native f16 weights need the shader-f16 feature".into()));
@@ -558,6 +566,10 @@ pub struct ExpertFfn {
 
 impl ExpertFfn {
     /// Checks that the three projections fit together; returns it.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when up or down does not match gate's experts, rows and columns;
+    /// [`Error::InvalidArgument`] when the three mix dtypes or load paths.
     pub fn new(gate: ExpertWeights, up: ExpertWeights, down: ExpertWeights) -> Result<Self> {
         let [e, f, h] = gate.shape();
         if up.shape() != [e, f, h] {
@@ -1158,6 +1170,11 @@ pub struct FfnBuffers<'a> {
 
 /// Plans the expert FFN for `tokens` tokens routed `k` ways: reads `x` and `indices`, writes
 /// `partial` (see [`FfnBuffers`]).
+///
+/// # Errors
+/// [`Error::Shape`] for a buffer smaller than its shape; [`Error::InvalidArgument`] for
+/// k = 0 or a layout made for another shape or tile; [`Error::LimitExceeded`] for sizes past
+/// the adapter's limits (bindings, workgroup memory, invocations, grids).
 pub fn plan_ffn(
     ctx: &Context,
     ffn: &ExpertFfn,
@@ -1275,6 +1292,9 @@ pub fn plan_ffn(
 
 /// (d) Every token through every expert: `all[E, tokens, H]`, the FFN of expert e on token t
 /// at `(e * tokens + t) * H`. A correctness oracle (E times the work), not a path to use.
+///
+/// # Errors
+/// As [`plan_ffn`].
 pub fn plan_ffn_all_experts(
     ctx: &Context,
     ffn: &ExpertFfn,
@@ -1343,6 +1363,10 @@ pub enum DenseKernel {
 /// (c) Dense GEMM `y[rows, N] = x[rows, K] . w[0]^T` in `order`: the throughput yardstick for
 /// the grouped GEMM (same kernels, one expert, no gather). Every kernel gives bit-identical
 /// results in one order.
+///
+/// # Errors
+/// [`Error::Shape`] for a buffer smaller than its shape; [`GemmVariant::validate`]'s
+/// errors; [`Error::LimitExceeded`] past the adapter's limits.
 pub fn plan_dense(
     ctx: &Context,
     w: &ExpertWeights,
