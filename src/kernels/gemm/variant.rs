@@ -419,11 +419,12 @@ fn leak(s: String) -> &'static str {
 /// The variants the tuner and the tests draw from for a kind of adapter.
 pub fn candidates(kind: AdapterKind) -> Vec<GemmVariant> {
     match kind {
+        // No tiled kernel: 22x slower than the texture blocks on lavapipe, and the slowest
+        // candidate timed (docs/gemm.md, the tuner).
         AdapterKind::Cpu => vec![
             GemmVariant::Direct { rows: 8, cols: 8, lanes: 8 },
             GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 },
             GemmVariant::Direct { rows: 16, cols: 16, lanes: 8 },
-            GemmVariant::Tiled { bk4: 8 },
             GemmVariant::Window { rows: 16, cols: 8, lanes: 8 },
             GemmVariant::Window { rows: 32, cols: 4, lanes: 8 },
             GemmVariant::Texture { rows: 16, cols: 8, lanes: 8 },
