@@ -36,6 +36,22 @@ pub mod weights;
 
 pub use wgpu;
 
+/// What a user of a layer needs in one import: the context, the layer, its configuration,
+/// weights and output, and the choices a configuration names (gating, route and combine modes,
+/// capacity, kernels, accumulation order, weight dtype). Kernel-level plans stay in
+/// [`kernels`] for engines that compose their own graphs. [`Result`] is left out, so the
+/// standard `Result` stays unshadowed.
+pub mod prelude {
+    pub use crate::context::{AdapterSelector, Context};
+    pub use crate::error::Error;
+    pub use crate::kernels::combine::CombineMode;
+    pub use crate::kernels::gemm::{GemmOrder, WeightDtype};
+    pub use crate::kernels::routing::{Gating, GroupLimit, RouteMode};
+    pub use crate::layer::{
+        Capacity, ForwardOutput, ForwardPlan, KernelChoice, MoeConfig, MoeLayer, MoeWeights, RouterWeights,
+    };
+}
+
 pub use context::{
     AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters, instance, wgpu_adapters,
 };
