@@ -298,25 +298,24 @@ fn measure(
             }
         }
     }
-    // The GPU clock where every sample has it, else the wall clock.
-    let seconds = |ss: &[Sample]| -> Result<Vec<f64>> {
-        let gpu = sampler.gpu_seconds(ss)?;
-        Ok(match gpu.iter().copied().collect::<Option<Vec<f64>>>() {
-            Some(g) => g,
-            None => ss.iter().map(|s| s.wall_s).collect(),
-        })
-    };
-    let median = |mut v: Vec<f64>| {
+    // One clock for every candidate, read back once: the GPU's where every sample has it, else
+    // the wall clock.
+    let flat: Vec<Sample> = samples.iter().flat_map(|(u, d)| u.iter().chain(d)).copied().collect();
+    let gpu: Option<Vec<f64>> = sampler.gpu_seconds(&flat)?.into_iter().collect();
+    let mut seconds = gpu.unwrap_or_else(|| flat.iter().map(|s| s.wall_s).collect()).into_iter();
+    let mut median_of_next = |n: usize| {
+        let mut v: Vec<f64> = seconds.by_ref().take(n).collect();
         if v.is_empty() {
             return f64::INFINITY;
         }
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    runs.iter()
+    Ok(runs
+        .iter()
         .zip(&samples)
-        .map(|((v, _), (u, d))| Ok((*v, median(seconds(u)?), median(seconds(d)?))))
-        .collect()
+        .map(|((v, _), (u, d))| (*v, median_of_next(u.len()), median_of_next(d.len())))
+        .collect())
 }
 
 /// The row counts of the timed problem for a mean share of `rows` (see the module docs):
