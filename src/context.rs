@@ -238,11 +238,6 @@ impl AdapterSelector {
     fn matches_name(&self, name: &str) -> bool {
         self.name.as_ref().is_none_or(|n| name.to_lowercase().contains(&n.to_lowercase()))
     }
-
-    /// Whether an adapter description (e.g. of an open [`Context`]) matches.
-    pub fn matches_description(&self, d: &AdapterDescription) -> bool {
-        parse_backend(&d.backend).is_some_and(|b| self.backends.contains(b)) && self.matches_name(&d.name)
-    }
 }
 
 /// The one wgpu instance that every [`Context`] moeflow opens on Vulkan, Metal or DX12 shares
