@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, GpuErrorKind, Result};
 use crate::pipeline::PipelineCache;
 
 /// The wgpu version moeflow is built against (checked against Cargo.toml by a unit test).
@@ -26,6 +26,10 @@ pub struct Capabilities {
     pub subgroups: bool,
     /// `f16` in shaders (`SHADER_F16`).
     pub shader_f16: bool,
+    /// A driver pipeline cache that can be saved and loaded (`PIPELINE_CACHE`, Vulkan only;
+    /// see [`Context::save_pipeline_cache`]).
+    #[serde(default)]
+    pub pipeline_cache: bool,
 }
 
 impl Capabilities {
@@ -38,6 +42,7 @@ impl Capabilities {
             ),
             subgroups: f.contains(wgpu::Features::SUBGROUP),
             shader_f16: f.contains(wgpu::Features::SHADER_F16),
+            pipeline_cache: f.contains(wgpu::Features::PIPELINE_CACHE),
         }
     }
 
@@ -47,7 +52,8 @@ impl Capabilities {
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::SUBGROUP
-            | wgpu::Features::SHADER_F16;
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::PIPELINE_CACHE;
         available & wanted
     }
 }
@@ -126,7 +132,7 @@ pub struct AdapterDescription {
 }
 
 impl AdapterDescription {
-    fn new(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> Self {
+    pub(crate) fn new(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> Self {
         AdapterDescription {
             backend: backend_name(info.backend).to_string(),
             name: info.name.clone(),
@@ -504,7 +510,11 @@ impl Context {
         self.check_alive()?;
         match errors.into_iter().flatten().next() {
             None => Ok(value),
-            Some(e) => Err(Error::Gpu { context: context.to_string(), message: e.to_string() }),
+            Some(e) => Err(Error::Gpu {
+                context: context.to_string(),
+                kind: GpuErrorKind::of(&e),
+                message: e.to_string(),
+            }),
         }
     }
 

@@ -4,6 +4,7 @@ use thiserror::Error;
 
 /// Everything that can go wrong in moeflow. Bad input is reported here, never by a panic.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No adapter matched the request (the message says what was asked for and what exists).
     #[error("no GPU adapter: {0}")]
@@ -39,12 +40,15 @@ pub enum Error {
     /// wgpu refused to create a device.
     #[error("device request failed: {0}")]
     RequestDevice(#[from] wgpu::RequestDeviceError),
-    /// wgpu reported a validation or out-of-memory error, or the device was lost.
-    #[error("GPU error in {context}: {message}")]
+    /// wgpu reported a validation, out-of-memory or internal error, or a wait failed.
+    #[error("GPU {kind} error in {context}: {message}")]
     Gpu {
         /// What moeflow was doing (a kernel, buffer or pipeline name).
         context: String,
-        /// wgpu's message.
+        /// Which kind of error wgpu reported.
+        kind: GpuErrorKind,
+        /// wgpu's full description (its error chain, formatted; `wgpu::Error` itself is not
+        /// `Sync`, so it is not kept).
         message: String,
     },
     /// The device was lost or destroyed; nothing more can run on it.
@@ -65,6 +69,42 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The kind of a GPU error ([`Error::Gpu`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GpuErrorKind {
+    /// wgpu's validation refused a call (a moeflow bug or a resource of another device).
+    Validation,
+    /// The device ran out of memory.
+    OutOfMemory,
+    /// The driver or wgpu failed internally.
+    Internal,
+    /// Waiting for a submission failed.
+    Poll,
+}
+
+impl std::fmt::Display for GpuErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GpuErrorKind::Validation => "validation",
+            GpuErrorKind::OutOfMemory => "out-of-memory",
+            GpuErrorKind::Internal => "internal",
+            GpuErrorKind::Poll => "wait",
+        })
+    }
+}
+
+impl GpuErrorKind {
+    /// The kind of a wgpu error.
+    pub fn of(e: &wgpu::Error) -> Self {
+        match e {
+            wgpu::Error::OutOfMemory { .. } => GpuErrorKind::OutOfMemory,
+            wgpu::Error::Validation { .. } => GpuErrorKind::Validation,
+            wgpu::Error::Internal { .. } => GpuErrorKind::Internal,
+        }
+    }
 }
 
 /// Result alias used across the crate.

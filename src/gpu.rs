@@ -9,7 +9,7 @@ use std::sync::{Arc, mpsc};
 use bytemuck::Pod;
 
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, GpuErrorKind, Result};
 use crate::pipeline::Dispatch;
 
 /// Usages every moeflow data buffer gets: bindable as storage, copyable both ways.
@@ -145,6 +145,7 @@ impl Context {
         self.check_alive()?;
         let gpu_error = |e: wgpu::PollError| Error::Gpu {
             context: "waiting for submission".into(),
+            kind: GpuErrorKind::Poll,
             message: e.to_string(),
         };
         if !self.adapter().is_cpu() {

@@ -25,6 +25,7 @@ use crate::pipeline::Dispatch;
 
 /// How expert capacity is handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Capacity {
     /// Every routed entry is computed (padded-tile grouped GEMM; row-wise for decode sizes).
     #[default]
@@ -41,6 +42,7 @@ pub enum Capacity {
 
 /// Which block-GEMM kernels a layer's expert projections run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum KernelChoice {
     /// The adapter's fixed default ([`FfnKernels::default_for`]).
     #[default]
@@ -357,9 +359,22 @@ impl ForwardPlan {
         }
         // Decode path: no layout was built; count on the host.
         let idx: Vec<u32> = ctx.read_back(&self.indices, self.indices.size() as usize / 4)?;
-        let l = crate::reference::dispatch::layout(&idx, experts, 1, 0);
+        let l = crate::kernels::dispatch::host::layout(&idx, experts, 1, 0);
         Ok(LoadStats::new(l.counts, l.meta))
     }
+}
+
+/// What [`MoeLayer::prepare`] did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrepareReport {
+    /// Pipelines built by this call (0 when every one was built before).
+    pub pipelines_built: usize,
+    /// Pipelines on the context afterwards (for every layer and kernel used on it).
+    pub pipelines_total: usize,
+    /// Wall time of the call, in seconds: pipeline builds (shader compiles, unless a driver or
+    /// pipeline cache had them), the weights' texture copies where the kernels read textures,
+    /// and the tuner's measurements where the configuration asks for tuning.
+    pub seconds: f64,
 }
 
 /// A forward's results read back to the host.
@@ -586,6 +601,37 @@ impl MoeLayer {
         let combine = CombineBuffers { weights: &weights, partial: &partial, shared, y };
         stages.push(("combine", plan_combine(ctx, tokens, c.hidden, c.k, &combine, c.combine)?));
         Ok(ForwardPlan { tokens, stages, indices, weights, layout, buckets })
+    }
+
+    /// Builds, up front, every pipeline a forward of 1 to `max_tokens` tokens can use, so
+    /// that no later [`Self::plan`] of such a forward compiles a shader (it makes the
+    /// weights' texture copies too, where the kernels read them). The pipelines depend on the
+    /// token count only through the choice between the decode and grouped paths, which
+    /// changes once, from decode at one token to grouped from some count on, so planning
+    /// forwards of 1 and of `max_tokens` tokens builds all of them. With a driver pipeline
+    /// cache loaded first ([`Context::load_pipeline_cache`]), the builds also fill it, to be
+    /// saved for the next run ([`Context::save_pipeline_cache`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero tokens; [`Self::plan`]'s errors for either size.
+    pub fn prepare(&self, ctx: &Context, max_tokens: u32) -> Result<PrepareReport> {
+        if max_tokens == 0 {
+            return Err(Error::invalid("prepare needs a maximum token count of at least 1"));
+        }
+        let before = ctx.pipeline_count();
+        let start = std::time::Instant::now();
+        let row = u64::from(self.cfg.hidden) * 4;
+        for tokens in [1, max_tokens] {
+            let x = ctx.storage_scratch("prepare x", u64::from(tokens) * row)?;
+            let y = ctx.storage_scratch("prepare y", u64::from(tokens) * row)?;
+            self.plan(ctx, tokens, &x, &y)?;
+        }
+        let total = ctx.pipeline_count();
+        Ok(PrepareReport {
+            pipelines_built: total - before,
+            pipelines_total: total,
+            seconds: start.elapsed().as_secs_f64(),
+        })
     }
 
     /// Runs one forward on host data and reads the results back (for tests, examples and

@@ -27,10 +27,14 @@ pub mod kernels;
 pub mod layer;
 pub mod pipeline;
 pub mod reference;
+pub mod requirements;
 pub mod shader;
 #[cfg(feature = "synth")]
 pub mod synth;
 pub mod timer;
+
+#[cfg(test)]
+mod contract;
 #[cfg(feature = "checkpoint")]
 pub mod weights;
 
@@ -48,14 +52,16 @@ pub mod prelude {
     pub use crate::kernels::gemm::{GemmOrder, WeightDtype};
     pub use crate::kernels::routing::{Gating, GroupLimit, RouteMode};
     pub use crate::layer::{
-        Capacity, ForwardOutput, ForwardPlan, KernelChoice, MoeConfig, MoeLayer, MoeWeights, RouterWeights,
+        Capacity, ForwardOutput, ForwardPlan, KernelChoice, MoeConfig, MoeLayer, MoeWeights, PrepareReport,
+        RouterWeights,
     };
+    pub use crate::requirements::Requirements;
 }
 
 pub use context::{
     AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters, instance, wgpu_adapters,
 };
-pub use error::{Error, Result};
+pub use error::{Error, GpuErrorKind, Result};
 pub use pipeline::Dispatch;
 
 /// `docs/layer.md`, compiled and run as a doc test.

@@ -11,6 +11,7 @@ use crate::shader::ShaderSource;
 
 /// How a kernel binds one resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Access {
     /// `var<uniform>`.
     Uniform,
@@ -29,24 +30,118 @@ impl Access {
     }
 }
 
-/// A compute entry point and its explicit bind-group layout (group 0).
+/// How a kernel's workgroup size is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Workgroup {
+    /// `@workgroup_size(n)` (a literal or a constant): `n` invocations in x, one in y and z.
+    Fixed(u32),
+    /// `@workgroup_size(NAME)` with the pipeline-overridable constant `NAME`, which the
+    /// planner sets (one in y and z).
+    Override(&'static str),
+}
+
+/// A compute entry point, its explicit bind-group layout (group 0), and the rest of its
+/// contract with the WGSL: the size of its parameters and of its workgroups. A unit test
+/// (`src/contract.rs`) reflects every spec's module with naga and fails where the two sides
+/// disagree.
 #[derive(Debug)]
 pub struct KernelSpec {
     /// Module holding the entry point.
     pub shader: &'static ShaderSource,
     /// Entry point name.
     pub entry: &'static str,
-    /// `(binding, access)` for every binding the entry point may touch.
+    /// `(binding, access)` for every binding the entry point uses, and no other.
     pub bindings: &'static [(u32, Access)],
+    /// Bytes of the uniform parameters at binding 0 (the Rust struct written there, the WGSL
+    /// struct read there). Every dispatch binds exactly this many.
+    pub params_bytes: u64,
+    /// Invocations per workgroup.
+    pub workgroup: Workgroup,
 }
 
 impl KernelSpec {
+    /// Workgroups of a fixed size that cover `invocations`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a kernel whose size is a pipeline constant.
+    pub(crate) fn groups(&self, invocations: u64) -> Result<u64> {
+        match self.workgroup {
+            Workgroup::Fixed(n) => Ok(invocations.div_ceil(u64::from(n.max(1)))),
+            Workgroup::Override(name) => Err(Error::invalid(format!(
+                "`{}` has no fixed workgroup size (the constant `{name}` sets it)",
+                self.entry
+            ))),
+        }
+    }
+
+    /// Storage buffers, uniform buffers and sampled textures the entry point binds.
+    pub(crate) fn binding_counts(&self) -> (u32, u32, u32) {
+        let count = |f: fn(Access) -> bool| self.bindings.iter().filter(|(_, a)| f(*a)).count() as u32;
+        (
+            count(|a| matches!(a, Access::Read | Access::ReadWrite)),
+            count(|a| a == Access::Uniform),
+            count(|a| a == Access::TextureU32),
+        )
+    }
+
+    /// What naga reads off the entry point's WGSL: workgroup memory in bytes and invocations
+    /// per workgroup (an overridable size at its default). Parsed once per module.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the module does not parse or has no such entry point
+    /// (a moeflow bug: `src/contract.rs` checks every kernel).
+    pub(crate) fn reflect(&self) -> Result<Reflected> {
+        type Modules = HashMap<&'static str, (naga::Module, naga::valid::ModuleInfo)>;
+        static MODULES: std::sync::OnceLock<Mutex<Modules>> = std::sync::OnceLock::new();
+        let mut modules = lock(MODULES.get_or_init(Default::default));
+        let (module, info) = match modules.entry(self.shader.name) {
+            std::collections::hash_map::Entry::Occupied(m) => m.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let text = self.shader.compose();
+                let bad = |e: String| Error::invalid(format!("{}: {e}", self.shader.name));
+                let m = naga::front::wgsl::parse_str(&text).map_err(|e| bad(e.emit_to_string(&text)))?;
+                // Every capability: this reads the module, the device decides what it runs.
+                let info = naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    naga::valid::Capabilities::all(),
+                )
+                .validate(&m)
+                .map_err(|e| bad(e.emit_to_string(&text)))?;
+                v.insert((m, info))
+            }
+        };
+        let (index, _) =
+            module.entry_points.iter().enumerate().find(|(_, ep)| ep.name == self.entry).ok_or_else(
+                || Error::invalid(format!("{} has no entry point `{}`", self.shader.name, self.entry)),
+            )?;
+        let uses = info.get_entry_point(index);
+        let workgroup_bytes = module
+            .global_variables
+            .iter()
+            .filter(|&(handle, var)| var.space == naga::AddressSpace::WorkGroup && !uses[handle].is_empty())
+            .map(|(_, var)| module.types[var.ty].inner.size(module.to_ctx()))
+            .sum();
+        let invocations = match self.workgroup {
+            Workgroup::Fixed(n) => n,
+            Workgroup::Override(name) => override_default(module, name).ok_or_else(|| {
+                Error::invalid(format!("{}: no default for the override `{name}`", self.shader.name))
+            })?,
+        };
+        Ok(Reflected { workgroup_bytes, invocations })
+    }
+
     fn layout_entries(&self) -> Vec<wgpu::BindGroupLayoutEntry> {
         self.bindings
             .iter()
             .map(|&(binding, access)| {
+                // wgpu checks the WGSL struct against this size when it builds the pipeline.
+                let min_binding_size = match (binding, access) {
+                    (0, Access::Uniform) => NonZeroU64::new(self.params_bytes),
+                    _ => None,
+                };
                 let buffer =
-                    |ty| wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None };
+                    |ty| wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size };
                 let ty = match access {
                     Access::Uniform => buffer(wgpu::BufferBindingType::Uniform),
                     Access::Read => buffer(wgpu::BufferBindingType::Storage { read_only: true }),
@@ -65,6 +160,24 @@ impl KernelSpec {
                 }
             })
             .collect()
+    }
+}
+
+/// What [`KernelSpec::reflect`] reads off a kernel's WGSL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reflected {
+    /// Bytes of workgroup memory the entry point uses.
+    pub(crate) workgroup_bytes: u32,
+    /// Invocations per workgroup.
+    pub(crate) invocations: u32,
+}
+
+/// The default value of the u32 override `name`.
+fn override_default(module: &naga::Module, name: &str) -> Option<u32> {
+    let (_, o) = module.overrides.iter().find(|(_, o)| o.name.as_deref() == Some(name))?;
+    match module.global_expressions[o.init?] {
+        naga::Expression::Literal(naga::Literal::U32(v)) => Some(v),
+        _ => None,
     }
 }
 
@@ -87,11 +200,13 @@ struct PipelineKey {
     constants: Vec<(&'static str, u64)>,
 }
 
-/// Shader modules and pipelines built so far, keyed by module, entry point and constants.
+/// Shader modules and pipelines built so far, keyed by module, entry point and constants, and
+/// the driver's pipeline cache where one was loaded ([`Context::load_pipeline_cache`]).
 #[derive(Debug, Default)]
 pub(crate) struct PipelineCache {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Kernel>>>,
+    driver: Mutex<Option<wgpu::PipelineCache>>,
 }
 
 /// One buffer bound at `binding`, covering bytes `[offset, offset + size)`.
@@ -203,6 +318,73 @@ impl Dispatch {
 }
 
 impl Context {
+    /// Pipelines built on this context so far (each specialisation of an entry point once).
+    pub fn pipeline_count(&self) -> usize {
+        lock(&self.pipelines().pipelines).len()
+    }
+
+    /// Builds every later pipeline with the driver pipeline cache saved at `path` (by
+    /// [`Self::save_pipeline_cache`]), or with an empty one where there is no file yet, so that
+    /// a later run can skip the driver's shader compiles. Returns false, doing nothing, where
+    /// the device has no pipeline cache (`PIPELINE_CACHE`: wgpu offers it on Vulkan only).
+    /// Data from another adapter, driver or wgpu version is ignored (wgpu checks its header)
+    /// and the cache starts empty. Pipelines built before the call are not affected.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file exists but cannot be read; a device error.
+    ///
+    /// # Safety
+    /// The file must hold data that [`Self::save_pipeline_cache`] wrote: wgpu checks the
+    /// header of the data but hands the rest to the driver, which may misbehave on corrupt
+    /// data (see `wgpu::Device::create_pipeline_cache`).
+    pub unsafe fn load_pipeline_cache(&self, path: &Path) -> Result<bool> {
+        if !self.device().features().contains(wgpu::Features::PIPELINE_CACHE) {
+            return Ok(false);
+        }
+        let data = match std::fs::read(path) {
+            Ok(data) => Some(data),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => return Err(Error::Io { path: path.display().to_string(), source }),
+        };
+        let cache = self.checked("pipeline cache", || {
+            // SAFETY: the caller promises the data is what save_pipeline_cache wrote; wgpu
+            // validates its header and falls back to an empty cache on a mismatch.
+            unsafe {
+                self.device().create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                    label: Some("moeflow pipeline cache"),
+                    data: data.as_deref(),
+                    fallback: true,
+                })
+            }
+        })?;
+        *lock(&self.pipelines().driver) = Some(cache);
+        Ok(true)
+    }
+
+    /// Writes the driver pipeline cache loaded by [`Self::load_pipeline_cache`] (now holding
+    /// every pipeline built since) to `path`, atomically (a temporary file in the same folder,
+    /// then a rename). Returns false, writing nothing, where no cache was loaded or the driver
+    /// gives no data.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be written.
+    pub fn save_pipeline_cache(&self, path: &Path) -> Result<bool> {
+        let Some(data) = lock(&self.pipelines().driver).as_ref().and_then(wgpu::PipelineCache::get_data)
+        else {
+            return Ok(false);
+        };
+        let io = |source| Error::Io { path: path.display().to_string(), source };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let mut file = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+        std::io::Write::write_all(&mut file, &data).map_err(io)?;
+        file.persist(path).map_err(|e| io(e.error))?;
+        Ok(true)
+    }
+
     /// The pipeline for `spec` specialised with `constants`, built on first use.
     pub(crate) fn kernel(&self, spec: &'static KernelSpec, constants: &Constants) -> Result<Arc<Kernel>> {
         let mut sorted: Vec<(&'static str, u64)> = constants.iter().map(|&(k, v)| (k, v.to_bits())).collect();
@@ -250,6 +432,7 @@ impl Context {
                 }
             }
         };
+        let driver_cache = lock(&self.pipelines().driver).clone();
         let kernel = self.checked(spec.entry, || {
             let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some(spec.entry),
@@ -269,7 +452,7 @@ impl Context {
                     constants,
                     zero_initialize_workgroup_memory: true,
                 },
-                cache: None,
+                cache: driver_cache.as_ref(),
             });
             Kernel { spec, constants: constants.to_vec(), pipeline, layout }
         })?;
@@ -357,6 +540,15 @@ impl Context {
                     Error::invalid(format!("`{}` declares no {what} binding {binding}", kernel.spec.entry))
                 })
         };
+        // The parameters are exactly the struct the kernel reads.
+        if let Some(p) = bindings.iter().find(|b| b.binding == 0)
+            && p.size != kernel.spec.params_bytes
+        {
+            return Err(Error::invalid(format!(
+                "`{}` reads {} bytes of parameters at binding 0; {} were bound",
+                kernel.spec.entry, kernel.spec.params_bytes, p.size
+            )));
+        }
         // Every binding must be one the kernel declares before a bind group is made of them.
         let bound = bindings
             .iter()

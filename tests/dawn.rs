@@ -185,7 +185,7 @@ impl Capture {
                             Access::Uniform => "uniform",
                             Access::Read => "read-only-storage",
                             Access::ReadWrite => "storage",
-                            Access::TextureU32 => unreachable!("textures are not buffer bindings"),
+                            other => unreachable!("{other:?} is not a buffer binding"),
                         },
                         "buffer": self.buffers.iter().position(|x| *x == b.buffer),
                         "offset": b.offset,

@@ -151,6 +151,7 @@ fn buckets_keep_stable_order_and_overflow_or_drop_past_the_bound() {
                         assert_eq!(all, (0..tokens).collect::<Vec<_>>(), "{what}");
                     }
                     OverflowPolicy::Drop => assert!(got.overflow.is_empty()),
+                    other => panic!("no check for {other:?}"),
                 }
                 let stats = b.layout().stats(&ctx).unwrap();
                 assert_eq!(stats.over_bound, want_over.len() as u32);

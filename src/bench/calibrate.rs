@@ -10,7 +10,7 @@ use super::timer::Sampler;
 use super::verdict::median;
 use crate::context::Context;
 use crate::error::Result;
-use crate::pipeline::{Access, Binding, KernelSpec};
+use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 static COPY_SHADER: ShaderSource =
@@ -19,18 +19,28 @@ static FMA_SHADER: ShaderSource =
     ShaderSource { name: "probe/fma", parts: &[wgsl!("probe/fma.wgsl")], entry_points: &["fma_probe"] };
 
 /// The probe family's shader modules.
+#[cfg(test)]
 pub(crate) static SHADERS: &[&ShaderSource] = &[&COPY_SHADER, &FMA_SHADER];
 
 static COPY: KernelSpec = KernelSpec {
     shader: &COPY_SHADER,
     entry: "copy",
     bindings: &[(0, Access::Uniform), (1, Access::Read), (2, Access::ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(256),
 };
 static FMA: KernelSpec = KernelSpec {
     shader: &FMA_SHADER,
     entry: "fma_probe",
     bindings: &[(0, Access::Uniform), (1, Access::ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(256),
 };
+/// Both probes (for the contract test, `src/contract.rs`).
+#[cfg(test)]
+pub(crate) static SPECS: &[&KernelSpec] = &[&COPY, &FMA];
+/// Bytes of both probes' parameters.
+const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -73,8 +83,12 @@ pub fn calibrate(ctx: &Context, set: SizeSet) -> Result<Calibration> {
     let copy = ctx.kernel(&COPY, &[])?;
     let d = ctx.dispatch(
         &copy,
-        &[Binding::new(0, &copy_params, 16), Binding::new(1, &src, bytes), Binding::new(2, &dst, bytes)],
-        ctx.grid(u64::from(n).div_ceil(256), "copy probe")?,
+        &[
+            Binding::new(0, &copy_params, PARAMS_BYTES),
+            Binding::new(1, &src, bytes),
+            Binding::new(2, &dst, bytes),
+        ],
+        ctx.grid(COPY.groups(n.into())?, "copy probe")?,
     )?;
     let (copy_s, clock) = time(ctx, &d)?;
 
@@ -83,8 +97,8 @@ pub fn calibrate(ctx: &Context, set: SizeSet) -> Result<Calibration> {
     let fma = ctx.kernel(&FMA, &[])?;
     let d = ctx.dispatch(
         &fma,
-        &[Binding::new(0, &fma_params, 16), Binding::new(1, &sink, u64::from(invocations) * 4)],
-        ctx.grid(u64::from(invocations).div_ceil(256), "fma probe")?,
+        &[Binding::new(0, &fma_params, PARAMS_BYTES), Binding::new(1, &sink, u64::from(invocations) * 4)],
+        ctx.grid(FMA.groups(invocations.into())?, "fma probe")?,
     )?;
     let (fma_s, _) = time(ctx, &d)?;
     let flops = 64.0 * f64::from(iters) * f64::from(invocations);

@@ -5,9 +5,17 @@ use super::graph::{Graph, Reach, Read, Source};
 use crate::error::{Error, Result};
 use crate::synth::Synth;
 
+/// Program code of [`RowOp::Affine`] (`KIND_AFFINE` in wgsl/dag/program.wgsl).
+pub(crate) const KIND_AFFINE: u32 = 0;
+/// Program code of [`RowOp::Silu`].
+pub(crate) const KIND_SILU: u32 = 1;
+/// Program code of [`RowOp::Rms`].
+pub(crate) const KIND_RMS: u32 = 2;
+
 /// A row-wise stage kernel over `cols` columns (see `wgsl/dag/program.wgsl` for the exact
 /// operations and their order).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum RowOp {
     /// `fma(x, w[c], b[c])`.
     Affine {
@@ -39,9 +47,9 @@ impl RowOp {
     /// The shader's code for the kind (`KIND_*` in `wgsl/dag/program.wgsl`).
     pub(crate) fn code(&self) -> u32 {
         match self {
-            RowOp::Affine { .. } => 0,
-            RowOp::Silu => 1,
-            RowOp::Rms { .. } => 2,
+            RowOp::Affine { .. } => KIND_AFFINE,
+            RowOp::Silu => KIND_SILU,
+            RowOp::Rms { .. } => KIND_RMS,
         }
     }
 

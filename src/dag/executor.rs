@@ -8,10 +8,13 @@ use super::chain::RowGraph;
 use super::plan::{Fusion, Plan, plan};
 use super::probe::probe;
 use super::program::{Params, RowInputs, encode, to_u32};
-use super::queue::{Granularity, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER};
+use super::queue::{
+    DONE, FAULTS, Granularity, MAX_SPINS, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER, STATUS,
+    TICKET,
+};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 static STATIC_SHADER: ShaderSource = ShaderSource {
@@ -26,24 +29,37 @@ static QUEUE_SHADER: ShaderSource = ShaderSource {
 };
 
 /// The DAG family's shader modules.
+#[cfg(test)]
 pub(crate) static SHADERS: &[&ShaderSource] = &[&STATIC_SHADER, &QUEUE_SHADER];
 
 use Access::{Read, ReadWrite, Uniform};
+/// Bytes of `DagParams` (wgsl/dag/program.wgsl).
+const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static STATIC_PASS: KernelSpec = KernelSpec {
     shader: &STATIC_SHADER,
     entry: "static_pass",
     bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Override("LANES"),
 };
-static RESET_QUEUE: KernelSpec =
-    KernelSpec { shader: &QUEUE_SHADER, entry: "reset_queue", bindings: &[(0, Uniform), (4, ReadWrite)] };
+static RESET_QUEUE: KernelSpec = KernelSpec {
+    shader: &QUEUE_SHADER,
+    entry: "reset_queue",
+    bindings: &[(0, Uniform), (4, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(64),
+};
 static PERSISTENT: KernelSpec = KernelSpec {
     shader: &QUEUE_SHADER,
     entry: "persistent",
     bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite), (4, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Override("LANES"),
 };
-
-/// Workgroup size of the queue's reset kernel.
-const RESET_WG: u32 = 64;
+/// Every DAG kernel (for the contract test, `src/contract.rs`).
+#[cfg(test)]
+pub(crate) static SPECS: &[&KernelSpec] =
+    &[&STATIC_PASS, &RESET_QUEUE, &PERSISTENT, &super::probe::MESSAGE_PASSING];
 
 /// Lanes (workgroup size) of the static passes on `ctx`'s adapter: 64 on GPUs, 8 on CPU
 /// adapters, which run a workgroup as one coroutine per 8-lane SIMD vector and pay for every
@@ -55,6 +71,7 @@ pub fn lanes_for(ctx: &Context) -> u32 {
 /// How a graph runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Executor {
     /// One dispatch per stage, all in one encoder and one submission.
     Staged,
@@ -318,7 +335,7 @@ impl Buffers<'_> {
         for p in 0..plan.passes.len() {
             let u = ctx.uniform("dag pass", &Params { pass_index: to_u32("pass index", p)?, ..params })?;
             let bindings = [
-                Binding::new(0, &u, std::mem::size_of::<Params>() as u64),
+                Binding::new(0, &u, PARAMS_BYTES),
                 Binding::new(1, &program, program.size()),
                 Binding::new(2, &self.inputs.buffer, self.inputs.buffer.size()),
                 Binding::new(3, self.vals, self.vals.size()),
@@ -332,14 +349,13 @@ impl Buffers<'_> {
     fn queue(&self, ctx: &Context, plan: Plan, q: &QueueOptions) -> Result<Prepared> {
         let (program, params) = self.program(ctx, &plan, Some(q))?;
         let u = ctx.uniform("dag queue", &params)?;
-        let params_bytes = std::mem::size_of::<Params>() as u64;
         let reset = ctx.dispatch(
             &ctx.kernel(&RESET_QUEUE, &[])?,
-            &[Binding::new(0, &u, params_bytes), Binding::new(4, self.state, self.state.size())],
-            [(STATE_HEADER + params.tasks).div_ceil(RESET_WG), 1, 1],
+            &[Binding::new(0, &u, PARAMS_BYTES), Binding::new(4, self.state, self.state.size())],
+            ctx.grid(RESET_QUEUE.groups((STATE_HEADER + params.tasks).into())?, "queue reset")?,
         )?;
         let bindings = [
-            Binding::new(0, &u, params_bytes),
+            Binding::new(0, &u, PARAMS_BYTES),
             Binding::new(1, &program, program.size()),
             Binding::new(2, &self.inputs.buffer, self.inputs.buffer.size()),
             Binding::new(3, self.vals, self.vals.size()),
@@ -408,12 +424,13 @@ impl RowRun {
             });
         }
         let w: Vec<u32> = ctx.read_back(&self.state, STATE_HEADER as usize)?;
+        let word = |i: u32| w.get(i as usize).copied().unwrap_or(0);
         Ok(QueueStatus {
-            tickets: w[0],
-            status: w[1],
-            done: w[2],
-            max_spins: w[3],
-            earlier_faults: w[4],
+            tickets: word(TICKET),
+            status: word(STATUS),
+            done: word(DONE),
+            max_spins: word(MAX_SPINS),
+            earlier_faults: word(FAULTS),
             tasks: self.main.tasks,
         })
     }

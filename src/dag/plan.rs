@@ -9,6 +9,7 @@ use super::graph::{Graph, Reach, Source};
 /// How far the planner fuses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Fusion {
     /// One stage per pass.
     None,

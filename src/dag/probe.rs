@@ -14,7 +14,7 @@ use super::program::RowInputs;
 use super::queue::{Granularity, QueueOptions};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, Binding, KernelSpec};
+use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 use crate::synth::Synth;
 
@@ -25,12 +25,15 @@ static MP_SHADER: ShaderSource = ShaderSource {
 };
 
 /// The probe's shader modules.
+#[cfg(test)]
 pub(crate) static SHADERS: &[&ShaderSource] = &[&MP_SHADER];
 
-static MESSAGE_PASSING: KernelSpec = KernelSpec {
+pub(super) static MESSAGE_PASSING: KernelSpec = KernelSpec {
     shader: &MP_SHADER,
     entry: "message_passing",
     bindings: &[(0, Access::Uniform), (1, Access::ReadWrite), (2, Access::ReadWrite), (3, Access::ReadWrite)],
+    params_bytes: std::mem::size_of::<MpParams>() as u64,
+    workgroup: Workgroup::Fixed(64),
 };
 
 /// Worker counts the progress test tries, in order; the bound is the last that passes.
@@ -237,7 +240,7 @@ fn message_passing(ctx: &Context) -> Result<MessagePassing> {
         let d = ctx.dispatch(
             &kernel,
             &[
-                Binding::new(0, &u, 16),
+                Binding::new(0, &u, MESSAGE_PASSING.params_bytes),
                 Binding::new(1, &data, data.size()),
                 Binding::new(2, &flags, flags.size()),
                 Binding::new(3, &results, 16),

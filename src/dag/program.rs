@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::pipeline::Access;
 
 /// "No stage" / "no step" in program words.
-const NONE: u32 = u32::MAX;
+pub(crate) const NONE: u32 = u32::MAX;
 
 /// Uniform parameters of every DAG kernel, laid out as `DagParams` in
 /// `wgsl/dag/program.wgsl`.

@@ -8,14 +8,29 @@ use super::plan::Fusion;
 /// each 8-lane vector over its whole life (65535), and a worker lives for many tasks, so its
 /// column loops must be spread over 64 lanes (8 vectors) to stay within the cap.
 pub const QUEUE_LANES: u32 = 64;
-/// Words before the per-task counters in the queue's state buffer.
+/// State word: the next ticket (`TICKET` in wgsl/dag/program.wgsl, as are the words below).
+pub(crate) const TICKET: u32 = 0;
+/// State word: why the run stopped (0, [`STATUS_TIMEOUT`] or [`STATUS_LOOP_LIMIT`]).
+pub(crate) const STATUS: u32 = 1;
+/// State word: tasks completed.
+pub(crate) const DONE: u32 = 2;
+/// State word: the most polls one successful wait took.
+pub(crate) const MAX_SPINS: u32 = 3;
+/// State word: earlier runs that stopped early.
+pub(crate) const FAULTS: u32 = 4;
+/// Words before the per-task counters in the queue's state buffer (`COUNTERS`).
 pub(crate) const STATE_HEADER: u32 = 5;
+/// Status: a dependency wait timed out.
+pub(crate) const STATUS_TIMEOUT: u32 = 1;
+/// Status: the driver cut a shader loop short.
+pub(crate) const STATUS_LOOP_LIMIT: u32 = 2;
 /// Default bound on one dependency wait, in polls of the leader invocation.
 pub const DEFAULT_SPIN_LIMIT: u32 = 1 << 24;
 
 /// Task size of the persistent queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Granularity {
     /// One task per stage and tile.
     Fine,
@@ -83,8 +98,9 @@ impl QueueStatus {
         match self.status {
             0 if self.done == self.tasks => "it did not stop early",
             0 => "tasks missing",
-            1 => "a dependency wait timed out",
-            _ => "the driver cut a shader loop short",
+            STATUS_TIMEOUT => "a dependency wait timed out",
+            STATUS_LOOP_LIMIT => "the driver cut a shader loop short",
+            _ => "an unknown status",
         }
     }
 

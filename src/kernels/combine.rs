@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 static COMBINE_SHADER: ShaderSource = ShaderSource {
@@ -18,25 +18,30 @@ static COMBINE_SHADER: ShaderSource = ShaderSource {
 };
 
 /// The combine family's shader modules.
+#[cfg(test)]
 pub(crate) static SHADERS: &[&ShaderSource] = &[&COMBINE_SHADER];
 
 use Access::{Read, ReadWrite, Uniform};
-const ALL: &[(u32, Access)] = &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite)];
-static COMBINE: KernelSpec = KernelSpec { shader: &COMBINE_SHADER, entry: "combine", bindings: ALL };
-static CLEAR_ROW: KernelSpec =
-    KernelSpec { shader: &COMBINE_SHADER, entry: "clear_row", bindings: &[(0, Uniform), (5, ReadWrite)] };
-static ADD_SCALED: KernelSpec = KernelSpec {
-    shader: &COMBINE_SHADER,
-    entry: "add_scaled",
-    bindings: &[(0, Uniform), (1, Read), (2, Read), (5, ReadWrite)],
-};
-static ADD_SHARED: KernelSpec = KernelSpec {
-    shader: &COMBINE_SHADER,
-    entry: "add_shared",
-    bindings: &[(0, Uniform), (3, Read), (4, Read), (5, ReadWrite)],
-};
-static FILL_ZERO: KernelSpec =
-    KernelSpec { shader: &COMBINE_SHADER, entry: "fill_zero", bindings: &[(0, Uniform), (5, ReadWrite)] };
+/// Bytes of `CombineParams` (wgsl/combine/combine.wgsl).
+const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
+/// A combine kernel: 64 invocations per workgroup, [`Params`] at binding 0.
+const fn spec(entry: &'static str, bindings: &'static [(u32, Access)]) -> KernelSpec {
+    KernelSpec {
+        shader: &COMBINE_SHADER,
+        entry,
+        bindings,
+        params_bytes: PARAMS_BYTES,
+        workgroup: Workgroup::Fixed(64),
+    }
+}
+static COMBINE: KernelSpec =
+    spec("combine", &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite)]);
+static CLEAR_ROW: KernelSpec = spec("clear_row", &[(0, Uniform), (5, ReadWrite)]);
+static ADD_SCALED: KernelSpec = spec("add_scaled", &[(0, Uniform), (1, Read), (2, Read), (5, ReadWrite)]);
+static ADD_SHARED: KernelSpec = spec("add_shared", &[(0, Uniform), (3, Read), (4, Read), (5, ReadWrite)]);
+static FILL_ZERO: KernelSpec = spec("fill_zero", &[(0, Uniform), (5, ReadWrite)]);
+/// Every combine kernel (for the requirements and the contract test).
+pub(crate) static SPECS: &[&KernelSpec] = &[&COMBINE, &CLEAR_ROW, &ADD_SCALED, &ADD_SHARED, &FILL_ZERO];
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -75,6 +80,7 @@ pub struct CombineBuffers<'a> {
 /// One-launch or sequential.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum CombineMode {
     /// One dispatch over `tokens x hidden`.
     #[default]
@@ -98,7 +104,7 @@ impl Bound<'_> {
         spec.bindings
             .iter()
             .map(|&(b, _)| match b {
-                0 => Binding { binding: 0, buffer: &self.params, size: 32, offset },
+                0 => Binding { binding: 0, buffer: &self.params, size: PARAMS_BYTES, offset },
                 1 => Binding::new(1, self.bufs.weights, self.t * self.k * 4),
                 2 => Binding::new(2, self.bufs.partial, self.t * self.k * self.h * 4),
                 3 => match shared {
@@ -184,12 +190,13 @@ pub fn plan_combine(
             Ok(vec![ctx.dispatch(
                 &kernel,
                 &bound.bindings(&COMBINE, 0),
-                ctx.grid((t * h).div_ceil(64), "combine")?,
+                ctx.grid(COMBINE.groups(t * h)?, "combine")?,
             )?])
         }
         CombineMode::Sequential => {
             // One 256-byte slot of parameters per step, each bound at its own offset.
-            let stride = u64::from(ctx.device().limits().min_uniform_buffer_offset_alignment).max(32);
+            let stride =
+                u64::from(ctx.device().limits().min_uniform_buffer_offset_alignment).max(PARAMS_BYTES);
             let mut steps: Vec<(&'static KernelSpec, Params)> = Vec::new();
             for token in 0..tokens {
                 steps.push((&CLEAR_ROW, Params { token, ..base }));
@@ -203,12 +210,13 @@ pub fn plan_combine(
             let mut bytes = vec![0u8; steps.len() * stride as usize];
             for (i, (_, p)) in steps.iter().enumerate() {
                 let at = i * stride as usize;
-                bytes[at..at + 32].copy_from_slice(bytemuck::bytes_of(p));
+                bytes[at..at + PARAMS_BYTES as usize].copy_from_slice(bytemuck::bytes_of(p));
             }
             let params = ctx.uniform_bytes("sequential combine params", &bytes)?;
             let bound =
                 Bound { params, placeholder: ctx.storage_scratch("no shared", 4)?, bufs: *bufs, t, h, k: kk };
-            let groups = [hidden.div_ceil(64), 1, 1];
+            // One workgroup row over the hidden size (fits in u32: at most 2^32 / 64 groups).
+            let groups = [CLEAR_ROW.groups(hidden.into())? as u32, 1, 1];
             steps
                 .iter()
                 .enumerate()
@@ -230,6 +238,7 @@ pub fn plan_fill_zero(ctx: &Context, buf: &wgpu::Buffer, elems: u32) -> Result<D
     ctx.check_binding("fill target", buf, u64::from(elems) * 4, ReadWrite)?;
     let params = ctx.uniform("fill params", &Params { tokens: elems, hidden: 1, ..Params::default() })?;
     let kernel = ctx.kernel(&FILL_ZERO, &[])?;
-    let bindings = [Binding::new(0, &params, 32), Binding::new(5, buf, u64::from(elems.max(1)) * 4)];
-    ctx.dispatch(&kernel, &bindings, ctx.grid(u64::from(elems).div_ceil(64), "fill")?)
+    let bindings =
+        [Binding::new(0, &params, PARAMS_BYTES), Binding::new(5, buf, u64::from(elems.max(1)) * 4)];
+    ctx.dispatch(&kernel, &bindings, ctx.grid(FILL_ZERO.groups(elems.into())?, "fill")?)
 }

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 /// Invocations per top-k workgroup. The softmax sum's reduction tree depends on it, so it is
@@ -62,12 +62,17 @@ static FUSED_SHADER: ShaderSource = ShaderSource {
 };
 
 /// The routing family's shader modules.
+#[cfg(test)]
 pub(crate) static SHADERS: &[&ShaderSource] = &[&GATE_MATVEC_SHADER, &TOPK_SHADER, &FUSED_SHADER];
 
+/// Bytes of `RouteParams` (wgsl/routing/params.wgsl).
+const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static GATE_MATVEC: KernelSpec = KernelSpec {
     shader: &GATE_MATVEC_SHADER,
     entry: "gate_matvec",
     bindings: &[(0, Access::Uniform), (1, Access::Read), (2, Access::Read), (3, Access::ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Override("MATVEC_WG"),
 };
 static TOPK: KernelSpec = KernelSpec {
     shader: &TOPK_SHADER,
@@ -79,6 +84,8 @@ static TOPK: KernelSpec = KernelSpec {
         (5, Access::ReadWrite),
         (6, Access::ReadWrite),
     ],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(ROUTE_WG),
 };
 static ROUTE_FUSED: KernelSpec = KernelSpec {
     shader: &FUSED_SHADER,
@@ -92,11 +99,17 @@ static ROUTE_FUSED: KernelSpec = KernelSpec {
         (5, Access::ReadWrite),
         (6, Access::ReadWrite),
     ],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(ROUTE_WG),
 };
+
+/// Every routing kernel (for the requirements and the contract test).
+pub(crate) static SPECS: &[&KernelSpec] = &[&GATE_MATVEC, &TOPK, &ROUTE_FUSED];
 
 /// How logits become scores.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Gating {
     /// Softmax over the token's logits (Mixtral, Qwen-MoE, OLMoE).
     #[default]
@@ -272,6 +285,7 @@ impl RouteConfig {
 
 /// Unfused (gate matvec, then top-k) or fused (one dispatch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum RouteMode {
     /// Two dispatches; the logits buffer is written and read in between.
     Unfused,
@@ -431,7 +445,7 @@ pub fn plan_route(
         }
         (_, false) => Binding::new(3, &c.no_logits, 4),
     };
-    let params = Binding::new(0, &c.params, 32);
+    let params = Binding::new(0, &c.params, PARAMS_BYTES);
     let x = Binding::new(1, bufs.x, t * h * F32);
     let gate = Binding::new(2, bufs.gate, e * h * F32);
     let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
@@ -482,7 +496,7 @@ pub fn plan_topk(
     ctx.check_binding("weights", weights, t * k * F32, Access::ReadWrite)?;
     let topk = ctx.kernel(&TOPK, &cfg.constants())?;
     let bindings = [
-        Binding::new(0, &c.params, 32),
+        Binding::new(0, &c.params, PARAMS_BYTES),
         Binding::new(3, logits, t * e * F32),
         bias_binding(cfg, bias, &c.no_bias),
         Binding::new(5, indices, t * k * 4),

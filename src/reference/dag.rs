@@ -3,10 +3,10 @@
 
 use crate::dag::{RowGraph, RowOp};
 
-const RMS_EPS: f32 = 1e-6;
+pub(crate) const RMS_EPS: f32 = 1e-6;
 
 /// Virtual lanes of the shader's RMS sum (its order does not depend on the workgroup size).
-const SUM_LANES: usize = 64;
+pub(crate) const SUM_LANES: usize = 64;
 
 /// Sum of squares of `row` as the shader forms it: virtual lane `v` accumulates columns
 /// `v, v + 64, ...` with `fma`, then a pairwise tree over the 64 lanes.

@@ -5,7 +5,11 @@
 
 #[cfg(feature = "dag")]
 pub mod dag;
-pub mod dispatch;
+/// The dispatch layout's CPU oracle: the host layout of [`crate::kernels::dispatch::host`],
+/// which the host-dispatch path uploads too.
+pub mod dispatch {
+    pub use crate::kernels::dispatch::host::*;
+}
 pub mod gemm;
 pub mod layer;
 pub mod routing;

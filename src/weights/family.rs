@@ -29,6 +29,7 @@ use crate::kernels::routing::{Gating, GroupLimit};
 /// A MoE family moeflow runs, named by its Hugging Face `model_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Family {
     /// `mixtral`: softmax top-k, always renormalised.
     Mixtral,

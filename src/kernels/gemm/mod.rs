@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::{Context, lock};
 use crate::error::{Error, Result};
-use crate::kernels::dispatch::{BucketLayout, DispatchLayout};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, TextureBinding};
+use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, TextureBinding, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 mod texture;
@@ -27,6 +27,7 @@ mod variant;
 use texture::TextureWeights;
 
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune};
+pub(crate) use variant::WINDOW_BYTES;
 pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
 
 /// Token counts past this never use the row-wise decode path when the path is chosen
@@ -111,6 +112,52 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
     all
 }
 
+/// The kernels an FFN with `variants` as its block kernels can run, in `order`, with packed
+/// or native f16 weights: the blocks, their window and direct fallbacks, the staging, packing
+/// and row-wise kernels (for the requirements of a configuration).
+pub(crate) fn specs_for(
+    variants: &[GemmVariant],
+    order: GemmOrder,
+    native_f16: bool,
+) -> Vec<&'static KernelSpec> {
+    let mut all: Vec<&'static KernelSpec> = vec![
+        &STAGE,
+        &texture::PACK,
+        &ROWWISE,
+        &ROWWISE_F16,
+        &ROWWISE_TEXTURE,
+        &ROWWISE_WINDOW,
+        &ROWWISE_WINDOW_F16,
+        &ROWWISE_WINDOW_TEXTURE,
+    ];
+    for &v in variants {
+        for v in [v, v.without_texture(), v.without_window()] {
+            all.push(variant::spec(v, order, native_f16));
+        }
+    }
+    all
+}
+
+/// Every gemm kernel (for the contract test, `src/contract.rs`): [`specs_for`] every candidate
+/// variant in both orders, with packed and native f16 weights.
+#[cfg(test)]
+pub(crate) fn specs() -> Vec<&'static KernelSpec> {
+    let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
+    variants.sort_by_key(|v| v.name());
+    variants.dedup();
+    let mut all: Vec<&'static KernelSpec> = Vec::new();
+    for order in [GemmOrder::Strict, GemmOrder::Fast] {
+        for native in [false, true] {
+            for spec in specs_for(&variants, order, native) {
+                if !all.iter().any(|s| std::ptr::eq(*s, spec)) {
+                    all.push(spec);
+                }
+            }
+        }
+    }
+    all
+}
+
 static STAGE_SHADER: ShaderSource = ShaderSource {
     name: "gemm/stage",
     parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/stage.wgsl")],
@@ -118,29 +165,24 @@ static STAGE_SHADER: ShaderSource = ShaderSource {
 };
 
 use Access::{Read, ReadWrite, TextureU32, Uniform};
+/// Bytes of `GemmParams` (wgsl/gemm/common.wgsl).
+pub(crate) const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static STAGE: KernelSpec = KernelSpec {
     shader: &STAGE_SHADER,
     entry: "stage",
     bindings: &[(0, Uniform), (1, Read), (4, Read), (7, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(64),
 };
-/// Bindings of the row-wise kernel reading x from a window; without the window (9), those of
-/// the one reading storage.
-const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] = &[
-    (0, Uniform),
-    (1, Read),
-    (2, Read),
-    (3, Read),
-    (4, Read),
-    (6, ReadWrite),
-    (7, Read),
-    (8, Read),
-    (9, Uniform),
-];
-const ROWWISE_BINDINGS: &[(u32, Access)] = ROWWISE_WINDOW_BINDINGS.split_at(8).0;
+/// Bindings of the row-wise kernel reading x from a window (9) instead of storage (1).
+const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] =
+    &[(0, Uniform), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read), (9, Uniform)];
+/// Bindings of the row-wise kernel reading x from storage.
+const ROWWISE_BINDINGS: &[(u32, Access)] =
+    &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read)];
 /// [`ROWWISE_WINDOW_BINDINGS`] with the weights (2, 3) as textures.
 const ROWWISE_WINDOW_TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (0, Uniform),
-    (1, Read),
     (2, TextureU32),
     (3, TextureU32),
     (4, Read),
@@ -149,26 +191,39 @@ const ROWWISE_WINDOW_TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (8, Read),
     (9, Uniform),
 ];
-const ROWWISE_TEXTURE_BINDINGS: &[(u32, Access)] = ROWWISE_WINDOW_TEXTURE_BINDINGS.split_at(8).0;
-static ROWWISE: KernelSpec =
-    KernelSpec { shader: &ROWWISE_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
-static ROWWISE_F16: KernelSpec =
-    KernelSpec { shader: &ROWWISE_F16_SHADER, entry: "rowwise", bindings: ROWWISE_BINDINGS };
-static ROWWISE_TEXTURE: KernelSpec =
-    KernelSpec { shader: &ROWWISE_TEXTURE_SHADER, entry: "rowwise", bindings: ROWWISE_TEXTURE_BINDINGS };
-static ROWWISE_WINDOW: KernelSpec =
-    KernelSpec { shader: &ROWWISE_WINDOW_SHADER, entry: "rowwise", bindings: ROWWISE_WINDOW_BINDINGS };
-static ROWWISE_WINDOW_F16: KernelSpec =
-    KernelSpec { shader: &ROWWISE_WINDOW_F16_SHADER, entry: "rowwise", bindings: ROWWISE_WINDOW_BINDINGS };
-static ROWWISE_WINDOW_TEXTURE: KernelSpec = KernelSpec {
-    shader: &ROWWISE_WINDOW_TEXTURE_SHADER,
-    entry: "rowwise",
-    bindings: ROWWISE_WINDOW_TEXTURE_BINDINGS,
-};
+/// [`ROWWISE_BINDINGS`] with the weights (2, 3) as textures.
+const ROWWISE_TEXTURE_BINDINGS: &[(u32, Access)] = &[
+    (0, Uniform),
+    (1, Read),
+    (2, TextureU32),
+    (3, TextureU32),
+    (4, Read),
+    (6, ReadWrite),
+    (7, Read),
+    (8, Read),
+];
+/// A row-wise kernel: 64 invocations per workgroup, one per (row, column) output.
+const fn rowwise(shader: &'static ShaderSource, bindings: &'static [(u32, Access)]) -> KernelSpec {
+    KernelSpec {
+        shader,
+        entry: "rowwise",
+        bindings,
+        params_bytes: PARAMS_BYTES,
+        workgroup: Workgroup::Fixed(64),
+    }
+}
+static ROWWISE: KernelSpec = rowwise(&ROWWISE_SHADER, ROWWISE_BINDINGS);
+static ROWWISE_F16: KernelSpec = rowwise(&ROWWISE_F16_SHADER, ROWWISE_BINDINGS);
+static ROWWISE_TEXTURE: KernelSpec = rowwise(&ROWWISE_TEXTURE_SHADER, ROWWISE_TEXTURE_BINDINGS);
+static ROWWISE_WINDOW: KernelSpec = rowwise(&ROWWISE_WINDOW_SHADER, ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_WINDOW_F16: KernelSpec = rowwise(&ROWWISE_WINDOW_F16_SHADER, ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_WINDOW_TEXTURE: KernelSpec =
+    rowwise(&ROWWISE_WINDOW_TEXTURE_SHADER, ROWWISE_WINDOW_TEXTURE_BINDINGS);
 
 /// Storage type of expert weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum WeightDtype {
     /// 32-bit floats.
     #[default]
@@ -629,6 +684,7 @@ impl ExpertFfn {
 
 /// How rows reach the expert projections.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum FfnRouting<'a> {
     /// (a) Padded-tile grouped GEMM over a dispatch layout (tile a multiple of 32).
     Grouped(&'a DispatchLayout),
@@ -660,13 +716,14 @@ struct Params {
     win_row0: u32,
 }
 
-const NONE: u32 = u32::MAX;
+/// Marks padding rows (`NONE` in wgsl/gemm/common.wgsl).
+pub(crate) const NONE: u32 = u32::MAX;
 // FLAG_* bits of `Params::flags`, as in wgsl/gemm/common.wgsl.
-const FLAG_GATHER: u32 = 1;
-const FLAG_OUT_ENTRY: u32 = 2;
-const FLAG_IDENTITY_ROWS: u32 = 4;
-const FLAG_EXPERT_FROM_TILES: u32 = 8;
-const FLAG_EXPERT_FROM_INDICES: u32 = 16;
+pub(crate) const FLAG_GATHER: u32 = 1;
+pub(crate) const FLAG_OUT_ENTRY: u32 = 2;
+pub(crate) const FLAG_IDENTITY_ROWS: u32 = 4;
+pub(crate) const FLAG_EXPERT_FROM_TILES: u32 = 8;
+pub(crate) const FLAG_EXPERT_FROM_INDICES: u32 = 16;
 
 #[derive(Clone, Copy)]
 struct Pass<'a> {
@@ -701,7 +758,7 @@ impl Pass<'_> {
     /// The bindings every GEMM dispatch of this pass makes: parameters, x, rows and output.
     fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> Vec<Binding<'b>> {
         vec![
-            Binding::new(0, params, std::mem::size_of::<Params>() as u64),
+            Binding::new(0, params, PARAMS_BYTES),
             Binding::new(1, self.x, self.x.size()),
             Binding::new(4, self.row_entry, self.row_entry.size()),
             Binding::new(6, self.out, self.out.size()),
@@ -790,7 +847,8 @@ impl Pass<'_> {
                 "max_compute_invocations_per_workgroup",
             ));
         }
-        let kernel = ctx.kernel(variant::spec(variant, self.order, self.w.native_f16), &constants)?;
+        let spec = variant::spec(variant, self.order, self.w.native_f16);
+        let kernel = ctx.kernel(spec, &constants)?;
         let from_tiles = if tiles.is_some() { FLAG_EXPERT_FROM_TILES } else { 0 };
         let placeholder = ctx.storage_scratch("no tile map", 4)?;
         let tiles = tiles.unwrap_or(&placeholder);
@@ -803,7 +861,7 @@ impl Pass<'_> {
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
-                let mut bindings = self.bindings(&params, chunk);
+                let mut bindings = self.bindings(spec, &params, chunk);
                 bindings.push(Binding::new(5, tiles, tiles.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
                 let grid = [span.rows.div_ceil(variant.block_rows()), col_groups, 1];
@@ -845,11 +903,20 @@ impl Pass<'_> {
 
     /// [`Pass::common`], and chunk `chunk`'s weight buffers or (None) nothing: the textures
     /// are bound apart.
-    fn bindings<'b>(&'b self, params: &'b wgpu::Buffer, chunk: Option<usize>) -> Vec<Binding<'b>> {
-        match chunk {
+    fn bindings<'b>(
+        &'b self,
+        spec: &KernelSpec,
+        params: &'b wgpu::Buffer,
+        chunk: Option<usize>,
+    ) -> Vec<Binding<'b>> {
+        let mut all = match chunk {
             Some(chunk) => self.with_chunk(params, chunk),
             None => self.common(params),
-        }
+        };
+        // Only the buffers the kernel binds: window kernels read x from their window, not from
+        // binding 1.
+        all.retain(|b| spec.bindings.iter().any(|&(n, a)| n == b.binding && a.is_buffer()));
+        all
     }
 
     /// Row-wise dispatches, one per weight chunk; experts from `indices` (or
@@ -896,12 +963,12 @@ impl Pass<'_> {
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
-                let mut bindings = self.bindings(&params, chunk);
+                let mut bindings = self.bindings(spec, &params, chunk);
                 bindings.push(Binding::new(7, count, count.size()));
                 bindings.push(Binding::new(8, indices, indices.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
                 let threads = u64::from(span.rows) * u64::from(p.cols);
-                let grid = ctx.grid(threads.div_ceil(64), "row-wise GEMM")?;
+                let grid = ctx.grid(spec.groups(threads)?, "row-wise GEMM")?;
                 out.push(ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?);
             }
         }
@@ -963,7 +1030,20 @@ impl Windows {
     /// storage binding or buffer.
     fn fit(ctx: &Context, rows: u32, kdim: u32, block_rows: u32) -> Option<Self> {
         let limits = ctx.limits();
-        if limits.max_uniform_buffer_binding_size < variant::WINDOW_BYTES || rows == 0 || kdim == 0 {
+        if limits.max_uniform_buffer_binding_size < variant::WINDOW_BYTES {
+            return None;
+        }
+        let windows = Self::layout(rows, kdim, block_rows, limits.min_uniform_buffer_offset_alignment)?;
+        let bytes = windows.bytes();
+        (bytes <= limits.max_storage_buffer_binding_size && bytes <= limits.max_buffer_size)
+            .then_some(windows)
+    }
+
+    /// The windows of a pass of `rows` rows of `kdim` values with blocks of `block_rows`,
+    /// bound at multiples of `offset_alignment` bytes, whatever the device's buffer limits; None
+    /// where a window holds fewer than `block_rows` rows of K.
+    fn layout(rows: u32, kdim: u32, block_rows: u32, offset_alignment: u32) -> Option<Self> {
+        if rows == 0 || kdim == 0 {
             return None;
         }
         let row_bytes = u64::from(kdim.div_ceil(4)) * 16;
@@ -974,14 +1054,10 @@ impl Windows {
         if per_window == 0 {
             return None;
         }
-        let align = u64::from(limits.min_uniform_buffer_offset_alignment.max(16));
+        let align = u64::from(offset_alignment.max(16));
         let stride = (per_window * row_bytes).div_ceil(align) * align;
         let count = u64::from(rows).div_ceil(per_window);
-        let windows =
-            Windows { rows: u32::try_from(per_window).ok()?, count: u32::try_from(count).ok()?, stride };
-        let bytes = windows.bytes();
-        (bytes <= limits.max_storage_buffer_binding_size && bytes <= limits.max_buffer_size)
-            .then_some(windows)
+        Some(Windows { rows: u32::try_from(per_window).ok()?, count: u32::try_from(count).ok()?, stride })
     }
 
     /// What runs `variant` on a pass of `rows` rows of `kdim` values: a window (or texture) variant with its
@@ -1023,6 +1099,32 @@ impl Windows {
     }
 }
 
+/// Bytes of the x-window buffer that `variant` stages for a pass of `rows` rows of `kdim`
+/// values with windows bound at multiples of `offset_alignment` (the block [`Windows::choose`]
+/// runs where the buffer fits the device), or None for a variant that reads no windows or
+/// where no window holds one of its blocks. Row-wise passes beside window kernels stage
+/// single rows: pass a direct variant of one row.
+pub(crate) fn window_staging_bytes(
+    variant: GemmVariant,
+    rows: u32,
+    kdim: u32,
+    offset_alignment: u32,
+) -> Option<u64> {
+    let mut r = variant.block_rows();
+    if !variant.reads_windows() {
+        return None;
+    }
+    loop {
+        if let Some(w) = Windows::layout(rows, kdim, r, offset_alignment) {
+            return Some(w.bytes());
+        }
+        if r / 2 < 8 {
+            return None;
+        }
+        r /= 2;
+    }
+}
+
 /// The rows one dispatch of a pass computes: `row0 .. row0 + rows`.
 #[derive(Clone, Copy, Debug)]
 struct Span {
@@ -1052,9 +1154,9 @@ impl Staged {
         let p = Params { win_rows: windows.rows, win_stride4: windows.stride4(), ..pass.params_with(0) };
         let params = ctx.uniform("stage params", &p)?;
         let kernel = ctx.kernel(&STAGE, &[])?;
-        let groups = (u64::from(p.rows) * u64::from(p.kdim.div_ceil(4))).div_ceil(64);
+        let groups = STAGE.groups(u64::from(p.rows) * u64::from(p.kdim.div_ceil(4)))?;
         let bindings = [
-            Binding::new(0, &params, std::mem::size_of::<Params>() as u64),
+            Binding::new(0, &params, PARAMS_BYTES),
             Binding::new(1, pass.x, pass.x.size()),
             Binding::new(4, pass.row_entry, pass.row_entry.size()),
             Binding::new(7, &buffer, windows.bytes()),
@@ -1271,7 +1373,7 @@ pub fn plan_ffn(
             let over_act = ctx.storage_scratch("overflow activations", entries * u64::from(f) * 4)?;
             let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act);
             p.params.rows = entries32;
-            p.params.count_word = 5;
+            p.params.count_word = META_OVERFLOW;
             ds.extend(p.rowwise(ctx, Some(indices), inner.meta(), source)?);
             let down = down_pass(&p, ffn, &over_act, partial);
             ds.extend(down.rowwise(ctx, Some(indices), inner.meta(), source)?);
@@ -1353,6 +1455,7 @@ pub fn plan_ffn_all_experts(
 
 /// Which kernel runs a dense GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum DenseKernel {
     /// A block GEMM variant (the grouped GEMM's kernels, one expert, no gather).
     Block(GemmVariant),
@@ -1418,6 +1521,19 @@ pub fn plan_dense(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The workgroup memory the planner checks against the device's limit
+    /// (`GemmVariant::workgroup_bytes`) is what the generated WGSL declares.
+    #[test]
+    fn workgroup_bytes_match_the_generated_wgsl() {
+        for v in AdapterKind::ALL.into_iter().flat_map(candidates) {
+            for order in [GemmOrder::Strict, GemmOrder::Fast] {
+                let reflected = variant::spec(v, order, false).reflect().unwrap();
+                assert_eq!(reflected.workgroup_bytes, v.workgroup_bytes(), "{} {order:?}", v.name());
+                assert_eq!(reflected.invocations, v.invocations(), "{} {order:?}", v.name());
+            }
+        }
+    }
 
     fn stored(dtype: WeightDtype, values: &[f32]) -> Vec<u8> {
         bytemuck::cast_slice(&dtype.pack(values))

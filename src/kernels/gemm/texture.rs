@@ -19,7 +19,7 @@ use super::{ExpertWeights, WeightDtype};
 use crate::context::{Context, KeyLimits};
 use crate::error::Result;
 use crate::gpu::record;
-use crate::pipeline::{Access, Binding, KernelSpec};
+use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 pub(super) static PACK_SHADER: ShaderSource = ShaderSource {
@@ -28,10 +28,12 @@ pub(super) static PACK_SHADER: ShaderSource = ShaderSource {
     entry_points: &["pack"],
 };
 
-static PACK: KernelSpec = KernelSpec {
+pub(super) static PACK: KernelSpec = KernelSpec {
     shader: &PACK_SHADER,
     entry: "pack",
     bindings: &[(0, Access::Uniform), (1, Access::Read), (2, Access::ReadWrite)],
+    params_bytes: std::mem::size_of::<PackParams>() as u64,
+    workgroup: Workgroup::Fixed(64),
 };
 
 /// `PackParams` of pack_texture.wgsl.
@@ -154,11 +156,11 @@ impl TextureWeights {
                 };
                 let params = ctx.uniform("pack params", &params)?;
                 let bindings = [
-                    Binding::new(0, &params, std::mem::size_of::<PackParams>() as u64),
+                    Binding::new(0, &params, PACK.params_bytes),
                     Binding::new(1, &chunk.buffer, chunk.bytes),
                     Binding::new(2, &scratch, count * pitch),
                 ];
-                let groups = (count * u64::from(row_words)).div_ceil(64);
+                let groups = PACK.groups(count * u64::from(row_words))?;
                 let pack = ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "weight texture packing")?)?;
                 record(&mut encoder, &[&pack]);
                 encoder.copy_buffer_to_texture(

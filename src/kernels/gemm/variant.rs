@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::{AdapterDescription, lock};
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, KernelSpec};
+use crate::pipeline::{Access, KernelSpec, Workgroup};
 use crate::shader::{ShaderPart, ShaderSource, wgsl};
 
 /// The accumulation order of every expert projection: the numeric contract of a mode.
@@ -66,6 +66,7 @@ pub enum GemmOrder {
 /// One kernel shape of the grouped, dense and all-experts GEMM (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum GemmVariant {
     /// Workgroup-memory tiles: 8 × 8 invocations, 4 × 4 outputs each, K staged `4·bk4` at a
     /// time (`bk4` in 1..=16).
@@ -262,6 +263,7 @@ pub struct FfnKernels {
 
 /// The kinds of adapter the expert kernels' defaults and tuning candidates are chosen for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AdapterKind {
     /// Hardware GPUs, and any adapter that is not one of the kinds below.
     Gpu,
@@ -332,11 +334,21 @@ impl FfnKernels {
     }
 }
 
-/// Bindings of a window GEMM kernel: those of every generated GEMM kernel ([`BINDINGS`]) and
-/// the x window (7).
-pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
+/// Bindings of the generated GEMM kernels that read x from storage (tiled and direct).
+pub(crate) const BINDINGS: &[(u32, Access)] = &[
     (0, Access::Uniform),
     (1, Access::Read),
+    (2, Access::Read),
+    (3, Access::Read),
+    (4, Access::Read),
+    (5, Access::Read),
+    (6, Access::ReadWrite),
+];
+
+/// Bindings of a window GEMM kernel: [`BINDINGS`] with the x window (7) in place of x in
+/// storage (1).
+pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
+    (0, Access::Uniform),
     (2, Access::Read),
     (3, Access::Read),
     (4, Access::Read),
@@ -345,13 +357,9 @@ pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
     (7, Access::Uniform),
 ];
 
-/// Bindings of every generated GEMM kernel.
-pub(crate) const BINDINGS: &[(u32, Access)] = WINDOW_BINDINGS.split_at(7).0;
-
 /// Bindings of a texture GEMM kernel: a window kernel's, with the weights (2, 3) as textures.
 pub(crate) const TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (0, Access::Uniform),
-    (1, Access::Read),
     (2, Access::TextureU32),
     (3, Access::TextureU32),
     (4, Access::Read),
@@ -407,7 +415,13 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
                 BINDINGS
             }
         };
-        Box::leak(Box::new(KernelSpec { shader: source, entry: "gemm", bindings }))
+        Box::leak(Box::new(KernelSpec {
+            shader: source,
+            entry: "gemm",
+            bindings,
+            params_bytes: super::PARAMS_BYTES,
+            workgroup: Workgroup::Fixed(variant.invocations()),
+        }))
     })
 }
 

@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec};
-use crate::reference::dispatch::{Layout, Meta};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
+use host::{Layout, Meta};
+
+pub mod host;
 
 /// Entries per placement block (and workgroup size of the block kernels).
 pub const DISPATCH_WG: u32 = 256;
@@ -18,6 +20,23 @@ pub const DISPATCH_WG: u32 = 256;
 pub const MAX_EXPERTS: u32 = 65536;
 /// Largest supported tile (tiles are powers of two).
 pub const MAX_TILE: u32 = 256;
+/// Word of the layout's `meta` buffer holding the valid entries placed (`META_ROWS` in
+/// wgsl/dispatch/params.wgsl, as are the words below).
+pub const META_ROWS: u32 = 0;
+/// Meta word: rows including tile padding.
+pub const META_PADDED_ROWS: u32 = 1;
+/// Meta word: tiles in use.
+pub const META_TILES: u32 = 2;
+/// Meta word: the largest expert count.
+pub const META_MAX_COUNT: u32 = 3;
+/// Meta word: experts with at least one entry.
+pub const META_NONEMPTY: u32 = 4;
+/// Meta word: entries past the bucket bound.
+pub const META_OVERFLOW: u32 = 5;
+/// Meta word: entries whose expert index was out of range.
+pub const META_INVALID: u32 = 6;
+/// Words of the `meta` buffer (the last one unused).
+pub const META_WORDS: u32 = 8;
 
 static LAYOUT_SHADER: ShaderSource = ShaderSource {
     name: "dispatch/layout",
@@ -31,18 +50,25 @@ static BUCKET_SHADER: ShaderSource = ShaderSource {
 };
 
 /// The dispatch family's shader modules.
+#[cfg(test)]
 pub(crate) static SHADERS: &[&ShaderSource] = &[&LAYOUT_SHADER, &BUCKET_SHADER];
 
 use Access::{Read, ReadWrite, Uniform};
+/// Bytes of `DispatchParams` (wgsl/dispatch/params.wgsl).
+const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static BLOCK_HIST: KernelSpec = KernelSpec {
     shader: &LAYOUT_SHADER,
     entry: "block_hist",
     bindings: &[(0, Uniform), (1, Read), (2, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(DISPATCH_WG),
 };
 static EXPERT_BASE: KernelSpec = KernelSpec {
     shader: &LAYOUT_SHADER,
     entry: "expert_base",
     bindings: &[(0, Uniform), (2, ReadWrite), (3, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(64),
 };
 static SCAN: KernelSpec = KernelSpec {
     shader: &LAYOUT_SHADER,
@@ -57,22 +83,34 @@ static SCAN: KernelSpec = KernelSpec {
         (9, ReadWrite),
         (10, ReadWrite),
     ],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(DISPATCH_WG),
 };
 static SCATTER: KernelSpec = KernelSpec {
     shader: &LAYOUT_SHADER,
     entry: "scatter",
     bindings: &[(0, Uniform), (1, Read), (2, ReadWrite), (5, ReadWrite), (6, ReadWrite), (7, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(DISPATCH_WG),
 };
 static BUCKET_SLOTS: KernelSpec = KernelSpec {
     shader: &BUCKET_SHADER,
     entry: "bucket_slots",
     bindings: &[(0, Uniform), (3, Read), (4, Read), (6, Read), (11, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(64),
 };
 static BUCKET_OVERFLOW: KernelSpec = KernelSpec {
     shader: &BUCKET_SHADER,
     entry: "bucket_overflow",
     bindings: &[(0, Uniform), (1, Read), (4, Read), (7, Read), (10, Read), (12, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(64),
 };
+
+/// Every dispatch kernel (for the requirements and the contract test).
+pub(crate) static SPECS: &[&KernelSpec] =
+    &[&BLOCK_HIST, &EXPERT_BASE, &SCAN, &SCATTER, &BUCKET_SLOTS, &BUCKET_OVERFLOW];
 
 /// What to group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -251,15 +289,17 @@ impl DispatchLayout {
             perm: ctx.storage_scratch("perm", u64::from(max_rows) * U32)?,
             inverse: ctx.storage_scratch("inverse perm", entries64 * U32)?,
             tile_expert: ctx.storage_scratch("tile expert", u64::from(max_tiles) * U32)?,
-            meta: ctx.storage_scratch("dispatch meta", 8 * U32)?,
+            meta: ctx.storage_scratch("dispatch meta", u64::from(META_WORDS) * U32)?,
             overflow_offsets: ctx.storage_scratch("overflow offsets", (e + 1) * U32)?,
         })
     }
 
-    fn bind<'a>(&'a self, binding: u32, indices: &'a wgpu::Buffer) -> Binding<'a> {
+    /// The layout's buffer at `binding` of the layout and bucket kernels (see
+    /// wgsl/dispatch/layout.wgsl).
+    fn bind<'a>(&'a self, binding: u32, indices: &'a wgpu::Buffer) -> Result<Binding<'a>> {
         let e1 = u64::from(self.cfg.experts) + 1;
         let (buffer, elems) = match binding {
-            0 => return Binding::new(binding, &self.params, 32),
+            0 => return Ok(Binding::new(binding, &self.params, PARAMS_BYTES)),
             1 => (indices, u64::from(self.entries)),
             2 => (&self.hist, u64::from(self.blocks.max(1)) * u64::from(self.cfg.experts)),
             3 => (&self.counts, e1 - 1),
@@ -268,10 +308,13 @@ impl DispatchLayout {
             6 => (&self.perm, u64::from(self.max_rows)),
             7 => (&self.inverse, u64::from(self.entries)),
             8 => (&self.tile_expert, u64::from(self.max_tiles)),
-            9 => (&self.meta, 8),
-            _ => (&self.overflow_offsets, e1),
+            9 => (&self.meta, u64::from(META_WORDS)),
+            10 => (&self.overflow_offsets, e1),
+            other => {
+                return Err(Error::invalid(format!("the dispatch layout has no buffer for binding {other}")));
+            }
         };
-        Binding::new(binding, buffer, elems * U32)
+        Ok(Binding::new(binding, buffer, elems * U32))
     }
 
     fn dispatch(
@@ -282,7 +325,8 @@ impl DispatchLayout {
         grid: [u32; 3],
     ) -> Result<Dispatch> {
         let kernel = ctx.kernel(spec, &[])?;
-        let bindings: Vec<Binding<'_>> = spec.bindings.iter().map(|&(b, _)| self.bind(b, indices)).collect();
+        let bindings =
+            spec.bindings.iter().map(|&(b, _)| self.bind(b, indices)).collect::<Result<Vec<_>>>()?;
         ctx.dispatch(&kernel, &bindings, grid)
     }
 
@@ -294,7 +338,7 @@ impl DispatchLayout {
     pub fn plan(&self, ctx: &Context, indices: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
         ctx.check_binding("indices", indices, u64::from(self.entries) * U32, Access::Read)?;
         let blocks = ctx.grid(u64::from(self.blocks), "dispatch blocks")?;
-        let experts = ctx.grid(u64::from(self.cfg.experts).div_ceil(64), "dispatch experts")?;
+        let experts = ctx.grid(EXPERT_BASE.groups(self.cfg.experts.into())?, "dispatch experts")?;
         Ok(vec![
             self.dispatch(ctx, &BLOCK_HIST, indices, blocks)?,
             self.dispatch(ctx, &EXPERT_BASE, indices, experts)?,
@@ -355,7 +399,7 @@ impl DispatchLayout {
     /// A device error while reading back.
     pub fn read(&self, ctx: &Context) -> Result<Layout> {
         let e = self.cfg.experts as usize;
-        let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, 8)?);
+        let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, META_WORDS as usize)?);
         Ok(Layout {
             counts: ctx.read_back(&self.counts, e)?,
             offsets: ctx.read_back(&self.offsets, e + 1)?,
@@ -381,7 +425,7 @@ impl DispatchLayout {
     /// # Errors
     /// A device error while reading back.
     pub fn stats(&self, ctx: &Context) -> Result<LoadStats> {
-        let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, 8)?);
+        let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, META_WORDS as usize)?);
         Ok(LoadStats::new(ctx.read_back(&self.counts, self.cfg.experts as usize)?, meta))
     }
 
@@ -392,7 +436,7 @@ impl DispatchLayout {
     pub fn upload(&self, ctx: &Context, l: &Layout) -> Result<()> {
         let e = self.cfg.experts as usize;
         let mut tiles = l.tile_expert.clone();
-        tiles.resize(self.max_tiles as usize, crate::reference::dispatch::NONE);
+        tiles.resize(self.max_tiles as usize, host::NONE);
         let fits = l.counts.len() == e
             && l.inverse.len() == self.entries as usize
             && l.perm.len() <= self.max_rows as usize;
@@ -428,13 +472,14 @@ pub fn host_dispatch(
     bound: u32,
 ) -> Result<Layout> {
     let host: Vec<u32> = ctx.read_back(indices, layout.entries as usize)?;
-    let l = crate::reference::dispatch::layout(&host, layout.cfg.experts, layout.cfg.tile, bound);
+    let l = host::layout(&host, layout.cfg.experts, layout.cfg.tile, bound);
     layout.upload(ctx, &l)?;
     Ok(l)
 }
 
 /// What happens to tokens past a bucket's bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum OverflowPolicy {
     /// Listed for a second pass; nothing is lost.
     Overflow,
@@ -545,12 +590,12 @@ impl BucketLayout {
         }
         for (spec, threads) in specs {
             let kernel = ctx.kernel(spec, &[])?;
-            let bindings: Vec<Binding<'_>> = spec
+            let bindings = spec
                 .bindings
                 .iter()
-                .map(|&(b, _)| extra(b).unwrap_or_else(|| self.layout.bind(b, winners)))
-                .collect();
-            ds.push(ctx.dispatch(&kernel, &bindings, ctx.grid(threads.div_ceil(64), spec.entry)?)?);
+                .map(|&(b, _)| extra(b).map_or_else(|| self.layout.bind(b, winners), Ok))
+                .collect::<Result<Vec<_>>>()?;
+            ds.push(ctx.dispatch(&kernel, &bindings, ctx.grid(spec.groups(threads)?, spec.entry)?)?);
         }
         Ok(ds)
     }
@@ -560,7 +605,7 @@ impl BucketLayout {
     /// # Errors
     /// A device error while reading back.
     pub fn read(&self, ctx: &Context) -> Result<HostBuckets> {
-        let meta = Meta::from_words(&ctx.read_back::<u32>(self.layout.meta(), 8)?);
+        let meta = Meta::from_words(&ctx.read_back::<u32>(self.layout.meta(), META_WORDS as usize)?);
         let slots = (self.cfg.n_caps * self.cfg.bound) as usize;
         Ok(HostBuckets {
             pad_perm: ctx.read_back(&self.pad_perm, slots)?,

@@ -1,5 +1,12 @@
-//! Reference dispatch: a CPU stable sort of routed entries by expert, with the device
-//! layout's padding, tile map and bucket lists.
+//! The dispatch layout on the host: a CPU stable sort of routed entries by expert, with the
+//! device layout's padding, tile map and bucket lists. It is the CPU oracle of the device
+//! layout (`moeflow::reference::dispatch` re-exports it) and the layout
+//! [`super::host_dispatch`] uploads (the host-dispatch path).
+
+use super::{
+    META_INVALID, META_MAX_COUNT, META_NONEMPTY, META_OVERFLOW, META_PADDED_ROWS, META_ROWS, META_TILES,
+    META_WORDS,
+};
 
 /// Marks padding rows, unused tiles and empty bucket slots.
 pub const NONE: u32 = u32::MAX;
@@ -24,31 +31,35 @@ pub struct Meta {
 }
 
 impl Meta {
-    /// From the device's meta words.
+    /// From the device's meta words (words past the slice read as 0).
     pub fn from_words(w: &[u32]) -> Self {
+        let word = |i: u32| w.get(i as usize).copied().unwrap_or(0);
         Meta {
-            rows: w[0],
-            padded_rows: w[1],
-            tiles: w[2],
-            max_count: w[3],
-            nonempty: w[4],
-            overflow: w[5],
-            invalid: w[6],
+            rows: word(META_ROWS),
+            padded_rows: word(META_PADDED_ROWS),
+            tiles: word(META_TILES),
+            max_count: word(META_MAX_COUNT),
+            nonempty: word(META_NONEMPTY),
+            overflow: word(META_OVERFLOW),
+            invalid: word(META_INVALID),
         }
     }
 
-    /// As the device's meta words (8, the last one unused).
-    pub fn to_words(self) -> [u32; 8] {
-        [
-            self.rows,
-            self.padded_rows,
-            self.tiles,
-            self.max_count,
-            self.nonempty,
-            self.overflow,
-            self.invalid,
-            0,
-        ]
+    /// As the device's meta words (the last one unused).
+    pub fn to_words(self) -> [u32; META_WORDS as usize] {
+        let mut w = [0; META_WORDS as usize];
+        for (i, v) in [
+            (META_ROWS, self.rows),
+            (META_PADDED_ROWS, self.padded_rows),
+            (META_TILES, self.tiles),
+            (META_MAX_COUNT, self.max_count),
+            (META_NONEMPTY, self.nonempty),
+            (META_OVERFLOW, self.overflow),
+            (META_INVALID, self.invalid),
+        ] {
+            w[i as usize] = v;
+        }
+        w
     }
 }
 

@@ -1,0 +1,360 @@
+//! The contract between the Rust side and the WGSL, reflected from naga's module of every
+//! kernel: for every [`KernelSpec`], the bindings its entry point uses and their access
+//! modes, the size of its parameter struct, its workgroup size, and the values of the
+//! constants both sides declare (word indices, flags, limits). The Rust side keeps these as
+//! typed constants and `size_of` of its parameter structs; these tests fail where the two
+//! sides disagree. (wgpu also checks the parameter size when it builds a pipeline, from each
+//! layout's `min_binding_size`.) Every module is also validated by naga and translated by its
+//! back ends to SPIR-V, MSL, HLSL and GLSL (Metal and DX12 are not on the test machines, so
+//! this is how their breakage is caught), and every file under `wgsl/` must belong to one.
+
+use std::collections::BTreeMap;
+
+use naga::back::{glsl, hlsl, msl, spv};
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+use crate::pipeline::{Access, KernelSpec, Workgroup};
+use crate::shader::ShaderSource;
+
+/// Every shader module moeflow builds.
+fn all_shaders() -> Vec<&'static ShaderSource> {
+    let mut all = Vec::new();
+    all.extend_from_slice(crate::kernels::routing::SHADERS);
+    all.extend_from_slice(crate::kernels::dispatch::SHADERS);
+    all.extend(crate::kernels::gemm::shaders());
+    all.extend_from_slice(crate::kernels::combine::SHADERS);
+    #[cfg(feature = "dag")]
+    {
+        all.extend_from_slice(crate::dag::executor::SHADERS);
+        all.extend_from_slice(crate::dag::probe::SHADERS);
+    }
+    #[cfg(feature = "bench")]
+    all.extend_from_slice(crate::bench::calibrate::SHADERS);
+    all
+}
+
+/// Every kernel moeflow builds.
+fn all_specs() -> Vec<&'static KernelSpec> {
+    let mut all: Vec<&'static KernelSpec> = Vec::new();
+    all.extend_from_slice(crate::kernels::routing::SPECS);
+    all.extend_from_slice(crate::kernels::dispatch::SPECS);
+    all.extend(crate::kernels::gemm::specs());
+    all.extend_from_slice(crate::kernels::combine::SPECS);
+    #[cfg(feature = "dag")]
+    all.extend_from_slice(crate::dag::executor::SPECS);
+    #[cfg(feature = "bench")]
+    all.extend_from_slice(crate::bench::calibrate::SPECS);
+    all
+}
+
+/// How the WGSL declares a global, as an [`Access`].
+fn access_of(module: &naga::Module, var: &naga::GlobalVariable, what: &str) -> Access {
+    match var.space {
+        naga::AddressSpace::Uniform => Access::Uniform,
+        naga::AddressSpace::Storage { access } if access.contains(naga::StorageAccess::STORE) => {
+            Access::ReadWrite
+        }
+        naga::AddressSpace::Storage { .. } => Access::Read,
+        naga::AddressSpace::Handle => match module.types[var.ty].inner {
+            naga::TypeInner::Image {
+                dim: naga::ImageDimension::D2,
+                arrayed: true,
+                class: naga::ImageClass::Sampled { kind: naga::ScalarKind::Uint, multi: false },
+            } => Access::TextureU32,
+            ref other => panic!("{what}: a handle moeflow has no access for: {other:?}"),
+        },
+        other => panic!("{what}: a binding in address space {other:?}"),
+    }
+}
+
+/// A module-scope constant's value as a number (u32, i32 or f32 literals).
+fn constant_value(module: &naga::Module, c: &naga::Constant) -> Option<f64> {
+    match module.global_expressions[c.init] {
+        naga::Expression::Literal(naga::Literal::U32(v)) => Some(f64::from(v)),
+        naga::Expression::Literal(naga::Literal::I32(v)) => Some(f64::from(v)),
+        naga::Expression::Literal(naga::Literal::F32(v)) => Some(f64::from(v)),
+        naga::Expression::Literal(naga::Literal::AbstractInt(v)) => Some(v as f64),
+        _ => None,
+    }
+}
+
+#[test]
+fn every_entry_point_has_a_spec() {
+    let specs = all_specs();
+    for source in all_shaders() {
+        // Generated gemm modules of variants the test does not enumerate have no spec here.
+        for &entry in source.entry_points {
+            assert!(
+                specs.iter().any(|s| std::ptr::eq(s.shader, source) && s.entry == entry),
+                "{}::{entry} has no KernelSpec in src/contract.rs's list",
+                source.name
+            );
+        }
+    }
+}
+
+#[test]
+fn every_spec_matches_its_wgsl() {
+    let mut modules: BTreeMap<&str, (naga::Module, naga::valid::ModuleInfo)> = BTreeMap::new();
+    let specs = all_specs();
+    let mut mismatched = Vec::new();
+    assert!(specs.len() > 40, "only {} kernel specs found", specs.len());
+    for spec in specs {
+        let what = format!("{}::{}", spec.shader.name, spec.entry);
+        let (module, info) = modules.entry(spec.shader.name).or_insert_with(|| validate(spec.shader));
+        let (index, ep) = module
+            .entry_points
+            .iter()
+            .enumerate()
+            .find(|(_, ep)| ep.name == spec.entry)
+            .unwrap_or_else(|| panic!("{what}: no such entry point"));
+        assert_eq!(ep.stage, naga::ShaderStage::Compute, "{what}");
+
+        // Bindings: exactly those the entry point uses (through any function it calls), each
+        // with the access the WGSL declares, all in group 0.
+        let uses = info.get_entry_point(index);
+        let mut used: Vec<(u32, Access)> = Vec::new();
+        for (handle, var) in module.global_variables.iter() {
+            let Some(binding) = &var.binding else { continue };
+            if uses[handle].is_empty() {
+                continue;
+            }
+            assert_eq!(binding.group, 0, "{what}: binding {} is in group {}", binding.binding, binding.group);
+            let access = access_of(module, var, &what);
+            used.push((binding.binding, access));
+            if binding.binding == 0 {
+                assert_eq!(access, Access::Uniform, "{what}: binding 0 must be the parameters");
+                let size = module.types[var.ty].inner.size(module.to_ctx());
+                assert_eq!(
+                    u64::from(size),
+                    spec.params_bytes,
+                    "{what}: the WGSL parameter struct has {size} bytes, the Rust side binds {}",
+                    spec.params_bytes
+                );
+            } else if access == Access::Uniform {
+                let size = module.types[var.ty].inner.size(module.to_ctx());
+                assert_eq!(
+                    u64::from(size),
+                    crate::kernels::gemm::WINDOW_BYTES,
+                    "{what}: uniform binding {} is not an x window",
+                    binding.binding
+                );
+            }
+        }
+        used.sort_by_key(|&(b, _)| b);
+        let mut listed = spec.bindings.to_vec();
+        listed.sort_by_key(|&(b, _)| b);
+        if listed != used {
+            mismatched.push(format!("{what}: the spec lists {listed:?}, the WGSL uses {used:?}"));
+        }
+
+        // Workgroup size.
+        match spec.workgroup {
+            Workgroup::Fixed(n) => {
+                assert!(ep.workgroup_size_overrides.is_none(), "{what}: the WGSL's size is overridable");
+                assert_eq!(ep.workgroup_size, [n, 1, 1], "{what}: workgroup size");
+            }
+            Workgroup::Override(name) => {
+                let sizes = ep.workgroup_size_overrides.unwrap_or_else(|| panic!("{what}: a fixed size"));
+                assert!(sizes[1].is_none() && sizes[2].is_none(), "{what}: y or z overridable");
+                assert_eq!(ep.workgroup_size[1..], [1, 1], "{what}: workgroup size in y and z");
+                let x = sizes[0].unwrap_or_else(|| panic!("{what}: x is not overridable"));
+                let uses_override = match module.global_expressions[x] {
+                    naga::Expression::Override(o) => module.overrides[o].name.as_deref() == Some(name),
+                    _ => false,
+                };
+                assert!(uses_override, "{what}: the workgroup size is not the override `{name}`");
+            }
+        }
+    }
+    assert!(mismatched.is_empty(), "bindings differ:\n{}", mismatched.join("\n"));
+}
+
+/// `(module name prefix, constant, Rust value)`: constants declared on both sides.
+fn shared_constants() -> Vec<(&'static str, &'static str, f64)> {
+    use crate::kernels::{dispatch as d, gemm as g, routing as r};
+    let mut all = vec![
+        ("routing/", "ROUTE_WG", f64::from(r::ROUTE_WG)),
+        ("routing/", "MAX_EXPERTS", f64::from(r::MAX_EXPERTS)),
+        ("routing/", "MAX_K", f64::from(r::MAX_K)),
+        ("routing/", "MAX_GROUPS", f64::from(r::MAX_GROUPS)),
+        ("routing/", "NO_EXPERT", f64::from(crate::reference::dispatch::NONE)),
+        ("dispatch/", "DISPATCH_WG", f64::from(d::DISPATCH_WG)),
+        ("dispatch/", "NONE", f64::from(crate::reference::dispatch::NONE)),
+        ("dispatch/", "META_ROWS", f64::from(d::META_ROWS)),
+        ("dispatch/", "META_PADDED_ROWS", f64::from(d::META_PADDED_ROWS)),
+        ("dispatch/", "META_TILES", f64::from(d::META_TILES)),
+        ("dispatch/", "META_MAX_COUNT", f64::from(d::META_MAX_COUNT)),
+        ("dispatch/", "META_NONEMPTY", f64::from(d::META_NONEMPTY)),
+        ("dispatch/", "META_OVERFLOW", f64::from(d::META_OVERFLOW)),
+        ("dispatch/", "META_INVALID", f64::from(d::META_INVALID)),
+        ("gemm/", "NONE", f64::from(g::NONE)),
+        ("gemm/", "FLAG_GATHER", f64::from(g::FLAG_GATHER)),
+        ("gemm/", "FLAG_OUT_ENTRY", f64::from(g::FLAG_OUT_ENTRY)),
+        ("gemm/", "FLAG_IDENTITY_ROWS", f64::from(g::FLAG_IDENTITY_ROWS)),
+        ("gemm/", "FLAG_EXPERT_FROM_TILES", f64::from(g::FLAG_EXPERT_FROM_TILES)),
+        ("gemm/", "FLAG_EXPERT_FROM_INDICES", f64::from(g::FLAG_EXPERT_FROM_INDICES)),
+    ];
+    all.extend(dag_constants());
+    all
+}
+
+/// The DAG kernels' shared constants (none without the `dag` feature).
+fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
+    #[cfg(feature = "dag")]
+    {
+        use crate::dag::{chain as c, queue as q};
+        vec![
+            ("dag/", "NONE", f64::from(crate::dag::program::NONE)),
+            ("dag/", "KIND_AFFINE", f64::from(c::KIND_AFFINE)),
+            ("dag/", "KIND_SILU", f64::from(c::KIND_SILU)),
+            ("dag/", "KIND_RMS", f64::from(c::KIND_RMS)),
+            ("dag/", "SUM_LANES", crate::reference::dag::SUM_LANES as f64),
+            ("dag/", "RMS_EPS", f64::from(crate::reference::dag::RMS_EPS)),
+            ("dag/", "TICKET", f64::from(q::TICKET)),
+            ("dag/", "STATUS", f64::from(q::STATUS)),
+            ("dag/", "DONE", f64::from(q::DONE)),
+            ("dag/", "MAX_SPINS", f64::from(q::MAX_SPINS)),
+            ("dag/", "FAULTS", f64::from(q::FAULTS)),
+            ("dag/", "COUNTERS", f64::from(q::STATE_HEADER)),
+            ("dag/", "STATUS_TIMEOUT", f64::from(q::STATUS_TIMEOUT)),
+            ("dag/", "STATUS_LOOP_LIMIT", f64::from(q::STATUS_LOOP_LIMIT)),
+        ]
+    }
+    #[cfg(not(feature = "dag"))]
+    Vec::new()
+}
+
+#[test]
+fn shared_constants_agree() {
+    let table = shared_constants();
+    let mut seen = vec![false; table.len()];
+    for source in all_shaders() {
+        let (module, _) = validate(source);
+        for (_, c) in module.constants.iter() {
+            let Some(name) = c.name.as_deref() else { continue };
+            for (i, &(prefix, n, value)) in table.iter().enumerate() {
+                if n != name || !source.name.starts_with(prefix) {
+                    continue;
+                }
+                let wgsl = constant_value(&module, c)
+                    .unwrap_or_else(|| panic!("{}: `{name}` is not a literal", source.name));
+                assert_eq!(wgsl, value, "{}: `{name}` is {wgsl} in WGSL and {value} in Rust", source.name);
+                seen[i] = true;
+            }
+        }
+    }
+    for (i, &(prefix, name, _)) in table.iter().enumerate() {
+        assert!(seen[i], "no {prefix}* module declares `{name}`");
+    }
+}
+
+// ---- every module through naga's back ends ----
+
+/// Modules that start with `enable f16;` need shader-f16 (never on GL adapters).
+fn needs_f16(source: &ShaderSource) -> bool {
+    source.parts.first().is_some_and(|p| p.text.contains("enable f16;"))
+}
+
+fn validate(source: &ShaderSource) -> (naga::Module, naga::valid::ModuleInfo) {
+    let text = source.compose();
+    let module = naga::front::wgsl::parse_str(&text)
+        .unwrap_or_else(|e| panic!("{}: {}", source.name, e.emit_to_string(&text)));
+    let caps = if needs_f16(source) {
+        Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+    } else {
+        Capabilities::default()
+    };
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {}", source.name, e.emit_to_string(&text)));
+    (module, info)
+}
+
+#[test]
+fn every_module_validates_and_translates_to_every_backend() {
+    for source in all_shaders() {
+        let (module, info) = validate(source);
+        for &entry in source.entry_points {
+            let ep = (naga::ShaderStage::Compute, entry);
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some(ep),
+                &Default::default(),
+            )
+            .unwrap_or_else(|e| panic!("{}::{entry}: overrides: {e}", source.name));
+            let what = format!("{}::{entry}", source.name);
+            let spv_opts = spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: entry.to_string(),
+            };
+            let words = spv::write_vec(&module, &info, &spv::Options::default(), Some(&spv_opts))
+                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
+            assert!(words.len() > 5, "{what}: empty SPIR-V");
+            let msl_opts = msl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+                ..Default::default()
+            };
+            let (text, _) = msl::write_string(&module, &info, &msl::Options::default(), &msl_opts)
+                .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
+            assert!(text.contains("kernel"), "{what}: MSL has no kernel");
+            let mut text = String::new();
+            let hlsl_opts =
+                hlsl::PipelineOptions { entry_point: Some((naga::ShaderStage::Compute, entry.to_string())) };
+            let hlsl_options = if needs_f16(source) {
+                hlsl::Options { shader_model: hlsl::ShaderModel::V6_2, ..Default::default() }
+            } else {
+                hlsl::Options::default()
+            };
+            hlsl::Writer::new(&mut text, &hlsl_options, &hlsl_opts)
+                .write(&module, &info, None)
+                .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
+            assert!(text.contains("numthreads"), "{what}: HLSL has no numthreads");
+            // GL adapters never offer shader-f16, so f16 modules have no GLSL target.
+            let glsl_versions = if needs_f16(source) {
+                vec![]
+            } else {
+                vec![glsl::Version::new_gles(310), glsl::Version::Desktop(430)]
+            };
+            for version in glsl_versions {
+                let mut text = String::new();
+                let opts = glsl::Options { version, ..Default::default() };
+                let pipeline = glsl::PipelineOptions {
+                    shader_stage: naga::ShaderStage::Compute,
+                    entry_point: entry.to_string(),
+                    multiview: None,
+                };
+                glsl::Writer::new(&mut text, &module, &info, &opts, &pipeline, Default::default())
+                    .and_then(|mut w| w.write())
+                    .unwrap_or_else(|e| panic!("{what}: GLSL {version:?}: {e}"));
+                assert!(text.contains("local_size_x"), "{what}: GLSL has no local size");
+            }
+        }
+    }
+}
+
+#[test]
+#[cfg(all(feature = "dag", feature = "bench"))]
+fn every_wgsl_file_belongs_to_a_module() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("wgsl");
+    let used: Vec<&str> = all_shaders().iter().flat_map(|s| s.parts.iter().map(|p| p.path)).collect();
+    let mut stack = vec![root.clone()];
+    let mut seen = 0;
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("wgsl/ is readable") {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "wgsl") {
+                let rel = path.strip_prefix(&root).expect("under wgsl/").to_string_lossy().replace('\\', "/");
+                assert!(
+                    used.contains(&rel.as_str()),
+                    "wgsl/{rel} is in no shader module, so nothing validates it"
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen > 0, "no WGSL files found");
+}

@@ -1,0 +1,191 @@
+//! What a device needs to run a layer: the features and limits an application asks for when
+//! it creates the device it will hand to [`Context::from_wgpu`](crate::Context::from_wgpu).
+//!
+//! The counts (storage buffers, uniform buffers and textures per kernel, workgroup memory,
+//! invocations) are read off the kernels the configuration can run on the adapter's kind
+//! (their specs and naga's reflection of their WGSL); the sizes are those of every buffer a
+//! forward of up to `max_tokens` tokens binds. `tests/requirements.rs` creates a device with
+//! exactly these limits on every adapter and checks that it runs the layer with the bits of a
+//! device with the adapter's full limits.
+
+use crate::context::AdapterDescription;
+use crate::error::{Error, Result};
+use crate::kernels::gemm::{
+    AdapterKind, DECODE_MAX_TOKENS, GemmVariant, WINDOW_BYTES, WeightDtype, candidates, specs_for,
+    window_staging_bytes,
+};
+use crate::layer::{Capacity, KernelChoice, MoeConfig};
+use crate::pipeline::KernelSpec;
+
+/// Features and limits to create a device with (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Requirements {
+    /// Optional features moeflow uses where the adapter has them (timestamps, subgroups,
+    /// shader-f16, the pipeline cache): no kernel needs one.
+    pub features: wgpu::Features,
+    /// WebGPU's downlevel limits, raised to what the layer binds and runs. Where the
+    /// configuration prefers more than it needs (whole weight tensors in one binding, x
+    /// windows, texture copies of the weights), the limit is raised as far as the adapter
+    /// allows; with less, the same bits come from split weights and fallback kernels.
+    pub limits: wgpu::Limits,
+}
+
+/// Bytes of `n` f32 values.
+fn f32s(n: u64) -> u64 {
+    4 * n
+}
+
+impl MoeConfig {
+    /// What a device on `adapter` needs to run a layer of this configuration for forwards of
+    /// up to `max_tokens` tokens (see [`Requirements`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero tokens; [`Error::LimitExceeded`] naming the first
+    /// wgpu limit the adapter cannot raise far enough.
+    pub fn requirements(&self, adapter: &wgpu::Adapter, max_tokens: u32) -> Result<Requirements> {
+        if max_tokens == 0 {
+            return Err(Error::invalid("requirements need a maximum token count of at least 1"));
+        }
+        let have = adapter.limits();
+        let description = AdapterDescription::new(&adapter.get_info(), adapter.features(), &have);
+        let kind = AdapterKind::of(&description);
+        let variants: Vec<GemmVariant> = match self.kernels {
+            KernelChoice::Tuned => candidates(kind),
+            _ => {
+                let k = self.ffn_kernels(kind);
+                vec![k.up, k.down]
+            }
+        };
+        let native_f16 =
+            self.weight_dtype == WeightDtype::F16 && adapter.features().contains(wgpu::Features::SHADER_F16);
+        let mut specs: Vec<&'static KernelSpec> = Vec::new();
+        specs.extend_from_slice(crate::kernels::routing::SPECS);
+        specs.extend_from_slice(crate::kernels::dispatch::SPECS);
+        specs.extend_from_slice(crate::kernels::combine::SPECS);
+        specs.extend(specs_for(&variants, self.gemm_order, native_f16));
+
+        let mut limits = wgpu::Limits {
+            // The adapter's own alignments (smaller is better): the window strides follow them.
+            min_uniform_buffer_offset_alignment: have.min_uniform_buffer_offset_alignment,
+            min_storage_buffer_offset_alignment: have.min_storage_buffer_offset_alignment,
+            ..wgpu::Limits::downlevel_defaults()
+        };
+        for spec in &specs {
+            let (storage, uniform, textures) = spec.binding_counts();
+            let shape = spec.reflect()?;
+            limits.max_storage_buffers_per_shader_stage =
+                limits.max_storage_buffers_per_shader_stage.max(storage);
+            limits.max_uniform_buffers_per_shader_stage =
+                limits.max_uniform_buffers_per_shader_stage.max(uniform);
+            limits.max_sampled_textures_per_shader_stage =
+                limits.max_sampled_textures_per_shader_stage.max(textures);
+            limits.max_compute_workgroup_storage_size =
+                limits.max_compute_workgroup_storage_size.max(shape.workgroup_bytes);
+            limits.max_compute_invocations_per_workgroup =
+                limits.max_compute_invocations_per_workgroup.max(shape.invocations);
+            limits.max_compute_workgroup_size_x = limits.max_compute_workgroup_size_x.max(shape.invocations);
+        }
+        let (needed, preferred) =
+            self.binding_bytes(&variants, max_tokens, have.min_uniform_buffer_offset_alignment);
+        limits.max_storage_buffer_binding_size =
+            needed.max(preferred.min(have.max_storage_buffer_binding_size));
+        limits.max_buffer_size =
+            limits.max_storage_buffer_binding_size.max(limits.max_buffer_size.min(have.max_buffer_size));
+        if variants.iter().any(|v| v.reads_windows()) && have.max_uniform_buffer_binding_size >= WINDOW_BYTES
+        {
+            limits.max_uniform_buffer_binding_size = WINDOW_BYTES;
+        }
+        if variants.iter().any(|v| matches!(v, GemmVariant::Texture { .. })) {
+            // The weights' texture copies: one texel row per weight row, rows over layers.
+            limits.max_texture_dimension_2d = have.max_texture_dimension_2d;
+            limits.max_texture_array_layers = have.max_texture_array_layers;
+        }
+        let features = adapter.features()
+            & (wgpu::Features::TIMESTAMP_QUERY
+                | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+                | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+                | wgpu::Features::SUBGROUP
+                | wgpu::Features::SHADER_F16
+                | wgpu::Features::PIPELINE_CACHE);
+        check_within(&limits, &have)?;
+        Ok(Requirements { features, limits })
+    }
+
+    /// The largest buffer binding a forward of up to `max_tokens` tokens needs (every
+    /// scratch buffer, one weight column), and the largest it prefers (whole weight tensors
+    /// in one binding, the x windows of the window kernels), in bytes.
+    fn binding_bytes(&self, variants: &[GemmVariant], max_tokens: u32, alignment: u32) -> (u64, u64) {
+        let (m, h, f, e, k) = (
+            u64::from(max_tokens),
+            u64::from(self.hidden),
+            u64::from(self.ffn),
+            u64::from(self.experts),
+            u64::from(self.k),
+        );
+        let entries = m * k;
+        let tile = u64::from(variants.iter().map(|v| v.block_rows()).max().unwrap_or(1));
+        let mut needed = vec![
+            f32s(m * h),       // x, y, the shared expert's output
+            f32s(e * h),       // router
+            f32s(entries),     // indices, weights
+            f32s(entries * h), // partial
+            f32s(entries * f), // decode activations
+        ];
+        if self.route_mode.writes_logits() {
+            needed.push(f32s(m * e));
+        }
+        let mut windows: Vec<(u64, u32)> = vec![(entries, self.hidden), (entries, self.ffn)];
+        match self.capacity {
+            Capacity::Dropless => {
+                let grouped = max_tokens > DECODE_MAX_TOKENS || entries >= e;
+                let max_rows = if grouped { entries + e * (tile - 1) } else { entries };
+                let blocks = entries.div_ceil(u64::from(crate::kernels::dispatch::DISPATCH_WG));
+                needed.extend([f32s(max_rows * f), f32s(max_rows), f32s(blocks * e), f32s(e + 1)]);
+                windows.extend([(max_rows, self.hidden), (max_rows, self.ffn)]);
+            }
+            Capacity::Bounded { bound, .. } => {
+                let slots = e * u64::from(bound);
+                let blocks = entries.div_ceil(u64::from(crate::kernels::dispatch::DISPATCH_WG));
+                needed.extend([f32s(slots * f), f32s(slots), f32s(blocks * e), f32s(e + 1)]);
+                windows.extend([(slots, self.hidden), (slots, self.ffn)]);
+            }
+        }
+        if let Some(fs) = self.shared_ffn {
+            needed.extend([f32s(m * u64::from(fs)), f32s(m)]);
+        }
+        let dtype = self.weight_dtype;
+        // Weights split by expert, then by output column: one column is the least a binding
+        // can hold; whole tensors are preferred.
+        needed.extend([dtype.packed_bytes(h), dtype.packed_bytes(f)]);
+        let mut preferred = vec![dtype.packed_bytes(e * f * h)];
+        if let Some(fs) = self.shared_ffn {
+            preferred.push(dtype.packed_bytes(u64::from(fs) * h));
+        }
+        for &v in variants {
+            for &(rows, kdim) in &windows {
+                let rows = u32::try_from(rows).unwrap_or(u32::MAX);
+                preferred.extend(window_staging_bytes(v, rows, kdim, alignment));
+                let single = GemmVariant::Window { rows: 1, cols: 1, lanes: 1 };
+                if v.reads_windows() {
+                    preferred.extend(window_staging_bytes(single, rows, kdim, alignment));
+                }
+            }
+        }
+        let needed = needed.into_iter().max().unwrap_or(4);
+        (needed, preferred.into_iter().max().unwrap_or(4).max(needed))
+    }
+}
+
+/// The first limit of `want` past what `have` offers, as an error.
+fn check_within(want: &wgpu::Limits, have: &wgpu::Limits) -> Result<()> {
+    let mut err = None;
+    want.check_limits_with_fail_fn(have, true, |name, wanted, allowed| {
+        err = Some(Error::limit(
+            format!("the layer's need for `{name}`"),
+            wanted,
+            allowed,
+            format!("{name} of the adapter"),
+        ));
+    });
+    err.map_or(Ok(()), Err)
+}
