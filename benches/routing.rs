@@ -30,7 +30,7 @@ fn routing(c: &mut Criterion) {
         let indices = ctx.zeroed("indices", u64::from(tokens * k) * 4).expect("benchmark buffer");
         let weights = ctx.zeroed("weights", u64::from(tokens * k) * 4).expect("benchmark buffer");
         let bufs = RouteBuffers {
-            x: &xb,
+            x: (&xb).into(),
             gate: &gb,
             bias: None,
             logits: Some(&logits),

@@ -21,7 +21,7 @@ use crate::kernels::gemm::{
     GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts, uses_decode_path,
 };
 use crate::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
-use crate::pipeline::Dispatch;
+use crate::pipeline::{BufferView, Dispatch};
 
 /// How expert capacity is handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -498,18 +498,23 @@ impl MoeLayer {
         self.experts.kernels(ctx).block_rows()
     }
 
-    /// Plans a forward of `tokens` tokens from `x[tokens, H]` into `y[tokens, H]`.
+    /// Plans a forward of `tokens` tokens from `x[tokens, H]` into `y[tokens, H]`: whole
+    /// buffers, or [`BufferView`]s of an activation arena (x and y may swap roles between
+    /// layers; a view gives the bits of a buffer of its own).
     ///
     /// # Errors
-    /// [`Error::Shape`] for `x` or `y` smaller than `tokens` rows; [`Error::LimitExceeded`]
-    /// for sizes past u32 indices or the adapter's limits; the stages' planning errors.
-    pub fn plan(
+    /// [`Error::Shape`] for `x` or `y` smaller than `tokens` rows or a view past its buffer;
+    /// [`Error::InvalidArgument`] for a view at an offset the device cannot bind;
+    /// [`Error::LimitExceeded`] for sizes past u32 indices or the adapter's limits; the
+    /// stages' planning errors.
+    pub fn plan<'b>(
         &self,
         ctx: &Context,
         tokens: u32,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
+        x: impl Into<BufferView<'b>>,
+        y: impl Into<BufferView<'b>>,
     ) -> Result<ForwardPlan> {
+        let (x, y) = (x.into(), y.into());
         let c = &self.cfg;
         let (t, h, k) = (u64::from(tokens), u64::from(c.hidden), u64::from(c.k));
         let entries = tokens

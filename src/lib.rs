@@ -55,6 +55,7 @@ pub mod prelude {
         Capacity, ForwardOutput, ForwardPlan, KernelChoice, MoeConfig, MoeLayer, MoeWeights, PrepareReport,
         RouterWeights,
     };
+    pub use crate::pipeline::BufferView;
     pub use crate::requirements::Requirements;
 }
 
@@ -62,7 +63,7 @@ pub use context::{
     AdapterDescription, AdapterSelector, Capabilities, Context, KeyLimits, adapters, instance, wgpu_adapters,
 };
 pub use error::{Error, GpuErrorKind, Result};
-pub use pipeline::Dispatch;
+pub use pipeline::{BufferView, Dispatch};
 
 /// `docs/layer.md`, compiled and run as a doc test.
 #[cfg(all(doctest, feature = "checkpoint", feature = "synth"))]

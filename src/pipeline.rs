@@ -229,6 +229,40 @@ impl<'a> Binding<'a> {
     }
 }
 
+/// A range of a buffer that a plan reads or writes: bytes `[offset, offset + size)`. Activations
+/// can live in one arena buffer at offsets, and swap roles between layers; a whole buffer
+/// converts with `From`. Kernels index from the view's start, so a view gives the bits of a
+/// buffer of its own. Plans check that the view lies in its buffer, that its offset is a
+/// multiple of the device's `min_storage_buffer_offset_alignment`, and that it holds what they
+/// read or write.
+#[derive(Clone, Copy, Debug)]
+pub struct BufferView<'a> {
+    /// The buffer.
+    pub buffer: &'a wgpu::Buffer,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes in the view.
+    pub size: u64,
+}
+
+impl<'a> BufferView<'a> {
+    /// Bytes `[offset, offset + size)` of `buffer` (checked when a plan binds it).
+    pub fn new(buffer: &'a wgpu::Buffer, offset: u64, size: u64) -> Self {
+        BufferView { buffer, offset, size }
+    }
+
+    /// The first `bytes` bytes of the view, bound at `binding`.
+    pub(crate) fn bind(&self, binding: u32, bytes: u64) -> Binding<'a> {
+        Binding { binding, buffer: self.buffer, size: bytes, offset: self.offset }
+    }
+}
+
+impl<'a> From<&'a wgpu::Buffer> for BufferView<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        BufferView { buffer, offset: 0, size: buffer.size() }
+    }
+}
+
 /// One texture bound at `binding` (a whole `texture_2d_array<u32>` view).
 #[derive(Clone, Copy, Debug)]
 pub struct TextureBinding<'a> {
@@ -498,6 +532,51 @@ impl Context {
                 format!("a buffer of at least {bytes} bytes"),
                 format!("{} bytes", buffer.size()),
             ));
+        }
+        if access != Access::Uniform && bytes > self.limits().max_storage_buffer_binding_size {
+            return Err(Error::limit(
+                format!("binding `{what}`"),
+                bytes,
+                self.limits().max_storage_buffer_binding_size,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a view that a kernel binds `bytes` of: it lies in its buffer, holds `bytes`,
+    /// starts at an offset the device can bind, and fits the binding limits.
+    pub(crate) fn check_view(
+        &self,
+        what: &str,
+        view: &BufferView<'_>,
+        bytes: u64,
+        access: Access,
+    ) -> Result<()> {
+        let end = view.offset.checked_add(view.size);
+        if end.is_none_or(|end| end > view.buffer.size()) {
+            return Err(Error::shape(
+                format!("view of `{what}`"),
+                format!("a range within the buffer's {} bytes", view.buffer.size()),
+                format!("bytes {} .. {}", view.offset, view.offset.saturating_add(view.size)),
+            ));
+        }
+        if view.size < bytes {
+            return Err(Error::shape(
+                what,
+                format!("a view of at least {bytes} bytes"),
+                format!("{} bytes", view.size),
+            ));
+        }
+        let align = u64::from(match access {
+            Access::Uniform => self.limits().min_uniform_buffer_offset_alignment,
+            _ => self.device().limits().min_storage_buffer_offset_alignment,
+        });
+        if !view.offset.is_multiple_of(align.max(1)) {
+            return Err(Error::invalid(format!(
+                "the view of `{what}` starts at byte {}, not a multiple of the device's offset alignment {align}",
+                view.offset
+            )));
         }
         if access != Access::Uniform && bytes > self.limits().max_storage_buffer_binding_size {
             return Err(Error::limit(

@@ -50,7 +50,14 @@ impl Comparison for Scripted {
         let gate = ctx.upload("gate", &[0.25f32; 32]).unwrap();
         let idx = ctx.zeroed("indices", u64::from(m) * 8).unwrap();
         let w = ctx.zeroed("weights", u64::from(m) * 8).unwrap();
-        let bufs = RouteBuffers { x: &x, gate: &gate, bias: None, logits: None, indices: &idx, weights: &w };
+        let bufs = RouteBuffers {
+            x: (&x).into(),
+            gate: &gate,
+            bias: None,
+            logits: None,
+            indices: &idx,
+            weights: &w,
+        };
         let plan = |ctx| plan_route(ctx, &cfg, m, &bufs, RouteMode::Fused { write_logits: false });
         let (fail, calls) = (self.fail, self.calls.clone());
         Ok(Case {

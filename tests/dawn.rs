@@ -330,7 +330,7 @@ fn routing_cases() {
                 let (ib, wb) =
                     (ctx.zeroed("indices", entries).unwrap(), ctx.zeroed("weights", entries).unwrap());
                 let bufs = RouteBuffers {
-                    x: &xb,
+                    x: (&xb).into(),
                     gate: &gb,
                     bias: bb.as_ref(),
                     logits: Some(&logits),
@@ -405,7 +405,7 @@ fn grouped_gemm_cases() {
             let layout =
                 DispatchLayout::new(&ctx, DispatchConfig { experts: e, k, tile: 32 }, tokens, 0).unwrap();
             let mut ds = layout.plan(&ctx, &ib).unwrap();
-            let bufs = FfnBuffers { x: &xb, indices: &ib, partial: &partial };
+            let bufs = FfnBuffers { x: (&xb).into(), indices: &ib, partial: &partial };
             ds.extend(
                 plan_ffn(&ctx, &ffn, tokens, k, &bufs, FfnRouting::Grouped(&layout))
                     .unwrap()

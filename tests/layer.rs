@@ -145,3 +145,52 @@ fn a_layer_past_the_binding_limit_gives_the_unsplit_bits() {
         }
     }
 }
+
+/// x and y as views of one activation arena, swapping roles between two layers recorded into
+/// one encoder, give the bits of separate buffers; views at offsets the device cannot bind or
+/// past their buffer are errors.
+#[test]
+fn views_of_one_arena_give_the_bits_of_separate_buffers() {
+    use moeflow::BufferView;
+    let (tokens, h) = (5usize, 48usize);
+    let first = MoeConfig::new(h as u32, 40, 8, 2);
+    let second = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(h as u32, 32, 6, 3) };
+    let x = Synth::new(21).uniform(tokens * h, 1.0);
+    for ctx in contexts() {
+        let one = MoeLayer::new(&ctx, first, &Synth::new(22).moe_weights(&first)).unwrap();
+        let two = MoeLayer::new(&ctx, second, &Synth::new(23).moe_weights(&second)).unwrap();
+        let mid = one.forward_host(&ctx, &x).unwrap().y;
+        let want = two.forward_host(&ctx, &mid).unwrap().y;
+
+        let align = u64::from(ctx.device().limits().min_storage_buffer_offset_alignment);
+        let bytes = (tokens * h * 4) as u64;
+        let region = bytes.div_ceil(align) * align;
+        let arena = ctx.zeroed("arena", align + 2 * region).unwrap();
+        ctx.queue().write_buffer(&arena, align, bytemuck::cast_slice(&x));
+        let a = BufferView::new(&arena, align, bytes);
+        let b = BufferView::new(&arena, align + region, bytes);
+        let p1 = one.plan(&ctx, tokens as u32, a, b).unwrap();
+        let p2 = two.plan(&ctx, tokens as u32, b, a).unwrap();
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        p1.record(&mut encoder);
+        p2.record(&mut encoder);
+        ctx.submit_and_wait(encoder).unwrap();
+        let all: Vec<f32> = ctx.read_back(&arena, ((align + 2 * region) / 4) as usize).unwrap();
+        let at = |offset: u64| &all[(offset / 4) as usize..(offset / 4) as usize + tokens * h];
+        let slug = ctx.adapter().slug();
+        assert_eq!(bits(at(align + region)), bits(&mid), "{slug}: the first layer's y in the arena");
+        assert_eq!(bits(at(align)), bits(&want), "{slug}: the second layer's y in the arena");
+        assert!(all[..(align / 4) as usize].iter().all(|&v| v == 0.0), "{slug}: bytes before the views");
+
+        if align > 4 {
+            let err = one.plan(&ctx, tokens as u32, BufferView::new(&arena, 4, bytes), b).unwrap_err();
+            assert!(err.to_string().contains("offset alignment"), "{slug}: {err}");
+        }
+        let err = one
+            .plan(&ctx, tokens as u32, a, BufferView::new(&arena, align + region, 2 * region))
+            .unwrap_err();
+        assert!(err.to_string().contains("view of `y`"), "{slug}: {err}");
+        let err = one.plan(&ctx, tokens as u32, BufferView::new(&arena, align, bytes - 4), b).unwrap_err();
+        assert!(err.to_string().contains("`x`"), "{slug}: {err}");
+    }
+}

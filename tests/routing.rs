@@ -321,7 +321,7 @@ fn bad_input_is_an_error_that_names_the_problem() {
         // A plan whose buffers are smaller than its shapes.
         let small = ctx.zeroed("small", 16).unwrap();
         let bufs = RouteBuffers {
-            x: &small,
+            x: (&small).into(),
             gate: &small,
             bias: None,
             logits: None,

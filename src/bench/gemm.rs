@@ -155,7 +155,7 @@ fn grouped(
     let tile = ffn.kernels(ctx).block_rows();
     let layout = DispatchLayout::new(ctx, DispatchConfig { experts: p.e, k: p.k, tile }, p.tokens, 0)?;
     let mut ds = layout.plan(ctx, idx)?;
-    let bufs = FfnBuffers { x, indices: idx, partial };
+    let bufs = FfnBuffers { x: x.into(), indices: idx, partial };
     ds.extend(plan_ffn(ctx, ffn, p.tokens, p.k, &bufs, FfnRouting::Grouped(&layout))?.into_dispatches());
     Ok(ds)
 }
@@ -263,7 +263,7 @@ impl Comparison for GroupedVsBucketed {
             p.entries(),
         )?;
         let mut a = buckets.plan(ctx, &idx)?;
-        let bufs = FfnBuffers { x: &x, indices: &idx, partial: &pa };
+        let bufs = FfnBuffers { x: (&x).into(), indices: &idx, partial: &pa };
         a.extend(
             plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Bucketed(&buckets))?.into_dispatches(),
         );
@@ -303,7 +303,7 @@ impl Comparison for DecodeVsGrouped {
         let bytes = u64::from(p.entries() * p.h) * 4;
         let (pa, pb) = (ctx.zeroed("grouped partial", bytes)?, ctx.zeroed("decode partial", bytes)?);
         let a = grouped(ctx, &p, &ffn, &x, &idx, &pa)?;
-        let bufs = FfnBuffers { x: &x, indices: &idx, partial: &pb };
+        let bufs = FfnBuffers { x: (&x).into(), indices: &idx, partial: &pb };
         let b = plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Decode)?.into_dispatches();
         let mut distinct = p.idx.clone();
         distinct.sort_unstable();

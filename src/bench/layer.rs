@@ -47,8 +47,8 @@ impl Comparison for OneLaunchCombine {
             ctx.zeroed("y one launch", u64::from(m * h) * 4)?,
         );
         let bufs = |y| CombineBuffers { weights: &wb, partial: &pb, shared: None, y };
-        let a = plan_combine(ctx, m, h, k, &bufs(&ya), CombineMode::Sequential)?;
-        let b = plan_combine(ctx, m, h, k, &bufs(&yb), CombineMode::OneLaunch)?;
+        let a = plan_combine(ctx, m, h, k, &bufs((&ya).into()), CombineMode::Sequential)?;
+        let b = plan_combine(ctx, m, h, k, &bufs((&yb).into()), CombineMode::OneLaunch)?;
         let (hu, ku) = (h as usize, k as usize);
         let validate = move |ctx: &Context| -> Result<()> {
             let n = m as usize * hu;

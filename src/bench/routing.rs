@@ -73,7 +73,7 @@ impl RouteInputs {
             weights: ctx.zeroed(&format!("{tag} weights"), ns * 4)?,
         };
         let bufs = RouteBuffers {
-            x: &self.x,
+            x: (&self.x).into(),
             gate: &self.gate,
             bias: None,
             logits: out.logits.as_ref(),

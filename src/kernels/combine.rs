@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
+use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 static COMBINE_SHADER: ShaderSource = ShaderSource {
@@ -74,7 +74,7 @@ pub struct CombineBuffers<'a> {
     /// Shared expert, if any.
     pub shared: Option<Shared<'a>>,
     /// `y[tokens, hidden]`, written.
-    pub y: &'a wgpu::Buffer,
+    pub y: BufferView<'a>,
 }
 
 /// One-launch or sequential.
@@ -99,23 +99,30 @@ struct Bound<'a> {
 }
 
 impl Bound<'_> {
-    fn bindings(&self, spec: &KernelSpec, offset: u64) -> Vec<Binding<'_>> {
+    /// The buffers of `spec`'s bindings (see wgsl/combine/combine.wgsl), its parameters at
+    /// `offset` of the parameter buffer.
+    fn bindings(&self, spec: &KernelSpec, offset: u64) -> Result<Vec<Binding<'_>>> {
         let shared = self.bufs.shared;
         spec.bindings
             .iter()
-            .map(|&(b, _)| match b {
-                0 => Binding { binding: 0, buffer: &self.params, size: PARAMS_BYTES, offset },
-                1 => Binding::new(1, self.bufs.weights, self.t * self.k * 4),
-                2 => Binding::new(2, self.bufs.partial, self.t * self.k * self.h * 4),
-                3 => match shared {
-                    Some(s) => Binding::new(3, s.rows, self.t * self.h * 4),
-                    None => Binding::new(3, &self.placeholder, 4),
-                },
-                4 => match shared.and_then(|s| s.gate_logits) {
-                    Some(g) => Binding::new(4, g, self.t * 4),
-                    None => Binding::new(4, &self.placeholder, 4),
-                },
-                _ => Binding::new(5, self.bufs.y, self.t * self.h * 4),
+            .map(|&(b, _)| {
+                Ok(match b {
+                    0 => Binding { binding: 0, buffer: &self.params, size: PARAMS_BYTES, offset },
+                    1 => Binding::new(1, self.bufs.weights, self.t * self.k * 4),
+                    2 => Binding::new(2, self.bufs.partial, self.t * self.k * self.h * 4),
+                    3 => match shared {
+                        Some(s) => Binding::new(3, s.rows, self.t * self.h * 4),
+                        None => Binding::new(3, &self.placeholder, 4),
+                    },
+                    4 => match shared.and_then(|s| s.gate_logits) {
+                        Some(g) => Binding::new(4, g, self.t * 4),
+                        None => Binding::new(4, &self.placeholder, 4),
+                    },
+                    5 => self.bufs.y.bind(5, self.t * self.h * 4),
+                    other => {
+                        return Err(Error::invalid(format!("the combine has no buffer for binding {other}")));
+                    }
+                })
             })
             .collect()
     }
@@ -144,7 +151,7 @@ fn check(
     let (t, h, kk) = (u64::from(tokens), u64::from(hidden), u64::from(k));
     ctx.check_binding("weights", bufs.weights, t * kk * 4, Read)?;
     ctx.check_binding("partial", bufs.partial, t * kk * h * 4, Read)?;
-    ctx.check_binding("y", bufs.y, t * h * 4, ReadWrite)?;
+    ctx.check_view("y", &bufs.y, t * h * 4, ReadWrite)?;
     if let Some(s) = bufs.shared {
         ctx.check_binding("shared", s.rows, t * h * 4, Read)?;
         if let Some(g) = s.gate_logits {
@@ -189,7 +196,7 @@ pub fn plan_combine(
             let kernel = ctx.kernel(&COMBINE, &consts)?;
             Ok(vec![ctx.dispatch(
                 &kernel,
-                &bound.bindings(&COMBINE, 0),
+                &bound.bindings(&COMBINE, 0)?,
                 ctx.grid(COMBINE.groups(t * h)?, "combine")?,
             )?])
         }
@@ -222,7 +229,7 @@ pub fn plan_combine(
                 .enumerate()
                 .map(|(i, (spec, _))| {
                     let kernel = ctx.kernel(spec, &consts)?;
-                    ctx.dispatch(&kernel, &bound.bindings(spec, i as u64 * stride), groups)
+                    ctx.dispatch(&kernel, &bound.bindings(spec, i as u64 * stride)?, groups)
                 })
                 .collect()
         }

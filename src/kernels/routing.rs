@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
+use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 /// Invocations per top-k workgroup. The softmax sum's reduction tree depends on it, so it is
@@ -310,7 +310,7 @@ impl RouteMode {
 #[derive(Clone, Copy, Debug)]
 pub struct RouteBuffers<'a> {
     /// `x[tokens, hidden]`.
-    pub x: &'a wgpu::Buffer,
+    pub x: BufferView<'a>,
     /// `gate[experts, hidden]`.
     pub gate: &'a wgpu::Buffer,
     /// `bias[experts]`; required exactly when the config has `bias`.
@@ -431,7 +431,7 @@ pub fn plan_route(
         return Ok(RoutePlan { dispatches: Vec::new() });
     }
     let (t, h, e, k) = (u64::from(tokens), u64::from(cfg.hidden), u64::from(cfg.experts), u64::from(cfg.k));
-    ctx.check_binding("x", bufs.x, t * h * F32, Access::Read)?;
+    ctx.check_view("x", &bufs.x, t * h * F32, Access::Read)?;
     ctx.check_binding("gate", bufs.gate, e * h * F32, Access::Read)?;
     ctx.check_binding("indices", bufs.indices, t * k * 4, Access::ReadWrite)?;
     ctx.check_binding("weights", bufs.weights, t * k * F32, Access::ReadWrite)?;
@@ -446,7 +446,7 @@ pub fn plan_route(
         (_, false) => Binding::new(3, &c.no_logits, 4),
     };
     let params = Binding::new(0, &c.params, PARAMS_BYTES);
-    let x = Binding::new(1, bufs.x, t * h * F32);
+    let x = bufs.x.bind(1, t * h * F32);
     let gate = Binding::new(2, bufs.gate, e * h * F32);
     let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
     let indices = Binding::new(5, bufs.indices, t * k * 4);
@@ -593,7 +593,7 @@ pub fn route_host(
         cfg,
         tokens,
         &RouteBuffers {
-            x: &xb,
+            x: (&xb).into(),
             gate: &gb,
             bias: bb.as_ref(),
             logits: Some(&out.logits),

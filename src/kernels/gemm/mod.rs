@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::{Context, lock};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, TextureBinding, Workgroup};
+use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, TextureBinding, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
 mod texture;
@@ -732,7 +732,7 @@ struct Pass<'a> {
     gather: bool,
     out_entry: bool,
     identity_rows: bool,
-    x: &'a wgpu::Buffer,
+    x: BufferView<'a>,
     w: &'a ExpertWeights,
     w_up: &'a ExpertWeights,
     row_entry: &'a wgpu::Buffer,
@@ -759,7 +759,7 @@ impl Pass<'_> {
     fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> Vec<Binding<'b>> {
         vec![
             Binding::new(0, params, PARAMS_BYTES),
-            Binding::new(1, self.x, self.x.size()),
+            self.x.bind(1, self.x.size),
             Binding::new(4, self.row_entry, self.row_entry.size()),
             Binding::new(6, self.out, self.out.size()),
         ]
@@ -1157,7 +1157,7 @@ impl Staged {
         let groups = STAGE.groups(u64::from(p.rows) * u64::from(p.kdim.div_ceil(4)))?;
         let bindings = [
             Binding::new(0, &params, PARAMS_BYTES),
-            Binding::new(1, pass.x, pass.x.size()),
+            pass.x.bind(1, pass.x.size),
             Binding::new(4, pass.row_entry, pass.row_entry.size()),
             Binding::new(7, &buffer, windows.bytes()),
         ];
@@ -1192,7 +1192,7 @@ fn up_pass<'a>(
     ffn: &'a ExpertFfn,
     order: GemmOrder,
     base: Params,
-    x: &'a wgpu::Buffer,
+    x: BufferView<'a>,
     rows: &'a wgpu::Buffer,
     act: &'a wgpu::Buffer,
 ) -> Pass<'a> {
@@ -1222,7 +1222,7 @@ fn down_pass<'a>(
         swiglu: false,
         gather: false,
         out_entry: true,
-        x: act,
+        x: act.into(),
         w: &ffn.down,
         w_up: &ffn.down,
         out: partial,
@@ -1263,7 +1263,7 @@ pub fn uses_decode_path(tokens: u32, k: u32, experts: u32) -> bool {
 #[derive(Clone, Copy, Debug)]
 pub struct FfnBuffers<'a> {
     /// `x[tokens, H]`.
-    pub x: &'a wgpu::Buffer,
+    pub x: BufferView<'a>,
     /// `indices[tokens, k]` (u32).
     pub indices: &'a wgpu::Buffer,
     /// `partial[tokens * k, H]`, written, indexed by entry `token * k + slot`.
@@ -1288,7 +1288,7 @@ pub fn plan_ffn(
     let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
     let FfnBuffers { x, indices, partial } = *bufs;
     let entries = u64::from(tokens) * u64::from(k);
-    ctx.check_binding("x", x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
+    ctx.check_view("x", &x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
     ctx.check_binding("indices", indices, entries * 4, Access::Read)?;
     ctx.check_binding("partial", partial, entries * u64::from(h) * 4, Access::ReadWrite)?;
     for w in [&ffn.gate, &ffn.up, &ffn.down] {
@@ -1361,7 +1361,7 @@ pub fn plan_ffn(
                     swiglu: false,
                     gather: false,
                     out_entry: true,
-                    x: &act,
+                    x: (&act).into(),
                     w: &ffn.down,
                     w_up: &ffn.down,
                     out: partial,
@@ -1397,16 +1397,17 @@ pub fn plan_ffn(
 ///
 /// # Errors
 /// As [`plan_ffn`].
-pub fn plan_ffn_all_experts(
+pub fn plan_ffn_all_experts<'b>(
     ctx: &Context,
     ffn: &ExpertFfn,
     tokens: u32,
-    x: &wgpu::Buffer,
+    x: impl Into<BufferView<'b>>,
     all: &wgpu::Buffer,
 ) -> Result<FfnPlan> {
+    let x = x.into();
     let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
     let rows = u64::from(e) * u64::from(tokens);
-    ctx.check_binding("x", x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
+    ctx.check_view("x", &x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
     ctx.check_binding("all-expert output", all, rows * u64::from(h) * 4, Access::ReadWrite)?;
     let act = ctx.storage_scratch("all-expert activations", rows * u64::from(f) * 4)?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
@@ -1441,7 +1442,7 @@ pub fn plan_ffn_all_experts(
         let down = Pass {
             swiglu: false,
             gather: false,
-            x: &act,
+            x: (&act).into(),
             w: &ffn.down,
             w_up: &ffn.down,
             out: all,
@@ -1470,17 +1471,18 @@ pub enum DenseKernel {
 /// # Errors
 /// [`Error::Shape`] for a buffer smaller than its shape; [`GemmVariant::validate`]'s
 /// errors; [`Error::LimitExceeded`] past the adapter's limits.
-pub fn plan_dense(
+pub fn plan_dense<'b>(
     ctx: &Context,
     w: &ExpertWeights,
     rows: u32,
-    x: &wgpu::Buffer,
+    x: impl Into<BufferView<'b>>,
     y: &wgpu::Buffer,
     kernel: DenseKernel,
     order: GemmOrder,
 ) -> Result<FfnPlan> {
+    let x = x.into();
     let [_, n, k] = w.shape();
-    ctx.check_binding("x", x, u64::from(rows) * u64::from(k) * 4, Access::Read)?;
+    ctx.check_view("x", &x, u64::from(rows) * u64::from(k) * 4, Access::Read)?;
     ctx.check_binding("y", y, u64::from(rows) * u64::from(n) * 4, Access::ReadWrite)?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
     let params = Params {

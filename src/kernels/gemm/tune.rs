@@ -259,7 +259,7 @@ fn measure(
             return Err(Error::invalid("the tuner lost a dispatch layout it made"));
         };
         let base = Params { k_route: 1, fixed_expert: NONE, ..Params::default() };
-        let mut up = up_pass(ffn, order, base, &x, layout.perm(), act);
+        let mut up = up_pass(ffn, order, base, (&x).into(), layout.perm(), act);
         up.params.rows = layout.max_rows();
         up.params.tile_rows = tile;
         let down = down_pass(&up, ffn, act, &partial);
