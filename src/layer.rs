@@ -295,12 +295,57 @@ pub struct MoeLayer {
     shared_gate: Option<ExpertWeights>,
 }
 
+/// A stage of the layer's forward, in the order a forward runs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Stage {
+    /// Gate matvec and top-k (or the fused route).
+    Route,
+    /// The dispatch layout (count, scan, stable placement) or the bucket layout.
+    Dispatch,
+    /// The routed experts' projections.
+    Experts,
+    /// The shared expert (and its gate), independent of the routing.
+    Shared,
+    /// The weighted sum of the experts' outputs and the shared expert's.
+    Combine,
+}
+
+impl Stage {
+    /// The stages whose outputs this one reads.
+    pub fn reads(self) -> &'static [Stage] {
+        match self {
+            Stage::Route | Stage::Shared => &[],
+            Stage::Dispatch => &[Stage::Route],
+            Stage::Experts => &[Stage::Route, Stage::Dispatch],
+            Stage::Combine => &[Stage::Route, Stage::Experts, Stage::Shared],
+        }
+    }
+
+    /// Its name in reports: `route`, `dispatch`, `experts`, `shared` or `combine`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Route => "route",
+            Stage::Dispatch => "dispatch",
+            Stage::Experts => "experts",
+            Stage::Shared => "shared",
+            Stage::Combine => "combine",
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
 /// Intermediate buffers and dispatches of a forward for one batch size. Build it once per
 /// shape with [`MoeLayer::plan`] and record it every forward.
 #[derive(Debug)]
 pub struct ForwardPlan {
     tokens: u32,
-    stages: Vec<(&'static str, Vec<Dispatch>)>,
+    stages: Vec<(Stage, Vec<Dispatch>)>,
     indices: wgpu::Buffer,
     weights: wgpu::Buffer,
     layout: Option<DispatchLayout>,
@@ -309,7 +354,7 @@ pub struct ForwardPlan {
 
 impl ForwardPlan {
     /// Stages in order, each with its dispatches.
-    pub fn stages(&self) -> Vec<(&'static str, Vec<&Dispatch>)> {
+    pub fn stages(&self) -> Vec<(Stage, Vec<&Dispatch>)> {
         self.stages.iter().map(|(n, ds)| (*n, ds.iter().collect())).collect()
     }
 
@@ -323,8 +368,8 @@ impl ForwardPlan {
         self.stages.into_iter().flat_map(|(_, ds)| ds).collect()
     }
 
-    /// The named stages, owned (the buffers they use stay alive with them).
-    pub fn into_stages(self) -> Vec<(&'static str, Vec<Dispatch>)> {
+    /// The stages, owned (the buffers they use stay alive with them).
+    pub fn into_stages(self) -> Vec<(Stage, Vec<Dispatch>)> {
         self.stages
     }
 
@@ -540,7 +585,7 @@ impl MoeLayer {
             weights: &weights,
         };
         stages.push((
-            "route",
+            Stage::Route,
             plan_route(ctx, &c.route(), tokens, &route_bufs, c.route_mode)?.into_dispatches(),
         ));
         let ffn_bufs = FfnBuffers { x, indices: &indices, partial: &partial };
@@ -548,7 +593,7 @@ impl MoeLayer {
         match c.capacity {
             Capacity::Dropless if uses_decode_path(tokens, c.k, c.experts) => {
                 stages.push((
-                    "experts",
+                    Stage::Experts,
                     plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Decode)?
                         .into_dispatches(),
                 ));
@@ -560,9 +605,9 @@ impl MoeLayer {
                     tokens,
                     0,
                 )?;
-                stages.push(("dispatch", l.plan(ctx, &indices)?));
+                stages.push((Stage::Dispatch, l.plan(ctx, &indices)?));
                 stages.push((
-                    "experts",
+                    Stage::Experts,
                     plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Grouped(&l))?
                         .into_dispatches(),
                 ));
@@ -574,9 +619,9 @@ impl MoeLayer {
                 if policy == OverflowPolicy::Drop {
                     ds.push(plan_fill_zero(ctx, &partial, entries * c.hidden)?);
                 }
-                stages.push(("dispatch", ds));
+                stages.push((Stage::Dispatch, ds));
                 stages.push((
-                    "experts",
+                    Stage::Experts,
                     plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Bucketed(&b))?
                         .into_dispatches(),
                 ));
@@ -598,13 +643,13 @@ impl MoeLayer {
                 }
                 None => None,
             };
-            stages.push(("shared", ds));
+            stages.push((Stage::Shared, ds));
             shared = Some((rows, gate_logits));
         }
         let shared =
             shared.as_ref().map(|(rows, gate_logits)| Shared { rows, gate_logits: gate_logits.as_ref() });
         let combine = CombineBuffers { weights: &weights, partial: &partial, shared, y };
-        stages.push(("combine", plan_combine(ctx, tokens, c.hidden, c.k, &combine, c.combine)?));
+        stages.push((Stage::Combine, plan_combine(ctx, tokens, c.hidden, c.k, &combine, c.combine)?));
         Ok(ForwardPlan { tokens, stages, indices, weights, layout, buckets })
     }
 

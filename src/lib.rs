@@ -53,7 +53,7 @@ pub mod prelude {
     pub use crate::kernels::routing::{Gating, GroupLimit, RouteMode};
     pub use crate::layer::{
         Capacity, ForwardOutput, ForwardPlan, KernelChoice, MoeConfig, MoeLayer, MoeWeights, PrepareReport,
-        RouterWeights,
+        RouterWeights, Stage,
     };
     pub use crate::pipeline::BufferView;
     pub use crate::requirements::Requirements;

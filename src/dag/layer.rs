@@ -7,44 +7,34 @@ use super::executor::{Executor, RunReport};
 use super::graph::{Graph, Reach, Read, Source};
 use super::plan::{Fusion, Plan, plan};
 use crate::context::Context;
-use crate::error::{Error, Result};
-use crate::layer::ForwardPlan;
+use crate::error::Result;
+use crate::layer::{ForwardPlan, Stage};
 use crate::pipeline::Dispatch;
 
 /// A graph whose stages are lists of dispatches that run whole.
 pub type DispatchGraph = Graph<Vec<Dispatch>>;
 
-/// What each layer stage reads, by stage name.
-fn reads_of(name: &str) -> Result<&'static [&'static str]> {
-    Ok(match name {
-        "route" | "shared" => &[],
-        "dispatch" => &["route"],
-        "experts" => &["route", "dispatch"],
-        "combine" => &["route", "experts", "shared"],
-        other => return Err(Error::invalid(format!("unknown layer stage `{other}`"))),
-    })
-}
-
-/// The layer's forward plan as a graph over its tokens (one tile).
+/// The layer's forward plan as a graph over its tokens (one tile): each stage reads the
+/// earlier stages [`Stage::reads`] names, whole.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for a stage name the graph does not know, and
 /// [`Graph::add`]'s errors.
 pub fn layer_graph(forward: ForwardPlan) -> Result<DispatchGraph> {
     let tokens = forward.tokens().max(1);
     let mut graph = Graph::new(tokens, tokens)?;
-    let mut names: Vec<&'static str> = Vec::new();
-    for (name, dispatches) in forward.into_stages() {
-        let mut reads: Vec<Read> = reads_of(name)?
+    let mut added: Vec<Stage> = Vec::new();
+    for (stage, dispatches) in forward.into_stages() {
+        let mut reads: Vec<Read> = stage
+            .reads()
             .iter()
-            .filter_map(|r| names.iter().position(|n| n == r))
+            .filter_map(|r| added.iter().position(|a| a == r))
             .map(|s| Read { source: Source::Stage(s), reach: Reach::Whole })
             .collect();
         if reads.is_empty() {
             reads.push(Read { source: Source::Input, reach: Reach::Whole });
         }
-        graph.add(name, dispatches, reads)?;
-        names.push(name);
+        graph.add(stage.name(), dispatches, reads)?;
+        added.push(stage);
     }
     Ok(graph)
 }
