@@ -25,7 +25,7 @@ fn all_shaders() -> Vec<&'static ShaderSource> {
     all.extend_from_slice(crate::kernels::combine::SHADERS);
     #[cfg(feature = "dag")]
     {
-        all.extend_from_slice(crate::dag::executor::SHADERS);
+        all.extend_from_slice(crate::dag::run::SHADERS);
         all.extend_from_slice(crate::dag::probe::SHADERS);
     }
     #[cfg(feature = "bench")]
@@ -41,7 +41,10 @@ fn all_specs() -> Vec<&'static KernelSpec> {
     all.extend(crate::kernels::gemm::specs());
     all.extend_from_slice(crate::kernels::combine::SPECS);
     #[cfg(feature = "dag")]
-    all.extend_from_slice(crate::dag::executor::SPECS);
+    {
+        all.extend_from_slice(crate::dag::run::SPECS);
+        all.extend_from_slice(crate::dag::probe::SPECS);
+    }
     #[cfg(feature = "bench")]
     all.extend_from_slice(crate::bench::calibrate::SPECS);
     all

@@ -12,6 +12,7 @@ pub mod plan;
 pub mod probe;
 pub mod program;
 pub mod queue;
+pub mod run;
 
 pub use chain::{RowGraph, RowOp};
 pub use executor::{Executor, RowRun, RunReport, lanes_for};

@@ -9,9 +9,9 @@ use bytemuck::{Pod, Zeroable};
 use serde::{Deserialize, Serialize};
 
 use super::chain::RowGraph;
-use super::executor::{Executor, RowRun};
 use super::program::RowInputs;
 use super::queue::{Granularity, QueueOptions};
+use super::run::{Executor, RowRun};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
@@ -28,13 +28,17 @@ static MP_SHADER: ShaderSource = ShaderSource {
 #[cfg(test)]
 pub(crate) static SHADERS: &[&ShaderSource] = &[&MP_SHADER];
 
-pub(super) static MESSAGE_PASSING: KernelSpec = KernelSpec {
+static MESSAGE_PASSING: KernelSpec = KernelSpec {
     shader: &MP_SHADER,
     entry: "message_passing",
     bindings: &[(0, Access::Uniform), (1, Access::ReadWrite), (2, Access::ReadWrite), (3, Access::ReadWrite)],
     params_bytes: std::mem::size_of::<MpParams>() as u64,
     workgroup: Workgroup::Fixed(64),
 };
+
+/// The probe's kernel (for the contract test, `src/contract.rs`).
+#[cfg(test)]
+pub(crate) static SPECS: &[&KernelSpec] = &[&MESSAGE_PASSING];
 
 /// Worker counts the progress test tries, in order; the bound is the last that passes.
 pub const WORKER_LADDER: &[u32] = &[1, 4, 8, 20, 32, 64, 128, 256];
@@ -137,14 +141,34 @@ impl ProbeReport {
     }
 }
 
-fn cache() -> &'static Mutex<HashMap<String, Arc<ProbeReport>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<ProbeReport>>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+/// What a probe verdict holds for: one adapter and driver.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ProbeKey {
+    backend: String,
+    name: String,
+    driver: String,
+    driver_info: String,
+    vendor: u32,
+    device: u32,
 }
 
-fn cache_key(ctx: &Context) -> String {
-    let a = ctx.adapter();
-    format!("{}|{}|{}|{}|{:x}|{:x}", a.backend, a.name, a.driver, a.driver_info, a.vendor, a.device)
+impl ProbeKey {
+    fn of(ctx: &Context) -> Self {
+        let a = ctx.adapter();
+        ProbeKey {
+            backend: a.backend.clone(),
+            name: a.name.clone(),
+            driver: a.driver.clone(),
+            driver_info: a.driver_info.clone(),
+            vendor: a.vendor,
+            device: a.device,
+        }
+    }
+}
+
+fn cache() -> &'static Mutex<HashMap<ProbeKey, Arc<ProbeReport>>> {
+    static CACHE: OnceLock<Mutex<HashMap<ProbeKey, Arc<ProbeReport>>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 /// The probe verdict for `ctx`'s adapter: run once per adapter and driver in this process,
@@ -153,7 +177,7 @@ fn cache_key(ctx: &Context) -> String {
 /// # Errors
 /// As [`run_probe`].
 pub fn probe(ctx: &Context) -> Result<Arc<ProbeReport>> {
-    let key = cache_key(ctx);
+    let key = ProbeKey::of(ctx);
     if let Some(r) = cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(r.clone());
     }
@@ -265,10 +289,10 @@ fn progress_run(ctx: &Context, workers: u32) -> Result<Progress> {
     let graph = RowGraph::seed_chain(2 * workers, 64, u64::from(workers))?;
     let x = Synth::new(1).uniform(2 * workers as usize * 64, 1.0);
     let inputs = RowInputs::upload(ctx, &graph, &x)?;
-    let staged = RowRun::prepare(ctx, &graph, &inputs, Executor::Staged)?;
+    let staged = RowRun::prepare_unprobed(ctx, &graph, &inputs, Executor::Staged)?;
     staged.run(ctx)?;
     let opts = QueueOptions { spin_limit: PROBE_SPIN_LIMIT, ..QueueOptions::new(workers, Granularity::Fine) };
-    let queue = RowRun::prepare_unprobed(ctx, &graph, &inputs, opts)?;
+    let queue = RowRun::prepare_unprobed(ctx, &graph, &inputs, Executor::Queue(opts))?;
     ctx.run(&queue.dispatches().iter().collect::<Vec<_>>())?;
     let status = queue.queue_status(ctx)?;
     let (want, got) = (staged.read_all(ctx)?, queue.read_all(ctx)?);
