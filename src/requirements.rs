@@ -11,7 +11,7 @@
 use crate::context::AdapterDescription;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{
-    AdapterKind, DECODE_MAX_TOKENS, GemmVariant, WINDOW_BYTES, WeightDtype, candidates, specs_for,
+    AdapterKind, GemmVariant, WINDOW_BYTES, WeightDtype, candidates, specs_for, uses_decode_path,
     window_staging_bytes,
 };
 use crate::layer::{Capacity, KernelChoice, MoeConfig};
@@ -137,7 +137,9 @@ impl MoeConfig {
         let mut windows: Vec<(u64, u32)> = vec![(entries, self.hidden), (entries, self.ffn)];
         match self.capacity {
             Capacity::Dropless => {
-                let grouped = max_tokens > DECODE_MAX_TOKENS || entries >= e;
+                // The decode path serves small counts, the grouped path every count from the
+                // first it does not (uses_decode_path changes once as the count grows).
+                let grouped = !uses_decode_path(max_tokens, self.k, self.experts);
                 let max_rows = if grouped { entries + e * (tile - 1) } else { entries };
                 let blocks = entries.div_ceil(u64::from(crate::kernels::dispatch::DISPATCH_WG));
                 needed.extend([f32s(max_rows * f), f32s(max_rows), f32s(blocks * e), f32s(e + 1)]);
