@@ -1,7 +1,11 @@
 //! Runs the eight-stage chain of the scheduler experiment with every DAG executor on one
 //! adapter: the queue probe's verdict, the planner's passes, each executor's GPU time (median
 //! of `--runs` single runs) and a bit-for-bit check against the staged executor, which is
-//! itself checked against the CPU oracle.
+//! itself checked against the CPU oracle. With `--moe`, the MoE layer's stage graph (route,
+//! dispatch, experts, shared expert, combine) instead: each executor's passes, the host wall
+//! time of a run and a bit-for-bit check against `MoeLayer`'s own forward. Its stages are
+//! whole-stage dispatches, so fused passes only group them and a queue runs fused passes
+//! (the report says so).
 //!
 //! `cargo run --release --example dag -- --help` lists the options; `docs/dag.md` explains
 //! the executors.
@@ -11,7 +15,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use moeflow::bench::Sampler;
 use moeflow::bench::verdict::median;
+use moeflow::dag::layer::{dispatch_plan, layer_graph, run_dispatch_graph};
 use moeflow::dag::{Executor, Fusion, Granularity, QueueOptions, RowGraph, RowInputs, RowRun, plan, probe};
+use moeflow::layer::{MoeConfig, MoeLayer};
 use moeflow::reference::dag as reference;
 use moeflow::synth::Synth;
 use moeflow::{AdapterSelector, Context, Error, Result};
@@ -37,6 +43,27 @@ struct Args {
     /// Data seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Run the MoE layer's stage graph instead of the chain.
+    #[arg(long)]
+    moe: bool,
+    /// With --moe: tokens.
+    #[arg(long, default_value_t = 64)]
+    tokens: u32,
+    /// With --moe: hidden size H.
+    #[arg(long, default_value_t = 256)]
+    hidden: u32,
+    /// With --moe: expert FFN size F.
+    #[arg(long, default_value_t = 512)]
+    ffn: u32,
+    /// With --moe: experts E.
+    #[arg(long, default_value_t = 16)]
+    experts: u32,
+    /// With --moe: experts per token.
+    #[arg(long, default_value_t = 2)]
+    k: u32,
+    /// With --moe: shared expert FFN size (0 for none).
+    #[arg(long, default_value_t = 128)]
+    shared_ffn: u32,
 }
 
 fn main() -> ExitCode {
@@ -94,6 +121,9 @@ fn run(args: &Args) -> Result<()> {
         Ok(max) => Some(args.workers.clamp(1, max)),
         Err(_) => None,
     };
+    if args.moe {
+        return run_moe(&ctx, args, workers);
+    }
 
     let graph = RowGraph::seed_chain(args.rows, args.cols, args.seed)?;
     for fusion in [Fusion::Neighbours, Fusion::Full] {
@@ -169,6 +199,64 @@ fn run(args: &Args) -> Result<()> {
     println!("result: {}", if all_ok { "PASS" } else { "FAIL" });
     if !all_ok {
         return Err(Error::Validation("an executor's outputs differ (see above)".into()));
+    }
+    Ok(())
+}
+
+/// The MoE layer's stage graph on every executor (see the module docs).
+fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
+    let mut cfg = MoeConfig::new(args.hidden, args.ffn, args.experts, args.k);
+    cfg.shared_ffn = (args.shared_ffn > 0).then_some(args.shared_ffn);
+    println!("MoE layer: M={}, {cfg}", args.tokens);
+    let mut synth = Synth::new(args.seed);
+    let layer = MoeLayer::new(ctx, cfg, &synth.moe_weights(&cfg))?;
+    let x = synth.uniform((args.tokens * args.hidden) as usize, 1.0);
+    let want: Vec<u32> = layer.forward_host(ctx, &x)?.y.iter().map(|v| v.to_bits()).collect();
+    let xb = ctx.upload("x", &x)?;
+    let mut executors =
+        vec![Executor::Staged, Executor::Fused(Fusion::Neighbours), Executor::Fused(Fusion::Full)];
+    executors.extend(workers.map(|w| Executor::Queue(QueueOptions::new(w, Granularity::Fine))));
+    let mut all_ok = true;
+    for e in executors {
+        let y = ctx.zeroed("y", want.len() as u64 * 4)?;
+        let graph = layer_graph(layer.plan(ctx, args.tokens, &xb, &y)?)?;
+        let (p, _) = dispatch_plan(&graph, e);
+        let passes: Vec<String> = p
+            .passes
+            .iter()
+            .map(|pass| {
+                let names: Vec<&str> =
+                    pass.steps.iter().map(|s| graph.stages()[s.stage].name.as_str()).collect();
+                format!("[{}]", names.join(" "))
+            })
+            .collect();
+        run_dispatch_graph(ctx, &graph, e)?; // warm-up
+        let mut wall = Vec::new();
+        let mut report = None;
+        for _ in 0..args.runs.max(1) {
+            let start = std::time::Instant::now();
+            report = Some(run_dispatch_graph(ctx, &graph, e)?);
+            wall.push(start.elapsed().as_secs_f64());
+        }
+        let got: Vec<u32> = ctx.read_back::<f32>(&y, want.len())?.iter().map(|v| v.to_bits()).collect();
+        let same = got == want;
+        all_ok &= same;
+        let fallback = report.and_then(|r| r.fallback).map(|f| format!(" ({f})")).unwrap_or_default();
+        println!(
+            "{:<28} {:>8.3} ms wall (median of {})  {}{fallback}\n    passes: {}",
+            match e {
+                Executor::Queue(q) => format!("Queue({} workers, {:?})", q.workers, q.granularity),
+                other => format!("{other:?}"),
+            },
+            median(&mut wall) * 1e3,
+            args.runs.max(1),
+            if same { "identical to MoeLayer" } else { "DIFFERENT from MoeLayer" },
+            passes.join(" ")
+        );
+    }
+    println!("result: {}", if all_ok { "PASS" } else { "FAIL" });
+    if !all_ok {
+        return Err(Error::Validation("an executor's outputs differ from the layer's (see above)".into()));
     }
     Ok(())
 }

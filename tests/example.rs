@@ -261,6 +261,25 @@ fn dag_example_runs_every_executor_on_every_adapter() {
 }
 
 #[test]
+fn dag_example_runs_the_moe_layer_on_every_executor() {
+    for adapter in common::wgpu_adapters() {
+        let backend = format!("{:?}", adapter.get_info().backend).to_lowercase();
+        let out = Command::new(example_named("dag"))
+            .args(["--adapter", &backend, "--moe", "--tokens", "9", "--hidden", "32", "--ffn", "48"])
+            .args(["--experts", "6", "--k", "2", "--shared-ffn", "16", "--workers", "2", "--runs", "1"])
+            .output()
+            .expect("running the dag example");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        for needle in ["MoE layer: M=9", "Staged", "passes: [route]", "identical to MoeLayer", "result: PASS"]
+        {
+            assert!(stdout.contains(needle), "missing `{needle}` in:\n{stdout}");
+        }
+        assert!(!stdout.contains("DIFFERENT"), "{stdout}");
+    }
+}
+
+#[test]
 fn loader_errors_name_the_tensor_and_its_expected_shape() {
     let cfg = MoeConfig::new(16, 12, 4, 2);
     let w = Synth::new(1).moe_weights(&cfg);
