@@ -17,6 +17,7 @@ pub const ADAPTER_ENV: &str = "MOEFLOW_ADAPTER";
 
 /// Optional features moeflow enables when the adapter has them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Timestamp queries around passes (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
@@ -60,6 +61,7 @@ impl Capabilities {
 
 /// The limits that bound moeflow's kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct KeyLimits {
     /// Largest storage-buffer binding, in bytes.
     pub max_storage_buffer_binding_size: u64,
@@ -110,6 +112,7 @@ impl From<&wgpu::Limits> for KeyLimits {
 
 /// One adapter as `moeflow::adapters()` and the benchmark records describe it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct AdapterDescription {
     /// Backend name: `vulkan`, `metal`, `dx12` or `gl`.
     pub backend: String,

@@ -411,6 +411,7 @@ impl ForwardPlan {
 
 /// What [`MoeLayer::prepare`] did.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct PrepareReport {
     /// Pipelines built by this call (0 when every one was built before).
     pub pipelines_built: usize,
@@ -424,6 +425,7 @@ pub struct PrepareReport {
 
 /// A forward's results read back to the host.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ForwardOutput {
     /// `y[tokens, hidden]`.
     pub y: Vec<f32>,

@@ -19,6 +19,7 @@ use crate::pipeline::KernelSpec;
 
 /// Features and limits to create a device with (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Requirements {
     /// Optional features moeflow uses where the adapter has them (timestamps, subgroups,
     /// shader-f16, the pipeline cache): no kernel needs one.

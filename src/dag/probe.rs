@@ -63,6 +63,7 @@ struct MpParams {
 
 /// The message-passing litmus test's counts over all rounds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MessagePassing {
     /// Rounds run.
     pub rounds: u32,
@@ -113,6 +114,7 @@ pub enum ProbeVerdict {
 
 /// The probe's results for one adapter and driver.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ProbeReport {
     /// Adapter name.
     pub adapter: String,

@@ -70,6 +70,7 @@ impl QueueOptions {
 
 /// The queue's state words after a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct QueueStatus {
     /// Tickets handed out (claims past the end included).
     pub tickets: u32,

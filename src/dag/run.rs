@@ -83,6 +83,7 @@ pub enum Executor {
 
 /// What a run did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct RunReport {
     /// The executor that produced the outputs.
     pub ran: String,

@@ -165,6 +165,7 @@ struct Params {
 
 /// Expert load, from a layout's counts and meta words.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LoadStats {
     /// Entries per expert.
     pub per_expert: Vec<u32>,

@@ -83,6 +83,7 @@ pub fn default_cache_path() -> Option<PathBuf> {
 
 /// What the tuner decided and how.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Tuned {
     /// The kernels to run.
     pub kernels: FfnKernels,
