@@ -4,6 +4,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 
+mod pipelines;
+mod resources;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, GpuErrorKind, Result};

@@ -1,0 +1,222 @@
+//! [`Context`]'s buffers, uploads, readback and submissions (for tests, examples and
+//! benchmarks at the edges of a forward pass, and for the library's own scratch; nothing inside
+//! a forward pass reads back to the host).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+
+use bytemuck::Pod;
+
+use super::Context;
+use crate::error::{Error, GpuErrorKind, Result};
+use crate::gpu::{DATA_USAGE, record};
+use crate::pipeline::Dispatch;
+
+/// Pause between polls of a submission on CPU adapters (see [`Context::submit_and_wait`]).
+const CPU_ADAPTER_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Bytes for a buffer holding `bytes` of data: at least 4, a multiple of 4.
+fn padded(bytes: u64) -> u64 {
+    bytes.max(4).next_multiple_of(4)
+}
+
+/// Writes `bytes` at the start of a buffer created with `mapped_at_creation`, then unmaps it.
+fn fill_mapped(buffer: &wgpu::Buffer, bytes: &[u8]) {
+    // A buffer mapped at creation is mapped over its whole size, so this range is valid.
+    if let Ok(mut view) = buffer.slice(..).get_mapped_range_mut() {
+        view.slice(..bytes.len()).copy_from_slice(bytes);
+    }
+    buffer.unmap();
+}
+
+impl Context {
+    /// A buffer of `bytes` bytes (rounded up to 4) with `usage`, checked against the device's
+    /// limits before it is made and created inside an error scope.
+    fn buffer(
+        &self,
+        label: &str,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+        mapped: bool,
+    ) -> Result<wgpu::Buffer> {
+        self.check_alive()?;
+        let size = padded(bytes);
+        let max = self.limits().max_buffer_size;
+        if size > max {
+            return Err(Error::limit(format!("buffer `{label}`"), size, max, "max_buffer_size"));
+        }
+        self.checked(label, || {
+            self.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: mapped,
+            })
+        })
+    }
+
+    /// A buffer with `data` in it, usable as storage and as a copy source or target.
+    ///
+    /// # Errors
+    /// A size past `max_buffer_size`, an allocation the device refuses, or a lost device.
+    pub fn upload<T: Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let buffer = self.buffer(label, bytes.len() as u64, DATA_USAGE, true)?;
+        fill_mapped(&buffer, bytes);
+        Ok(buffer)
+    }
+
+    /// A zero-filled storage buffer of `bytes` bytes (rounded up to 4).
+    ///
+    /// # Errors
+    /// As [`Context::upload`].
+    pub fn zeroed(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        self.buffer(label, bytes, DATA_USAGE, false)
+    }
+
+    /// A zero-filled buffer of `bytes` bytes that a kernel binds whole as storage: checked
+    /// against `max_storage_buffer_binding_size` before it is allocated.
+    pub(crate) fn storage_scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        self.check_storage_bytes(label, bytes)?;
+        self.zeroed(label, bytes)
+    }
+
+    /// `bytes` of buffer `label` against the storage-binding limit.
+    fn check_storage_bytes(&self, label: &str, bytes: u64) -> Result<()> {
+        let limit = self.limits().max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(Error::limit(
+                format!("buffer `{label}`"),
+                bytes,
+                limit,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A zero-filled buffer of `bytes` bytes that one kernel writes as storage and others read
+    /// in windows as uniform buffers; checked against the storage-binding limit. Copyable out,
+    /// like every buffer moeflow makes, so a plan can be captured whole.
+    pub(crate) fn window_scratch(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        self.check_storage_bytes(label, bytes)?;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC;
+        self.buffer(label, bytes, usage, false)
+    }
+
+    /// A uniform buffer holding `value` (see [`Context::uniform_bytes`]).
+    pub(crate) fn uniform<T: Pod>(&self, label: &str, value: &T) -> Result<wgpu::Buffer> {
+        self.uniform_bytes(label, bytemuck::bytes_of(value))
+    }
+
+    /// A uniform buffer holding `bytes` (copyable both ways: kernels' parameters are rewritten
+    /// in place, and read back when a plan is captured).
+    pub(crate) fn uniform_bytes(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let buffer = self.buffer(label, bytes.len() as u64, usage, true)?;
+        fill_mapped(&buffer, bytes);
+        Ok(buffer)
+    }
+
+    /// Submits `encoder` and waits until the device has finished it.
+    ///
+    /// On GPUs this is a blocking wait. On CPU adapters (lavapipe, llvmpipe) the driver's
+    /// blocking wait can keep this thread busy on a core the driver's own shader threads need;
+    /// there the thread polls the submission and sleeps 50 µs between polls instead, so shader
+    /// threads are not descheduled behind it (a persistent queue's producers most of all).
+    ///
+    /// # Errors
+    /// A lost device (before or during the wait), or a failed poll.
+    pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.check_alive()?;
+        let gpu_error = |e: wgpu::PollError| Error::Gpu {
+            context: "waiting for submission".into(),
+            kind: GpuErrorKind::Poll,
+            message: e.to_string(),
+        };
+        if !self.adapter().is_cpu() {
+            let index = self.queue().submit([encoder.finish()]);
+            self.device()
+                .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
+                .map_err(gpu_error)?;
+            return self.check_alive();
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        self.queue().submit([encoder.finish()]);
+        let flag = done.clone();
+        self.queue().on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        while !done.load(Ordering::Acquire) {
+            self.check_alive()?;
+            self.device().poll(wgpu::PollType::Poll).map_err(gpu_error)?;
+            if !done.load(Ordering::Acquire) {
+                std::thread::sleep(CPU_ADAPTER_POLL);
+            }
+        }
+        self.check_alive()
+    }
+
+    /// A fresh command encoder.
+    pub fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
+        self.device().create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+    }
+
+    /// Records `dispatches` in one pass, submits, and waits.
+    ///
+    /// # Errors
+    /// A validation error while recording or submitting (a destroyed buffer, say), or a lost
+    /// device.
+    pub fn run(&self, dispatches: &[&Dispatch]) -> Result<()> {
+        let mut encoder = self.encoder("moeflow run");
+        record(&mut encoder, dispatches);
+        self.checked("run", || self.submit_and_wait(encoder))?
+    }
+
+    /// Copies the first `len` elements of `buffer` to the host.
+    ///
+    /// # Errors
+    /// More elements than the buffer holds, a buffer without `COPY_SRC`, a destroyed or
+    /// mapped buffer (a validation error), a failed mapping, or a lost device.
+    pub fn read_back<T: Pod>(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>> {
+        self.check_alive()?;
+        let bytes = (len * std::mem::size_of::<T>()) as u64;
+        if bytes > buffer.size() {
+            return Err(Error::shape(
+                "readback",
+                format!("{bytes} bytes"),
+                format!("a buffer of {} bytes", buffer.size()),
+            ));
+        }
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        if !buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(Error::Readback(format!(
+                "the buffer has usages {:?}, without COPY_SRC, so it cannot be copied out",
+                buffer.usage()
+            )));
+        }
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = self.buffer("moeflow readback", bytes, usage, false)?;
+        let mut encoder = self.encoder("moeflow readback");
+        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded(bytes).min(buffer.size()));
+        self.checked("readback copy", || self.submit_and_wait(encoder))??;
+        let slice = staging.slice(..);
+        let (tx, rx) = mpsc::channel();
+        self.checked("readback mapping", || {
+            slice.map_async(wgpu::MapMode::Read, move |r| {
+                // The receiver waits below; a send error only means it is gone already.
+                let _ = tx.send(r);
+            })
+        })?;
+        self.device()
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        self.check_alive()?;
+        rx.recv().map_err(|e| Error::Readback(e.to_string()))?.map_err(|e| Error::Readback(e.to_string()))?;
+        let view = slice.get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
+        let out = bytemuck::cast_slice::<u8, T>(&view[..bytes as usize]).to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+}
