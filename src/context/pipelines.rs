@@ -195,6 +195,11 @@ impl Context {
                 format!("{} bytes", buffer.size()),
             ));
         }
+        self.check_binding_limit(what, bytes, access)
+    }
+
+    /// Checks that `bytes` bound as `access` fit the device's storage-binding limit.
+    fn check_binding_limit(&self, what: &str, bytes: u64, access: Access) -> Result<()> {
         if access != Access::Uniform && bytes > self.limits().max_storage_buffer_binding_size {
             return Err(Error::limit(
                 format!("binding `{what}`"),
@@ -240,15 +245,7 @@ impl Context {
                 view.offset
             )));
         }
-        if access != Access::Uniform && bytes > self.limits().max_storage_buffer_binding_size {
-            return Err(Error::limit(
-                format!("binding `{what}`"),
-                bytes,
-                self.limits().max_storage_buffer_binding_size,
-                "max_storage_buffer_binding_size",
-            ));
-        }
-        Ok(())
+        self.check_binding_limit(what, bytes, access)
     }
 
     /// A dispatch of `kernel` over `workgroups` with `bindings` (buffers only).
