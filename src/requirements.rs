@@ -8,7 +8,7 @@
 //! exactly these limits on every adapter and checks that it runs the layer with the bits of a
 //! device with the adapter's full limits.
 
-use crate::context::AdapterDescription;
+use crate::context::{AdapterDescription, Capabilities};
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{
     AdapterKind, GemmVariant, WINDOW_BYTES, WeightDtype, candidates, specs_for, uses_decode_path,
@@ -101,13 +101,7 @@ impl MoeConfig {
             limits.max_texture_dimension_2d = have.max_texture_dimension_2d;
             limits.max_texture_array_layers = have.max_texture_array_layers;
         }
-        let features = adapter.features()
-            & (wgpu::Features::TIMESTAMP_QUERY
-                | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
-                | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-                | wgpu::Features::SUBGROUP
-                | wgpu::Features::SHADER_F16
-                | wgpu::Features::PIPELINE_CACHE);
+        let features = Capabilities::wanted(adapter.features());
         check_within(&limits, &have)?;
         Ok(Requirements { features, limits })
     }

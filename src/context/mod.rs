@@ -51,7 +51,7 @@ impl Capabilities {
     }
 
     /// The wgpu features that moeflow asks for, as far as `available` has them.
-    fn wanted(available: wgpu::Features) -> wgpu::Features {
+    pub(crate) fn wanted(available: wgpu::Features) -> wgpu::Features {
         let wanted = wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
