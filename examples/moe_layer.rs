@@ -255,15 +255,15 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
         let load_s = start.elapsed().as_secs_f64();
         let (layer, cfg) = (&loaded.layer, *loaded.layer.config());
         println!("layer: {} at `{}`: {cfg} (loaded in {load_s:.2} s)", loaded.routing.family, loaded.prefix);
-        if hidden != cfg.hidden as usize {
+        if hidden != cfg.route.hidden as usize {
             return Err(Error::shape(
                 "input x",
-                format!("[tokens, {}]", cfg.hidden),
+                format!("[tokens, {}]", cfg.route.hidden),
                 format!("[{tokens}, {hidden}]"),
             ));
         }
         let out = layer.forward_host(ctx, &x)?;
-        let mut counts = vec![0u32; cfg.experts as usize];
+        let mut counts = vec![0u32; cfg.route.experts as usize];
         for &i in &out.indices {
             counts[i as usize] += 1;
         }
@@ -271,7 +271,7 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
             (true, Some(l)) => format!("layers.{l}."),
             _ => String::new(),
         };
-        results.push((name, out, counts, cfg.k as usize));
+        results.push((name, out, counts, cfg.route.k as usize));
     }
     let names: Vec<[String; 4]> = results
         .iter()
@@ -357,7 +357,7 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
             }
         }
     }
-    let flops = 6.0 * (m * cfg.k as usize) as f64 * (h * cfg.ffn as usize) as f64
+    let flops = 6.0 * (m * cfg.route.k as usize) as f64 * (h * cfg.ffn as usize) as f64
         + 6.0 * (m * h * cfg.shared_ffn.unwrap_or(0) as usize) as f64;
     if gpu.iter().all(Option::is_some) {
         println!(
@@ -372,11 +372,11 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
     // Check a sample of tokens against the CPU reference (a token's output depends only on
     // its own row, so a subset is a complete check of those tokens).
     let y: Vec<f32> = ctx.read_back(&yb, m * h)?;
-    let idx: Vec<u32> = ctx.read_back(plan.indices(), m * cfg.k as usize)?;
+    let idx: Vec<u32> = ctx.read_back(plan.indices(), m * cfg.route.k as usize)?;
     let picks: Vec<usize> = (0..m.min(16)).chain(m.saturating_sub(16).max(16)..m).collect();
     let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * h..(t + 1) * h].to_vec()).collect();
     let (ry, ridx, _) = reference::forward(&cfg, &w, &xs);
-    let k = cfg.k as usize;
+    let k = cfg.route.k as usize;
     let (mut worst, mut bit_equal, mut idx_equal) = (0.0f32, 0usize, 0usize);
     for (n, &t) in picks.iter().enumerate() {
         let want = &ry[n * h..(n + 1) * h];
@@ -397,7 +397,7 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
         picks.len() * h
     );
 
-    let load = plan.load(ctx, cfg.experts)?;
+    let load = plan.load(ctx, cfg.route.experts)?;
     println!("expert load (rows per expert; mean {:.1}, max/mean {:.2}):", load.mean, load.imbalance);
     let max = load.max.max(1) as usize;
     for (e, &n) in load.per_expert.iter().enumerate() {

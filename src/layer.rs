@@ -20,7 +20,7 @@ use crate::kernels::gemm::{
     AdapterKind, DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
     GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts, uses_decode_path,
 };
-use crate::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
+use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::pipeline::{BufferView, Dispatch};
 
 /// How expert capacity is handled.
@@ -59,27 +59,16 @@ pub enum KernelChoice {
     },
 }
 
-/// Everything that shapes a MoE layer.
+/// Everything that shapes a MoE layer: its routing (a [`RouteConfig`]: H, E, k and how
+/// experts are chosen and weighted) and the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MoeConfig {
-    /// Hidden size H.
-    pub hidden: u32,
+    /// The routing: hidden size H, experts E, experts per token k, gating, renormalisation,
+    /// scale, selection bias and group limits (flattened into the same JSON object).
+    #[serde(flatten)]
+    pub route: RouteConfig,
     /// Routed expert FFN size F.
     pub ffn: u32,
-    /// Routed experts E.
-    pub experts: u32,
-    /// Experts per token.
-    pub k: u32,
-    /// Softmax or sigmoid scores.
-    pub gating: Gating,
-    /// Renormalise the selected weights.
-    pub renormalize: bool,
-    /// Routed scaling factor.
-    pub scale: f32,
-    /// Selection bias (DeepSeek-V3 `e_score_correction_bias`).
-    pub bias: bool,
-    /// Group-limited routing.
-    pub groups: Option<GroupLimit>,
     /// FFN size of the shared expert(s), all shared experts concatenated; None without.
     pub shared_ffn: Option<u32>,
     /// The shared expert's output is scaled by sigmoid(x . g) (Qwen2-MoE).
@@ -105,15 +94,8 @@ impl MoeConfig {
     /// the adapter's default kernels.
     pub fn new(hidden: u32, ffn: u32, experts: u32, k: u32) -> Self {
         MoeConfig {
-            hidden,
+            route: RouteConfig { renormalize: true, ..RouteConfig::new(hidden, experts, k) },
             ffn,
-            experts,
-            k,
-            gating: Gating::Softmax,
-            renormalize: true,
-            scale: 1.0,
-            bias: false,
-            groups: None,
             shared_ffn: None,
             shared_gate: false,
             capacity: Capacity::Dropless,
@@ -136,27 +118,13 @@ impl MoeConfig {
         }
     }
 
-    /// The routing part of the configuration.
-    pub fn route(&self) -> RouteConfig {
-        RouteConfig {
-            hidden: self.hidden,
-            experts: self.experts,
-            k: self.k,
-            gating: self.gating,
-            renormalize: self.renormalize,
-            scale: self.scale,
-            bias: self.bias,
-            groups: self.groups,
-        }
-    }
-
     /// Checks every field.
     ///
     /// # Errors
     /// [`RouteConfig::validate`]'s errors; [`Error::InvalidArgument`] for zero FFN sizes, a
     /// shared gate without a shared expert or a zero capacity bound.
     pub fn validate(&self) -> Result<()> {
-        self.route().validate()?;
+        self.route.validate()?;
         if self.ffn == 0 || self.shared_ffn == Some(0) {
             return Err(Error::invalid("FFN sizes must be at least 1"));
         }
@@ -173,7 +141,7 @@ impl MoeConfig {
 /// The layer in words: shapes, the complete routing, shared expert, capacity and dtype.
 impl fmt::Display for MoeConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "H={} F={}; {}", self.hidden, self.ffn, self.route())?;
+        write!(f, "H={} F={}; {}", self.route.hidden, self.ffn, self.route)?;
         match (self.shared_ffn, self.shared_gate) {
             (Some(fs), true) => write!(f, "; shared expert F={fs} scaled by sigmoid(x . g)")?,
             (Some(fs), false) => write!(f, "; shared expert F={fs}")?,
@@ -220,7 +188,7 @@ impl MoeWeights {
     /// [`Error::Shape`] for a tensor whose length does not fit `cfg`;
     /// [`Error::InvalidArgument`] when the shared expert's tensors and `cfg.shared_ffn` disagree.
     pub fn check(&self, cfg: &MoeConfig) -> Result<()> {
-        let (h, f, e) = (cfg.hidden, cfg.ffn, cfg.experts);
+        let (h, f, e) = (cfg.route.hidden, cfg.ffn, cfg.route.experts);
         check_router(cfg, &self.router, self.bias.as_deref(), self.shared_gate.as_deref())?;
         expect_len("experts gate", self.gate.len(), &[e, f, h])?;
         expect_len("experts up", self.up.len(), &[e, f, h])?;
@@ -267,9 +235,9 @@ fn check_router(
     bias: Option<&[f32]>,
     shared_gate: Option<&[f32]>,
 ) -> Result<()> {
-    let (h, e) = (cfg.hidden, cfg.experts);
+    let (h, e) = (cfg.route.hidden, cfg.route.experts);
     expect_len("router", router.len(), &[e, h])?;
-    match (bias, cfg.bias) {
+    match (bias, cfg.route.bias) {
         (Some(b), true) => expect_len("bias", b.len(), &[e])?,
         (None, false) => {}
         (Some(_), false) => return Err(Error::invalid("weights have a bias but the config does not")),
@@ -444,7 +412,7 @@ impl MoeLayer {
     pub fn new(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights) -> Result<Self> {
         cfg.validate()?;
         weights.check(&cfg)?;
-        let (h, f, e, dt) = (cfg.hidden, cfg.ffn, cfg.experts, cfg.weight_dtype);
+        let (h, f, e, dt) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.weight_dtype);
         let ew = |d: &[f32], e, n, k| ExpertWeights::from_f32(ctx, d, dt, e, n, k);
         let experts = ExpertFfn::new(
             ew(&weights.gate, e, f, h)?,
@@ -483,7 +451,7 @@ impl MoeLayer {
     ) -> Result<Self> {
         cfg.validate()?;
         router.check(&cfg)?;
-        let (h, f, e) = (cfg.hidden, cfg.ffn, cfg.experts);
+        let (h, f, e) = (cfg.route.hidden, cfg.ffn, cfg.route.experts);
         let expect = |what: &str, ffn: &ExpertFfn, [e, f]: [u32; 2]| -> Result<()> {
             for (name, w, shape) in
                 [("gate", &ffn.gate, [e, f, h]), ("up", &ffn.up, [e, f, h]), ("down", &ffn.down, [e, h, f])]
@@ -563,9 +531,9 @@ impl MoeLayer {
     ) -> Result<ForwardPlan> {
         let (x, y) = (x.into(), y.into());
         let c = &self.cfg;
-        let (t, h, k) = (u64::from(tokens), u64::from(c.hidden), u64::from(c.k));
+        let (t, h, k) = (u64::from(tokens), u64::from(c.route.hidden), u64::from(c.route.k));
         let entries = tokens
-            .checked_mul(c.k)
+            .checked_mul(c.route.k)
             .ok_or_else(|| Error::limit("tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
         // Every buffer is sized and checked against the binding limit before any is made, and
         // nothing is allocated that this configuration does not use.
@@ -573,7 +541,7 @@ impl MoeLayer {
         let indices = scratch("topk indices", t * k * 4)?;
         let weights = scratch("topk weights", t * k * 4)?;
         let logits = match c.route_mode.writes_logits() {
-            true => Some(scratch("router logits", t * u64::from(c.experts) * 4)?),
+            true => Some(scratch("router logits", t * u64::from(c.route.experts) * 4)?),
             false => None,
         };
         let partial = scratch("expert outputs", t * k * h * 4)?;
@@ -588,43 +556,44 @@ impl MoeLayer {
         };
         stages.push((
             Stage::Route,
-            plan_route(ctx, &c.route(), tokens, &route_bufs, c.route_mode)?.into_dispatches(),
+            plan_route(ctx, &c.route, tokens, &route_bufs, c.route_mode)?.into_dispatches(),
         ));
         let ffn_bufs = FfnBuffers { x, indices: &indices, partial: &partial };
         let (mut layout, mut buckets) = (None, None);
         match c.capacity {
-            Capacity::Dropless if uses_decode_path(tokens, c.k, c.experts) => {
+            Capacity::Dropless if uses_decode_path(tokens, c.route.k, c.route.experts) => {
                 stages.push((
                     Stage::Experts,
-                    plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Decode)?
+                    plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Decode)?
                         .into_dispatches(),
                 ));
             }
             Capacity::Dropless => {
                 let l = DispatchLayout::new(
                     ctx,
-                    DispatchConfig { experts: c.experts, k: c.k, tile: self.dispatch_tile(ctx) },
+                    DispatchConfig { experts: c.route.experts, k: c.route.k, tile: self.dispatch_tile(ctx) },
                     tokens,
                     0,
                 )?;
                 stages.push((Stage::Dispatch, l.plan(ctx, &indices)?));
                 stages.push((
                     Stage::Experts,
-                    plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Grouped(&l))?
+                    plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Grouped(&l))?
                         .into_dispatches(),
                 ));
                 layout = Some(l);
             }
             Capacity::Bounded { bound, policy } => {
-                let b = BucketLayout::new(ctx, BucketConfig { n_caps: c.experts, bound, policy }, entries)?;
+                let b =
+                    BucketLayout::new(ctx, BucketConfig { n_caps: c.route.experts, bound, policy }, entries)?;
                 let mut ds = b.plan(ctx, &indices)?;
                 if policy == OverflowPolicy::Drop {
-                    ds.push(plan_fill_zero(ctx, &partial, entries * c.hidden)?);
+                    ds.push(plan_fill_zero(ctx, &partial, entries * c.route.hidden)?);
                 }
                 stages.push((Stage::Dispatch, ds));
                 stages.push((
                     Stage::Experts,
-                    plan_ffn(ctx, &self.experts, tokens, c.k, &ffn_bufs, FfnRouting::Bucketed(&b))?
+                    plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Bucketed(&b))?
                         .into_dispatches(),
                 ));
                 buckets = Some(b);
@@ -651,7 +620,10 @@ impl MoeLayer {
         let shared =
             shared.as_ref().map(|(rows, gate_logits)| Shared { rows, gate_logits: gate_logits.as_ref() });
         let combine = CombineBuffers { weights: &weights, partial: &partial, shared, y };
-        stages.push((Stage::Combine, plan_combine(ctx, tokens, c.hidden, c.k, &combine, c.combine)?));
+        stages.push((
+            Stage::Combine,
+            plan_combine(ctx, tokens, c.route.hidden, c.route.k, &combine, c.combine)?,
+        ));
         Ok(ForwardPlan { tokens, stages, indices, weights, layout, buckets })
     }
 
@@ -672,7 +644,7 @@ impl MoeLayer {
         }
         let before = ctx.pipeline_count();
         let start = std::time::Instant::now();
-        let row = u64::from(self.cfg.hidden) * 4;
+        let row = u64::from(self.cfg.route.hidden) * 4;
         for tokens in [1, max_tokens] {
             let x = ctx.storage_scratch("prepare x", u64::from(tokens) * row)?;
             let y = ctx.storage_scratch("prepare y", u64::from(tokens) * row)?;
@@ -693,7 +665,7 @@ impl MoeLayer {
     /// [`Error::Shape`] when `x` is not whole rows of H; [`Self::plan`]'s errors; device
     /// errors while running or reading back.
     pub fn forward_host(&self, ctx: &Context, x: &[f32]) -> Result<ForwardOutput> {
-        let h = self.cfg.hidden as usize;
+        let h = self.cfg.route.hidden as usize;
         if !x.len().is_multiple_of(h) {
             return Err(Error::shape("x", format!("rows of hidden = {h}"), x.len()));
         }
@@ -703,7 +675,7 @@ impl MoeLayer {
         let yb = ctx.zeroed("y", x.len() as u64 * 4)?;
         let plan = self.plan(ctx, tokens, &xb, &yb)?;
         ctx.run(&plan.dispatches())?;
-        let n = tokens as usize * self.cfg.k as usize;
+        let n = tokens as usize * self.cfg.route.k as usize;
         Ok(ForwardOutput {
             y: ctx.read_back(&yb, x.len())?,
             indices: ctx.read_back(plan.indices(), n)?,

@@ -50,7 +50,7 @@ pub mod prelude {
     pub use crate::error::Error;
     pub use crate::kernels::combine::CombineMode;
     pub use crate::kernels::gemm::{GemmOrder, WeightDtype};
-    pub use crate::kernels::routing::{Gating, GroupLimit, RouteMode};
+    pub use crate::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
     pub use crate::layer::{
         Capacity, ForwardOutput, ForwardPlan, KernelChoice, MoeConfig, MoeLayer, MoeWeights, PrepareReport,
         RouterWeights, Stage,

@@ -112,10 +112,10 @@ impl MoeConfig {
     fn binding_bytes(&self, variants: &[GemmVariant], max_tokens: u32, alignment: u32) -> (u64, u64) {
         let (m, h, f, e, k) = (
             u64::from(max_tokens),
-            u64::from(self.hidden),
+            u64::from(self.route.hidden),
             u64::from(self.ffn),
-            u64::from(self.experts),
-            u64::from(self.k),
+            u64::from(self.route.experts),
+            u64::from(self.route.k),
         );
         let entries = m * k;
         let tile = u64::from(variants.iter().map(|v| v.block_rows()).max().unwrap_or(1));
@@ -129,22 +129,22 @@ impl MoeConfig {
         if self.route_mode.writes_logits() {
             needed.push(f32s(m * e));
         }
-        let mut windows: Vec<(u64, u32)> = vec![(entries, self.hidden), (entries, self.ffn)];
+        let mut windows: Vec<(u64, u32)> = vec![(entries, self.route.hidden), (entries, self.ffn)];
         match self.capacity {
             Capacity::Dropless => {
                 // The decode path serves small counts, the grouped path every count from the
                 // first it does not (uses_decode_path changes once as the count grows).
-                let grouped = !uses_decode_path(max_tokens, self.k, self.experts);
+                let grouped = !uses_decode_path(max_tokens, self.route.k, self.route.experts);
                 let max_rows = if grouped { entries + e * (tile - 1) } else { entries };
                 let blocks = entries.div_ceil(u64::from(crate::kernels::dispatch::DISPATCH_WG));
                 needed.extend([f32s(max_rows * f), f32s(max_rows), f32s(blocks * e), f32s(e + 1)]);
-                windows.extend([(max_rows, self.hidden), (max_rows, self.ffn)]);
+                windows.extend([(max_rows, self.route.hidden), (max_rows, self.ffn)]);
             }
             Capacity::Bounded { bound, .. } => {
                 let slots = e * u64::from(bound);
                 let blocks = entries.div_ceil(u64::from(crate::kernels::dispatch::DISPATCH_WG));
                 needed.extend([f32s(slots * f), f32s(slots), f32s(blocks * e), f32s(e + 1)]);
-                windows.extend([(slots, self.hidden), (slots, self.ffn)]);
+                windows.extend([(slots, self.route.hidden), (slots, self.ffn)]);
             }
         }
         if let Some(fs) = self.shared_ffn {

@@ -34,11 +34,11 @@ impl Synth {
     /// Weights for every tensor `cfg` needs, scaled like initialised linear layers (router
     /// rows by 1/sqrt(H), down projections by 1/sqrt(F)).
     pub fn moe_weights(&mut self, cfg: &MoeConfig) -> MoeWeights {
-        let (h, f, e) = (cfg.hidden as usize, cfg.ffn as usize, cfg.experts as usize);
+        let (h, f, e) = (cfg.route.hidden as usize, cfg.ffn as usize, cfg.route.experts as usize);
         let (sh, sf) = (1.0 / (h as f32).sqrt(), 1.0 / (f as f32).sqrt());
         MoeWeights {
             router: self.uniform(e * h, sh),
-            bias: cfg.bias.then(|| self.uniform(e, 0.05)),
+            bias: cfg.route.bias.then(|| self.uniform(e, 0.05)),
             gate: self.uniform(e * f * h, sh),
             up: self.uniform(e * f * h, sh),
             down: self.uniform(e * h * f, sf),

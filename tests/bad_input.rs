@@ -10,7 +10,7 @@ use std::process::Command;
 
 use moeflow::kernels::dispatch::OverflowPolicy;
 use moeflow::kernels::gemm::WeightDtype;
-use moeflow::kernels::routing::{Gating, GroupLimit};
+use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig};
 use moeflow::layer::{Capacity, MoeConfig, MoeLayer, MoeWeights};
 use moeflow::synth::Synth;
 use moeflow::weights::{
@@ -542,7 +542,7 @@ fn config_keys_are_read_per_family_and_contradictions_are_errors() {
     // Agreeing flags are fine, and unrelated keys are ignored.
     let ok =
         flag(RoutingFlags { k: Some(2), norm_topk_prob: Some(false), ..none() }).expect("agreeing flags");
-    assert!(!ok.config.renormalize);
+    assert!(!ok.config.route.renormalize);
     let noisy =
         set(set(cfg_mixtral(), "rope_scaling", json!({"type": "yarn"})), "attention_dropout", json!(0.1));
     assert!(load(&mixtral(), Some(noisy), none()).is_ok(), "keys unrelated to the MoE block are ignored");
@@ -553,9 +553,9 @@ fn family_defaults_follow_transformers() {
     let none = RoutingFlags::default();
     // Absent keys take the config class's defaults.
     let q = load(&olmoe(), Some(unset(cfg_olmoe(), "norm_topk_prob")), none.clone()).unwrap();
-    assert!(!q.config.renormalize, "olmoe's norm_topk_prob defaults to false");
+    assert!(!q.config.route.renormalize, "olmoe's norm_topk_prob defaults to false");
     let m = load(&mixtral(), Some(cfg_mixtral()), none.clone()).unwrap();
-    assert!(m.config.renormalize && m.config.gating == Gating::Softmax);
+    assert!(m.config.route.renormalize && m.config.route.gating == Gating::Softmax);
     let d = load(
         &deepseek(),
         Some(unset(unset(unset(cfg_deepseek(), "scoring_func"), "norm_topk_prob"), "routed_scaling_factor")),
@@ -563,19 +563,19 @@ fn family_defaults_follow_transformers() {
     )
     .unwrap();
     assert_eq!(
-        d.config.gating,
+        d.config.route.gating,
         Gating::Sigmoid,
         "deepseek_v3 scores with sigmoid without a scoring_func key"
     );
-    assert!(d.config.renormalize && d.config.scale == 2.5 && d.config.bias);
-    assert_eq!(d.config.groups, Some(GroupLimit { n_group: 2, topk_group: 1 }));
+    assert!(d.config.route.renormalize && d.config.route.scale == 2.5 && d.config.route.bias);
+    assert_eq!(d.config.route.groups, Some(GroupLimit { n_group: 2, topk_group: 1 }));
     let d1 = load(
         &deepseek(),
         Some(set(set(cfg_deepseek(), "n_group", json!(1)), "topk_group", json!(1))),
         none.clone(),
     )
     .unwrap();
-    assert_eq!(d1.config.groups, None, "n_group = 1 is no group limit");
+    assert_eq!(d1.config.route.groups, None, "n_group = 1 is no group limit");
     let by_arch = set(unset(cfg_olmoe(), "model_type"), "architectures", json!(["OlmoeForCausalLM"]));
     assert_eq!(load(&olmoe(), Some(by_arch), none).unwrap().routing.family, Family::Olmoe);
 }
@@ -589,14 +589,14 @@ fn without_a_config_families_that_need_values_are_refused() {
     let olmoe_flags = RoutingFlags { family: Some(Family::Olmoe), ..k2() };
     expect_err("olmoe without norm", load(&olmoe(), None, olmoe_flags.clone()), &["norm_topk_prob"]);
     let ok = load(&olmoe(), None, RoutingFlags { norm_topk_prob: Some(true), ..olmoe_flags }).unwrap();
-    assert!(ok.config.renormalize);
+    assert!(ok.config.route.renormalize);
     expect_err("deepseek without groups", load(&deepseek(), None, k2()), &["deepseek_v3", "n_group"]);
     let groups = RoutingFlags { groups: Some(GroupLimit { n_group: 2, topk_group: 1 }), ..k2() };
     expect_err("deepseek without norm", load(&deepseek(), None, groups.clone()), &["norm_topk_prob"]);
     let norm = RoutingFlags { norm_topk_prob: Some(true), ..groups };
     expect_err("deepseek without scale", load(&deepseek(), None, norm.clone()), &["routed_scaling_factor"]);
     let full = load(&deepseek(), None, RoutingFlags { routed_scaling_factor: Some(2.5), ..norm }).unwrap();
-    assert_eq!((full.config.gating, full.config.scale), (Gating::Sigmoid, 2.5));
+    assert_eq!((full.config.route.gating, full.config.route.scale), (Gating::Sigmoid, 2.5));
     let v2 = layer(Names::Mlp, false, Some("mlp.shared_experts."), false);
     expect_err(
         "deepseek_v2 without scale",
@@ -637,10 +637,26 @@ fn api_errors_name_the_problem() {
     let base = MoeConfig::new(16, 8, 4, 2);
     let w = Synth::new(1).moe_weights(&base);
     let new = |c: MoeConfig, w: &MoeWeights| MoeLayer::new(&ctx, c, w);
-    expect_err("k = 0", new(MoeConfig { k: 0, ..base }, &w), &["k must be at least 1"]);
-    expect_err("k > E", new(MoeConfig { k: 5, ..base }, &w), &["larger than the number of experts"]);
-    expect_err("E = 0", new(MoeConfig { experts: 0, ..base }, &w), &["experts must be at least 1"]);
-    expect_err("H = 0", new(MoeConfig { hidden: 0, ..base }, &w), &["hidden size"]);
+    expect_err(
+        "k = 0",
+        new(MoeConfig { route: RouteConfig { k: 0, ..base.route }, ..base }, &w),
+        &["k must be at least 1"],
+    );
+    expect_err(
+        "k > E",
+        new(MoeConfig { route: RouteConfig { k: 5, ..base.route }, ..base }, &w),
+        &["larger than the number of experts"],
+    );
+    expect_err(
+        "E = 0",
+        new(MoeConfig { route: RouteConfig { experts: 0, ..base.route }, ..base }, &w),
+        &["experts must be at least 1"],
+    );
+    expect_err(
+        "H = 0",
+        new(MoeConfig { route: RouteConfig { hidden: 0, ..base.route }, ..base }, &w),
+        &["hidden size"],
+    );
     expect_err("F = 0", new(MoeConfig { ffn: 0, ..base }, &w), &["FFN sizes"]);
     expect_err("shared 0", new(MoeConfig { shared_ffn: Some(0), ..base }, &w), &["FFN sizes"]);
     expect_err(
@@ -653,9 +669,21 @@ fn api_errors_name_the_problem() {
         new(MoeConfig { capacity: Capacity::Bounded { bound: 0, policy: OverflowPolicy::Drop }, ..base }, &w),
         &["capacity bound"],
     );
-    expect_err("NaN scale", new(MoeConfig { scale: f32::NAN, ..base }, &w), &["scale must be finite"]);
-    expect_err("E > 1024", new(MoeConfig { experts: 2000, ..base }, &w), &["experts is 2000"]);
-    expect_err("k > 32", new(MoeConfig { experts: 64, k: 33, ..base }, &w), &["k is 33"]);
+    expect_err(
+        "NaN scale",
+        new(MoeConfig { route: RouteConfig { scale: f32::NAN, ..base.route }, ..base }, &w),
+        &["scale must be finite"],
+    );
+    expect_err(
+        "E > 1024",
+        new(MoeConfig { route: RouteConfig { experts: 2000, ..base.route }, ..base }, &w),
+        &["experts is 2000"],
+    );
+    expect_err(
+        "k > 32",
+        new(MoeConfig { route: RouteConfig { experts: 64, k: 33, ..base.route }, ..base }, &w),
+        &["k is 33"],
+    );
     let short = MoeWeights { router: vec![0.0; 3], ..w.clone() };
     expect_err("short router", new(base, &short), &["router"]);
     let short = MoeWeights { down: vec![0.0; 3], ..w.clone() };

@@ -434,7 +434,7 @@ fn layer_cases() {
     for ctx in contexts() {
         let mixtral = MoeConfig { route_mode: RouteMode::Unfused, ..MoeConfig::new(48, 40, 8, 2) };
         let qwen = MoeConfig {
-            renormalize: false,
+            route: RouteConfig { renormalize: false, ..MoeConfig::new(36, 28, 12, 4).route },
             shared_ffn: Some(36),
             shared_gate: true,
             route_mode: RouteMode::Fused { write_logits: false },
@@ -446,7 +446,7 @@ fn layer_cases() {
         {
             let w = Synth::new(1).moe_weights(&cfg);
             let layer = MoeLayer::new(&ctx, cfg, &w).unwrap();
-            let x = Synth::new(tokens as u64).uniform(tokens * cfg.hidden as usize, 1.0);
+            let x = Synth::new(tokens as u64).uniform(tokens * cfg.route.hidden as usize, 1.0);
             let xb = ctx.upload("x", &x).unwrap();
             let y = ctx.zeroed("y", (x.len() * 4) as u64).unwrap();
             let plan = layer.plan(&ctx, tokens as u32, &xb, &y).unwrap();
@@ -455,7 +455,7 @@ fn layer_cases() {
             let (want_y, idx, wts) = reference::layer::forward(&cfg, &w, &x);
             cap.check(&ctx, "indices", &ib, idx, Bound::Exact);
             cap.check_f32(&ctx, "weights", &wb, &wts, Bound::Close);
-            cap.check_f32(&ctx, "y", &y, &want_y, Bound::Rows(cfg.hidden as usize));
+            cap.check_f32(&ctx, "y", &y, &want_y, Bound::Rows(cfg.route.hidden as usize));
             cap.finish();
         }
     }

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use half::{bf16, f16};
 use moeflow::kernels::gemm::WeightDtype;
-use moeflow::kernels::routing::{Gating, GroupLimit};
+use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig};
 use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
@@ -75,7 +75,7 @@ enum Scheme {
 
 /// Tensors of one layer under `prefix` with `scheme`'s names.
 fn tensors(scheme: Scheme, prefix: &str, cfg: &MoeConfig, w: &MoeWeights) -> Vec<NamedTensor> {
-    let (h, f, e) = (cfg.hidden as usize, cfg.ffn as usize, cfg.experts as usize);
+    let (h, f, e) = (cfg.route.hidden as usize, cfg.ffn as usize, cfg.route.experts as usize);
     let mut out = Vec::new();
     let router = match scheme {
         Scheme::Mixtral => "block_sparse_moe.gate.weight",
@@ -119,7 +119,7 @@ fn case(scheme: Scheme) -> (MoeConfig, Dtype, Option<serde_json::Value>, Vec<&'s
         Scheme::Mixtral => (base, Dtype::F32, None, vec!["--k", "2"]),
         Scheme::Qwen2 => (
             MoeConfig {
-                renormalize: false,
+                route: RouteConfig { renormalize: false, ..base.route },
                 shared_ffn: Some(40),
                 shared_gate: true,
                 weight_dtype: WeightDtype::Bf16,
@@ -132,7 +132,11 @@ fn case(scheme: Scheme) -> (MoeConfig, Dtype, Option<serde_json::Value>, Vec<&'s
             vec![],
         ),
         Scheme::Olmoe => (
-            MoeConfig { renormalize: false, weight_dtype: WeightDtype::F16, ..base },
+            MoeConfig {
+                route: RouteConfig { renormalize: false, ..base.route },
+                weight_dtype: WeightDtype::F16,
+                ..base
+            },
             Dtype::F16,
             Some(
                 serde_json::json!({"model_type": "olmoe", "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false}),
@@ -141,11 +145,14 @@ fn case(scheme: Scheme) -> (MoeConfig, Dtype, Option<serde_json::Value>, Vec<&'s
         ),
         Scheme::DeepSeek => (
             MoeConfig {
-                k: 3,
-                gating: Gating::Sigmoid,
-                bias: true,
-                scale: 2.5,
-                groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+                route: RouteConfig {
+                    k: 3,
+                    gating: Gating::Sigmoid,
+                    bias: true,
+                    scale: 2.5,
+                    groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+                    ..base.route
+                },
                 shared_ffn: Some(24),
                 ..base
             },
@@ -188,10 +195,10 @@ fn example_runs_a_users_layer_for_every_naming_scheme() {
         let prefix = "model.layers.3.";
         write(&dir.join("w.safetensors"), tensors(scheme, prefix, &cfg, &w), file_dtype);
         let tokens = 11usize;
-        let x = Synth::new(8).uniform(tokens * cfg.hidden as usize, 1.0);
+        let x = Synth::new(8).uniform(tokens * cfg.route.hidden as usize, 1.0);
         write(
             &dir.join("x.safetensors"),
-            vec![("x".into(), vec![tokens, cfg.hidden as usize], x.clone())],
+            vec![("x".into(), vec![tokens, cfg.route.hidden as usize], x.clone())],
             Dtype::F32,
         );
         let mut cmd = Command::new(example());
@@ -219,12 +226,12 @@ fn example_runs_a_users_layer_for_every_naming_scheme() {
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
         let idx = words(&st, "topk_indices").collect::<Vec<_>>();
-        assert_eq!(st.tensor("topk_weights").unwrap().shape(), &[tokens, cfg.k as usize]);
+        assert_eq!(st.tensor("topk_weights").unwrap().shape(), &[tokens, cfg.route.k as usize]);
         let counts = st.tensor("expert_counts").unwrap();
-        assert_eq!(counts.shape(), &[cfg.experts as usize]);
+        assert_eq!(counts.shape(), &[cfg.route.experts as usize]);
         let (ry, ridx, _) = reference::forward(&cfg, &w, &x);
         assert_eq!(idx, ridx, "{scheme:?}: routing");
-        common::assert_rows_close(&format!("{scheme:?}"), &y, &ry, cfg.hidden as usize);
+        common::assert_rows_close(&format!("{scheme:?}"), &y, &ry, cfg.route.hidden as usize);
         std::fs::remove_dir_all(&dir).ok();
     }
 }
@@ -328,8 +335,11 @@ fn loader_errors_name_the_tensor_and_its_expected_shape() {
 /// config, and each layer's weights (rounded to f16).
 fn sharded(name: &str) -> (PathBuf, MoeConfig, serde_json::Value, [MoeWeights; 2]) {
     let dir = scratch(name);
-    let cfg =
-        MoeConfig { renormalize: false, weight_dtype: WeightDtype::F16, ..MoeConfig::new(32, 24, 8, 2) };
+    let cfg = MoeConfig {
+        route: RouteConfig { renormalize: false, ..MoeConfig::new(32, 24, 8, 2).route },
+        weight_dtype: WeightDtype::F16,
+        ..MoeConfig::new(32, 24, 8, 2)
+    };
     let config = serde_json::json!({
         "model_type": "olmoe", "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
         "hidden_size": 32, "num_hidden_layers": 2, "rope_theta": 10000.0
@@ -585,10 +595,10 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
     }
     let (dir, cfg, _, ws) = sharded("cli");
     let tokens = 9usize;
-    let x = Synth::new(3).uniform(tokens * cfg.hidden as usize, 1.0);
+    let x = Synth::new(3).uniform(tokens * cfg.route.hidden as usize, 1.0);
     write(
         &dir.join("x.safetensors"),
-        vec![("x".into(), vec![tokens, cfg.hidden as usize], x.clone())],
+        vec![("x".into(), vec![tokens, cfg.route.hidden as usize], x.clone())],
         Dtype::F32,
     );
     let run = |output: &Path| {
@@ -612,7 +622,7 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
     let (ry, _, _) = reference::forward(&cfg, &ws[1], &x);
-    common::assert_rows_close("layer 1", &y, &ry, cfg.hidden as usize);
+    common::assert_rows_close("layer 1", &y, &ry, cfg.route.hidden as usize);
     // Every layer in turn, from one mapping.
     let out = Command::new(example())
         .arg("--weights")
@@ -634,8 +644,11 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
     for (l, w) in ws.iter().enumerate() {
         let y = words(&st, &format!("layers.{l}.output")).map(f32::from_bits).collect::<Vec<_>>();
         let (ry, _, _) = reference::forward(&cfg, w, &x);
-        common::assert_rows_close(&format!("layer {l}"), &y, &ry, cfg.hidden as usize);
-        assert_eq!(st.tensor(&format!("layers.{l}.expert_counts")).unwrap().shape(), &[cfg.experts as usize]);
+        common::assert_rows_close(&format!("layer {l}"), &y, &ry, cfg.route.hidden as usize);
+        assert_eq!(
+            st.tensor(&format!("layers.{l}.expert_counts")).unwrap().shape(),
+            &[cfg.route.experts as usize]
+        );
     }
     // The output may not overwrite a shard.
     let shard = dir.join("model-00002-of-00003.safetensors");
@@ -656,11 +669,14 @@ fn streamed_checkpoint_layers_match_host_loaded_ones_bitwise() {
     let (dir, cfg, config, _) = sharded("stream");
     // A single-file DeepSeek-V3 layer in bf16 with a shared expert and odd H*F.
     let ds = MoeConfig {
-        k: 3,
-        gating: Gating::Sigmoid,
-        bias: true,
-        scale: 2.5,
-        groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+        route: RouteConfig {
+            k: 3,
+            gating: Gating::Sigmoid,
+            bias: true,
+            scale: 2.5,
+            groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+            ..MoeConfig::new(33, 13, 8, 3).route
+        },
         shared_ffn: Some(9),
         weight_dtype: WeightDtype::Bf16,
         ..MoeConfig::new(33, 13, 8, 3)
@@ -670,11 +686,11 @@ fn streamed_checkpoint_layers_match_host_loaded_ones_bitwise() {
     let w = Synth::new(5).moe_weights(&ds);
     write(&dir.join("ds.safetensors"), tensors(Scheme::DeepSeek, "model.layers.2.", &ds, &w), Dtype::BF16);
     let cases = [
-        (dir.clone(), Some(1), config.clone(), None, cfg.hidden),
-        (dir.clone(), Some(0), config.clone(), Some(WeightDtype::Bf16), cfg.hidden),
-        (dir.clone(), Some(0), config, Some(WeightDtype::F32), cfg.hidden),
-        (dir.join("ds.safetensors"), None, ds_config.clone(), None, ds.hidden),
-        (dir.join("ds.safetensors"), None, ds_config, Some(WeightDtype::F16), ds.hidden),
+        (dir.clone(), Some(1), config.clone(), None, cfg.route.hidden),
+        (dir.clone(), Some(0), config.clone(), Some(WeightDtype::Bf16), cfg.route.hidden),
+        (dir.clone(), Some(0), config, Some(WeightDtype::F32), cfg.route.hidden),
+        (dir.join("ds.safetensors"), None, ds_config.clone(), None, ds.route.hidden),
+        (dir.join("ds.safetensors"), None, ds_config, Some(WeightDtype::F16), ds.route.hidden),
     ];
     for ctx in &ctxs {
         for (path, layer, config, dtype, h) in &cases {
@@ -697,8 +713,11 @@ fn streamed_checkpoint_layers_match_host_loaded_ones_bitwise() {
             assert_eq!(bits(&ya.y), bits(&yb.y), "{path:?} {dtype:?}");
             assert_eq!(bits(&ya.weights), bits(&yb.weights), "{path:?} {dtype:?}");
             // The modes may change; what the checkpoint fixed may not.
-            let err =
-                upload_checkpoint_layer(ctx, &ckpt, &opts, |c| MoeConfig { k: c.k + 1, ..c }).unwrap_err();
+            let err = upload_checkpoint_layer(ctx, &ckpt, &opts, |c| MoeConfig {
+                route: RouteConfig { k: c.route.k + 1, ..c.route },
+                ..c
+            })
+            .unwrap_err();
             assert!(err.to_string().contains("changes what the checkpoint fixed"), "{err}");
         }
     }

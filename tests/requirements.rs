@@ -39,7 +39,7 @@ fn a_device_with_exactly_the_requirements_runs_the_layer_bitwise() {
             let on_full = MoeLayer::new(&full, cfg, &weights).unwrap();
             on_small.prepare(&small, max_tokens).unwrap();
             for tokens in [1, 2, max_tokens] {
-                let x = Synth::new(u64::from(tokens)).uniform((tokens * cfg.hidden) as usize, 1.0);
+                let x = Synth::new(u64::from(tokens)).uniform((tokens * cfg.route.hidden) as usize, 1.0);
                 let want = on_full.forward_host(&full, &x).unwrap().y;
                 let got = on_small.forward_host(&small, &x).unwrap().y;
                 assert_eq!(bits(&got), bits(&want), "{slug}, {name}, {tokens} tokens");

@@ -7,9 +7,9 @@ use crate::reference::{dispatch, gemm, routing};
 
 /// `(y[tokens, H], indices[tokens, k], weights[tokens, k])` for `x[tokens, H]`.
 pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
-    let (h, k) = (cfg.hidden as usize, cfg.k as usize);
+    let (h, k) = (cfg.route.hidden as usize, cfg.route.k as usize);
     let logits = routing::gate_logits(x, &w.router, h);
-    let (indices, weights) = routing::topk(&cfg.route(), &logits, w.bias.as_deref());
+    let (indices, weights) = routing::topk(&cfg.route, &logits, w.bias.as_deref());
     let round = |v: &[f32]| cfg.weight_dtype.round(v);
     let (gate, up, down) = (round(&w.gate), round(&w.up), round(&w.down));
     let order = cfg.gemm_order;
@@ -17,7 +17,7 @@ pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> (Vec<f32>, Vec<u32
         gemm::FfnWeights { gate: &gate, up: &up, down: &down, hidden: h, ffn: cfg.ffn as usize, order };
     let mut partial = gemm::expert_ffn(x, &indices, k, &experts);
     if let Capacity::Bounded { bound, policy: OverflowPolicy::Drop } = cfg.capacity {
-        let l = dispatch::layout(&indices, cfg.experts, 1, bound);
+        let l = dispatch::layout(&indices, cfg.route.experts, 1, bound);
         for (i, &row) in l.inverse.iter().enumerate() {
             if row - l.offsets[indices[i] as usize] >= bound {
                 partial[i * h..(i + 1) * h].fill(0.0);

@@ -30,6 +30,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::WeightDtype;
 use crate::kernels::gemm::{ExpertFfn, ExpertWeights, StoredValues};
+use crate::kernels::routing::RouteConfig;
 use crate::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 
 /// Reads a whole file.
@@ -286,7 +287,8 @@ struct LayerPlan<'a> {
 impl LayerPlan<'_> {
     /// Names and shapes of each projection: routed (gate, up, down of every expert) or shared.
     fn projections(&self, shared: bool) -> [(Vec<String>, [usize; 2]); 3] {
-        let (h, f, e) = (self.cfg.hidden as usize, self.cfg.ffn as usize, self.cfg.experts as usize);
+        let (h, f, e) =
+            (self.cfg.route.hidden as usize, self.cfg.ffn as usize, self.cfg.route.experts as usize);
         if shared {
             let fs = self.cfg.shared_ffn.unwrap_or(0) as usize;
             let b = self.shared_base.unwrap_or_default();
@@ -424,16 +426,20 @@ fn plan_layer<'a>(src: &'a dyn TensorSource, opts: &LoadOptions) -> Result<Layer
         shared_gate: shared_gate.is_some(),
     };
     let routing = family::resolve(opts.config.as_ref(), &opts.routing, &facts)?;
+    let base = MoeConfig::new(dim(h, "hidden size")?, facts.ffn, facts.experts, routing.k);
     let cfg = MoeConfig {
-        gating: routing.gating,
-        renormalize: routing.renormalize,
-        scale: routing.scale,
-        bias: bias.is_some(),
-        groups: routing.groups,
+        route: RouteConfig {
+            gating: routing.gating,
+            renormalize: routing.renormalize,
+            scale: routing.scale,
+            bias: bias.is_some(),
+            groups: routing.groups,
+            ..base.route
+        },
         shared_ffn: facts.shared.map(|(_, fs)| fs),
         shared_gate: shared_gate.is_some(),
         weight_dtype,
-        ..MoeConfig::new(dim(h, "hidden size")?, facts.ffn, facts.experts, routing.k)
+        ..base
     };
     cfg.validate()?;
     let router = RouterWeights { router, bias, shared_gate };
@@ -506,7 +512,17 @@ fn upload_from(
     let plan = plan_layer(src, opts)?;
     let cfg = adjust(plan.cfg);
     let fixed = |c: &MoeConfig| {
-        (c.hidden, c.ffn, c.experts, c.k, c.shared_ffn, c.shared_gate, c.bias, c.weight_dtype, c.route())
+        (
+            c.route.hidden,
+            c.ffn,
+            c.route.experts,
+            c.route.k,
+            c.shared_ffn,
+            c.shared_gate,
+            c.route.bias,
+            c.weight_dtype,
+            c.route,
+        )
     };
     if fixed(&cfg) != fixed(&plan.cfg) {
         return Err(Error::invalid(format!(
