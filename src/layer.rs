@@ -266,7 +266,7 @@ pub struct MoeLayer {
 /// A stage of the layer's forward, in the order a forward runs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
-pub enum Stage {
+pub enum ForwardStage {
     /// Gate matvec and top-k (or the fused route).
     Route,
     /// The dispatch layout (count, scan, stable placement) or the bucket layout.
@@ -279,30 +279,30 @@ pub enum Stage {
     Combine,
 }
 
-impl Stage {
+impl ForwardStage {
     /// The stages whose outputs this one reads.
-    pub fn reads(self) -> &'static [Stage] {
+    pub fn reads(self) -> &'static [ForwardStage] {
         match self {
-            Stage::Route | Stage::Shared => &[],
-            Stage::Dispatch => &[Stage::Route],
-            Stage::Experts => &[Stage::Route, Stage::Dispatch],
-            Stage::Combine => &[Stage::Route, Stage::Experts, Stage::Shared],
+            ForwardStage::Route | ForwardStage::Shared => &[],
+            ForwardStage::Dispatch => &[ForwardStage::Route],
+            ForwardStage::Experts => &[ForwardStage::Route, ForwardStage::Dispatch],
+            ForwardStage::Combine => &[ForwardStage::Route, ForwardStage::Experts, ForwardStage::Shared],
         }
     }
 
     /// Its name in reports: `route`, `dispatch`, `experts`, `shared` or `combine`.
     pub fn name(self) -> &'static str {
         match self {
-            Stage::Route => "route",
-            Stage::Dispatch => "dispatch",
-            Stage::Experts => "experts",
-            Stage::Shared => "shared",
-            Stage::Combine => "combine",
+            ForwardStage::Route => "route",
+            ForwardStage::Dispatch => "dispatch",
+            ForwardStage::Experts => "experts",
+            ForwardStage::Shared => "shared",
+            ForwardStage::Combine => "combine",
         }
     }
 }
 
-impl std::fmt::Display for Stage {
+impl std::fmt::Display for ForwardStage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(self.name())
     }
@@ -313,7 +313,7 @@ impl std::fmt::Display for Stage {
 #[derive(Debug)]
 pub struct ForwardPlan {
     tokens: u32,
-    stages: Vec<(Stage, Vec<Dispatch>)>,
+    stages: Vec<(ForwardStage, Vec<Dispatch>)>,
     indices: wgpu::Buffer,
     weights: wgpu::Buffer,
     layout: Option<DispatchLayout>,
@@ -322,7 +322,7 @@ pub struct ForwardPlan {
 
 impl ForwardPlan {
     /// Stages in order, each with its dispatches.
-    pub fn stages(&self) -> Vec<(Stage, Vec<&Dispatch>)> {
+    pub fn stages(&self) -> Vec<(ForwardStage, Vec<&Dispatch>)> {
         self.stages.iter().map(|(n, ds)| (*n, ds.iter().collect())).collect()
     }
 
@@ -337,7 +337,7 @@ impl ForwardPlan {
     }
 
     /// The stages, owned (the buffers they use stay alive with them).
-    pub fn into_stages(self) -> Vec<(Stage, Vec<Dispatch>)> {
+    pub fn into_stages(self) -> Vec<(ForwardStage, Vec<Dispatch>)> {
         self.stages
     }
 
@@ -555,7 +555,7 @@ impl MoeLayer {
             weights: &weights,
         };
         stages.push((
-            Stage::Route,
+            ForwardStage::Route,
             plan_route(ctx, &c.route, tokens, &route_bufs, c.route_mode)?.into_dispatches(),
         ));
         let ffn_bufs = FfnBuffers { x, indices: &indices, partial: &partial };
@@ -563,7 +563,7 @@ impl MoeLayer {
         match c.capacity {
             Capacity::Dropless if uses_decode_path(tokens, c.route.k, c.route.experts) => {
                 stages.push((
-                    Stage::Experts,
+                    ForwardStage::Experts,
                     plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Decode)?
                         .into_dispatches(),
                 ));
@@ -575,9 +575,9 @@ impl MoeLayer {
                     tokens,
                     0,
                 )?;
-                stages.push((Stage::Dispatch, l.plan(ctx, &indices)?));
+                stages.push((ForwardStage::Dispatch, l.plan(ctx, &indices)?));
                 stages.push((
-                    Stage::Experts,
+                    ForwardStage::Experts,
                     plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Grouped(&l))?
                         .into_dispatches(),
                 ));
@@ -590,9 +590,9 @@ impl MoeLayer {
                 if policy == OverflowPolicy::Drop {
                     ds.push(plan_fill_zero(ctx, &partial, entries * c.route.hidden)?);
                 }
-                stages.push((Stage::Dispatch, ds));
+                stages.push((ForwardStage::Dispatch, ds));
                 stages.push((
-                    Stage::Experts,
+                    ForwardStage::Experts,
                     plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Bucketed(&b))?
                         .into_dispatches(),
                 ));
@@ -614,14 +614,14 @@ impl MoeLayer {
                 }
                 None => None,
             };
-            stages.push((Stage::Shared, ds));
+            stages.push((ForwardStage::Shared, ds));
             shared = Some((rows, gate_logits));
         }
         let shared =
             shared.as_ref().map(|(rows, gate_logits)| Shared { rows, gate_logits: gate_logits.as_ref() });
         let combine = CombineBuffers { weights: &weights, partial: &partial, shared, y };
         stages.push((
-            Stage::Combine,
+            ForwardStage::Combine,
             plan_combine(ctx, tokens, c.route.hidden, c.route.k, &combine, c.combine)?,
         ));
         Ok(ForwardPlan { tokens, stages, indices, weights, layout, buckets })

@@ -52,8 +52,8 @@ pub mod prelude {
     pub use crate::kernels::gemm::{GemmOrder, WeightDtype};
     pub use crate::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
     pub use crate::layer::{
-        Capacity, ForwardOutput, ForwardPlan, KernelChoice, MoeConfig, MoeLayer, MoeWeights, PrepareReport,
-        RouterWeights, Stage,
+        Capacity, ForwardOutput, ForwardPlan, ForwardStage, KernelChoice, MoeConfig, MoeLayer, MoeWeights,
+        PrepareReport, RouterWeights,
     };
     pub use crate::pipeline::BufferView;
     pub use crate::requirements::Requirements;

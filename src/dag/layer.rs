@@ -8,21 +8,21 @@ use super::graph::{Graph, Reach, Read, Source};
 use super::plan::{Fusion, Plan, plan};
 use crate::context::Context;
 use crate::error::Result;
-use crate::layer::{ForwardPlan, Stage};
+use crate::layer::{ForwardPlan, ForwardStage};
 use crate::pipeline::Dispatch;
 
 /// A graph whose stages are lists of dispatches that run whole.
 pub type DispatchGraph = Graph<Vec<Dispatch>>;
 
 /// The layer's forward plan as a graph over its tokens (one tile): each stage reads the
-/// earlier stages [`Stage::reads`] names, whole.
+/// earlier stages [`ForwardStage::reads`] names, whole.
 ///
 /// # Errors
 /// [`Graph::add`]'s errors.
 pub fn layer_graph(forward: ForwardPlan) -> Result<DispatchGraph> {
     let tokens = forward.tokens().max(1);
     let mut graph = Graph::new(tokens, tokens)?;
-    let mut added: Vec<Stage> = Vec::new();
+    let mut added: Vec<ForwardStage> = Vec::new();
     for (stage, dispatches) in forward.into_stages() {
         let mut reads: Vec<Read> = stage
             .reads()
