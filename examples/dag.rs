@@ -4,8 +4,9 @@
 //! itself checked against the CPU oracle. With `--moe`, the MoE layer's stage graph (route,
 //! dispatch, experts, shared expert, combine) instead: each executor's passes, the host wall
 //! time of a run and a bit-for-bit check against `MoeLayer`'s own forward. Its stages are
-//! whole-stage dispatches, so fused passes only group them and a queue runs fused passes
-//! (the report says so).
+//! whole-stage dispatches, so fused passes only group them; the queue runs the layer as MoE
+//! tasks (route tiles, layout, expert tiles, combine tiles) where the layer has a queue form
+//! (no shared expert yet), and fused passes otherwise (the report says why).
 //!
 //! `cargo run --release --example dag -- --help` lists the options; `docs/dag.md` explains
 //! the executors.
@@ -15,8 +16,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use moeflow::bench::Sampler;
 use moeflow::bench::verdict::median;
-use moeflow::dag::layer::{dispatch_plan, layer_graph, run_dispatch_graph};
-use moeflow::dag::{Executor, Fusion, Granularity, QueueOptions, RowGraph, RowInputs, RowRun, plan, probe};
+use moeflow::dag::{
+    Executor, Fusion, Granularity, LayerRun, QueueOptions, RowGraph, RowInputs, RowRun, plan, probe,
+};
 use moeflow::layer::{MoeConfig, MoeLayer};
 use moeflow::reference::dag as reference;
 use moeflow::synth::Synth;
@@ -219,9 +221,10 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
     let mut all_ok = true;
     for e in executors {
         let y = ctx.zeroed("y", want.len() as u64 * 4)?;
-        let graph = layer_graph(layer.plan(ctx, args.tokens, &xb, &y)?)?;
-        let (p, _) = dispatch_plan(&graph, e);
-        let passes: Vec<String> = p
+        let run = LayerRun::prepare(ctx, &layer, args.tokens, &xb, &y, e)?;
+        let graph = run.graph();
+        let passes: Vec<String> = run
+            .plan()
             .passes
             .iter()
             .map(|pass| {
@@ -230,20 +233,30 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
                 format!("[{}]", names.join(" "))
             })
             .collect();
-        run_dispatch_graph(ctx, &graph, e)?; // warm-up
+        run.run(ctx)?; // warm-up
         let mut wall = Vec::new();
         let mut report = None;
         for _ in 0..args.runs.max(1) {
             let start = std::time::Instant::now();
-            report = Some(run_dispatch_graph(ctx, &graph, e)?);
+            report = Some(run.run(ctx)?);
             wall.push(start.elapsed().as_secs_f64());
         }
         let got: Vec<u32> = ctx.read_back::<f32>(&y, want.len())?.iter().map(|v| v.to_bits()).collect();
         let same = got == want;
         all_ok &= same;
         let fallback = report.and_then(|r| r.fallback).map(|f| format!(" ({f})")).unwrap_or_default();
+        let shape = match run.queue() {
+            Some(q) => {
+                let t = q.tasks();
+                format!(
+                    "tasks: {} route, {} layout, {} gate/up and {} down over {} tile slots, {} combine",
+                    t.route, t.layout, t.up, t.down, t.slots, t.combine
+                )
+            }
+            None => format!("passes: {}", passes.join(" ")),
+        };
         println!(
-            "{:<28} {:>8.3} ms wall (median of {})  {}{fallback}\n    passes: {}",
+            "{:<28} {:>8.3} ms wall (median of {})  {}{fallback}\n    {shape}",
             match e {
                 Executor::Queue(q) => format!("Queue({} workers, {:?})", q.workers, q.granularity),
                 other => format!("{other:?}"),
@@ -251,7 +264,6 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
             median(&mut wall) * 1e3,
             args.runs.max(1),
             if same { "identical to MoeLayer" } else { "DIFFERENT from MoeLayer" },
-            passes.join(" ")
         );
     }
     println!("result: {}", if all_ok { "PASS" } else { "FAIL" });

@@ -26,6 +26,7 @@ fn all_shaders() -> Vec<&'static ShaderSource> {
     #[cfg(feature = "dag")]
     {
         all.extend_from_slice(crate::dag::run::SHADERS);
+        all.extend_from_slice(crate::dag::moe::SHADERS);
         all.extend_from_slice(crate::dag::probe::SHADERS);
     }
     #[cfg(feature = "bench")]
@@ -43,6 +44,7 @@ fn all_specs() -> Vec<&'static KernelSpec> {
     #[cfg(feature = "dag")]
     {
         all.extend_from_slice(crate::dag::run::SPECS);
+        all.extend_from_slice(crate::dag::moe::SPECS);
         all.extend_from_slice(crate::dag::probe::SPECS);
     }
     #[cfg(feature = "bench")]
@@ -206,8 +208,8 @@ fn shared_constants() -> Vec<(&'static str, &'static str, f64)> {
 fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
     #[cfg(feature = "dag")]
     {
-        use crate::dag::{chain as c, queue as q};
-        vec![
+        use crate::dag::{chain as c, moe as m, queue as q};
+        let mut all = vec![
             ("dag/", "NONE", f64::from(crate::dag::program::NONE)),
             ("dag/", "KIND_AFFINE", f64::from(c::KIND_AFFINE)),
             ("dag/", "KIND_SILU", f64::from(c::KIND_SILU)),
@@ -222,7 +224,41 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             ("dag/", "COUNTERS", f64::from(q::STATE_HEADER)),
             ("dag/", "STATUS_TIMEOUT", f64::from(q::STATUS_TIMEOUT)),
             ("dag/", "STATUS_LOOP_LIMIT", f64::from(q::STATUS_LOOP_LIMIT)),
-        ]
+            ("dag/moe", "MOE_TILE", f64::from(m::MOE_TILE)),
+            ("dag/moe", "MOE_NONE", f64::from(crate::reference::dispatch::NONE)),
+            ("dag/moe", "MOE_ROUTE", f64::from(m::KIND_ROUTE)),
+            ("dag/moe", "MOE_LAYOUT", f64::from(m::KIND_LAYOUT)),
+            ("dag/moe", "MOE_UP", f64::from(m::KIND_UP)),
+            ("dag/moe", "MOE_DOWN", f64::from(m::KIND_DOWN)),
+            ("dag/moe", "MOE_COMBINE", f64::from(m::KIND_COMBINE)),
+        ];
+        // The program header's words, by the Rust struct's field offsets.
+        macro_rules! header_words {
+            ($($name:literal => $field:ident),+ $(,)?) => {
+                $(all.push(("dag/moe", $name, (std::mem::offset_of!(m::Header, $field) / 4) as f64));)+
+            };
+        }
+        header_words!(
+            "H_TASKS" => tasks,
+            "H_TASK_OFF" => task_off,
+            "H_SPIN_LIMIT" => spin_limit,
+            "H_WORK" => work,
+            "H_CANARY" => canary,
+            "H_FFN" => ffn,
+            "H_ROUTE_TILE" => route_tile,
+            "H_COMBINE_TILE" => combine_tile,
+            "H_UP_TILES" => up_tiles,
+            "H_DOWN_TILES" => down_tiles,
+            "H_SLOTS" => slots,
+            "H_COUNTS" => counts,
+            "H_BASES" => bases,
+            "H_ROW_ENTRY" => row_entry,
+            "H_TILE_EXPERT" => tile_expert,
+            "H_CHUNKS" => chunks,
+            "H_ROWS_H" => rows_h,
+            "H_PARTIAL" => partial,
+        );
+        all
     }
     #[cfg(not(feature = "dag"))]
     Vec::new()

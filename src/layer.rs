@@ -506,6 +506,18 @@ impl MoeLayer {
         &self.cfg
     }
 
+    /// The router `[E, H]` and its selection bias `[E]` on the device.
+    #[cfg(feature = "dag")]
+    pub(crate) fn router_buffers(&self) -> (&wgpu::Buffer, Option<&wgpu::Buffer>) {
+        (&self.router, self.bias.as_ref())
+    }
+
+    /// The routed experts on the device.
+    #[cfg(feature = "dag")]
+    pub(crate) fn routed_experts(&self) -> &ExpertFfn {
+        &self.experts
+    }
+
     /// Row tile of the dispatch layout: the expert kernels' block rows (16 for the direct
     /// blocks on CPU adapters, 32 for tiles), so each expert's rows are padded no further than
     /// its kernels need.

@@ -1,7 +1,7 @@
 //! The DAG layer on every adapter: the planner's passes and tasks, every executor bit-identical
 //! to the staged one (and the staged one against the CPU oracle) on adversarial inputs, the
-//! probe, a forced queue timeout falling back instead of hanging, the MoE layer as a graph,
-//! and bad input.
+//! probe, a forced queue timeout falling back instead of hanging, the MoE layer as a graph
+//! and on the MoE task queue (adversarial routing, a forced stall), and bad input.
 
 mod common;
 
@@ -9,12 +9,13 @@ use std::sync::{Mutex, MutexGuard};
 
 use common::{assert_close, bits, contexts};
 use moeflow::Context;
-use moeflow::dag::layer::{dispatch_plan, layer_graph, run_dispatch_graph};
 use moeflow::dag::{
-    Executor, Fusion, Granularity, Graph, ProbeVerdict, QueueOptions, Reach, Read, RowGraph, RowInputs,
-    RowOp, RowRun, Source, plan, probe,
+    Executor, Fusion, Granularity, Graph, LayerRun, ProbeVerdict, QueueOptions, Reach, Read, RowGraph,
+    RowInputs, RowOp, RowRun, Source, plan, probe,
 };
-use moeflow::layer::{MoeConfig, MoeLayer};
+use moeflow::kernels::gemm::{GemmOrder, WeightDtype};
+use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig};
+use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
 use moeflow::reference::dag as reference;
 use moeflow::synth::Synth;
 
@@ -332,29 +333,159 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
     for ctx in contexts() {
         let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
         let xb = ctx.upload("x", &x).unwrap();
-        let want = {
-            let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-            ctx.run(&layer.plan(&ctx, 37, &xb, &y).unwrap().dispatches()).unwrap();
-            ctx.read_back::<f32>(&y, x.len()).unwrap()
-        };
+        let want = layer.forward_host(&ctx, &x).unwrap().y;
         for e in [
             Executor::Staged,
             Executor::Fused(Fusion::Neighbours),
             Executor::Queue(QueueOptions::new(4, Granularity::Fine)),
         ] {
             let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-            let graph = layer_graph(layer.plan(&ctx, 37, &xb, &y).unwrap()).unwrap();
-            let names: Vec<&str> = graph.stages().iter().map(|s| s.name.as_str()).collect();
+            let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, e).unwrap();
+            let names: Vec<&str> = run.graph().stages().iter().map(|s| s.name.as_str()).collect();
             assert_eq!(names, ["route", "dispatch", "experts", "shared", "combine"]);
-            let (p, refused) = dispatch_plan(&graph, e);
-            let report = run_dispatch_graph(&ctx, &graph, e).unwrap();
-            assert_eq!(report.fallback, refused);
+            let report = run.run(&ctx).unwrap();
             match e {
-                Executor::Staged => assert_eq!(p.passes.len(), 5),
+                Executor::Staged => assert_eq!(run.plan().passes.len(), 5),
                 // The shared expert reads only the input, so it joins the experts' pass.
-                _ => assert_eq!(p.passes.len(), 4, "{:?}", p.cuts),
+                _ => assert_eq!(run.plan().passes.len(), 4, "{:?}", run.plan().cuts),
+            }
+            if let Executor::Queue(_) = e {
+                // No shared-expert tasks yet: the queue says so and runs the fused passes.
+                let why = report.fallback.as_deref().unwrap_or_default();
+                assert!(why.contains("shared") || why.contains("probe"), "{why}");
+                assert!(run.queue().is_none());
             }
             assert_eq!(bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()), bits(&want), "{e:?}");
         }
+    }
+}
+
+/// MoE layers whose routing is adversarial: (name, config, weights, x) at `tokens` tokens.
+fn adversarial_layers(tokens: usize) -> Vec<(&'static str, MoeConfig, MoeWeights, Vec<f32>)> {
+    let (h, f, e) = (40usize, 24usize, 8usize);
+    let base = MoeConfig::new(h as u32, f as u32, e as u32, 2);
+    let mut out = Vec::new();
+
+    // Exact ties between experts 1 and 6 (identical router rows) and 1-ulp near-ties with
+    // expert 2; a NaN row, an infinite row and a signed-zero row among the tokens.
+    let mut w = Synth::new(11).moe_weights(&base);
+    let (r1, r2) = (w.router[h..2 * h].to_vec(), w.router[2 * h..3 * h].to_vec());
+    w.router[6 * h..7 * h].copy_from_slice(&r1);
+    for (i, v) in r2.iter().enumerate() {
+        w.router[2 * h + i] = if i == 0 { f32::from_bits(r1[0].to_bits() + 1) } else { r1[i] };
+        let _ = v;
+    }
+    let mut x = Synth::new(12).uniform(tokens * h, 1.0);
+    if tokens > 6 {
+        x[3 * h..4 * h].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 0.0 } else { -0.0 });
+        x[4 * h + 5] = f32::NAN;
+        x[5 * h + 1] = f32::INFINITY;
+    }
+    out.push(("ties, NaN, inf and zero rows", base, w, x));
+
+    // One expert takes every token (its router row dominates), the rest of the picks tie at
+    // zero logits (so they go to the lowest index), and most experts stay empty.
+    let mut w = Synth::new(13).moe_weights(&base);
+    w.router.iter_mut().for_each(|v| *v = 0.0);
+    w.router[3 * h..4 * h].iter_mut().for_each(|v| *v = 1.0);
+    let x = Synth::new(14).uniform(tokens * h, 1.0).iter().map(|v| v.abs() + 0.5).collect();
+    out.push(("one expert takes every token", base, w, x));
+
+    // Sigmoid gating with a selection bias and group-limited choice, k = 3, the fast order,
+    // bf16 weights, renormalised and scaled.
+    let cfg = MoeConfig {
+        route: RouteConfig {
+            gating: Gating::Sigmoid,
+            bias: true,
+            groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+            scale: 2.5,
+            ..RouteConfig::new(h as u32, e as u32, 3)
+        },
+        gemm_order: GemmOrder::Fast,
+        weight_dtype: WeightDtype::Bf16,
+        ..base
+    };
+    let w = Synth::new(15).moe_weights(&cfg);
+    let x = Synth::new(16).uniform(tokens * h, 1.0);
+    out.push(("sigmoid, bias, groups, fast order, bf16", cfg, w, x));
+    out
+}
+
+#[test]
+fn the_moe_queue_gives_the_layers_bits_on_adversarial_routing() {
+    let _queue = exclusive();
+    for ctx in contexts() {
+        let workers = match probe(&ctx).unwrap().max_workers() {
+            Ok(max) => max.min(4),
+            Err(reason) => {
+                eprintln!("skipped on {}: queue refused by the probe: {reason}", ctx.adapter().slug());
+                continue;
+            }
+        };
+        // 37 tokens: no multiple of the route, combine or expert tiles; 1 token: the layer
+        // runs its decode path, the queue its grouped tiles.
+        for tokens in [37usize, 1] {
+            for (name, cfg, weights, x) in adversarial_layers(tokens) {
+                let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
+                let want = layer.forward_host(&ctx, &x).unwrap();
+                let xb = ctx.upload("x", &x).unwrap();
+                let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
+                let q = Executor::Queue(QueueOptions::new(workers, Granularity::Fine));
+                let run = LayerRun::prepare(&ctx, &layer, tokens as u32, &xb, &y, q).unwrap();
+                let queue = run.queue().unwrap_or_else(|| panic!("{name}: no queue: {:?}", run.refused()));
+                let what = format!("{name}, {tokens} tokens, {}", ctx.adapter().slug());
+                // As in run_checked: a run that llvmpipe's loop cap stops early is tried again.
+                let mut clean = false;
+                for _ in 0..3 {
+                    let report = run.run(&ctx).unwrap();
+                    let got = ctx.read_back::<f32>(&y, x.len()).unwrap();
+                    assert_eq!(bits(&got), bits(&want.y), "{what}: y ({report:?})");
+                    if report.fallback.is_none() {
+                        clean = true;
+                        break;
+                    }
+                    eprintln!("{what}: {report:?}");
+                }
+                assert!(clean, "{what}: the queue never completed cleanly");
+                let n = tokens * cfg.route.k as usize;
+                assert_eq!(ctx.read_back::<u32>(queue.indices(), n).unwrap(), want.indices, "{what}");
+                let weights = ctx.read_back::<f32>(queue.weights(), n).unwrap();
+                assert_eq!(bits(&weights), bits(&want.weights), "{what}: routing weights");
+                let s = queue.status(&ctx).unwrap();
+                assert!(s.complete() && s.tasks as u64 == queue.tasks().total(), "{what}: {s:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
+    let _queue = exclusive();
+    let (_, cfg, weights, x) = adversarial_layers(37).swap_remove(0);
+    for ctx in contexts() {
+        let Ok(max) = probe(&ctx).unwrap().max_workers() else { continue };
+        let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
+        let want = layer.forward_host(&ctx, &x).unwrap().y;
+        let xb = ctx.upload("x", &x).unwrap();
+        let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
+        // Task 6 is the layout task (after five route tiles of 8 tokens).
+        let opts = QueueOptions {
+            spin_limit: 1 << 12,
+            stall_task: Some(6),
+            ..QueueOptions::new(max.min(4), Granularity::Fine)
+        };
+        let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, Executor::Queue(opts)).unwrap();
+        let started = std::time::Instant::now();
+        let report = run.run(&ctx).unwrap();
+        assert!(started.elapsed().as_secs() < 60, "the timeout is bounded");
+        let why = report.fallback.expect("fallback reported");
+        assert!(why.contains("timed out") || why.contains("loop short"), "{why}");
+        assert!(report.ran.contains("passes"), "{}", report.ran);
+        assert_eq!(bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()), bits(&want));
+        // Bad queue requests are errors, not hangs.
+        let bad = QueueOptions { stall_task: Some(1 << 20), ..opts };
+        assert!(LayerRun::prepare(&ctx, &layer, 37, &xb, &y, Executor::Queue(bad)).is_err());
+        let none = QueueOptions::new(0, Granularity::Fine);
+        assert!(LayerRun::prepare(&ctx, &layer, 37, &xb, &y, Executor::Queue(none)).is_err());
     }
 }

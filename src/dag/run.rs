@@ -24,7 +24,7 @@ static STATIC_SHADER: ShaderSource = ShaderSource {
 };
 static QUEUE_SHADER: ShaderSource = ShaderSource {
     name: "dag/queue",
-    parts: &[wgsl!("dag/program.wgsl"), wgsl!("dag/queue.wgsl")],
+    parts: &[wgsl!("dag/program.wgsl"), wgsl!("dag/row_queue.wgsl"), wgsl!("dag/queue.wgsl")],
     entry_points: &["reset_queue", "persistent"],
 };
 

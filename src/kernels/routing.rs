@@ -66,7 +66,7 @@ static FUSED_SHADER: ShaderSource = ShaderSource {
 pub(crate) static SHADERS: &[&ShaderSource] = &[&GATE_MATVEC_SHADER, &TOPK_SHADER, &FUSED_SHADER];
 
 /// Bytes of `RouteParams` (wgsl/routing/params.wgsl).
-const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
+pub(crate) const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static GATE_MATVEC: KernelSpec = KernelSpec {
     shader: &GATE_MATVEC_SHADER,
     entry: "gate_matvec",
@@ -273,7 +273,8 @@ impl RouteConfig {
         Ok(())
     }
 
-    fn constants(&self) -> [(&'static str, f64); 4] {
+    /// The pipeline constants of the top-k kernels (gating, bias, groups, renormalisation).
+    pub(crate) fn constants(&self) -> [(&'static str, f64); 4] {
         [
             ("GATING", self.gating.code()),
             ("HAS_BIAS", f64::from(u8::from(self.bias))),
@@ -372,6 +373,25 @@ struct Checked {
     no_logits: wgpu::Buffer,
 }
 
+/// The routing kernels' uniform parameters (`RouteParams`, wgsl/routing/params.wgsl) for
+/// `tokens` tokens of `cfg`.
+pub(crate) fn route_params(ctx: &Context, cfg: &RouteConfig, tokens: u32) -> Result<wgpu::Buffer> {
+    let g = cfg.groups.unwrap_or(GroupLimit { n_group: 1, topk_group: 1 });
+    ctx.uniform(
+        "moeflow route params",
+        &Params {
+            tokens,
+            hidden: cfg.hidden,
+            experts: cfg.experts,
+            k: cfg.k,
+            n_group: g.n_group,
+            topk_group: g.topk_group,
+            scale: cfg.scale,
+            pad0: 0,
+        },
+    )
+}
+
 fn prepare(ctx: &Context, cfg: &RouteConfig, tokens: u32, bias: Option<&wgpu::Buffer>) -> Result<Checked> {
     cfg.validate()?;
     if cfg.bias != bias.is_some() {
@@ -392,22 +412,8 @@ fn prepare(ctx: &Context, cfg: &RouteConfig, tokens: u32, bias: Option<&wgpu::Bu
     if let Some(b) = bias {
         ctx.check_binding("bias", b, u64::from(cfg.experts) * F32, Access::Read)?;
     }
-    let g = cfg.groups.unwrap_or(GroupLimit { n_group: 1, topk_group: 1 });
-    let params = ctx.uniform(
-        "moeflow route params",
-        &Params {
-            tokens,
-            hidden: cfg.hidden,
-            experts: cfg.experts,
-            k: cfg.k,
-            n_group: g.n_group,
-            topk_group: g.topk_group,
-            scale: cfg.scale,
-            pad0: 0,
-        },
-    )?;
     Ok(Checked {
-        params,
+        params: route_params(ctx, cfg, tokens)?,
         no_bias: ctx.storage_scratch("moeflow absent bias", 4)?,
         no_logits: ctx.storage_scratch("moeflow absent logits", 4)?,
     })

@@ -41,16 +41,6 @@ const KIND_SILU: u32 = 1u;
 const KIND_RMS: u32 = 2u;
 const RMS_EPS: f32 = 1e-6;
 
-// state words of the persistent queue
-const TICKET: u32 = 0u;
-const STATUS: u32 = 1u;
-const DONE: u32 = 2u;
-const MAX_SPINS: u32 = 3u;
-const FAULTS: u32 = 4u;
-const COUNTERS: u32 = 5u;
-const STATUS_TIMEOUT: u32 = 1u;
-const STATUS_LOOP_LIMIT: u32 = 2u;
-
 struct DagParams {
     rows: u32,
     cols: u32,

@@ -10,8 +10,36 @@
 // `storageBarrier` and, unless STATUS is set, the leader adds one to each consumer's counter
 // and to DONE. The host reads STATUS and DONE afterwards and reruns the work with static
 // passes unless STATUS is 0 and DONE equals the task count.
+//
+// The module that includes this file provides the task table and the work: `program`
+// (read-only u32 words; task i at queue_params().task_off + 5i: pass or kind, tile,
+// dependencies to wait for, first consumer word, consumer count), `state` (the atomic state
+// words below, then one dependency counter per task), `queue_params()` and
+// `run_pass(pass, slot, tile, lid)`, and the override LANES (the workgroup size).
 
-@group(0) @binding(4) var<storage, read_write> state: array<atomic<u32>>;
+// State words.
+const TICKET: u32 = 0u;
+const STATUS: u32 = 1u;
+const DONE: u32 = 2u;
+const MAX_SPINS: u32 = 3u;
+const FAULTS: u32 = 4u;
+const COUNTERS: u32 = 5u;
+const STATUS_TIMEOUT: u32 = 1u;
+const STATUS_LOOP_LIMIT: u32 = 2u;
+
+// What the queue reads of its includer's parameters.
+struct QueueParams {
+    // Tasks in the run.
+    tasks: u32,
+    // Word of the task table in `program`.
+    task_off: u32,
+    // Polls one dependency wait may take.
+    spin_limit: u32,
+    // 0: coordination only (the tasks' work is skipped).
+    work: u32,
+    // 2, the trip count of the loop that detects cut-short loops.
+    canary: u32,
+}
 
 var<workgroup> claimed: u32;
 var<workgroup> ready: u32;
@@ -24,7 +52,7 @@ fn reset_queue(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     if i == 0u {
         let ran = atomicLoad(&state[TICKET]) != 0u;
-        let clean = atomicLoad(&state[STATUS]) == 0u && atomicLoad(&state[DONE]) == params.tasks;
+        let clean = atomicLoad(&state[STATUS]) == 0u && atomicLoad(&state[DONE]) == queue_params().tasks;
         if ran && !clean {
             atomicAdd(&state[FAULTS], 1u);
         }
@@ -32,7 +60,7 @@ fn reset_queue(@builtin(global_invocation_id) gid: vec3<u32>) {
         atomicStore(&state[STATUS], 0u);
         atomicStore(&state[DONE], 0u);
         atomicStore(&state[MAX_SPINS], 0u);
-    } else if i >= COUNTERS && i < COUNTERS + params.tasks {
+    } else if i >= COUNTERS && i < COUNTERS + queue_params().tasks {
         atomicStore(&state[i], 0u);
     }
 }
@@ -47,16 +75,17 @@ fn deps_done8(task: u32, need: u32) -> bool {
         || deps_done(task, need) || deps_done(task, need) || deps_done(task, need) || deps_done(task, need);
 }
 
-// A loop whose trip count (`params.canary`, 2) the compiler cannot know: it runs fewer times
+// A loop whose trip count (`canary`, 2) the compiler cannot know: it runs fewer times
 // only where the driver cuts loops short. Mesa's llvmpipe caps the loop iterations one
 // invocation may run in total (65535, over all its loops), after which every loop exits
 // after one iteration; results computed past that point cannot be trusted.
 fn loops_intact() -> bool {
+    let canary = queue_params().canary;
     var n = 0u;
-    for (var i = 0u; i < params.canary; i++) {
+    for (var i = 0u; i < canary; i++) {
         n += 1u;
     }
-    return n == params.canary;
+    return n == canary;
 }
 
 // 64 polls, stopping at the first that finds the task ready.
@@ -78,7 +107,7 @@ fn wait_ready(task: u32, need: u32) -> u32 {
             return 0u;
         }
         spins += 256u;
-        if spins > params.spin_limit {
+        if spins > queue_params().spin_limit {
             atomicMax(&state[STATUS], STATUS_TIMEOUT);
             return 0u;
         }
@@ -94,20 +123,21 @@ fn wait_ready(task: u32, need: u32) -> u32 {
 @compute @workgroup_size(LANES)
 fn persistent(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let slot = wid.x;
+    let q = queue_params();
     // Each round consumes one ticket, so `tasks` rounds always suffice.
-    for (var round = 0u; round <= params.tasks; round++) {
+    for (var round = 0u; round <= q.tasks; round++) {
         if lid == 0u {
-            var t = params.tasks;
+            var t = q.tasks;
             if atomicLoad(&state[STATUS]) == 0u {
-                t = min(atomicAdd(&state[TICKET], 1u), params.tasks);
+                t = min(atomicAdd(&state[TICKET], 1u), q.tasks);
             }
             claimed = t;
         }
         let task = workgroupUniformLoad(&claimed);
-        if task >= params.tasks {
+        if task >= q.tasks {
             break;
         }
-        let tw = params.task_off + 5u * task;
+        let tw = q.task_off + 5u * task;
         if lid == 0u {
             ready = wait_ready(task, program[tw + 2u]);
         }
@@ -116,7 +146,7 @@ fn persistent(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         if go == 0u {
             break;
         }
-        if params.work != 0u {
+        if q.work != 0u {
             run_pass(program[tw], slot, program[tw + 1u], lid);
         }
         if !loops_intact() {

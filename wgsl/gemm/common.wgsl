@@ -1,4 +1,5 @@
-// Shared by the expert-projection kernels: parameters, bindings (the weights, bindings 2 and 3,
+// Shared by the expert-projection kernels (with order.wgsl: silu_mul, lanes_sum and the order
+// steps): parameters, bindings (the weights, bindings 2 and 3,
 // come from weights_packed.wgsl or weights_f16.wgsl, which define weight_from, weight4 and
 // weight4_tail), and the K-accumulation orders that make every path batch-invariant.
 //
@@ -87,14 +88,6 @@ fn weight_row(expert: u32, col: u32) -> u32 {
 override DTYPE: u32 = 0u;
 // silu(x . w) * (x . w_up) instead of x . w.
 override SWIGLU: bool = false;
-
-fn silu_mul(g: f32, u: f32) -> f32 {
-    return g / (1.0 + exp(-g)) * u;
-}
-
-fn lanes_sum(acc: vec4<f32>) -> f32 {
-    return (acc.x + acc.y) + (acc.z + acc.w);
-}
 
 // x[base + k .. base + k + 3], entries at k >= kdim read as 0.0; the bounds are checked only
 // in a partial last group.

@@ -5,13 +5,12 @@
 // win_row0 + win_rows. Used for decode (few tokens: rows are entries, no dispatch needed)
 // and for the overflow pass of the bucketed path. The expert of a row is indices[entry]
 // (or params.fixed_expert without FLAG_EXPERT_FROM_INDICES). Same accumulation order as
-// every other path of the mode (common.wgsl): FAST_ORDER picks the one-accumulator order.
+// every other path of the mode (order.wgsl's order_step and order_value; FAST_ORDER picks the
+// one-accumulator order).
 
 // Live row count: rows = min(params.rows, row_count[params.count_word]).
 @group(0) @binding(7) var<storage, read> row_count: array<u32>;
 @group(0) @binding(8) var<storage, read> expert_of_entry: array<u32>;
-
-override FAST_ORDER: bool = false;
 
 @compute @workgroup_size(64)
 fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -39,33 +38,15 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let wr = weight_at(expert, col);
     var acc = vec4<f32>(0.0);
     var acc_up = vec4<f32>(0.0);
-    var one = 0.0;
-    var one_up = 0.0;
     for (var k = 0u; k < kdim; k += 4u) {
         let xv = x_vec(xr, k);
-        let wv = weight_vec(false, wr, k);
-        var uv = vec4<f32>(0.0);
+        acc = order_step(acc, xv, weight_vec(false, wr, k));
         if SWIGLU {
-            uv = weight_vec(true, wr, k);
-        }
-        if FAST_ORDER {
-            one = fma(xv.w, wv.w, fma(xv.z, wv.z, fma(xv.y, wv.y, fma(xv.x, wv.x, one))));
-            if SWIGLU {
-                one_up = fma(xv.w, uv.w, fma(xv.z, uv.z, fma(xv.y, uv.y, fma(xv.x, uv.x, one_up))));
-            }
-        } else {
-            acc = fma(xv, wv, acc);
-            if SWIGLU {
-                acc_up = fma(xv, uv, acc_up);
-            }
+            acc_up = order_step(acc_up, xv, weight_vec(true, wr, k));
         }
     }
-    var v = lanes_sum(acc);
-    var v_up = lanes_sum(acc_up);
-    if FAST_ORDER {
-        v = one;
-        v_up = one_up;
-    }
+    var v = order_value(acc);
+    let v_up = order_value(acc_up);
     if SWIGLU {
         v = silu_mul(v, v_up);
     }

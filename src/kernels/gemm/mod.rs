@@ -49,6 +49,7 @@ macro_rules! rowwise_shader {
             $name,
             $x,
             "gemm/common.wgsl",
+            "gemm/order.wgsl",
             "gemm/weights_packed.wgsl",
             "gemm/half.wgsl",
             "gemm/rowwise_w_packed.wgsl"
@@ -60,6 +61,7 @@ macro_rules! rowwise_shader {
             $x,
             "gemm/enable_f16.wgsl",
             "gemm/common.wgsl",
+            "gemm/order.wgsl",
             "gemm/weights_f16.wgsl",
             "gemm/rowwise_w_packed.wgsl"
         )
@@ -69,6 +71,7 @@ macro_rules! rowwise_shader {
             $name,
             $x,
             "gemm/common.wgsl",
+            "gemm/order.wgsl",
             "gemm/half.wgsl",
             "gemm/weights_texture.wgsl",
             "gemm/rowwise_w_texture.wgsl"
@@ -235,7 +238,8 @@ pub enum WeightDtype {
 }
 
 impl WeightDtype {
-    fn code(self) -> f64 {
+    /// The `DTYPE` pipeline constant of kernels reading these weights as packed words.
+    pub(crate) fn code(self) -> f64 {
         match self {
             WeightDtype::F32 => 0.0,
             WeightDtype::F16 => 1.0,
@@ -593,6 +597,16 @@ impl ExpertWeights {
     /// Whether the kernels load these weights as native f16.
     pub fn native_f16(&self) -> bool {
         self.native_f16
+    }
+
+    /// The one buffer holding every weight, as packed words; None when the weights are split
+    /// into chunks ([`Self::chunk_count`] above 1).
+    #[cfg(feature = "dag")]
+    pub(crate) fn whole_buffer(&self) -> Option<&wgpu::Buffer> {
+        match self.chunks.as_slice() {
+            [only] => Some(&only.buffer),
+            _ => None,
+        }
     }
 
     /// Storage dtype.

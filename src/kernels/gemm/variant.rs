@@ -392,16 +392,29 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
         );
         let body = ShaderPart { path: "gemm (generated)", text: leak(generate(variant, order)) };
         let parts: Vec<ShaderPart> = if matches!(variant, GemmVariant::Texture { .. }) {
-            vec![wgsl!("gemm/common.wgsl"), wgsl!("gemm/half.wgsl"), wgsl!("gemm/weights_texture.wgsl"), body]
+            vec![
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/order.wgsl"),
+                wgsl!("gemm/half.wgsl"),
+                wgsl!("gemm/weights_texture.wgsl"),
+                body,
+            ]
         } else if native_f16 {
             vec![
                 wgsl!("gemm/enable_f16.wgsl"),
                 wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/order.wgsl"),
                 wgsl!("gemm/weights_f16.wgsl"),
                 body,
             ]
         } else {
-            vec![wgsl!("gemm/common.wgsl"), wgsl!("gemm/weights_packed.wgsl"), wgsl!("gemm/half.wgsl"), body]
+            vec![
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/order.wgsl"),
+                wgsl!("gemm/weights_packed.wgsl"),
+                wgsl!("gemm/half.wgsl"),
+                body,
+            ]
         };
         let source: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
             name: leak(name),

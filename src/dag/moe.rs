@@ -1,0 +1,442 @@
+//! The MoE layer on the persistent queue: route tiles, a layout task, expert tiles of the
+//! gate/up and down projections over fixed upper-bound slots of padded bins, and combine
+//! tiles, all in one dispatch of persistent workers (`wgsl/dag/moe.wgsl`, driven by
+//! `wgsl/dag/queue.wgsl`). The task bodies call the staged kernels' WGSL functions, so the
+//! outputs are the bits of [`MoeLayer`]'s forward on the same adapter.
+//!
+//! The task graph is static: routing decides how many expert tiles hold rows, so every
+//! possible tile has a slot (`ceil(tokens * k / 8) + min(E, tokens * k)` slots of 8 rows
+//! bound every layout) and the slots past the live tiles finish at once. Combine tiles wait
+//! for every down tile (the coarse rule; which down tiles hold a token's entries is known only
+//! after routing).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::program::to_u32;
+use super::queue::{
+    DONE, FAULTS, MAX_SPINS, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER, STATUS, TICKET,
+};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
+use crate::layer::{Capacity, MoeLayer};
+use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
+use crate::shader::{ShaderSource, wgsl};
+
+/// Rows per expert tile of the queue (`MOE_TILE` in wgsl/dag/moe.wgsl).
+pub const MOE_TILE: u32 = 8;
+/// Tokens per route task.
+pub const ROUTE_TILE: u32 = 8;
+/// Tokens per combine task.
+pub const COMBINE_TILE: u32 = 8;
+
+/// Task kinds (`MOE_ROUTE` ... in wgsl/dag/moe.wgsl).
+pub(crate) const KIND_ROUTE: u32 = 0;
+pub(crate) const KIND_LAYOUT: u32 = 1;
+pub(crate) const KIND_UP: u32 = 2;
+pub(crate) const KIND_DOWN: u32 = 3;
+pub(crate) const KIND_COMBINE: u32 = 4;
+
+/// Header words of the program buffer (`H_*` in wgsl/dag/moe.wgsl), in this order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct Header {
+    pub(crate) tasks: u32,
+    pub(crate) task_off: u32,
+    pub(crate) spin_limit: u32,
+    pub(crate) work: u32,
+    pub(crate) canary: u32,
+    pub(crate) ffn: u32,
+    pub(crate) route_tile: u32,
+    pub(crate) combine_tile: u32,
+    pub(crate) up_tiles: u32,
+    pub(crate) down_tiles: u32,
+    pub(crate) slots: u32,
+    pub(crate) counts: u32,
+    pub(crate) bases: u32,
+    pub(crate) row_entry: u32,
+    pub(crate) tile_expert: u32,
+    pub(crate) chunks: u32,
+    pub(crate) rows_h: u32,
+    pub(crate) partial: u32,
+}
+
+/// Words of [`Header`].
+pub(crate) const HEADER_WORDS: u32 = (std::mem::size_of::<Header>() / 4) as u32;
+
+static MOE_SHADER: ShaderSource = ShaderSource {
+    name: "dag/moe",
+    parts: &[
+        wgsl!("routing/params.wgsl"),
+        wgsl!("routing/gate.wgsl"),
+        wgsl!("routing/select.wgsl"),
+        wgsl!("gemm/half.wgsl"),
+        wgsl!("gemm/order.wgsl"),
+        wgsl!("dag/moe.wgsl"),
+        wgsl!("dag/queue.wgsl"),
+    ],
+    entry_points: &["reset_queue", "persistent"],
+};
+
+/// The MoE queue's shader module.
+#[cfg(test)]
+pub(crate) static SHADERS: &[&ShaderSource] = &[&MOE_SHADER];
+
+use Access::{Read, ReadWrite, Uniform};
+static MOE_RESET: KernelSpec = KernelSpec {
+    shader: &MOE_SHADER,
+    entry: "reset_queue",
+    bindings: &[(7, Read), (14, ReadWrite)],
+    params_bytes: ROUTE_PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(64),
+};
+static MOE_PERSISTENT: KernelSpec = KernelSpec {
+    shader: &MOE_SHADER,
+    entry: "persistent",
+    bindings: &[
+        (0, Uniform),
+        (1, Read),
+        (2, Read),
+        (4, Read),
+        (5, ReadWrite),
+        (6, ReadWrite),
+        (7, Read),
+        (8, Read),
+        (9, Read),
+        (10, Read),
+        (11, ReadWrite),
+        (12, ReadWrite),
+        (13, ReadWrite),
+        (14, ReadWrite),
+    ],
+    params_bytes: ROUTE_PARAMS_BYTES,
+    workgroup: Workgroup::Override("LANES"),
+};
+/// The MoE queue's kernels (for the contract test, `src/contract.rs`).
+#[cfg(test)]
+pub(crate) static SPECS: &[&KernelSpec] = &[&MOE_RESET, &MOE_PERSISTENT];
+
+/// How many tasks of each kind a MoE queue runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MoeTasks {
+    /// Route tiles ([`ROUTE_TILE`] tokens each).
+    pub route: u32,
+    /// Layout tasks (1).
+    pub layout: u32,
+    /// Expert tile slots ([`MOE_TILE`] rows each; the empty ones finish at once).
+    pub slots: u32,
+    /// Gate/up tasks: slots times 64-column tiles of F.
+    pub up: u32,
+    /// Down tasks: slots times 64-column tiles of H.
+    pub down: u32,
+    /// Combine tiles ([`COMBINE_TILE`] tokens each).
+    pub combine: u32,
+}
+
+impl MoeTasks {
+    fn new(tokens: u32, hidden: u32, ffn: u32, experts: u32, k: u32) -> Result<Self> {
+        let entries = u64::from(tokens) * u64::from(k);
+        let slots = entries.div_ceil(u64::from(MOE_TILE)) + entries.min(u64::from(experts));
+        let cols = |n: u32| u64::from(n.div_ceil(QUEUE_LANES));
+        let t = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
+        Ok(MoeTasks {
+            route: tokens.div_ceil(ROUTE_TILE),
+            layout: 1,
+            slots: t("expert tile slots", slots)?,
+            up: t("gate/up tasks", slots * cols(ffn))?,
+            down: t("down tasks", slots * cols(hidden))?,
+            combine: tokens.div_ceil(COMBINE_TILE),
+        })
+    }
+
+    /// Every task.
+    pub fn total(&self) -> u64 {
+        [self.route, self.layout, self.up, self.down, self.combine].iter().map(|&n| u64::from(n)).sum()
+    }
+}
+
+/// Why `layer` has no queue form on `ctx`, if it has none: the queue runs the dropless routed
+/// experts (no shared expert, no capacity bound) from unsplit weights, and binds 13 storage
+/// buffers.
+pub fn unsupported(ctx: &Context, layer: &MoeLayer) -> Option<String> {
+    let cfg = layer.config();
+    if cfg.shared_ffn.is_some() {
+        return Some("the MoE queue has no shared-expert tasks".into());
+    }
+    if cfg.capacity != Capacity::Dropless {
+        return Some("the MoE queue runs dropless layers only (no capacity bound)".into());
+    }
+    let ffn = layer.routed_experts();
+    if [&ffn.gate, &ffn.up, &ffn.down].iter().any(|w| w.whole_buffer().is_none()) {
+        return Some("the expert weights are split into chunks past one storage binding".into());
+    }
+    let (storage, _, _) = MOE_PERSISTENT.binding_counts();
+    let max = ctx.limits().max_storage_buffers_per_shader_stage;
+    if storage > max {
+        return Some(format!(
+            "the MoE queue binds {storage} storage buffers; the device allows {max} per stage"
+        ));
+    }
+    None
+}
+
+/// The MoE layer's forward of a fixed token count as one persistent-queue run (a state reset
+/// and one dispatch of workers), writing `y` and its own top-k indices and weights.
+#[derive(Debug)]
+pub struct MoeQueue {
+    dispatches: Vec<Dispatch>,
+    state: wgpu::Buffer,
+    indices: wgpu::Buffer,
+    weights: wgpu::Buffer,
+    tasks: MoeTasks,
+    label: String,
+}
+
+impl MoeQueue {
+    /// Builds the queue for a forward of `tokens` tokens of `layer` from `x[tokens, H]` into
+    /// `y[tokens, H]`. The probe is not consulted here (see [`super::layer::LayerRun`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] where [`unsupported`] gives a reason, for zero tokens or
+    /// workers, or a stall task past the tasks; [`Error::LimitExceeded`]
+    /// for more workers than a dispatch can have or sizes past u32 indices and binding
+    /// limits; [`Error::Shape`] for views smaller than their shapes; device errors.
+    pub fn new<'b>(
+        ctx: &Context,
+        layer: &MoeLayer,
+        tokens: u32,
+        x: impl Into<BufferView<'b>>,
+        y: impl Into<BufferView<'b>>,
+        q: &QueueOptions,
+    ) -> Result<Self> {
+        if let Some(why) = unsupported(ctx, layer) {
+            return Err(Error::invalid(format!("this layer has no queue form: {why}")));
+        }
+        if tokens == 0 {
+            return Err(Error::invalid("the MoE queue needs at least one token"));
+        }
+        if q.workers == 0 {
+            return Err(Error::invalid("the queue needs at least one worker"));
+        }
+        let max_groups = ctx.limits().max_compute_workgroups_per_dimension;
+        if q.workers > max_groups {
+            return Err(Error::limit(
+                "queue workers",
+                q.workers.into(),
+                max_groups.into(),
+                "max_compute_workgroups_per_dimension",
+            ));
+        }
+        let cfg = layer.config();
+        let (h, f, e, k) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.route.k);
+        let tasks = MoeTasks::new(tokens, h, f, e, k)?;
+        if let Some(s) = q.stall_task
+            && u64::from(s) >= tasks.total()
+        {
+            return Err(Error::invalid(format!("stall task {s} is not one of the {} tasks", tasks.total())));
+        }
+        let (x, y) = (x.into(), y.into());
+        let (t64, h64, k64) = (u64::from(tokens), u64::from(h), u64::from(k));
+        ctx.check_view("x", &x, t64 * h64 * 4, Read)?;
+        ctx.check_view("y", &y, t64 * h64 * 4, ReadWrite)?;
+
+        // Layout words and f32 work, with their offsets.
+        let slots = u64::from(tasks.slots);
+        let e64 = u64::from(e);
+        let counts = 0u64;
+        let bases = counts + e64;
+        let row_entry = bases + e64;
+        let tile_expert = row_entry + slots * u64::from(MOE_TILE);
+        let chunks = tile_expert + slots;
+        let words_len = chunks + u64::from(QUEUE_LANES) * e64;
+        let rows_h = 0u64;
+        let partial = rows_h + slots * u64::from(MOE_TILE) * u64::from(f);
+        let work_len = partial + t64 * k64 * h64;
+        for (what, n) in [("MoE queue layout words", words_len), ("MoE queue work values", work_len)] {
+            if n > u64::from(u32::MAX) {
+                return Err(Error::limit(what, n, u32::MAX.into(), "u32 indices in the MoE queue"));
+            }
+        }
+        let words = ctx.storage_scratch("moe queue layout", words_len * 4)?;
+        let work = ctx.storage_scratch("moe queue work", work_len * 4)?;
+        let indices = ctx.storage_scratch("moe queue topk indices", t64 * k64 * 4)?;
+        let weights = ctx.storage_scratch("moe queue topk weights", t64 * k64 * 4)?;
+        let u = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
+        let mut header = Header {
+            tasks: u("tasks", tasks.total())?,
+            task_off: HEADER_WORDS,
+            spin_limit: q.spin_limit,
+            work: u32::from(!q.coordination_only),
+            canary: 2,
+            ffn: f,
+            route_tile: ROUTE_TILE,
+            combine_tile: COMBINE_TILE,
+            up_tiles: f.div_ceil(QUEUE_LANES),
+            down_tiles: h.div_ceil(QUEUE_LANES),
+            slots: tasks.slots,
+            counts: u("layout offset", counts)?,
+            bases: u("layout offset", bases)?,
+            row_entry: u("layout offset", row_entry)?,
+            tile_expert: u("layout offset", tile_expert)?,
+            chunks: u("layout offset", chunks)?,
+            rows_h: u("work offset", rows_h)?,
+            partial: u("work offset", partial)?,
+        };
+        let program = encode(&mut header, &tasks, q.stall_task)?;
+        let program = ctx.upload("moe queue program", &program)?;
+        let state = ctx.zeroed("moe queue state", (u64::from(STATE_HEADER) + u64::from(header.tasks)) * 4)?;
+
+        let (router, bias) = layer.router_buffers();
+        let no_bias = match bias {
+            Some(_) => None,
+            None => Some(ctx.storage_scratch("moe queue absent bias", 4)?),
+        };
+        let ffn = layer.routed_experts();
+        fn whole(w: &crate::kernels::gemm::ExpertWeights) -> Result<&wgpu::Buffer> {
+            w.whole_buffer().ok_or_else(|| Error::invalid("split expert weights have no queue form"))
+        }
+        let (wg, wu, wd) = (whole(&ffn.gate)?, whole(&ffn.up)?, whole(&ffn.down)?);
+        let params = route_params(ctx, &cfg.route, tokens)?;
+        let bias = bias.or(no_bias.as_ref()).ok_or_else(|| Error::invalid("no bias buffer"))?;
+        fn whole_binding(b: u32, buf: &wgpu::Buffer) -> Binding<'_> {
+            Binding::new(b, buf, buf.size())
+        }
+        let bindings = [
+            Binding::new(0, &params, ROUTE_PARAMS_BYTES),
+            x.bind(1, t64 * h64 * 4),
+            Binding::new(2, router, e64 * h64 * 4),
+            Binding::new(4, bias, if cfg.route.bias { e64 * 4 } else { 4 }),
+            Binding::new(5, &indices, t64 * k64 * 4),
+            Binding::new(6, &weights, t64 * k64 * 4),
+            whole_binding(7, &program),
+            whole_binding(8, wg),
+            whole_binding(9, wu),
+            whole_binding(10, wd),
+            whole_binding(11, &words),
+            whole_binding(12, &work),
+            y.bind(13, t64 * h64 * 4),
+            whole_binding(14, &state),
+        ];
+        let mut constants = cfg.route.constants().to_vec();
+        let order = ffn.kernels(ctx).order;
+        constants.extend([
+            ("LANES", f64::from(QUEUE_LANES)),
+            ("DTYPE", cfg.weight_dtype.code()),
+            ("FAST_ORDER", f64::from(u8::from(order == crate::kernels::gemm::GemmOrder::Fast))),
+        ]);
+        let persistent = ctx.kernel(&MOE_PERSISTENT, &constants)?;
+        let persistent = ctx.dispatch(&persistent, &bindings, [q.workers, 1, 1])?;
+        let reset = ctx.dispatch(
+            &ctx.kernel(&MOE_RESET, &[])?,
+            &[whole_binding(7, &program), whole_binding(14, &state)],
+            ctx.grid(MOE_RESET.groups((STATE_HEADER + header.tasks).into())?, "queue reset")?,
+        )?;
+        let diag = if q.coordination_only { ", coordination only" } else { "" };
+        Ok(MoeQueue {
+            dispatches: vec![reset, persistent],
+            state,
+            indices,
+            weights,
+            tasks,
+            label: format!("queue (MoE tasks, {} workers{diag})", q.workers),
+        })
+    }
+
+    /// The dispatches of one run, in order (record them in one compute pass).
+    pub fn dispatches(&self) -> &[Dispatch] {
+        &self.dispatches
+    }
+
+    /// The tasks of one run, by kind.
+    pub fn tasks(&self) -> MoeTasks {
+        self.tasks
+    }
+
+    /// What the dispatches run, e.g. `queue (MoE tasks, 8 workers)`.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// `indices[tokens, k]` written by the route tasks.
+    pub fn indices(&self) -> &wgpu::Buffer {
+        &self.indices
+    }
+
+    /// `weights[tokens, k]` written by the route tasks.
+    pub fn weights(&self) -> &wgpu::Buffer {
+        &self.weights
+    }
+
+    /// Zeroes the queue's state words, including the count of earlier runs that stopped early.
+    pub fn clear_status(&self, ctx: &Context) {
+        let zeros = vec![0u8; self.state.size() as usize];
+        ctx.queue().write_buffer(&self.state, 0, &zeros);
+    }
+
+    /// Reads the queue's state words.
+    ///
+    /// # Errors
+    /// A device error while reading the state back.
+    pub fn status(&self, ctx: &Context) -> Result<QueueStatus> {
+        let w: Vec<u32> = ctx.read_back(&self.state, STATE_HEADER as usize)?;
+        let word = |i: u32| w.get(i as usize).copied().unwrap_or(0);
+        let tasks = u32::try_from(self.tasks.total()).unwrap_or(u32::MAX);
+        Ok(QueueStatus {
+            tickets: word(TICKET),
+            status: word(STATUS),
+            done: word(DONE),
+            max_spins: word(MAX_SPINS),
+            earlier_faults: word(FAULTS),
+            tasks,
+        })
+    }
+}
+
+/// The program words: `header`, then the task table (kind, index, dependencies, first
+/// consumer word, consumer count) in ticket order, then the consumer lists.
+fn encode(header: &mut Header, t: &MoeTasks, stall: Option<u32>) -> Result<Vec<u32>> {
+    // Ticket of the first task of each kind.
+    let route0 = 0u32;
+    let layout0 = route0 + t.route;
+    let up0 = layout0 + t.layout;
+    let down0 = up0 + t.up;
+    let combine0 = down0 + t.down;
+    let up_tiles = header.up_tiles;
+    let down_tiles = header.down_tiles;
+    // (kind, index, dependencies, consumers) per task.
+    let mut table: Vec<(u32, u32, u32, Vec<u32>)> = Vec::new();
+    for r in 0..t.route {
+        table.push((KIND_ROUTE, r, 0, vec![layout0]));
+    }
+    table.push((KIND_LAYOUT, 0, t.route, (up0..down0).collect()));
+    for i in 0..t.up {
+        let s = i / up_tiles;
+        table.push((KIND_UP, i, 1, (down0 + s * down_tiles..down0 + (s + 1) * down_tiles).collect()));
+    }
+    for i in 0..t.down {
+        table.push((KIND_DOWN, i, up_tiles, (combine0..combine0 + t.combine).collect()));
+    }
+    for c in 0..t.combine {
+        table.push((KIND_COMBINE, c, t.down, Vec::new()));
+    }
+    let mut words: Vec<u32> = bytemuck::cast_slice(&[*header]).to_vec();
+    let cons_start = u64::from(HEADER_WORDS) + 5 * table.len() as u64;
+    let mut cons: Vec<u32> = Vec::new();
+    for (i, (kind, index, need, consumers)) in table.iter().enumerate() {
+        let stalled = stall.is_some_and(|s| s as usize == i);
+        let first = cons_start + cons.len() as u64;
+        words.extend([
+            *kind,
+            *index,
+            need + u32::from(stalled),
+            to_u32("program words", usize::try_from(first).unwrap_or(usize::MAX))?,
+            to_u32("consumers", consumers.len())?,
+        ]);
+        cons.extend(consumers);
+    }
+    words.extend(cons);
+    header.tasks = to_u32("tasks", table.len())?;
+    words[..HEADER_WORDS as usize].copy_from_slice(bytemuck::cast_slice(&[*header]));
+    Ok(words)
+}
