@@ -1,12 +1,16 @@
 //! DAG executor comparisons on the eight-stage chain of the scheduler experiment: eight
 //! dispatches, three fused passes, one pass with halo recomputation, and the persistent
-//! queue with fine (stage x tile) and coarse (pass x tile) tasks.
+//! queue with fine (stage x tile) and coarse (pass x tile) tasks; and the MoE layer on the
+//! persistent queue (route, layout, expert and combine tasks) against its staged forward.
 
 use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use crate::context::Context;
-use crate::dag::{Executor, Fusion, Granularity, QueueOptions, RowGraph, RowInputs, RowRun, probe};
+use crate::dag::{
+    Executor, Fusion, Granularity, MoeQueue, QueueOptions, QueueStatus, RowGraph, RowInputs, RowRun, probe,
+};
 use crate::error::{Error, Result};
+use crate::layer::{MoeConfig, MoeLayer};
 use crate::reference::dag as reference;
 use crate::synth::Synth;
 
@@ -121,7 +125,10 @@ fn bitwise(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
 
 /// Checks a queue run's state: the last run complete, no earlier run stopped early.
 fn check_queue(ctx: &Context, what: &str, run: &RowRun) -> Result<()> {
-    let s = run.queue_status(ctx)?;
+    check_status(what, &run.queue_status(ctx)?)
+}
+
+fn check_status(what: &str, s: &QueueStatus) -> Result<()> {
     if !s.all_clean() {
         return Err(Error::Validation(format!(
             "{what}: queue stopped early (last run: {} of {} tasks, status {}; {} earlier runs stopped \
@@ -237,6 +244,102 @@ impl Comparison for DagComparison {
             tokens: 0,
             validate: Box::new(validate),
             note: None,
+        })
+    }
+}
+
+/// The MoE layer as persistent-queue tasks (B) against its staged forward (A).
+pub struct MoeQueueVsStaged;
+
+impl Comparison for MoeQueueVsStaged {
+    fn name(&self) -> &'static str {
+        "dag/moe-queue-vs-staged"
+    }
+
+    fn description(&self) -> &'static str {
+        "the MoE layer (no shared expert) as one persistent-queue dispatch of route, layout, \
+         expert-tile and combine tasks (B) against its staged forward, one dispatch per kernel (A); \
+         bit-identical; W=0 is the probe's worker bound"
+    }
+
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("staged forward", "MoE queue")
+    }
+
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        let (tokens, h, f, e, k): (&[u32], u32, u32, u32, u32) = match (set, held_out) {
+            (SizeSet::Gpu, false) => (&[1, 4, 64, 256], 512, 1024, 16, 2),
+            (SizeSet::Gpu, true) => (&[2, 128], 768, 512, 8, 2),
+            (SizeSet::Cpu, false) => (&[1, 4, 32, 128], 256, 512, 16, 2),
+            (SizeSet::Cpu, true) => (&[2, 64], 192, 256, 8, 2),
+        };
+        [0u32, 8]
+            .iter()
+            .flat_map(|&w| {
+                tokens
+                    .iter()
+                    .map(move |&m| Size::of(&[("M", m), ("H", h), ("F", f), ("E", e), ("k", k), ("W", w)]))
+            })
+            .collect()
+    }
+
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let (m, h, f, e, k) = (size.get("M"), size.get("H"), size.get("F"), size.get("E"), size.get("k"));
+        let bound = probe(ctx)?.max_workers().map_err(|r| Error::MissingFeature(format!("queue: {r}")))?;
+        let workers = match size.get("W") {
+            0 => bound,
+            w => w.min(bound),
+        };
+        let cfg = MoeConfig::new(h, f, e, k);
+        let mut s = Synth::new(seed);
+        let layer = MoeLayer::new(ctx, cfg, &s.moe_weights(&cfg))?;
+        let x = s.uniform((m * h) as usize, 1.0);
+        let want = layer.forward_host(ctx, &x)?.y;
+        let xb = ctx.upload("x", &x)?;
+        let (ya, yb) =
+            (ctx.zeroed("y staged", u64::from(m * h) * 4)?, ctx.zeroed("y queue", u64::from(m * h) * 4)?);
+        let staged = layer.plan(ctx, m, &xb, &ya)?;
+        let queue = MoeQueue::new(ctx, &layer, m, &xb, &yb, &QueueOptions::new(workers, Granularity::Fine))?;
+        // Prime: one clean run, then a cleared status, so validation covers the timed runs.
+        let clean = (0..PRIMING_RUNS).any(|_| {
+            ctx.run(&queue.dispatches().iter().collect::<Vec<_>>()).is_ok()
+                && queue.status(ctx).is_ok_and(|s| s.complete())
+        });
+        if !clean {
+            return Err(Error::Validation(format!(
+                "{}: no clean run in {PRIMING_RUNS} priming runs",
+                queue.label()
+            )));
+        }
+        queue.clear_status(ctx);
+        let b = Work::Gpu(queue.dispatches().to_vec());
+        let note = Some(format!("{} tasks, {workers} workers", queue.tasks().total()));
+        let n = (m * h) as usize;
+        let validate = move |ctx: &Context| -> Result<()> {
+            check_status(queue.label(), &queue.status(ctx)?)?;
+            let (got_a, got_b): (Vec<f32>, Vec<f32>) = (ctx.read_back(&ya, n)?, ctx.read_back(&yb, n)?);
+            if !bitwise_equal(&got_a, &want) || !bitwise_equal(&got_b, &want) {
+                return Err(Error::Validation(
+                    "the MoE queue or staged run differs from the layer's forward".into(),
+                ));
+            }
+            Ok(())
+        };
+        let (mf, hf, ff) = (f64::from(m), f64::from(h), f64::from(f));
+        let decode = m <= 8;
+        let experts_read = f64::from(e.min(m * k));
+        Ok(Case {
+            a: Work::Gpu(staged.into_dispatches()),
+            b,
+            flops: if decode {
+                0.0
+            } else {
+                6.0 * mf * f64::from(k) * hf * ff + 2.0 * mf * f64::from(e) * hf
+            },
+            bytes: if decode { 4.0 * (3.0 * experts_read * hf * ff + f64::from(e) * hf) } else { 0.0 },
+            tokens: m,
+            validate: Box::new(validate),
+            note,
         })
     }
 }
