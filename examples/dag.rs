@@ -249,8 +249,9 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
             Some(q) => {
                 let t = q.tasks();
                 format!(
-                    "tasks: {} route, {} layout, {} gate/up and {} down over {} tile slots, {} combine",
-                    t.route, t.layout, t.up, t.down, t.slots, t.combine
+                    "tasks: {} route, {} layout, {} gate/up and {} down over {} tile slots, {} shared \
+                     gate/up, {} shared down, {} combine",
+                    t.route, t.layout, t.up, t.down, t.slots, t.shared_up, t.shared_down, t.combine
                 )
             }
             None => format!("passes: {}", passes.join(" ")),

@@ -225,12 +225,14 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             ("dag/", "STATUS_TIMEOUT", f64::from(q::STATUS_TIMEOUT)),
             ("dag/", "STATUS_LOOP_LIMIT", f64::from(q::STATUS_LOOP_LIMIT)),
             ("dag/moe", "MOE_TILE", f64::from(m::MOE_TILE)),
-            ("dag/moe", "MOE_NONE", f64::from(crate::reference::dispatch::NONE)),
+            ("dag/moe", "MOE_NONE", f64::from(m::MOE_NONE)),
             ("dag/moe", "MOE_ROUTE", f64::from(m::KIND_ROUTE)),
             ("dag/moe", "MOE_LAYOUT", f64::from(m::KIND_LAYOUT)),
             ("dag/moe", "MOE_UP", f64::from(m::KIND_UP)),
             ("dag/moe", "MOE_DOWN", f64::from(m::KIND_DOWN)),
             ("dag/moe", "MOE_COMBINE", f64::from(m::KIND_COMBINE)),
+            ("dag/moe", "MOE_SHARED_UP", f64::from(m::KIND_SHARED_UP)),
+            ("dag/moe", "MOE_SHARED_DOWN", f64::from(m::KIND_SHARED_DOWN)),
         ];
         // The program header's words, by the Rust struct's field offsets.
         macro_rules! header_words {
@@ -246,7 +248,6 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             "H_CANARY" => canary,
             "H_FFN" => ffn,
             "H_ROUTE_TILE" => route_tile,
-            "H_COMBINE_TILE" => combine_tile,
             "H_UP_TILES" => up_tiles,
             "H_DOWN_TILES" => down_tiles,
             "H_SLOTS" => slots,
@@ -257,6 +258,11 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             "H_CHUNKS" => chunks,
             "H_ROWS_H" => rows_h,
             "H_PARTIAL" => partial,
+            "H_SHARED_FFN" => shared_ffn,
+            "H_SHARED_UP_TILES" => shared_up_tiles,
+            "H_SHARED_GATE" => shared_gate,
+            "H_SHARED_H" => shared_h,
+            "H_SHARED_OUT" => shared_out,
         );
         all
     }

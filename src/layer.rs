@@ -512,6 +512,12 @@ impl MoeLayer {
         (&self.router, self.bias.as_ref())
     }
 
+    /// The shared expert and its gate on the device, if the layer has one.
+    #[cfg(feature = "dag")]
+    pub(crate) fn shared_expert(&self) -> Option<(&ExpertFfn, Option<&ExpertWeights>)> {
+        self.shared.as_ref().map(|s| (s, self.shared_gate.as_ref()))
+    }
+
     /// The routed experts on the device.
     #[cfg(feature = "dag")]
     pub(crate) fn routed_experts(&self) -> &ExpertFfn {

@@ -350,10 +350,15 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
                 _ => assert_eq!(run.plan().passes.len(), 4, "{:?}", run.plan().cuts),
             }
             if let Executor::Queue(_) = e {
-                // No shared-expert tasks yet: the queue says so and runs the fused passes.
-                let why = report.fallback.as_deref().unwrap_or_default();
-                assert!(why.contains("shared") || why.contains("probe"), "{why}");
-                assert!(run.queue().is_none());
+                // The queue runs where the probe allows it (llvmpipe's loop cap may stop a run,
+                // which then reruns as the fused passes; the bits are the same either way).
+                match &report.fallback {
+                    None => assert!(run.queue().is_some(), "{}", report.ran),
+                    Some(why) => assert!(
+                        why.contains("probe") || why.contains("loop short") || why.contains("timed out"),
+                        "{why}"
+                    ),
+                }
             }
             assert_eq!(bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()), bits(&want), "{e:?}");
         }
@@ -408,6 +413,26 @@ fn adversarial_layers(tokens: usize) -> Vec<(&'static str, MoeConfig, MoeWeights
     let w = Synth::new(15).moe_weights(&cfg);
     let x = Synth::new(16).uniform(tokens * h, 1.0);
     out.push(("sigmoid, bias, groups, fast order, bf16", cfg, w, x));
+
+    // A gated shared expert (Qwen2-MoE) whose F is not a multiple of 64 or of 4, f16 weights;
+    // and an ungated one (DeepSeek) with one expert taking every token.
+    let cfg = MoeConfig {
+        shared_ffn: Some(70),
+        shared_gate: true,
+        weight_dtype: WeightDtype::F16,
+        ..MoeConfig::new(h as u32, 22, e as u32, 2)
+    };
+    let w = Synth::new(17).moe_weights(&cfg);
+    let x = Synth::new(18).uniform(tokens * h, 1.0);
+    out.push(("gated shared expert, f16", cfg, w, x));
+    let (_, _, mut w, x) = out.swap_remove(1);
+    let cfg = MoeConfig { shared_ffn: Some(24), ..base };
+    w.shared = Some((
+        Synth::new(19).uniform(24 * h, 0.5),
+        Synth::new(20).uniform(24 * h, 0.5),
+        Synth::new(21).uniform(h * 24, 0.5),
+    ));
+    out.push(("one expert takes every token, shared expert", cfg, w, x));
     out
 }
 

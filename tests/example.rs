@@ -283,6 +283,10 @@ fn dag_example_runs_the_moe_layer_on_every_executor() {
             assert!(stdout.contains(needle), "missing `{needle}` in:\n{stdout}");
         }
         assert!(!stdout.contains("DIFFERENT"), "{stdout}");
+        // Where the probe allows a queue, it runs the layer as MoE tasks.
+        if stdout.contains("queue probe: Allowed") {
+            assert!(stdout.contains("Queue(2 workers") && stdout.contains("shared gate/up"), "{stdout}");
+        }
     }
 }
 

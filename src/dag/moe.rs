@@ -6,9 +6,10 @@
 //!
 //! The task graph is static: routing decides how many expert tiles hold rows, so every
 //! possible tile has a slot (`ceil(tokens * k / 8) + min(E, tokens * k)` slots of 8 rows
-//! bound every layout) and the slots past the live tiles finish at once. Combine tiles wait
-//! for every down tile (the coarse rule; which down tiles hold a token's entries is known only
-//! after routing).
+//! bound every layout) and the slots past the live tiles finish at once. The shared expert's
+//! tiles depend on nothing and run beside the routing. Combine tiles wait for every routed
+//! down tile (the coarse rule; which down tiles hold a token's entries is known only after
+//! routing) and their own tokens' shared down tiles.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -27,8 +28,9 @@ use crate::shader::{ShaderSource, wgsl};
 pub const MOE_TILE: u32 = 8;
 /// Tokens per route task.
 pub const ROUTE_TILE: u32 = 8;
-/// Tokens per combine task.
-pub const COMBINE_TILE: u32 = 8;
+
+/// "No entry", "no expert" and "no shared gate" in the program and layout words (`MOE_NONE`).
+pub(crate) const MOE_NONE: u32 = u32::MAX;
 
 /// Task kinds (`MOE_ROUTE` ... in wgsl/dag/moe.wgsl).
 pub(crate) const KIND_ROUTE: u32 = 0;
@@ -36,6 +38,8 @@ pub(crate) const KIND_LAYOUT: u32 = 1;
 pub(crate) const KIND_UP: u32 = 2;
 pub(crate) const KIND_DOWN: u32 = 3;
 pub(crate) const KIND_COMBINE: u32 = 4;
+pub(crate) const KIND_SHARED_UP: u32 = 5;
+pub(crate) const KIND_SHARED_DOWN: u32 = 6;
 
 /// Header words of the program buffer (`H_*` in wgsl/dag/moe.wgsl), in this order.
 #[repr(C)]
@@ -48,7 +52,6 @@ pub(crate) struct Header {
     pub(crate) canary: u32,
     pub(crate) ffn: u32,
     pub(crate) route_tile: u32,
-    pub(crate) combine_tile: u32,
     pub(crate) up_tiles: u32,
     pub(crate) down_tiles: u32,
     pub(crate) slots: u32,
@@ -59,6 +62,11 @@ pub(crate) struct Header {
     pub(crate) chunks: u32,
     pub(crate) rows_h: u32,
     pub(crate) partial: u32,
+    pub(crate) shared_ffn: u32,
+    pub(crate) shared_up_tiles: u32,
+    pub(crate) shared_gate: u32,
+    pub(crate) shared_h: u32,
+    pub(crate) shared_out: u32,
 }
 
 /// Words of [`Header`].
@@ -108,6 +116,9 @@ static MOE_PERSISTENT: KernelSpec = KernelSpec {
         (12, ReadWrite),
         (13, ReadWrite),
         (14, ReadWrite),
+        (15, Read),
+        (16, Read),
+        (17, Read),
     ],
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Override("LANES"),
@@ -130,45 +141,62 @@ pub struct MoeTasks {
     pub up: u32,
     /// Down tasks: slots times 64-column tiles of H.
     pub down: u32,
-    /// Combine tiles ([`COMBINE_TILE`] tokens each).
+    /// Shared-expert gate/up tasks: tiles of [`MOE_TILE`] tokens times 64-column tiles of Fs
+    /// (0 without a shared expert).
+    pub shared_up: u32,
+    /// Shared-expert down tasks: token tiles times 64-column tiles of H.
+    pub shared_down: u32,
+    /// Combine tiles ([`MOE_TILE`] tokens each).
     pub combine: u32,
 }
 
 impl MoeTasks {
-    fn new(tokens: u32, hidden: u32, ffn: u32, experts: u32, k: u32) -> Result<Self> {
+    fn new(
+        tokens: u32,
+        hidden: u32,
+        ffn: u32,
+        experts: u32,
+        k: u32,
+        shared_ffn: Option<u32>,
+    ) -> Result<Self> {
         let entries = u64::from(tokens) * u64::from(k);
         let slots = entries.div_ceil(u64::from(MOE_TILE)) + entries.min(u64::from(experts));
         let cols = |n: u32| u64::from(n.div_ceil(QUEUE_LANES));
         let t = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
+        let token_tiles = u64::from(tokens.div_ceil(MOE_TILE));
         Ok(MoeTasks {
             route: tokens.div_ceil(ROUTE_TILE),
             layout: 1,
             slots: t("expert tile slots", slots)?,
             up: t("gate/up tasks", slots * cols(ffn))?,
             down: t("down tasks", slots * cols(hidden))?,
-            combine: tokens.div_ceil(COMBINE_TILE),
+            shared_up: t("shared gate/up tasks", token_tiles * shared_ffn.map_or(0, cols))?,
+            shared_down: t("shared down tasks", token_tiles * shared_ffn.map_or(0, |_| cols(hidden)))?,
+            combine: tokens.div_ceil(MOE_TILE),
         })
     }
 
     /// Every task.
     pub fn total(&self) -> u64 {
-        [self.route, self.layout, self.up, self.down, self.combine].iter().map(|&n| u64::from(n)).sum()
+        [self.route, self.layout, self.shared_up, self.shared_down, self.up, self.down, self.combine]
+            .iter()
+            .map(|&n| u64::from(n))
+            .sum()
     }
 }
 
-/// Why `layer` has no queue form on `ctx`, if it has none: the queue runs the dropless routed
-/// experts (no shared expert, no capacity bound) from unsplit weights, and binds 13 storage
-/// buffers.
+/// Why `layer` has no queue form on `ctx`, if it has none: the queue runs dropless layers
+/// (no capacity bound) from unsplit weights, and binds 16 storage buffers.
 pub fn unsupported(ctx: &Context, layer: &MoeLayer) -> Option<String> {
     let cfg = layer.config();
-    if cfg.shared_ffn.is_some() {
-        return Some("the MoE queue has no shared-expert tasks".into());
-    }
     if cfg.capacity != Capacity::Dropless {
         return Some("the MoE queue runs dropless layers only (no capacity bound)".into());
     }
     let ffn = layer.routed_experts();
-    if [&ffn.gate, &ffn.up, &ffn.down].iter().any(|w| w.whole_buffer().is_none()) {
+    let shared = layer.shared_expert().map(|(s, _)| [&s.gate, &s.up, &s.down]);
+    let mut all = vec![&ffn.gate, &ffn.up, &ffn.down];
+    all.extend(shared.into_iter().flatten());
+    if all.iter().any(|w| w.whole_buffer().is_none()) {
         return Some("the expert weights are split into chunks past one storage binding".into());
     }
     let (storage, _, _) = MOE_PERSISTENT.binding_counts();
@@ -230,7 +258,7 @@ impl MoeQueue {
         }
         let cfg = layer.config();
         let (h, f, e, k) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.route.k);
-        let tasks = MoeTasks::new(tokens, h, f, e, k)?;
+        let tasks = MoeTasks::new(tokens, h, f, e, k, cfg.shared_ffn)?;
         if let Some(s) = q.stall_task
             && u64::from(s) >= tasks.total()
         {
@@ -252,7 +280,10 @@ impl MoeQueue {
         let words_len = chunks + u64::from(QUEUE_LANES) * e64;
         let rows_h = 0u64;
         let partial = rows_h + slots * u64::from(MOE_TILE) * u64::from(f);
-        let work_len = partial + t64 * k64 * h64;
+        let fs = u64::from(cfg.shared_ffn.unwrap_or(0));
+        let shared_h = partial + t64 * k64 * h64;
+        let shared_out = shared_h + t64.next_multiple_of(u64::from(MOE_TILE)) * fs;
+        let work_len = shared_out + if fs > 0 { t64 * h64 } else { 0 };
         for (what, n) in [("MoE queue layout words", words_len), ("MoE queue work values", work_len)] {
             if n > u64::from(u32::MAX) {
                 return Err(Error::limit(what, n, u32::MAX.into(), "u32 indices in the MoE queue"));
@@ -265,13 +296,12 @@ impl MoeQueue {
         let u = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
         let mut header = Header {
             tasks: u("tasks", tasks.total())?,
-            task_off: HEADER_WORDS,
+            task_off: 0,
             spin_limit: q.spin_limit,
             work: u32::from(!q.coordination_only),
             canary: 2,
             ffn: f,
             route_tile: ROUTE_TILE,
-            combine_tile: COMBINE_TILE,
             up_tiles: f.div_ceil(QUEUE_LANES),
             down_tiles: h.div_ceil(QUEUE_LANES),
             slots: tasks.slots,
@@ -282,8 +312,23 @@ impl MoeQueue {
             chunks: u("layout offset", chunks)?,
             rows_h: u("work offset", rows_h)?,
             partial: u("work offset", partial)?,
+            shared_ffn: cfg.shared_ffn.unwrap_or(0),
+            shared_up_tiles: cfg.shared_ffn.unwrap_or(0).div_ceil(QUEUE_LANES),
+            shared_gate: MOE_NONE,
+            shared_h: u("work offset", shared_h)?,
+            shared_out: u("work offset", shared_out)?,
         };
-        let program = encode(&mut header, &tasks, q.stall_task)?;
+        // The shared gate's values travel in the program (a 17th storage buffer would be past
+        // what GL adapters bind): read back once here.
+        let shared = layer.shared_expert();
+        let gate_values: Vec<u32> = match shared.and_then(|(_, g)| g) {
+            Some(g) => {
+                let buffer = g.whole_buffer().ok_or_else(|| Error::invalid("a split shared gate"))?;
+                ctx.read_back(buffer, h as usize)?
+            }
+            None => Vec::new(),
+        };
+        let program = encode(&mut header, &tasks, &gate_values, q.stall_task)?;
         let program = ctx.upload("moe queue program", &program)?;
         let state = ctx.zeroed("moe queue state", (u64::from(STATE_HEADER) + u64::from(header.tasks)) * 4)?;
 
@@ -297,6 +342,15 @@ impl MoeQueue {
             w.whole_buffer().ok_or_else(|| Error::invalid("split expert weights have no queue form"))
         }
         let (wg, wu, wd) = (whole(&ffn.gate)?, whole(&ffn.up)?, whole(&ffn.down)?);
+        let placeholder = match shared {
+            Some(_) => None,
+            None => Some(ctx.storage_scratch("moe queue absent shared expert", 4)?),
+        };
+        let (sg, su, sd) = match (shared, &placeholder) {
+            (Some((s, _)), _) => (whole(&s.gate)?, whole(&s.up)?, whole(&s.down)?),
+            (None, Some(p)) => (p, p, p),
+            (None, None) => return Err(Error::invalid("no shared-expert placeholder")),
+        };
         let params = route_params(ctx, &cfg.route, tokens)?;
         let bias = bias.or(no_bias.as_ref()).ok_or_else(|| Error::invalid("no bias buffer"))?;
         fn whole_binding(b: u32, buf: &wgpu::Buffer) -> Binding<'_> {
@@ -317,6 +371,9 @@ impl MoeQueue {
             whole_binding(12, &work),
             y.bind(13, t64 * h64 * 4),
             whole_binding(14, &state),
+            whole_binding(15, sg),
+            whole_binding(16, su),
+            whole_binding(17, sd),
         ];
         let mut constants = cfg.route.constants().to_vec();
         let order = ffn.kernels(ctx).order;
@@ -393,23 +450,34 @@ impl MoeQueue {
     }
 }
 
-/// The program words: `header`, then the task table (kind, index, dependencies, first
-/// consumer word, consumer count) in ticket order, then the consumer lists.
-fn encode(header: &mut Header, t: &MoeTasks, stall: Option<u32>) -> Result<Vec<u32>> {
-    // Ticket of the first task of each kind.
+/// The program words: `header`, the shared gate's values (`gate`, f32 bits, may be empty),
+/// then the task table (kind, index, dependencies, first consumer word, consumer count) in
+/// ticket order, then the consumer lists.
+fn encode(header: &mut Header, t: &MoeTasks, gate: &[u32], stall: Option<u32>) -> Result<Vec<u32>> {
+    // Ticket of the first task of each kind, in ticket order.
     let route0 = 0u32;
     let layout0 = route0 + t.route;
-    let up0 = layout0 + t.layout;
+    let shared_up0 = layout0 + t.layout;
+    let shared_down0 = shared_up0 + t.shared_up;
+    let up0 = shared_down0 + t.shared_down;
     let down0 = up0 + t.up;
     let combine0 = down0 + t.down;
-    let up_tiles = header.up_tiles;
-    let down_tiles = header.down_tiles;
+    let (up_tiles, down_tiles, shared_tiles) = (header.up_tiles, header.down_tiles, header.shared_up_tiles);
+    let has_shared = t.shared_up > 0;
     // (kind, index, dependencies, consumers) per task.
     let mut table: Vec<(u32, u32, u32, Vec<u32>)> = Vec::new();
     for r in 0..t.route {
         table.push((KIND_ROUTE, r, 0, vec![layout0]));
     }
     table.push((KIND_LAYOUT, 0, t.route, (up0..down0).collect()));
+    for i in 0..t.shared_up {
+        let tile = i / shared_tiles;
+        let first = shared_down0 + tile * down_tiles;
+        table.push((KIND_SHARED_UP, i, 0, (first..first + down_tiles).collect()));
+    }
+    for i in 0..t.shared_down {
+        table.push((KIND_SHARED_DOWN, i, shared_tiles, vec![combine0 + i / down_tiles]));
+    }
     for i in 0..t.up {
         let s = i / up_tiles;
         table.push((KIND_UP, i, 1, (down0 + s * down_tiles..down0 + (s + 1) * down_tiles).collect()));
@@ -417,11 +485,18 @@ fn encode(header: &mut Header, t: &MoeTasks, stall: Option<u32>) -> Result<Vec<u
     for i in 0..t.down {
         table.push((KIND_DOWN, i, up_tiles, (combine0..combine0 + t.combine).collect()));
     }
+    let shared_need = if has_shared { down_tiles } else { 0 };
     for c in 0..t.combine {
-        table.push((KIND_COMBINE, c, t.down, Vec::new()));
+        table.push((KIND_COMBINE, c, t.down + shared_need, Vec::new()));
     }
+    header.tasks = to_u32("tasks", table.len())?;
+    if !gate.is_empty() {
+        header.shared_gate = HEADER_WORDS;
+    }
+    header.task_off = HEADER_WORDS + to_u32("shared gate values", gate.len())?;
     let mut words: Vec<u32> = bytemuck::cast_slice(&[*header]).to_vec();
-    let cons_start = u64::from(HEADER_WORDS) + 5 * table.len() as u64;
+    words.extend(gate);
+    let cons_start = u64::from(header.task_off) + 5 * table.len() as u64;
     let mut cons: Vec<u32> = Vec::new();
     for (i, (kind, index, need, consumers)) in table.iter().enumerate() {
         let stalled = stall.is_some_and(|s| s as usize == i);
@@ -436,7 +511,5 @@ fn encode(header: &mut Header, t: &MoeTasks, stall: Option<u32>) -> Result<Vec<u
         cons.extend(consumers);
     }
     words.extend(cons);
-    header.tasks = to_u32("tasks", table.len())?;
-    words[..HEADER_WORDS as usize].copy_from_slice(bytemuck::cast_slice(&[*header]));
     Ok(words)
 }

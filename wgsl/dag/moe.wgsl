@@ -6,22 +6,27 @@
 // forward computes on the same adapter (the expert projections are batch-invariant in both
 // orders: a row's outputs do not depend on the tile, bin or path that computes them).
 //
-// Bindings (group 0): 0 to 6 as the routing kernels (RouteParams, x, router, -, bias,
-// indices, weights); 7 the program (header words, then the task table); 8, 9, 10 the routed
-// experts' gate [E, F, H], up [E, F, H] and down [E, H, F] weights as packed words (DTYPE);
-// 11 `words` (the layout: counts, bin bases, row -> entry, bin tile -> expert, per-lane chunk
-// counts); 12 `work` (f32: the SwiGLU rows h [slots * TILE, F], then the expert outputs
-// [tokens * k, H]); 13 y [tokens, H]; 14 the queue's state words.
+// Bindings (group 0), 16 storage buffers: 0 to 6 as the routing kernels (RouteParams, x,
+// router, -, bias, indices, weights); 7 the program (header words, the shared gate's values,
+// the task table); 8, 9, 10 the routed experts' gate [E, F, H], up [E, F, H] and down
+// [E, H, F] weights as packed words (DTYPE); 11 `words` (the layout: counts, bin bases,
+// row -> entry, bin tile -> expert, per-lane chunk counts); 12 `work` (f32: the SwiGLU rows h
+// [slots * MOE_TILE, F], the expert outputs [tokens * k, H], the shared expert's rows);
+// 13 y [tokens, H]; 14 the queue's state words; 15, 16, 17 the shared expert's gate [Fs, H],
+// up [Fs, H] and down [H, Fs] (4-byte placeholders without one).
 //
 // Tasks (kind, index), in ticket order, each waiting only on earlier tickets:
-//   ROUTE   r: tokens r * route_tile ..: logits with gate_logit, then route_select, per token
-//   LAYOUT  0: after every ROUTE; entries grouped by expert into bins of whole tiles of TILE
-//              rows (entries in ascending order within an expert), tile -> expert, NONE for
-//              the empty task slots past the live tiles
-//   UP      s * up_tiles + c: after LAYOUT; bin tile s, columns 64c .. of F: h rows
-//   DOWN    s * down_tiles + c: after every UP of tile s; columns 64c .. of H: the entries'
-//           expert outputs
-//   COMBINE t: after every DOWN (the coarse rule); tokens t * combine_tile ..: y
+//   ROUTE        r: tokens r * route_tile ..: logits with gate_logit, then route_select
+//   LAYOUT       0: after every ROUTE; entries grouped by expert into bins of whole tiles of
+//                MOE_TILE rows (ascending entries within an expert), tile -> expert, MOE_NONE
+//                for the empty task slots past the live tiles
+//   SHARED_UP    i * shared_up_tiles + c: no dependencies; tokens 8i .., columns 64c .. of Fs
+//   SHARED_DOWN  i * down_tiles + c: after every SHARED_UP of token tile i; columns 64c .. of H
+//   UP           s * up_tiles + c: after LAYOUT; bin tile s, columns 64c .. of F: h rows
+//   DOWN         s * down_tiles + c: after every UP of tile s; columns 64c .. of H: the
+//                entries' expert outputs
+//   COMBINE      i: after every DOWN (the coarse rule) and the SHARED_DOWNs of token tile i;
+//                tokens 8i ..: y
 
 @group(0) @binding(7) var<storage, read> program: array<u32>;
 @group(0) @binding(8) var<storage, read> w_gate_e: array<u32>;
@@ -31,6 +36,9 @@
 @group(0) @binding(12) var<storage, read_write> work: array<f32>;
 @group(0) @binding(13) var<storage, read_write> y: array<f32>;
 @group(0) @binding(14) var<storage, read_write> state: array<atomic<u32>>;
+@group(0) @binding(15) var<storage, read> w_gate_s: array<u32>;
+@group(0) @binding(16) var<storage, read> w_up_s: array<u32>;
+@group(0) @binding(17) var<storage, read> w_down_s: array<u32>;
 
 // Workgroup size: 64 (route_select's ROUTE_WG; the queue's lanes).
 override LANES: u32 = 64u;
@@ -41,7 +49,10 @@ override DTYPE: u32 = 0u;
 const MOE_TILE: u32 = 8u;
 const MOE_NONE: u32 = 0xffffffffu;
 
-// Header words of `program`.
+// Header words of `program` (the shared-expert words are 0 / MOE_NONE without one):
+// SHARED_GATE is the word of the shared gate's values in `program` (MOE_NONE: ungated),
+// SHARED_H and SHARED_OUT the shared expert's SwiGLU rows [tokens rounded up to MOE_TILE, Fs]
+// and output rows [tokens, H] in `work`.
 const H_TASKS: u32 = 0u;
 const H_TASK_OFF: u32 = 1u;
 const H_SPIN_LIMIT: u32 = 2u;
@@ -49,17 +60,21 @@ const H_WORK: u32 = 3u;
 const H_CANARY: u32 = 4u;
 const H_FFN: u32 = 5u;
 const H_ROUTE_TILE: u32 = 6u;
-const H_COMBINE_TILE: u32 = 7u;
-const H_UP_TILES: u32 = 8u;
-const H_DOWN_TILES: u32 = 9u;
-const H_SLOTS: u32 = 10u;
-const H_COUNTS: u32 = 11u;
-const H_BASES: u32 = 12u;
-const H_ROW_ENTRY: u32 = 13u;
-const H_TILE_EXPERT: u32 = 14u;
-const H_CHUNKS: u32 = 15u;
-const H_ROWS_H: u32 = 16u;
-const H_PARTIAL: u32 = 17u;
+const H_UP_TILES: u32 = 7u;
+const H_DOWN_TILES: u32 = 8u;
+const H_SLOTS: u32 = 9u;
+const H_COUNTS: u32 = 10u;
+const H_BASES: u32 = 11u;
+const H_ROW_ENTRY: u32 = 12u;
+const H_TILE_EXPERT: u32 = 13u;
+const H_CHUNKS: u32 = 14u;
+const H_ROWS_H: u32 = 15u;
+const H_PARTIAL: u32 = 16u;
+const H_SHARED_FFN: u32 = 17u;
+const H_SHARED_UP_TILES: u32 = 18u;
+const H_SHARED_GATE: u32 = 19u;
+const H_SHARED_H: u32 = 20u;
+const H_SHARED_OUT: u32 = 21u;
 
 // Task kinds.
 const MOE_ROUTE: u32 = 0u;
@@ -67,20 +82,54 @@ const MOE_LAYOUT: u32 = 1u;
 const MOE_UP: u32 = 2u;
 const MOE_DOWN: u32 = 3u;
 const MOE_COMBINE: u32 = 4u;
+const MOE_SHARED_UP: u32 = 5u;
+const MOE_SHARED_DOWN: u32 = 6u;
+
+// Weight sources of expert_word.
+const W_GATE: u32 = 0u;
+const W_UP: u32 = 1u;
+const W_DOWN: u32 = 2u;
+const W_SHARED_GATE: u32 = 3u;
+const W_SHARED_UP: u32 = 4u;
+const W_SHARED_DOWN: u32 = 5u;
 
 fn queue_params() -> QueueParams {
     return QueueParams(program[H_TASKS], program[H_TASK_OFF], program[H_SPIN_LIMIT], program[H_WORK], program[H_CANARY]);
 }
 
-// Word i of weights 0 (gate), 1 (up) or 2 (down).
+// Word i of weights `which` (W_GATE ... W_SHARED_DOWN).
 fn expert_word(which: u32, i: u32) -> u32 {
-    if which == 0u {
-        return w_gate_e[i];
+    switch which {
+        case W_GATE: {
+            return w_gate_e[i];
+        }
+        case W_UP: {
+            return w_up_e[i];
+        }
+        case W_DOWN: {
+            return w_down_e[i];
+        }
+        case W_SHARED_GATE: {
+            return w_gate_s[i];
+        }
+        case W_SHARED_UP: {
+            return w_up_s[i];
+        }
+        default: {
+            return w_down_s[i];
+        }
     }
-    if which == 1u {
-        return w_up_e[i];
+}
+
+// program[base + k .. base + k + 3] as f32 (the shared gate's values), 0.0 at k >= kdim.
+fn program_group4(base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        if k + j < kdim {
+            v[j] = bitcast<f32>(program[base + k + j]);
+        }
     }
-    return w_down_e[i];
+    return v;
 }
 
 fn expert_value(which: u32, idx: u32) -> f32 {
@@ -91,8 +140,28 @@ fn expert_value(which: u32, idx: u32) -> f32 {
     return half_to_f32(bits16);
 }
 
-// Weights base + k .. base + k + 3 of weights `which`, 0.0 at k >= kdim.
+// Weights base + k .. base + k + 3 of weights `which`, 0.0 at k >= kdim; a whole group reads
+// each word once.
 fn expert_group(which: u32, base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    if k + 4u <= kdim {
+        let idx = base + k;
+        if DTYPE == 0u {
+            return vec4<f32>(
+                bitcast<f32>(expert_word(which, idx)),
+                bitcast<f32>(expert_word(which, idx + 1u)),
+                bitcast<f32>(expert_word(which, idx + 2u)),
+                bitcast<f32>(expert_word(which, idx + 3u)),
+            );
+        }
+        let i = idx >> 1u;
+        let a = expert_word(which, i);
+        let b = expert_word(which, i + 1u);
+        if (idx & 1u) == 0u {
+            return vec4<f32>(half_to_f32(a & 0xffffu), half_to_f32(a >> 16u), half_to_f32(b & 0xffffu), half_to_f32(b >> 16u));
+        }
+        let c = expert_word(which, i + 2u);
+        return vec4<f32>(half_to_f32(a >> 16u), half_to_f32(b & 0xffffu), half_to_f32(b >> 16u), half_to_f32(c & 0xffffu));
+    }
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
         if k + j < kdim {
@@ -118,6 +187,9 @@ fn x_group4(base: u32, k: u32, kdim: u32) -> vec4<f32> {
 
 // work[base + k .. base + k + 3], 0.0 at k >= kdim.
 fn work_group4(base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    if k + 4u <= kdim {
+        return vec4<f32>(work[base + k], work[base + k + 1u], work[base + k + 2u], work[base + k + 3u]);
+    }
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
         if k + j < kdim {
@@ -216,33 +288,41 @@ fn entry_x(entry: u32) -> u32 {
     return select(entry / params.k, 0u, entry == MOE_NONE) * params.hidden;
 }
 
-// h[row, col] = silu_mul(x . gate[e, col], x . up[e, col]) for the eight rows of bin tile s.
-fn up_tile(tile: u32, lid: u32) {
-    let s = tile / program[H_UP_TILES];
-    let col = (tile % program[H_UP_TILES]) * LANES + lid;
-    let expert = words[program[H_TILE_EXPERT] + s];
-    let ffn = program[H_FFN];
-    if expert == MOE_NONE || col >= ffn {
+// Rows of bin tile s that hold entries: a bin fills its tiles from the first row, so the
+// padding is at the end of its last tile.
+fn live_rows(s: u32) -> u32 {
+    var n = 0u;
+    for (var j = 0u; j < MOE_TILE; j++) {
+        n += select(0u, 1u, tile_entry(s, j) != MOE_NONE);
+    }
+    return n;
+}
+
+// One row of a gate/up projection: silu_mul(x . gate[col], x . up[col]), the weights `wg`
+// and `wu` (expert_word) from word wb.
+fn up_row(xb: u32, wg: u32, wu: u32, wb: u32, kdim: u32) -> f32 {
+    var g = vec4<f32>(0.0);
+    var u = vec4<f32>(0.0);
+    for (var k = 0u; k < kdim; k += 4u) {
+        let xv = x_group4(xb, k, kdim);
+        g = order_step(g, xv, expert_group(wg, wb, k, kdim));
+        u = order_step(u, xv, expert_group(wu, wb, k, kdim));
+    }
+    return silu_mul(order_value(g), order_value(u));
+}
+
+// The gate/up projection of one column for eight rows (x row bases xb, the first `live` of
+// them real) into work[out + j * stride]. Up to four live rows (decode, an expert's last
+// tile) run one by one; more share each weight load over all eight. Every row takes the
+// same operations either way.
+fn up_block(xb: array<u32, 8>, live: u32, wg: u32, wu: u32, wb: u32, kdim: u32, out: u32, stride: u32) {
+    if live <= 4u {
+        var rows = xb;
+        for (var j = 0u; j < live; j++) {
+            work[out + j * stride] = up_row(rows[j], wg, wu, wb, kdim);
+        }
         return;
     }
-    let kdim = params.hidden;
-    let wb = (expert * ffn + col) * kdim;
-    let e0 = tile_entry(s, 0u);
-    let e1 = tile_entry(s, 1u);
-    let e2 = tile_entry(s, 2u);
-    let e3 = tile_entry(s, 3u);
-    let e4 = tile_entry(s, 4u);
-    let e5 = tile_entry(s, 5u);
-    let e6 = tile_entry(s, 6u);
-    let e7 = tile_entry(s, 7u);
-    let x0 = entry_x(e0);
-    let x1 = entry_x(e1);
-    let x2 = entry_x(e2);
-    let x3 = entry_x(e3);
-    let x4 = entry_x(e4);
-    let x5 = entry_x(e5);
-    let x6 = entry_x(e6);
-    let x7 = entry_x(e7);
     var g0 = vec4<f32>(0.0);
     var g1 = vec4<f32>(0.0);
     var g2 = vec4<f32>(0.0);
@@ -260,63 +340,67 @@ fn up_tile(tile: u32, lid: u32) {
     var u6 = vec4<f32>(0.0);
     var u7 = vec4<f32>(0.0);
     for (var k = 0u; k < kdim; k += 4u) {
-        let wg = expert_group(0u, wb, k, kdim);
-        let wu = expert_group(1u, wb, k, kdim);
-        var xv = x_group4(x0, k, kdim);
-        g0 = order_step(g0, xv, wg);
-        u0 = order_step(u0, xv, wu);
-        xv = x_group4(x1, k, kdim);
-        g1 = order_step(g1, xv, wg);
-        u1 = order_step(u1, xv, wu);
-        xv = x_group4(x2, k, kdim);
-        g2 = order_step(g2, xv, wg);
-        u2 = order_step(u2, xv, wu);
-        xv = x_group4(x3, k, kdim);
-        g3 = order_step(g3, xv, wg);
-        u3 = order_step(u3, xv, wu);
-        xv = x_group4(x4, k, kdim);
-        g4 = order_step(g4, xv, wg);
-        u4 = order_step(u4, xv, wu);
-        xv = x_group4(x5, k, kdim);
-        g5 = order_step(g5, xv, wg);
-        u5 = order_step(u5, xv, wu);
-        xv = x_group4(x6, k, kdim);
-        g6 = order_step(g6, xv, wg);
-        u6 = order_step(u6, xv, wu);
-        xv = x_group4(x7, k, kdim);
-        g7 = order_step(g7, xv, wg);
-        u7 = order_step(u7, xv, wu);
+        let wgv = expert_group(wg, wb, k, kdim);
+        let wuv = expert_group(wu, wb, k, kdim);
+        var xv = x_group4(xb[0], k, kdim);
+        g0 = order_step(g0, xv, wgv);
+        u0 = order_step(u0, xv, wuv);
+        xv = x_group4(xb[1], k, kdim);
+        g1 = order_step(g1, xv, wgv);
+        u1 = order_step(u1, xv, wuv);
+        xv = x_group4(xb[2], k, kdim);
+        g2 = order_step(g2, xv, wgv);
+        u2 = order_step(u2, xv, wuv);
+        xv = x_group4(xb[3], k, kdim);
+        g3 = order_step(g3, xv, wgv);
+        u3 = order_step(u3, xv, wuv);
+        xv = x_group4(xb[4], k, kdim);
+        g4 = order_step(g4, xv, wgv);
+        u4 = order_step(u4, xv, wuv);
+        xv = x_group4(xb[5], k, kdim);
+        g5 = order_step(g5, xv, wgv);
+        u5 = order_step(u5, xv, wuv);
+        xv = x_group4(xb[6], k, kdim);
+        g6 = order_step(g6, xv, wgv);
+        u6 = order_step(u6, xv, wuv);
+        xv = x_group4(xb[7], k, kdim);
+        g7 = order_step(g7, xv, wgv);
+        u7 = order_step(u7, xv, wuv);
     }
-    let hb = program[H_ROWS_H] + s * MOE_TILE * ffn + col;
-    work[hb] = silu_mul(order_value(g0), order_value(u0));
-    work[hb + ffn] = silu_mul(order_value(g1), order_value(u1));
-    work[hb + 2u * ffn] = silu_mul(order_value(g2), order_value(u2));
-    work[hb + 3u * ffn] = silu_mul(order_value(g3), order_value(u3));
-    work[hb + 4u * ffn] = silu_mul(order_value(g4), order_value(u4));
-    work[hb + 5u * ffn] = silu_mul(order_value(g5), order_value(u5));
-    work[hb + 6u * ffn] = silu_mul(order_value(g6), order_value(u6));
-    work[hb + 7u * ffn] = silu_mul(order_value(g7), order_value(u7));
-}
-
-// Expert output of an entry, column col (not for padding rows).
-fn store_partial(entry: u32, col: u32, acc: vec4<f32>) {
-    if entry != MOE_NONE {
-        work[program[H_PARTIAL] + entry * params.hidden + col] = order_value(acc);
+    var v = array<f32, 8>(
+        silu_mul(order_value(g0), order_value(u0)),
+        silu_mul(order_value(g1), order_value(u1)),
+        silu_mul(order_value(g2), order_value(u2)),
+        silu_mul(order_value(g3), order_value(u3)),
+        silu_mul(order_value(g4), order_value(u4)),
+        silu_mul(order_value(g5), order_value(u5)),
+        silu_mul(order_value(g6), order_value(u6)),
+        silu_mul(order_value(g7), order_value(u7)),
+    );
+    for (var j = 0u; j < live; j++) {
+        work[out + j * stride] = v[j];
     }
 }
 
-// out[entry, col] = h[row] . down[e, col] for the eight rows of bin tile s.
-fn down_tile(tile: u32, lid: u32) {
-    let s = tile / program[H_DOWN_TILES];
-    let col = (tile % program[H_DOWN_TILES]) * LANES + lid;
-    let expert = words[program[H_TILE_EXPERT] + s];
-    let hidden = params.hidden;
-    if expert == MOE_NONE || col >= hidden {
+// One row of a down projection: the row of `work` at hb . weights `wd` from word wb.
+fn down_row(hb: u32, wd: u32, wb: u32, kdim: u32) -> f32 {
+    var a = vec4<f32>(0.0);
+    for (var k = 0u; k < kdim; k += 4u) {
+        a = order_step(a, work_group4(hb, k, kdim), expert_group(wd, wb, k, kdim));
+    }
+    return order_value(a);
+}
+
+// The down projection of one column for eight rows of `work` (row j at hb + j * kdim, the
+// first `live` real) into work[out[j]]; as up_block.
+fn down_block(hb: u32, live: u32, wd: u32, wb: u32, kdim: u32, out: array<u32, 8>) {
+    var to = out;
+    if live <= 4u {
+        for (var j = 0u; j < live; j++) {
+            work[to[j]] = down_row(hb + j * kdim, wd, wb, kdim);
+        }
         return;
     }
-    let kdim = program[H_FFN];
-    let wb = (expert * hidden + col) * kdim;
-    let hb = program[H_ROWS_H] + s * MOE_TILE * kdim;
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
@@ -326,7 +410,7 @@ fn down_tile(tile: u32, lid: u32) {
     var a6 = vec4<f32>(0.0);
     var a7 = vec4<f32>(0.0);
     for (var k = 0u; k < kdim; k += 4u) {
-        let wv = expert_group(2u, wb, k, kdim);
+        let wv = expert_group(wd, wb, k, kdim);
         a0 = order_step(a0, work_group4(hb, k, kdim), wv);
         a1 = order_step(a1, work_group4(hb + kdim, k, kdim), wv);
         a2 = order_step(a2, work_group4(hb + 2u * kdim, k, kdim), wv);
@@ -336,33 +420,138 @@ fn down_tile(tile: u32, lid: u32) {
         a6 = order_step(a6, work_group4(hb + 6u * kdim, k, kdim), wv);
         a7 = order_step(a7, work_group4(hb + 7u * kdim, k, kdim), wv);
     }
-    store_partial(tile_entry(s, 0u), col, a0);
-    store_partial(tile_entry(s, 1u), col, a1);
-    store_partial(tile_entry(s, 2u), col, a2);
-    store_partial(tile_entry(s, 3u), col, a3);
-    store_partial(tile_entry(s, 4u), col, a4);
-    store_partial(tile_entry(s, 5u), col, a5);
-    store_partial(tile_entry(s, 6u), col, a6);
-    store_partial(tile_entry(s, 7u), col, a7);
+    var v = array<f32, 8>(
+        order_value(a0),
+        order_value(a1),
+        order_value(a2),
+        order_value(a3),
+        order_value(a4),
+        order_value(a5),
+        order_value(a6),
+        order_value(a7),
+    );
+    for (var j = 0u; j < live; j++) {
+        work[to[j]] = v[j];
+    }
 }
 
+// h[row, col] = silu_mul(x . gate[e, col], x . up[e, col]) for the rows of bin tile s.
+fn up_tile(tile: u32, lid: u32) {
+    let s = tile / program[H_UP_TILES];
+    let col = (tile % program[H_UP_TILES]) * LANES + lid;
+    let expert = words[program[H_TILE_EXPERT] + s];
+    let ffn = program[H_FFN];
+    if expert == MOE_NONE || col >= ffn {
+        return;
+    }
+    let kdim = params.hidden;
+    var xb: array<u32, 8>;
+    for (var j = 0u; j < MOE_TILE; j++) {
+        xb[j] = entry_x(tile_entry(s, j));
+    }
+    let out = program[H_ROWS_H] + s * MOE_TILE * ffn + col;
+    up_block(xb, live_rows(s), W_GATE, W_UP, (expert * ffn + col) * kdim, kdim, out, ffn);
+}
+
+// out[entry, col] = h[row] . down[e, col] for the rows of bin tile s.
+fn down_tile(tile: u32, lid: u32) {
+    let s = tile / program[H_DOWN_TILES];
+    let col = (tile % program[H_DOWN_TILES]) * LANES + lid;
+    let expert = words[program[H_TILE_EXPERT] + s];
+    let hidden = params.hidden;
+    if expert == MOE_NONE || col >= hidden {
+        return;
+    }
+    let kdim = program[H_FFN];
+    var out: array<u32, 8>;
+    for (var j = 0u; j < MOE_TILE; j++) {
+        out[j] = program[H_PARTIAL] + tile_entry(s, j) * hidden + col;
+    }
+    let hb = program[H_ROWS_H] + s * MOE_TILE * kdim;
+    down_block(hb, live_rows(s), W_DOWN, (expert * hidden + col) * kdim, kdim, out);
+}
+
+// Tokens t0 .. t0 + 8 of shared-expert tile `tile` and how many of them exist.
+fn shared_rows(tile: u32) -> vec2<u32> {
+    let t0 = tile * MOE_TILE;
+    return vec2<u32>(t0, min(MOE_TILE, params.tokens - t0));
+}
+
+// hs[t, col] = silu_mul(x . gate_s[col], x . up_s[col]) for eight tokens.
+fn shared_up_tile(tile: u32, lid: u32) {
+    let tiles = program[H_SHARED_UP_TILES];
+    let rows = shared_rows(tile / tiles);
+    let col = (tile % tiles) * LANES + lid;
+    let fs = program[H_SHARED_FFN];
+    if col >= fs {
+        return;
+    }
+    var xb: array<u32, 8>;
+    for (var j = 0u; j < MOE_TILE; j++) {
+        xb[j] = min(rows.x + j, params.tokens - 1u) * params.hidden;
+    }
+    let out = program[H_SHARED_H] + rows.x * fs + col;
+    up_block(xb, rows.y, W_SHARED_GATE, W_SHARED_UP, col * params.hidden, params.hidden, out, fs);
+}
+
+// The shared expert's rows: sr[t, col] = hs[t] . down_s[col] for eight tokens.
+fn shared_down_tile(tile: u32, lid: u32) {
+    let tiles = program[H_DOWN_TILES];
+    let rows = shared_rows(tile / tiles);
+    let col = (tile % tiles) * LANES + lid;
+    let hidden = params.hidden;
+    if col >= hidden {
+        return;
+    }
+    let fs = program[H_SHARED_FFN];
+    var out: array<u32, 8>;
+    for (var j = 0u; j < MOE_TILE; j++) {
+        out[j] = program[H_SHARED_OUT] + (rows.x + j) * hidden + col;
+    }
+    down_block(program[H_SHARED_H] + rows.x * fs, rows.y, W_SHARED_DOWN, col * fs, fs, out);
+}
+
+var<workgroup> shared_scale: array<f32, MOE_TILE>;
+
 // y[t, c] = fma(w[t, k - 1], out[t * k + k - 1, c], ... fma(w[t, 0], out[t * k, c], 0.0)),
-// combine.wgsl's order without a shared expert.
+// then with a shared expert y = fma(s_t, sr[t, c], y), s_t = 1.0 / (1.0 + exp(-(x_t . g)))
+// when it is gated (x_t . g in the GEMM order, as the staged dense kernel computes it) and 1.0
+// otherwise: combine.wgsl's order. Tiles are MOE_TILE tokens.
 fn combine_tile(tile: u32, lid: u32) {
-    let lo = tile * program[H_COMBINE_TILE];
-    let hi = min(lo + program[H_COMBINE_TILE], params.tokens);
+    let lo = tile * MOE_TILE;
+    let hi = min(lo + MOE_TILE, params.tokens);
     let hidden = params.hidden;
     let partial = program[H_PARTIAL];
+    let has_shared = program[H_SHARED_FFN] != 0u;
+    let gate = program[H_SHARED_GATE];
+    if lid < MOE_TILE {
+        var scale = 1.0;
+        if has_shared && gate != MOE_NONE && lo + lid < hi {
+            var acc = vec4<f32>(0.0);
+            let xb = (lo + lid) * hidden;
+            for (var k = 0u; k < hidden; k += 4u) {
+                acc = order_step(acc, x_group4(xb, k, hidden), program_group4(gate, k, hidden));
+            }
+            scale = 1.0 / (1.0 + exp(-order_value(acc)));
+        }
+        shared_scale[lid] = scale;
+    }
+    workgroupBarrier();
     for (var t = lo; t < hi; t++) {
+        let s = shared_scale[t - lo];
         for (var c = lid; c < hidden; c += LANES) {
             var acc = 0.0;
             for (var j = 0u; j < params.k; j++) {
                 let entry = t * params.k + j;
                 acc = fma(topk_weights[entry], work[partial + entry * hidden + c], acc);
             }
+            if has_shared {
+                acc = fma(s, work[program[H_SHARED_OUT] + t * hidden + c], acc);
+            }
             y[t * hidden + c] = acc;
         }
     }
+    workgroupBarrier();
 }
 
 fn run_pass(kind: u32, slot: u32, tile: u32, lid: u32) {
@@ -374,6 +563,10 @@ fn run_pass(kind: u32, slot: u32, tile: u32, lid: u32) {
         up_tile(tile, lid);
     } else if kind == MOE_DOWN {
         down_tile(tile, lid);
+    } else if kind == MOE_SHARED_UP {
+        shared_up_tile(tile, lid);
+    } else if kind == MOE_SHARED_DOWN {
+        shared_down_tile(tile, lid);
     } else {
         combine_tile(tile, lid);
     }
