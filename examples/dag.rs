@@ -16,6 +16,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use moeflow::bench::Sampler;
 use moeflow::bench::verdict::median;
+use moeflow::dag::moe::PASSES;
 use moeflow::dag::{
     Executor, Fusion, Granularity, LayerRun, QueueOptions, RowGraph, RowInputs, RowRun, plan, probe,
 };
@@ -215,8 +216,7 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
     let x = synth.uniform((args.tokens * args.hidden) as usize, 1.0);
     let want: Vec<u32> = layer.forward_host(ctx, &x)?.y.iter().map(|v| v.to_bits()).collect();
     let xb = ctx.upload("x", &x)?;
-    let mut executors =
-        vec![Executor::Staged, Executor::Fused(Fusion::Neighbours), Executor::Fused(Fusion::Full)];
+    let mut executors = vec![Executor::Staged, Executor::Fused(Fusion::Neighbours)];
     executors.extend(workers.map(|w| Executor::Queue(QueueOptions::new(w, Granularity::Fine))));
     let mut all_ok = true;
     for e in executors {
@@ -245,14 +245,20 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
         let same = got == want;
         all_ok &= same;
         let fallback = report.and_then(|r| r.fallback).map(|f| format!(" ({f})")).unwrap_or_default();
-        let shape = match run.queue() {
-            Some(q) => {
-                let t = q.tasks();
-                format!(
+        let shape = match run.program() {
+            Some(p) => {
+                let t = p.tasks();
+                let tasks = format!(
                     "tasks: {} route, {} layout, {} gate/up and {} down over {} tile slots, {} shared \
                      gate/up, {} shared down, {} combine",
                     t.route, t.layout, t.up, t.down, t.slots, t.shared_up, t.shared_down, t.combine
-                )
+                );
+                if p.queue_dispatches().is_some() {
+                    tasks
+                } else {
+                    let names: Vec<String> = PASSES.iter().map(|(n, _)| format!("[{n}]")).collect();
+                    format!("{tasks}\n    task passes: {}", names.join(" "))
+                }
             }
             None => format!("passes: {}", passes.join(" ")),
         };

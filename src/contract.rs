@@ -247,7 +247,6 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             "H_WORK" => work,
             "H_CANARY" => canary,
             "H_FFN" => ffn,
-            "H_ROUTE_TILE" => route_tile,
             "H_UP_TILES" => up_tiles,
             "H_DOWN_TILES" => down_tiles,
             "H_SLOTS" => slots,
@@ -263,6 +262,8 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             "H_SHARED_GATE" => shared_gate,
             "H_SHARED_H" => shared_h,
             "H_SHARED_OUT" => shared_out,
+            "H_PASS_FIRST" => pass_first,
+            "H_PASS_COUNT" => pass_count,
         );
         all
     }

@@ -1,13 +1,14 @@
 //! DAG executor comparisons on the eight-stage chain of the scheduler experiment: eight
 //! dispatches, three fused passes, one pass with halo recomputation, and the persistent
-//! queue with fine (stage x tile) and coarse (pass x tile) tasks; and the MoE layer on the
-//! persistent queue (route, layout, expert and combine tasks) against its staged forward.
+//! queue with fine (stage x tile) and coarse (pass x tile) tasks; and the MoE layer's task
+//! program (route, layout, expert and combine tiles) in static passes and on the persistent
+//! queue against its staged forward.
 
 use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use crate::context::Context;
 use crate::dag::{
-    Executor, Fusion, Granularity, MoeQueue, QueueOptions, QueueStatus, RowGraph, RowInputs, RowRun, probe,
+    Executor, Fusion, Granularity, MoeProgram, QueueOptions, QueueStatus, RowGraph, RowInputs, RowRun, probe,
 };
 use crate::error::{Error, Result};
 use crate::layer::{MoeConfig, MoeLayer};
@@ -248,22 +249,61 @@ impl Comparison for DagComparison {
     }
 }
 
-/// The MoE layer as persistent-queue tasks (B) against its staged forward (A).
-pub struct MoeQueueVsStaged;
+/// What a side of a MoE comparison runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MoeSide {
+    /// The layer's own kernels, one dispatch each.
+    Staged,
+    /// The task program's static passes.
+    Passes,
+    /// The task program on the persistent queue.
+    Queue,
+}
 
-impl Comparison for MoeQueueVsStaged {
+/// One MoE layer comparison between two executors (no shared expert).
+pub struct MoeComparison {
+    name: &'static str,
+    description: &'static str,
+    variants: (&'static str, &'static str),
+    a: MoeSide,
+    b: MoeSide,
+}
+
+/// The registered MoE layer executor comparisons.
+pub fn moe_comparisons() -> Vec<MoeComparison> {
+    vec![
+        MoeComparison {
+            name: "dag/moe-passes-vs-staged",
+            description: "the MoE layer as its task program in five static passes (route, layout, gate/up, \
+                          down, combine tiles; B) against its staged forward, one dispatch per kernel \
+                          (A); bit-identical",
+            variants: ("staged forward", "task passes"),
+            a: MoeSide::Staged,
+            b: MoeSide::Passes,
+        },
+        MoeComparison {
+            name: "dag/moe-queue-vs-passes",
+            description: "the MoE task program on the persistent queue (B) against the same tasks in five \
+                          static passes (A): the price or gain of dynamic scheduling with the same task \
+                          bodies; W=0 is the probe's worker bound",
+            variants: ("task passes", "task queue"),
+            a: MoeSide::Passes,
+            b: MoeSide::Queue,
+        },
+    ]
+}
+
+impl Comparison for MoeComparison {
     fn name(&self) -> &'static str {
-        "dag/moe-queue-vs-staged"
+        self.name
     }
 
     fn description(&self) -> &'static str {
-        "the MoE layer (no shared expert) as one persistent-queue dispatch of route, layout, \
-         expert-tile and combine tasks (B) against its staged forward, one dispatch per kernel (A); \
-         bit-identical; W=0 is the probe's worker bound"
+        self.description
     }
 
     fn variants(&self) -> (&'static str, &'static str) {
-        ("staged forward", "MoE queue")
+        self.variants
     }
 
     fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
@@ -273,63 +313,96 @@ impl Comparison for MoeQueueVsStaged {
             (SizeSet::Cpu, false) => (&[1, 4, 32, 128], 256, 512, 16, 2),
             (SizeSet::Cpu, true) => (&[2, 64], 192, 256, 8, 2),
         };
-        [0u32, 8]
+        let queue = self.a == MoeSide::Queue || self.b == MoeSide::Queue;
+        let workers: &[u32] = if queue { &[0, 8] } else { &[0] };
+        workers
             .iter()
             .flat_map(|&w| {
-                tokens
-                    .iter()
-                    .map(move |&m| Size::of(&[("M", m), ("H", h), ("F", f), ("E", e), ("k", k), ("W", w)]))
+                tokens.iter().map(move |&m| {
+                    let mut p = vec![("M", m), ("H", h), ("F", f), ("E", e), ("k", k)];
+                    if queue {
+                        p.push(("W", w));
+                    }
+                    Size::of(&p)
+                })
             })
             .collect()
     }
 
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let (m, h, f, e, k) = (size.get("M"), size.get("H"), size.get("F"), size.get("E"), size.get("k"));
-        let bound = probe(ctx)?.max_workers().map_err(|r| Error::MissingFeature(format!("queue: {r}")))?;
-        let workers = match size.get("W") {
-            0 => bound,
-            w => w.min(bound),
-        };
         let cfg = MoeConfig::new(h, f, e, k);
         let mut s = Synth::new(seed);
         let layer = MoeLayer::new(ctx, cfg, &s.moe_weights(&cfg))?;
         let x = s.uniform((m * h) as usize, 1.0);
         let want = layer.forward_host(ctx, &x)?.y;
         let xb = ctx.upload("x", &x)?;
-        let (ya, yb) =
-            (ctx.zeroed("y staged", u64::from(m * h) * 4)?, ctx.zeroed("y queue", u64::from(m * h) * 4)?);
-        let staged = layer.plan(ctx, m, &xb, &ya)?;
-        let queue = MoeQueue::new(ctx, &layer, m, &xb, &yb, &QueueOptions::new(workers, Granularity::Fine))?;
-        // Prime: one clean run, then a cleared status, so validation covers the timed runs.
-        let clean = (0..PRIMING_RUNS).any(|_| {
-            ctx.run(&queue.dispatches().iter().collect::<Vec<_>>()).is_ok()
-                && queue.status(ctx).is_ok_and(|s| s.complete())
-        });
-        if !clean {
-            return Err(Error::Validation(format!(
-                "{}: no clean run in {PRIMING_RUNS} priming runs",
-                queue.label()
-            )));
+        let mut sides = Vec::new();
+        let mut queues = Vec::new();
+        let mut note = None;
+        for side in [self.a, self.b] {
+            let y = ctx.zeroed("y", u64::from(m * h) * 4)?;
+            let work = match side {
+                MoeSide::Staged => layer.plan(ctx, m, &xb, &y)?.into_dispatches(),
+                MoeSide::Passes => {
+                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, None)?;
+                    let passes = program.pass_dispatches().to_vec();
+                    note.get_or_insert_with(|| format!("{} tasks", program.tasks().total()));
+                    passes
+                }
+                MoeSide::Queue => {
+                    let bound = probe(ctx)?
+                        .max_workers()
+                        .map_err(|r| Error::MissingFeature(format!("queue: {r}")))?;
+                    let workers = match size.get("W") {
+                        0 => bound,
+                        w => w.min(bound),
+                    };
+                    let q = QueueOptions::new(workers, Granularity::Fine);
+                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, Some(&q))?;
+                    let dispatches = program.queue_dispatches().unwrap_or_default().to_vec();
+                    // Prime: one clean run, then a cleared status, so validation covers the
+                    // timed runs.
+                    let clean = (0..PRIMING_RUNS).any(|_| {
+                        ctx.run(&dispatches.iter().collect::<Vec<_>>()).is_ok()
+                            && program.status(ctx).is_ok_and(|s| s.complete())
+                    });
+                    if !clean {
+                        return Err(Error::Validation(format!(
+                            "{}: no clean run in {PRIMING_RUNS} priming runs",
+                            program.label()
+                        )));
+                    }
+                    program.clear_status(ctx);
+                    note = Some(format!("{} tasks, {workers} workers", program.tasks().total()));
+                    queues.push(program);
+                    dispatches
+                }
+            };
+            sides.push((work, y));
         }
-        queue.clear_status(ctx);
-        let b = Work::Gpu(queue.dispatches().to_vec());
-        let note = Some(format!("{} tasks, {workers} workers", queue.tasks().total()));
         let n = (m * h) as usize;
+        let outputs: Vec<wgpu::Buffer> = sides.iter().map(|(_, y)| y.clone()).collect();
         let validate = move |ctx: &Context| -> Result<()> {
-            check_status(queue.label(), &queue.status(ctx)?)?;
-            let (got_a, got_b): (Vec<f32>, Vec<f32>) = (ctx.read_back(&ya, n)?, ctx.read_back(&yb, n)?);
-            if !bitwise_equal(&got_a, &want) || !bitwise_equal(&got_b, &want) {
-                return Err(Error::Validation(
-                    "the MoE queue or staged run differs from the layer's forward".into(),
-                ));
+            for q in &queues {
+                check_status(q.label(), &q.status(ctx)?)?;
+            }
+            for y in &outputs {
+                if !bitwise_equal(&ctx.read_back::<f32>(y, n)?, &want) {
+                    return Err(Error::Validation("an executor differs from the layer's forward".into()));
+                }
             }
             Ok(())
         };
         let (mf, hf, ff) = (f64::from(m), f64::from(h), f64::from(f));
         let decode = m <= 8;
         let experts_read = f64::from(e.min(m * k));
+        let mut works = sides.into_iter().map(|(w, _)| Work::Gpu(w));
+        let (Some(a), Some(b)) = (works.next(), works.next()) else {
+            return Err(Error::invalid("a comparison has two sides"));
+        };
         Ok(Case {
-            a: Work::Gpu(staged.into_dispatches()),
+            a,
             b,
             flops: if decode {
                 0.0

@@ -51,6 +51,6 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(layer::LayerRoute),
     ];
     all.extend(dag::comparisons().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
-    all.push(Box::new(dag::MoeQueueVsStaged));
+    all.extend(dag::moe_comparisons().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
     all
 }

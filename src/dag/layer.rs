@@ -1,12 +1,12 @@
 //! The MoE layer as a graph: route → dispatch → expert projections → combine, with the
 //! shared expert beside them. As whole-stage dispatches (a scan needs every count, a grouped
 //! GEMM every placement) every read is [`Reach::Whole`], so the planner can only put
-//! independent stages into one pass; the queue runs the layer as finer tasks of its own
-//! ([`super::moe`]). [`LayerRun`] runs a layer on any executor.
+//! independent stages into one pass; fused passes and the queue run the layer as a program of
+//! finer tasks instead ([`super::moe`]). [`LayerRun`] runs a layer on any executor.
 
 use super::executor::{Executor, RunReport};
 use super::graph::{Graph, Reach, Read, Source};
-use super::moe::{self, MoeQueue};
+use super::moe::{self, MoeProgram};
 use super::plan::{Fusion, Plan, plan};
 use super::probe::probe;
 use super::queue::Granularity;
@@ -43,8 +43,8 @@ pub fn layer_graph(forward: ForwardPlan) -> Result<DispatchGraph> {
     Ok(graph)
 }
 
-/// The passes of a dispatch graph for a static executor; a queue's fallback (and the passes
-/// a refused queue runs) are those of [`Fusion::Neighbours`].
+/// The passes of a dispatch graph for an executor (a queue's are those of
+/// [`Fusion::Neighbours`], which run where the layer has no task program).
 pub fn dispatch_plan(graph: &DispatchGraph, executor: Executor) -> Plan {
     match executor {
         Executor::Staged => plan(graph, Fusion::None),
@@ -62,27 +62,28 @@ pub fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &Dispatc
     }
 }
 
-/// A MoE layer's forward of a fixed token count prepared for one executor: the layer's graph
-/// of whole-stage dispatches in static passes, or the MoE task queue ([`MoeQueue`]) with
-/// those passes as its fallback. Every executor writes the bits of the layer's own forward.
+/// A MoE layer's forward of a fixed token count prepared for one executor: `Staged` runs the
+/// layer's own kernels as the graph's stages; `Fused` runs the layer's task program
+/// ([`MoeProgram`]) as its static passes ([`moe::PASSES`]); `Queue` runs that program on the
+/// persistent queue, with the static passes as its fallback. Every executor writes the bits of
+/// the layer's own forward. A layer without a task form ([`moe::unsupported`]) runs the
+/// graph's whole-stage dispatches in passes instead, and [`Self::refused`] says why.
 #[derive(Debug)]
 pub struct LayerRun {
     executor: Executor,
     graph: DispatchGraph,
     plan: Plan,
-    queue: Option<MoeQueue>,
+    program: Option<MoeProgram>,
     refused: Option<String>,
 }
 
 impl LayerRun {
-    /// Prepares a forward of `tokens` tokens of `layer` from `x` into `y` for `executor`. A
-    /// queue runs where the adapter's probe allows it and the layer has a queue form
-    /// ([`moe::unsupported`]); otherwise its fallback passes run and [`Self::refused`] says
-    /// why.
+    /// Prepares a forward of `tokens` tokens of `layer` from `x` into `y` for `executor` (a
+    /// queue only where the adapter's probe allows it).
     ///
     /// # Errors
-    /// [`MoeLayer::plan`]'s and [`MoeQueue::new`]'s errors; [`Error::LimitExceeded`] for more
-    /// workers than the probe allows; device errors while probing.
+    /// [`MoeLayer::plan`]'s and [`MoeProgram::new`]'s errors; [`Error::LimitExceeded`] for
+    /// more workers than the probe allows; device errors while probing.
     pub fn prepare<'b>(
         ctx: &Context,
         layer: &MoeLayer,
@@ -94,10 +95,22 @@ impl LayerRun {
         let (x, y) = (x.into(), y.into());
         let graph = layer_graph(layer.plan(ctx, tokens, x, y)?)?;
         let plan = dispatch_plan(&graph, executor);
-        let (queue, refused) = match executor {
-            Executor::Queue(q) => match (probe(ctx)?.max_workers(), moe::unsupported(ctx, layer)) {
-                (Err(reason), _) => (None, Some(format!("the adapter's probe refused the queue: {reason}"))),
-                (Ok(max), _) if q.workers > max => {
+        let no_form = || moe::unsupported(ctx, layer).map(|why| format!("no task form: {why}"));
+        let (program, refused) = match executor {
+            Executor::Staged => (None, None),
+            Executor::Fused(_) => match no_form() {
+                Some(why) => (None, Some(why)),
+                None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, None)?), None),
+            },
+            Executor::Queue(q) => match probe(ctx)?.max_workers() {
+                Err(reason) => {
+                    let why = format!("the adapter's probe refused the queue: {reason}");
+                    match no_form() {
+                        Some(_) => (None, Some(why)),
+                        None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, None)?), Some(why)),
+                    }
+                }
+                Ok(max) if q.workers > max => {
                     return Err(Error::limit(
                         "queue workers",
                         q.workers.into(),
@@ -105,15 +118,18 @@ impl LayerRun {
                         "the adapter probe's worker bound",
                     ));
                 }
-                (Ok(_), Some(why)) => (None, Some(why)),
-                (Ok(_), None) if q.granularity != Granularity::Fine => {
-                    (None, Some("the MoE queue has fine tasks only".to_string()))
+                Ok(_) if q.granularity != Granularity::Fine => {
+                    return Err(Error::invalid(
+                        "the MoE task program has fine tasks only; ask for Granularity::Fine",
+                    ));
                 }
-                (Ok(_), None) => (Some(MoeQueue::new(ctx, layer, tokens, x, y, &q)?), None),
+                Ok(_) => match no_form() {
+                    Some(why) => (None, Some(why)),
+                    None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, Some(&q))?), None),
+                },
             },
-            Executor::Staged | Executor::Fused(_) => (None, None),
         };
-        Ok(LayerRun { executor, graph, plan, queue, refused })
+        Ok(LayerRun { executor, graph, plan, program, refused })
     }
 
     /// The executor asked for.
@@ -126,41 +142,46 @@ impl LayerRun {
         &self.graph
     }
 
-    /// The static passes: the executor's, or a queue's fallback.
+    /// The graph's static passes (what runs where the layer has no task program).
     pub fn plan(&self) -> &Plan {
         &self.plan
     }
 
-    /// The task queue, where one runs.
-    pub fn queue(&self) -> Option<&MoeQueue> {
-        self.queue.as_ref()
+    /// The task program, where one runs.
+    pub fn program(&self) -> Option<&MoeProgram> {
+        self.program.as_ref()
     }
 
-    /// Why an asked-for queue runs static passes instead.
+    /// Why the executor asked for does not run as asked (a refused queue, a layer without a
+    /// task form).
     pub fn refused(&self) -> Option<&str> {
         self.refused.as_deref()
     }
 
-    /// What [`Self::record`] records, e.g. `queue (MoE tasks, 8 workers)` or `3 passes of
-    /// whole-stage dispatches`.
+    /// What [`Self::record`] records, e.g. `queue (MoE tasks, 8 workers)`, `5 static passes
+    /// of MoE tasks` or `4 passes of whole-stage dispatches`.
     pub fn label(&self) -> String {
-        match &self.queue {
-            Some(q) => q.label().to_string(),
+        match &self.program {
+            Some(p) if p.queue_dispatches().is_some() => p.label().to_string(),
+            Some(p) => format!("{} static passes of MoE tasks", p.pass_dispatches().len()),
             None => format!("{} passes of whole-stage dispatches", self.plan.passes.len()),
         }
     }
 
-    /// Records one forward: the queue's dispatches, else the static passes.
+    /// Records one forward: the queue, the task program's static passes, or the graph's.
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        match &self.queue {
-            Some(q) => crate::gpu::record(encoder, &q.dispatches().iter().collect::<Vec<_>>()),
+        match &self.program {
+            Some(p) => {
+                let dispatches = p.queue_dispatches().unwrap_or(p.pass_dispatches());
+                crate::gpu::record(encoder, &dispatches.iter().collect::<Vec<_>>());
+            }
             None => record_dispatch_graph(encoder, &self.graph, &self.plan),
         }
     }
 
     /// Runs one forward in one submission and waits. A queue run whose status shows a
-    /// timeout, a cut-short loop or missing tasks is rerun as the fallback passes, and the
-    /// report says so.
+    /// timeout, a cut-short loop or missing tasks is rerun as the task program's static
+    /// passes, and the report says so.
     ///
     /// # Errors
     /// A device error while running or reading the queue's status.
@@ -168,17 +189,15 @@ impl LayerRun {
         let mut encoder = ctx.encoder("moeflow moe layer run");
         self.record(&mut encoder);
         ctx.submit_and_wait(encoder)?;
-        let Some(queue) = &self.queue else {
+        let Some(program) = self.program.as_ref().filter(|p| p.queue_dispatches().is_some()) else {
             return Ok(RunReport { ran: self.label(), fallback: self.refused.clone() });
         };
-        let s = queue.status(ctx)?;
+        let s = program.status(ctx)?;
         if s.complete() {
             return Ok(RunReport { ran: self.label(), fallback: None });
         }
-        let mut encoder = ctx.encoder("moeflow moe layer fallback");
-        record_dispatch_graph(&mut encoder, &self.graph, &self.plan);
-        ctx.submit_and_wait(encoder)?;
-        let ran = format!("{} passes of whole-stage dispatches", self.plan.passes.len());
+        ctx.run(&program.pass_dispatches().iter().collect::<Vec<_>>())?;
+        let ran = format!("{} static passes of MoE tasks", program.pass_dispatches().len());
         let why = format!(
             "queue stopped ({} of {} tasks done, status {}: {}); reran as {ran}",
             s.done,

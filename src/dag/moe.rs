@@ -26,8 +26,6 @@ use crate::shader::{ShaderSource, wgsl};
 
 /// Rows per expert tile of the queue (`MOE_TILE` in wgsl/dag/moe.wgsl).
 pub const MOE_TILE: u32 = 8;
-/// Tokens per route task.
-pub const ROUTE_TILE: u32 = 8;
 
 /// "No entry", "no expert" and "no shared gate" in the program and layout words (`MOE_NONE`).
 pub(crate) const MOE_NONE: u32 = u32::MAX;
@@ -51,7 +49,6 @@ pub(crate) struct Header {
     pub(crate) work: u32,
     pub(crate) canary: u32,
     pub(crate) ffn: u32,
-    pub(crate) route_tile: u32,
     pub(crate) up_tiles: u32,
     pub(crate) down_tiles: u32,
     pub(crate) slots: u32,
@@ -67,6 +64,8 @@ pub(crate) struct Header {
     pub(crate) shared_gate: u32,
     pub(crate) shared_h: u32,
     pub(crate) shared_out: u32,
+    pub(crate) pass_first: u32,
+    pub(crate) pass_count: u32,
 }
 
 /// Words of [`Header`].
@@ -82,8 +81,9 @@ static MOE_SHADER: ShaderSource = ShaderSource {
         wgsl!("gemm/order.wgsl"),
         wgsl!("dag/moe.wgsl"),
         wgsl!("dag/queue.wgsl"),
+        wgsl!("dag/moe_static.wgsl"),
     ],
-    entry_points: &["reset_queue", "persistent"],
+    entry_points: &["reset_queue", "persistent", "moe_pass"],
 };
 
 /// The MoE queue's shader module.
@@ -123,15 +123,49 @@ static MOE_PERSISTENT: KernelSpec = KernelSpec {
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Override("LANES"),
 };
-/// The MoE queue's kernels (for the contract test, `src/contract.rs`).
+static MOE_PASS: KernelSpec = KernelSpec {
+    shader: &MOE_SHADER,
+    entry: "moe_pass",
+    bindings: &[
+        (0, Uniform),
+        (1, Read),
+        (2, Read),
+        (4, Read),
+        (5, ReadWrite),
+        (6, ReadWrite),
+        (7, Read),
+        (8, Read),
+        (9, Read),
+        (10, Read),
+        (11, ReadWrite),
+        (12, ReadWrite),
+        (13, ReadWrite),
+        (15, Read),
+        (16, Read),
+        (17, Read),
+    ],
+    params_bytes: ROUTE_PARAMS_BYTES,
+    workgroup: Workgroup::Override("LANES"),
+};
+/// The MoE task program's kernels (for the contract test, `src/contract.rs`).
 #[cfg(test)]
-pub(crate) static SPECS: &[&KernelSpec] = &[&MOE_RESET, &MOE_PERSISTENT];
+pub(crate) static SPECS: &[&KernelSpec] = &[&MOE_RESET, &MOE_PERSISTENT, &MOE_PASS];
+
+/// The static passes of the task program, in order: what each runs and why the next one
+/// starts a new pass (the dependency that a pass cannot hold).
+pub const PASSES: [(&str, &str); 5] = [
+    ("route", "the layout needs every token's experts"),
+    ("layout", "an expert tile needs its bin's rows"),
+    ("gate/up + shared gate/up", "a down tile needs every column of its rows' activations"),
+    ("down + shared down", "a combine tile needs every expert output of its tokens"),
+    ("combine", "the end of the layer"),
+];
 
 /// How many tasks of each kind a MoE queue runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct MoeTasks {
-    /// Route tiles ([`ROUTE_TILE`] tokens each).
+    /// Route tasks, one per token (the fused route's work for that token).
     pub route: u32,
     /// Layout tasks (1).
     pub layout: u32,
@@ -165,7 +199,7 @@ impl MoeTasks {
         let t = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
         let token_tiles = u64::from(tokens.div_ceil(MOE_TILE));
         Ok(MoeTasks {
-            route: tokens.div_ceil(ROUTE_TILE),
+            route: tokens,
             layout: 1,
             slots: t("expert tile slots", slots)?,
             up: t("gate/up tasks", slots * cols(ffn))?,
@@ -174,6 +208,11 @@ impl MoeTasks {
             shared_down: t("shared down tasks", token_tiles * shared_ffn.map_or(0, |_| cols(hidden)))?,
             combine: tokens.div_ceil(MOE_TILE),
         })
+    }
+
+    /// Tasks in each of the static passes [`PASSES`] (ticket order is pass order).
+    pub fn pass_counts(&self) -> [u32; 5] {
+        [self.route, self.layout, self.shared_up + self.up, self.shared_down + self.down, self.combine]
     }
 
     /// Every task.
@@ -209,11 +248,14 @@ pub fn unsupported(ctx: &Context, layer: &MoeLayer) -> Option<String> {
     None
 }
 
-/// The MoE layer's forward of a fixed token count as one persistent-queue run (a state reset
-/// and one dispatch of workers), writing `y` and its own top-k indices and weights.
+/// The MoE layer's forward of a fixed token count as a program of tasks, run either as one
+/// persistent-queue dispatch (with a state reset) or as the static passes [`PASSES`], both
+/// with the same task bodies on the same buffers: each writes `y` and the program's own top-k
+/// indices and weights.
 #[derive(Debug)]
-pub struct MoeQueue {
-    dispatches: Vec<Dispatch>,
+pub struct MoeProgram {
+    queue: Option<Vec<Dispatch>>,
+    passes: Vec<Dispatch>,
     state: wgpu::Buffer,
     indices: wgpu::Buffer,
     weights: wgpu::Buffer,
@@ -221,9 +263,10 @@ pub struct MoeQueue {
     label: String,
 }
 
-impl MoeQueue {
-    /// Builds the queue for a forward of `tokens` tokens of `layer` from `x[tokens, H]` into
-    /// `y[tokens, H]`. The probe is not consulted here (see [`super::layer::LayerRun`]).
+impl MoeProgram {
+    /// Builds the program for a forward of `tokens` tokens of `layer` from `x[tokens, H]`
+    /// into `y[tokens, H]`: its static passes, and the queue with `queue`'s options where
+    /// given. The probe is not consulted here (see [`super::layer::LayerRun`]).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] where [`unsupported`] gives a reason, for zero tokens or
@@ -236,8 +279,9 @@ impl MoeQueue {
         tokens: u32,
         x: impl Into<BufferView<'b>>,
         y: impl Into<BufferView<'b>>,
-        q: &QueueOptions,
+        queue: Option<&QueueOptions>,
     ) -> Result<Self> {
+        let q = queue.copied().unwrap_or(QueueOptions::new(1, super::queue::Granularity::Fine));
         if let Some(why) = unsupported(ctx, layer) {
             return Err(Error::invalid(format!("this layer has no queue form: {why}")));
         }
@@ -301,7 +345,6 @@ impl MoeQueue {
             work: u32::from(!q.coordination_only),
             canary: 2,
             ffn: f,
-            route_tile: ROUTE_TILE,
             up_tiles: f.div_ceil(QUEUE_LANES),
             down_tiles: h.div_ceil(QUEUE_LANES),
             slots: tasks.slots,
@@ -317,6 +360,8 @@ impl MoeQueue {
             shared_gate: MOE_NONE,
             shared_h: u("work offset", shared_h)?,
             shared_out: u("work offset", shared_out)?,
+            pass_first: 0,
+            pass_count: 0,
         };
         // The shared gate's values travel in the program (a 17th storage buffer would be past
         // what GL adapters bind): read back once here.
@@ -328,8 +373,8 @@ impl MoeQueue {
             }
             None => Vec::new(),
         };
-        let program = encode(&mut header, &tasks, &gate_values, q.stall_task)?;
-        let program = ctx.upload("moe queue program", &program)?;
+        let program_words = encode(&mut header, &tasks, &gate_values, q.stall_task)?;
+        let program = ctx.upload("moe queue program", &program_words)?;
         let state = ctx.zeroed("moe queue state", (u64::from(STATE_HEADER) + u64::from(header.tasks)) * 4)?;
 
         let (router, bias) = layer.router_buffers();
@@ -383,26 +428,55 @@ impl MoeQueue {
             ("FAST_ORDER", f64::from(u8::from(order == crate::kernels::gemm::GemmOrder::Fast))),
         ]);
         let persistent = ctx.kernel(&MOE_PERSISTENT, &constants)?;
-        let persistent = ctx.dispatch(&persistent, &bindings, [q.workers, 1, 1])?;
-        let reset = ctx.dispatch(
-            &ctx.kernel(&MOE_RESET, &[])?,
-            &[whole_binding(7, &program), whole_binding(14, &state)],
-            ctx.grid(MOE_RESET.groups((STATE_HEADER + header.tasks).into())?, "queue reset")?,
-        )?;
+        let queue = match queue {
+            Some(q) => {
+                let persistent = ctx.dispatch(&persistent, &bindings, [q.workers, 1, 1])?;
+                let reset = ctx.dispatch(
+                    &ctx.kernel(&MOE_RESET, &[])?,
+                    &[whole_binding(7, &program), whole_binding(14, &state)],
+                    ctx.grid(MOE_RESET.groups((STATE_HEADER + header.tasks).into())?, "queue reset")?,
+                )?;
+                Some(vec![reset, persistent])
+            }
+            None => None,
+        };
+        // One program per pass: the words with the pass's range of tickets in its header.
+        let pass_kernel = ctx.kernel(&MOE_PASS, &constants)?;
+        let mut passes = Vec::new();
+        let mut first = 0u32;
+        for count in tasks.pass_counts() {
+            let mut pass_words = program_words.clone();
+            let range = Header { pass_first: first, pass_count: count, ..header };
+            pass_words[..HEADER_WORDS as usize].copy_from_slice(bytemuck::cast_slice(&[range]));
+            first += count;
+            if count == 0 {
+                continue;
+            }
+            let program = ctx.upload("moe pass program", &pass_words)?;
+            let mut b: Vec<Binding<'_>> = bindings.iter().filter(|b| b.binding != 14).cloned().collect();
+            if let Some(p) = b.iter_mut().find(|b| b.binding == 7) {
+                *p = whole_binding(7, &program);
+            }
+            passes.push(ctx.dispatch(&pass_kernel, &b, ctx.grid(count.into(), "MoE task pass")?)?);
+        }
         let diag = if q.coordination_only { ", coordination only" } else { "" };
-        Ok(MoeQueue {
-            dispatches: vec![reset, persistent],
-            state,
-            indices,
-            weights,
-            tasks,
-            label: format!("queue (MoE tasks, {} workers{diag})", q.workers),
-        })
+        let label = match queue {
+            Some(_) => format!("queue (MoE tasks, {} workers{diag})", q.workers),
+            None => format!("{} static passes of MoE tasks", passes.len()),
+        };
+        Ok(MoeProgram { queue, passes, state, indices, weights, tasks, label })
     }
 
-    /// The dispatches of one run, in order (record them in one compute pass).
-    pub fn dispatches(&self) -> &[Dispatch] {
-        &self.dispatches
+    /// The queue's dispatches (a state reset and the persistent workers), where it was asked
+    /// for; record them in one compute pass.
+    pub fn queue_dispatches(&self) -> Option<&[Dispatch]> {
+        self.queue.as_deref()
+    }
+
+    /// The static passes' dispatches, one per non-empty pass of [`PASSES`], in order (record
+    /// them in one compute pass: each dispatch sees the writes of the ones before it).
+    pub fn pass_dispatches(&self) -> &[Dispatch] {
+        &self.passes
     }
 
     /// The tasks of one run, by kind.
@@ -410,7 +484,8 @@ impl MoeQueue {
         self.tasks
     }
 
-    /// What the dispatches run, e.g. `queue (MoE tasks, 8 workers)`.
+    /// What the program runs, e.g. `queue (MoE tasks, 8 workers)` or `5 static passes of MoE
+    /// tasks`.
     pub fn label(&self) -> &str {
         &self.label
     }
@@ -458,9 +533,9 @@ fn encode(header: &mut Header, t: &MoeTasks, gate: &[u32], stall: Option<u32>) -
     let route0 = 0u32;
     let layout0 = route0 + t.route;
     let shared_up0 = layout0 + t.layout;
-    let shared_down0 = shared_up0 + t.shared_up;
-    let up0 = shared_down0 + t.shared_down;
-    let down0 = up0 + t.up;
+    let up0 = shared_up0 + t.shared_up;
+    let shared_down0 = up0 + t.up;
+    let down0 = shared_down0 + t.shared_down;
     let combine0 = down0 + t.down;
     let (up_tiles, down_tiles, shared_tiles) = (header.up_tiles, header.down_tiles, header.shared_up_tiles);
     let has_shared = t.shared_up > 0;
@@ -475,12 +550,12 @@ fn encode(header: &mut Header, t: &MoeTasks, gate: &[u32], stall: Option<u32>) -
         let first = shared_down0 + tile * down_tiles;
         table.push((KIND_SHARED_UP, i, 0, (first..first + down_tiles).collect()));
     }
-    for i in 0..t.shared_down {
-        table.push((KIND_SHARED_DOWN, i, shared_tiles, vec![combine0 + i / down_tiles]));
-    }
     for i in 0..t.up {
         let s = i / up_tiles;
         table.push((KIND_UP, i, 1, (down0 + s * down_tiles..down0 + (s + 1) * down_tiles).collect()));
+    }
+    for i in 0..t.shared_down {
+        table.push((KIND_SHARED_DOWN, i, shared_tiles, vec![combine0 + i / down_tiles]));
     }
     for i in 0..t.down {
         table.push((KIND_DOWN, i, up_tiles, (combine0..combine0 + t.combine).collect()));

@@ -15,14 +15,15 @@
 // 13 y [tokens, H]; 14 the queue's state words; 15, 16, 17 the shared expert's gate [Fs, H],
 // up [Fs, H] and down [H, Fs] (4-byte placeholders without one).
 //
-// Tasks (kind, index), in ticket order, each waiting only on earlier tickets:
-//   ROUTE        r: tokens r * route_tile ..: logits with gate_logit, then route_select
+// Tasks (kind, index), in ticket order, each waiting only on earlier tickets (in the static
+// passes, moe_static.wgsl, PASS_FIRST and PASS_COUNT give the pass's range of tickets):
+//   ROUTE        t: token t's logits with gate_logit, then route_select (the fused route)
 //   LAYOUT       0: after every ROUTE; entries grouped by expert into bins of whole tiles of
 //                MOE_TILE rows (ascending entries within an expert), tile -> expert, MOE_NONE
 //                for the empty task slots past the live tiles
 //   SHARED_UP    i * shared_up_tiles + c: no dependencies; tokens 8i .., columns 64c .. of Fs
-//   SHARED_DOWN  i * down_tiles + c: after every SHARED_UP of token tile i; columns 64c .. of H
 //   UP           s * up_tiles + c: after LAYOUT; bin tile s, columns 64c .. of F: h rows
+//   SHARED_DOWN  i * down_tiles + c: after every SHARED_UP of token tile i; columns 64c .. of H
 //   DOWN         s * down_tiles + c: after every UP of tile s; columns 64c .. of H: the
 //                entries' expert outputs
 //   COMBINE      i: after every DOWN (the coarse rule) and the SHARED_DOWNs of token tile i;
@@ -59,22 +60,23 @@ const H_SPIN_LIMIT: u32 = 2u;
 const H_WORK: u32 = 3u;
 const H_CANARY: u32 = 4u;
 const H_FFN: u32 = 5u;
-const H_ROUTE_TILE: u32 = 6u;
-const H_UP_TILES: u32 = 7u;
-const H_DOWN_TILES: u32 = 8u;
-const H_SLOTS: u32 = 9u;
-const H_COUNTS: u32 = 10u;
-const H_BASES: u32 = 11u;
-const H_ROW_ENTRY: u32 = 12u;
-const H_TILE_EXPERT: u32 = 13u;
-const H_CHUNKS: u32 = 14u;
-const H_ROWS_H: u32 = 15u;
-const H_PARTIAL: u32 = 16u;
-const H_SHARED_FFN: u32 = 17u;
-const H_SHARED_UP_TILES: u32 = 18u;
-const H_SHARED_GATE: u32 = 19u;
-const H_SHARED_H: u32 = 20u;
-const H_SHARED_OUT: u32 = 21u;
+const H_UP_TILES: u32 = 6u;
+const H_DOWN_TILES: u32 = 7u;
+const H_SLOTS: u32 = 8u;
+const H_COUNTS: u32 = 9u;
+const H_BASES: u32 = 10u;
+const H_ROW_ENTRY: u32 = 11u;
+const H_TILE_EXPERT: u32 = 12u;
+const H_CHUNKS: u32 = 13u;
+const H_ROWS_H: u32 = 14u;
+const H_PARTIAL: u32 = 15u;
+const H_SHARED_FFN: u32 = 16u;
+const H_SHARED_UP_TILES: u32 = 17u;
+const H_SHARED_GATE: u32 = 18u;
+const H_SHARED_H: u32 = 19u;
+const H_SHARED_OUT: u32 = 20u;
+const H_PASS_FIRST: u32 = 21u;
+const H_PASS_COUNT: u32 = 22u;
 
 // Task kinds.
 const MOE_ROUTE: u32 = 0u;
@@ -140,78 +142,55 @@ fn expert_value(which: u32, idx: u32) -> f32 {
     return half_to_f32(bits16);
 }
 
-// Weights base + k .. base + k + 3 of weights `which`, 0.0 at k >= kdim; a whole group reads
-// each word once.
+// The group loads below read k .. k + 3 (k < kdim) with 0.0 past kdim, without branches or
+// loops (an index past the row is clamped to its last element and its value replaced by
+// 0.0): one body for whole and partial groups keeps the inlined tiles small, which is what
+// the drivers' compile times (minutes on llvmpipe GL otherwise) depend on.
+
+// Weights base + k .. base + k + 3 of weights `which`.
 fn expert_group(which: u32, base: u32, k: u32, kdim: u32) -> vec4<f32> {
-    if k + 4u <= kdim {
-        let idx = base + k;
-        if DTYPE == 0u {
-            return vec4<f32>(
-                bitcast<f32>(expert_word(which, idx)),
-                bitcast<f32>(expert_word(which, idx + 1u)),
-                bitcast<f32>(expert_word(which, idx + 2u)),
-                bitcast<f32>(expert_word(which, idx + 3u)),
-            );
-        }
-        let i = idx >> 1u;
-        let a = expert_word(which, i);
-        let b = expert_word(which, i + 1u);
-        if (idx & 1u) == 0u {
-            return vec4<f32>(half_to_f32(a & 0xffffu), half_to_f32(a >> 16u), half_to_f32(b & 0xffffu), half_to_f32(b >> 16u));
-        }
-        let c = expert_word(which, i + 2u);
-        return vec4<f32>(half_to_f32(a >> 16u), half_to_f32(b & 0xffffu), half_to_f32(b >> 16u), half_to_f32(c & 0xffffu));
-    }
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if k + j < kdim {
-            v[j] = expert_value(which, base + k + j);
-        }
-    }
-    return v;
+    let last = base + kdim - 1u;
+    let i = base + k;
+    return vec4<f32>(
+        expert_value(which, i),
+        select(0.0, expert_value(which, min(i + 1u, last)), k + 1u < kdim),
+        select(0.0, expert_value(which, min(i + 2u, last)), k + 2u < kdim),
+        select(0.0, expert_value(which, min(i + 3u, last)), k + 3u < kdim),
+    );
 }
 
-// x[base + k .. base + k + 3], 0.0 at k >= kdim.
+// x[base + k .. base + k + 3].
 fn x_group4(base: u32, k: u32, kdim: u32) -> vec4<f32> {
-    if k + 4u <= kdim {
-        return vec4<f32>(x[base + k], x[base + k + 1u], x[base + k + 2u], x[base + k + 3u]);
-    }
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if k + j < kdim {
-            v[j] = x[base + k + j];
-        }
-    }
-    return v;
+    let last = base + kdim - 1u;
+    let i = base + k;
+    return vec4<f32>(
+        x[i],
+        select(0.0, x[min(i + 1u, last)], k + 1u < kdim),
+        select(0.0, x[min(i + 2u, last)], k + 2u < kdim),
+        select(0.0, x[min(i + 3u, last)], k + 3u < kdim),
+    );
 }
 
-// work[base + k .. base + k + 3], 0.0 at k >= kdim.
+// work[base + k .. base + k + 3].
 fn work_group4(base: u32, k: u32, kdim: u32) -> vec4<f32> {
-    if k + 4u <= kdim {
-        return vec4<f32>(work[base + k], work[base + k + 1u], work[base + k + 2u], work[base + k + 3u]);
-    }
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if k + j < kdim {
-            v[j] = work[base + k + j];
-        }
-    }
-    return v;
+    let last = base + kdim - 1u;
+    let i = base + k;
+    return vec4<f32>(
+        work[i],
+        select(0.0, work[min(i + 1u, last)], k + 1u < kdim),
+        select(0.0, work[min(i + 2u, last)], k + 2u < kdim),
+        select(0.0, work[min(i + 3u, last)], k + 3u < kdim),
+    );
 }
 
-// Gate logits and top-k for the tokens of route tile `tile`, one token at a time, as the
-// fused route kernel does for its token.
-fn route_tile(tile: u32, lid: u32) {
-    let lo = tile * program[H_ROUTE_TILE];
-    let hi = min(lo + program[H_ROUTE_TILE], params.tokens);
-    for (var t = lo; t < hi; t++) {
-        for (var e = lid; e < params.experts; e += ROUTE_WG) {
-            score[e] = gate_logit(t, e);
-        }
-        workgroupBarrier();
-        route_select(t, lid);
-        workgroupBarrier();
+// Gate logits and top-k of token t, as the fused route kernel computes them for its token.
+fn route_token(t: u32, lid: u32) {
+    for (var e = lid; e < params.experts; e += ROUTE_WG) {
+        score[e] = gate_logit(t, e);
     }
+    workgroupBarrier();
+    route_select(t, lid);
+    workgroupBarrier();
 }
 
 // The bins: lane l counts the experts of entries l * chunk .. (its chunk, in order); each
@@ -556,7 +535,7 @@ fn combine_tile(tile: u32, lid: u32) {
 
 fn run_pass(kind: u32, slot: u32, tile: u32, lid: u32) {
     if kind == MOE_ROUTE {
-        route_tile(tile, lid);
+        route_token(tile, lid);
     } else if kind == MOE_LAYOUT {
         layout_task(lid);
     } else if kind == MOE_UP {
