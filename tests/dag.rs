@@ -350,8 +350,14 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
                 // The shared expert reads only the input, so it joins the experts' pass.
                 _ => assert_eq!(run.plan().passes.len(), 4, "{:?}", run.plan().cuts),
             }
+            let form = moeflow::dag::moe::unsupported(&ctx, &layer);
             match e {
                 Executor::Staged => assert!(run.program().is_none()),
+                // A device with too few storage bindings runs the graph's passes and says so.
+                _ if form.is_some() => {
+                    assert!(report.fallback.as_deref().unwrap_or_default().contains("no task form"));
+                    assert!(report.ran.contains("whole-stage"), "{}", report.ran);
+                }
                 Executor::Fused(_) => {
                     assert_eq!(report.ran, "5 static passes of MoE tasks");
                     assert_eq!(report.fallback, None);
@@ -464,8 +470,10 @@ fn adversarial_layers(tokens: usize) -> Vec<(&'static str, MoeConfig, MoeWeights
 fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
     let _queue = exclusive();
     for ctx in contexts() {
+        // Two workers: as many as CI's cores, so a worker that waits does not wait long for a
+        // descheduled one (llvmpipe caps an invocation's loop iterations, spins included).
         let workers = match probe(&ctx).unwrap().max_workers() {
-            Ok(max) => max.min(4),
+            Ok(max) => max.min(2),
             Err(reason) => {
                 eprintln!("skipped on {}: queue refused by the probe: {reason}", ctx.adapter().slug());
                 continue;
@@ -476,6 +484,10 @@ fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
         for tokens in [37usize, 1] {
             for (name, cfg, weights, x) in adversarial_layers(tokens) {
                 let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
+                if let Some(why) = moeflow::dag::moe::unsupported(&ctx, &layer) {
+                    eprintln!("skipped on {}: {why}", ctx.adapter().slug());
+                    continue;
+                }
                 let want = layer.forward_host(&ctx, &x).unwrap();
                 let xb = ctx.upload("x", &x).unwrap();
                 let what = format!("{name}, {tokens} tokens, {}", ctx.adapter().slug());
@@ -527,6 +539,10 @@ fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
     for ctx in contexts() {
         let Ok(max) = probe(&ctx).unwrap().max_workers() else { continue };
         let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
+        if let Some(why) = moeflow::dag::moe::unsupported(&ctx, &layer) {
+            eprintln!("skipped on {}: {why}", ctx.adapter().slug());
+            continue;
+        }
         let want = layer.forward_host(&ctx, &x).unwrap().y;
         let xb = ctx.upload("x", &x).unwrap();
         let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
@@ -534,7 +550,7 @@ fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
         let opts = QueueOptions {
             spin_limit: 1 << 12,
             stall_task: Some(37),
-            ..QueueOptions::new(max.min(4), Granularity::Fine)
+            ..QueueOptions::new(max.min(2), Granularity::Fine)
         };
         let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, Executor::Queue(opts)).unwrap();
         // The first run also pays for the driver's shader compiles; the second is timed.

@@ -284,8 +284,10 @@ fn dag_example_runs_the_moe_layer_on_every_executor() {
         }
         assert!(!stdout.contains("DIFFERENT"), "{stdout}");
         // Where the probe allows a queue, it runs the layer as MoE tasks.
+        // (or says why the layer has no task form on this device).
         if stdout.contains("queue probe: Allowed") {
-            assert!(stdout.contains("Queue(2 workers") && stdout.contains("shared gate/up"), "{stdout}");
+            assert!(stdout.contains("Queue(2 workers"), "{stdout}");
+            assert!(stdout.contains("shared gate/up") || stdout.contains("no task form"), "{stdout}");
         }
     }
 }

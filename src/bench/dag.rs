@@ -334,6 +334,9 @@ impl Comparison for MoeComparison {
         let cfg = MoeConfig::new(h, f, e, k);
         let mut s = Synth::new(seed);
         let layer = MoeLayer::new(ctx, cfg, &s.moe_weights(&cfg))?;
+        if let Some(why) = crate::dag::moe::unsupported(ctx, &layer) {
+            return Err(Error::MissingFeature(format!("MoE task program: {why}")));
+        }
         let x = s.uniform((m * h) as usize, 1.0);
         let want = layer.forward_host(ctx, &x)?.y;
         let xb = ctx.upload("x", &x)?;

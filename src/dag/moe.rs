@@ -229,7 +229,7 @@ impl MoeTasks {
 pub fn unsupported(ctx: &Context, layer: &MoeLayer) -> Option<String> {
     let cfg = layer.config();
     if cfg.capacity != Capacity::Dropless {
-        return Some("the MoE queue runs dropless layers only (no capacity bound)".into());
+        return Some("the MoE task program runs dropless layers only (no capacity bound)".into());
     }
     let ffn = layer.routed_experts();
     let shared = layer.shared_expert().map(|(s, _)| [&s.gate, &s.up, &s.down]);
@@ -238,14 +238,22 @@ pub fn unsupported(ctx: &Context, layer: &MoeLayer) -> Option<String> {
     if all.iter().any(|w| w.whole_buffer().is_none()) {
         return Some("the expert weights are split into chunks past one storage binding".into());
     }
+    storage_limit(ctx).err().map(|e| e.to_string())
+}
+
+/// The program's storage bindings against the device's limit.
+fn storage_limit(ctx: &Context) -> Result<()> {
     let (storage, _, _) = MOE_PERSISTENT.binding_counts();
     let max = ctx.limits().max_storage_buffers_per_shader_stage;
     if storage > max {
-        return Some(format!(
-            "the MoE queue binds {storage} storage buffers; the device allows {max} per stage"
+        return Err(Error::limit(
+            "the MoE task program's storage buffers",
+            storage.into(),
+            max.into(),
+            "max_storage_buffers_per_shader_stage",
         ));
     }
-    None
+    Ok(())
 }
 
 /// The MoE layer's forward of a fixed token count as a program of tasks, run either as one
@@ -269,7 +277,8 @@ impl MoeProgram {
     /// given. The probe is not consulted here (see [`super::layer::LayerRun`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] where [`unsupported`] gives a reason, for zero tokens or
+    /// [`Error::LimitExceeded`] on a device with fewer than 16 storage buffers per stage;
+    /// [`Error::InvalidArgument`] where [`unsupported`] gives another reason, for zero tokens or
     /// workers, or a stall task past the tasks; [`Error::LimitExceeded`]
     /// for more workers than a dispatch can have or sizes past u32 indices and binding
     /// limits; [`Error::Shape`] for views smaller than their shapes; device errors.
@@ -282,8 +291,9 @@ impl MoeProgram {
         queue: Option<&QueueOptions>,
     ) -> Result<Self> {
         let q = queue.copied().unwrap_or(QueueOptions::new(1, super::queue::Granularity::Fine));
+        storage_limit(ctx)?;
         if let Some(why) = unsupported(ctx, layer) {
-            return Err(Error::invalid(format!("this layer has no queue form: {why}")));
+            return Err(Error::invalid(format!("this layer has no task form: {why}")));
         }
         if tokens == 0 {
             return Err(Error::invalid("the MoE queue needs at least one token"));
