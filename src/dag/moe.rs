@@ -19,6 +19,7 @@ use super::queue::{
 };
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::gemm::ExpertWeights;
 use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
 use crate::layer::{Capacity, MoeLayer};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
@@ -57,11 +58,16 @@ pub(crate) struct Header {
     pub(crate) row_entry: u32,
     pub(crate) tile_expert: u32,
     pub(crate) chunks: u32,
+    pub(crate) indices: u32,
     pub(crate) rows_h: u32,
     pub(crate) partial: u32,
+    pub(crate) weights: u32,
+    pub(crate) bias: u32,
     pub(crate) shared_ffn: u32,
     pub(crate) shared_up_tiles: u32,
     pub(crate) shared_gate: u32,
+    pub(crate) shared_up_off: u32,
+    pub(crate) shared_down_off: u32,
     pub(crate) shared_h: u32,
     pub(crate) shared_out: u32,
     pub(crate) pass_first: u32,
@@ -105,20 +111,14 @@ static MOE_PERSISTENT: KernelSpec = KernelSpec {
         (0, Uniform),
         (1, Read),
         (2, Read),
-        (4, Read),
-        (5, ReadWrite),
-        (6, ReadWrite),
         (7, Read),
         (8, Read),
         (9, Read),
         (10, Read),
-        (11, ReadWrite),
         (12, ReadWrite),
         (13, ReadWrite),
         (14, ReadWrite),
         (15, Read),
-        (16, Read),
-        (17, Read),
     ],
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Override("LANES"),
@@ -130,19 +130,14 @@ static MOE_PASS: KernelSpec = KernelSpec {
         (0, Uniform),
         (1, Read),
         (2, Read),
-        (4, Read),
-        (5, ReadWrite),
-        (6, ReadWrite),
         (7, Read),
         (8, Read),
         (9, Read),
         (10, Read),
-        (11, ReadWrite),
         (12, ReadWrite),
         (13, ReadWrite),
+        (14, ReadWrite),
         (15, Read),
-        (16, Read),
-        (17, Read),
     ],
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Override("LANES"),
@@ -224,8 +219,8 @@ impl MoeTasks {
     }
 }
 
-/// Why `layer` has no queue form on `ctx`, if it has none: the queue runs dropless layers
-/// (no capacity bound) from unsplit weights, and binds 16 storage buffers.
+/// Why `layer` has no task form on `ctx`, if it has none: the program runs dropless layers
+/// (no capacity bound) from unsplit weights, and binds 10 storage buffers.
 pub fn unsupported(ctx: &Context, layer: &MoeLayer) -> Option<String> {
     let cfg = layer.config();
     if cfg.capacity != Capacity::Dropless {
@@ -265,8 +260,9 @@ pub struct MoeProgram {
     queue: Option<Vec<Dispatch>>,
     passes: Vec<Dispatch>,
     state: wgpu::Buffer,
-    indices: wgpu::Buffer,
-    weights: wgpu::Buffer,
+    work: wgpu::Buffer,
+    indices: u32,
+    entries: usize,
     tasks: MoeTasks,
     label: String,
 }
@@ -277,7 +273,7 @@ impl MoeProgram {
     /// given. The probe is not consulted here (see [`super::layer::LayerRun`]).
     ///
     /// # Errors
-    /// [`Error::LimitExceeded`] on a device with fewer than 16 storage buffers per stage;
+    /// [`Error::LimitExceeded`] on a device with fewer than 10 storage buffers per stage;
     /// [`Error::InvalidArgument`] where [`unsupported`] gives another reason, for zero tokens or
     /// workers, or a stall task past the tasks; [`Error::LimitExceeded`]
     /// for more workers than a dispatch can have or sizes past u32 indices and binding
@@ -323,31 +319,62 @@ impl MoeProgram {
         ctx.check_view("x", &x, t64 * h64 * 4, Read)?;
         ctx.check_view("y", &y, t64 * h64 * 4, ReadWrite)?;
 
-        // Layout words and f32 work, with their offsets.
+        // `state`: the queue's words and counters, the layout, the top-k indices.
         let slots = u64::from(tasks.slots);
         let e64 = u64::from(e);
-        let counts = 0u64;
+        let counts = u64::from(STATE_HEADER) + tasks.total();
         let bases = counts + e64;
         let row_entry = bases + e64;
         let tile_expert = row_entry + slots * u64::from(MOE_TILE);
         let chunks = tile_expert + slots;
-        let words_len = chunks + u64::from(QUEUE_LANES) * e64;
-        let rows_h = 0u64;
+        let indices = chunks + u64::from(QUEUE_LANES) * e64;
+        let state_len = indices + t64 * k64;
+        // `work`: routing weights, SwiGLU rows, expert outputs, the shared expert's rows.
+        let weights = 0u64;
+        let rows_h = weights + t64 * k64;
         let partial = rows_h + slots * u64::from(MOE_TILE) * u64::from(f);
         let fs = u64::from(cfg.shared_ffn.unwrap_or(0));
         let shared_h = partial + t64 * k64 * h64;
         let shared_out = shared_h + t64.next_multiple_of(u64::from(MOE_TILE)) * fs;
         let work_len = shared_out + if fs > 0 { t64 * h64 } else { 0 };
-        for (what, n) in [("MoE queue layout words", words_len), ("MoE queue work values", work_len)] {
+        for (what, n) in [("MoE program state words", state_len), ("MoE program work values", work_len)] {
             if n > u64::from(u32::MAX) {
-                return Err(Error::limit(what, n, u32::MAX.into(), "u32 indices in the MoE queue"));
+                return Err(Error::limit(what, n, u32::MAX.into(), "u32 indices in the MoE program"));
             }
         }
-        let words = ctx.storage_scratch("moe queue layout", words_len * 4)?;
-        let work = ctx.storage_scratch("moe queue work", work_len * 4)?;
-        let indices = ctx.storage_scratch("moe queue topk indices", t64 * k64 * 4)?;
-        let weights = ctx.storage_scratch("moe queue topk weights", t64 * k64 * 4)?;
+        let state = ctx.storage_scratch("moe program state", state_len * 4)?;
+        let work = ctx.storage_scratch("moe program work", work_len * 4)?;
         let u = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
+
+        // The selection bias and the shared gate travel in the program words, the shared
+        // expert's three matrices in one buffer: 10 storage buffers in all.
+        let (router, bias) = layer.router_buffers();
+        let bias_values: Vec<u32> = match bias {
+            Some(b) => ctx.read_back(b, e as usize)?,
+            None => Vec::new(),
+        };
+        let shared = layer.shared_expert();
+        let gate_values: Vec<u32> = match shared.and_then(|(_, g)| g) {
+            Some(g) => ctx.read_back(whole(g)?, h as usize)?,
+            None => Vec::new(),
+        };
+        let (shared_w, shared_up_off, shared_down_off) = match shared {
+            Some((s, _)) => {
+                let parts = [whole(&s.gate)?, whole(&s.up)?, whole(&s.down)?];
+                let total: u64 = parts.iter().map(|b| b.size()).sum();
+                let buffer = ctx.storage_scratch("moe program shared expert", total)?;
+                let mut encoder = ctx.encoder("moe program shared expert copy");
+                let mut at = 0;
+                for part in parts {
+                    encoder.copy_buffer_to_buffer(part, 0, &buffer, at, part.size());
+                    at += part.size();
+                }
+                ctx.submit_and_wait(encoder)?;
+                let (g, up) = (parts[0].size() / 4, parts[1].size() / 4);
+                (buffer, u("shared expert words", g)?, u("shared expert words", g + up)?)
+            }
+            None => (ctx.storage_scratch("moe program absent shared expert", 4)?, 0, 0),
+        };
         let mut header = Header {
             tasks: u("tasks", tasks.total())?,
             task_off: 0,
@@ -358,77 +385,42 @@ impl MoeProgram {
             up_tiles: f.div_ceil(QUEUE_LANES),
             down_tiles: h.div_ceil(QUEUE_LANES),
             slots: tasks.slots,
-            counts: u("layout offset", counts)?,
-            bases: u("layout offset", bases)?,
-            row_entry: u("layout offset", row_entry)?,
-            tile_expert: u("layout offset", tile_expert)?,
-            chunks: u("layout offset", chunks)?,
+            counts: u("state offset", counts)?,
+            bases: u("state offset", bases)?,
+            row_entry: u("state offset", row_entry)?,
+            tile_expert: u("state offset", tile_expert)?,
+            chunks: u("state offset", chunks)?,
+            indices: u("state offset", indices)?,
             rows_h: u("work offset", rows_h)?,
             partial: u("work offset", partial)?,
+            weights: u("work offset", weights)?,
+            bias: MOE_NONE,
             shared_ffn: cfg.shared_ffn.unwrap_or(0),
             shared_up_tiles: cfg.shared_ffn.unwrap_or(0).div_ceil(QUEUE_LANES),
             shared_gate: MOE_NONE,
+            shared_up_off,
+            shared_down_off,
             shared_h: u("work offset", shared_h)?,
             shared_out: u("work offset", shared_out)?,
             pass_first: 0,
             pass_count: 0,
         };
-        // The shared gate's values travel in the program (a 17th storage buffer would be past
-        // what GL adapters bind): read back once here.
-        let shared = layer.shared_expert();
-        let gate_values: Vec<u32> = match shared.and_then(|(_, g)| g) {
-            Some(g) => {
-                let buffer = g.whole_buffer().ok_or_else(|| Error::invalid("a split shared gate"))?;
-                ctx.read_back(buffer, h as usize)?
-            }
-            None => Vec::new(),
-        };
-        let program_words = encode(&mut header, &tasks, &gate_values, q.stall_task)?;
-        let program = ctx.upload("moe queue program", &program_words)?;
-        let state = ctx.zeroed("moe queue state", (u64::from(STATE_HEADER) + u64::from(header.tasks)) * 4)?;
-
-        let (router, bias) = layer.router_buffers();
-        let no_bias = match bias {
-            Some(_) => None,
-            None => Some(ctx.storage_scratch("moe queue absent bias", 4)?),
-        };
-        let ffn = layer.routed_experts();
-        fn whole(w: &crate::kernels::gemm::ExpertWeights) -> Result<&wgpu::Buffer> {
-            w.whole_buffer().ok_or_else(|| Error::invalid("split expert weights have no queue form"))
-        }
-        let (wg, wu, wd) = (whole(&ffn.gate)?, whole(&ffn.up)?, whole(&ffn.down)?);
-        let placeholder = match shared {
-            Some(_) => None,
-            None => Some(ctx.storage_scratch("moe queue absent shared expert", 4)?),
-        };
-        let (sg, su, sd) = match (shared, &placeholder) {
-            (Some((s, _)), _) => (whole(&s.gate)?, whole(&s.up)?, whole(&s.down)?),
-            (None, Some(p)) => (p, p, p),
-            (None, None) => return Err(Error::invalid("no shared-expert placeholder")),
-        };
+        let program_words = encode(&mut header, &tasks, &bias_values, &gate_values, q.stall_task)?;
+        let program = ctx.upload("moe program", &program_words)?;
         let params = route_params(ctx, &cfg.route, tokens)?;
-        let bias = bias.or(no_bias.as_ref()).ok_or_else(|| Error::invalid("no bias buffer"))?;
-        fn whole_binding(b: u32, buf: &wgpu::Buffer) -> Binding<'_> {
-            Binding::new(b, buf, buf.size())
-        }
+        let ffn = layer.routed_experts();
         let bindings = [
             Binding::new(0, &params, ROUTE_PARAMS_BYTES),
             x.bind(1, t64 * h64 * 4),
             Binding::new(2, router, e64 * h64 * 4),
-            Binding::new(4, bias, if cfg.route.bias { e64 * 4 } else { 4 }),
-            Binding::new(5, &indices, t64 * k64 * 4),
-            Binding::new(6, &weights, t64 * k64 * 4),
             whole_binding(7, &program),
-            whole_binding(8, wg),
-            whole_binding(9, wu),
-            whole_binding(10, wd),
-            whole_binding(11, &words),
+            whole_binding(8, whole(&ffn.gate)?),
+            whole_binding(9, whole(&ffn.up)?),
+            whole_binding(10, whole(&ffn.down)?),
             whole_binding(12, &work),
             y.bind(13, t64 * h64 * 4),
             whole_binding(14, &state),
-            whole_binding(15, sg),
-            whole_binding(16, su),
-            whole_binding(17, sd),
+            whole_binding(15, &shared_w),
         ];
         let mut constants = cfg.route.constants().to_vec();
         let order = ffn.kernels(ctx).order;
@@ -463,7 +455,7 @@ impl MoeProgram {
                 continue;
             }
             let program = ctx.upload("moe pass program", &pass_words)?;
-            let mut b: Vec<Binding<'_>> = bindings.iter().filter(|b| b.binding != 14).cloned().collect();
+            let mut b = bindings.to_vec();
             if let Some(p) = b.iter_mut().find(|b| b.binding == 7) {
                 *p = whole_binding(7, &program);
             }
@@ -474,7 +466,9 @@ impl MoeProgram {
             Some(_) => format!("queue (MoE tasks, {} workers{diag})", q.workers),
             None => format!("{} static passes of MoE tasks", passes.len()),
         };
-        Ok(MoeProgram { queue, passes, state, indices, weights, tasks, label })
+        let entries = usize::try_from(t64 * k64)
+            .map_err(|_| Error::limit("entries", t64 * k64, u32::MAX.into(), "usize"))?;
+        Ok(MoeProgram { queue, passes, state, work, indices: header.indices, entries, tasks, label })
     }
 
     /// The queue's dispatches (a state reset and the persistent workers), where it was asked
@@ -500,19 +494,21 @@ impl MoeProgram {
         &self.label
     }
 
-    /// `indices[tokens, k]` written by the route tasks.
-    pub fn indices(&self) -> &wgpu::Buffer {
-        &self.indices
-    }
-
-    /// `weights[tokens, k]` written by the route tasks.
-    pub fn weights(&self) -> &wgpu::Buffer {
-        &self.weights
+    /// Reads back the last run's top-k `indices[tokens, k]` and `weights[tokens, k]` (the
+    /// route tasks write them into the program's own buffers).
+    ///
+    /// # Errors
+    /// A device error while reading back.
+    pub fn read_routing(&self, ctx: &Context) -> Result<(Vec<u32>, Vec<f32>)> {
+        let at = self.indices as usize;
+        let state: Vec<u32> = ctx.read_back(&self.state, at + self.entries)?;
+        let weights: Vec<f32> = ctx.read_back(&self.work, self.entries)?;
+        Ok((state[at..].to_vec(), weights))
     }
 
     /// Zeroes the queue's state words, including the count of earlier runs that stopped early.
     pub fn clear_status(&self, ctx: &Context) {
-        let zeros = vec![0u8; self.state.size() as usize];
+        let zeros = vec![0u8; STATE_HEADER as usize * 4];
         ctx.queue().write_buffer(&self.state, 0, &zeros);
     }
 
@@ -535,10 +531,26 @@ impl MoeProgram {
     }
 }
 
-/// The program words: `header`, the shared gate's values (`gate`, f32 bits, may be empty),
-/// then the task table (kind, index, dependencies, first consumer word, consumer count) in
+/// The one buffer of unsplit weights.
+fn whole(w: &ExpertWeights) -> Result<&wgpu::Buffer> {
+    w.whole_buffer().ok_or_else(|| Error::invalid("split expert weights have no task form"))
+}
+
+/// `buffer` bound whole at `binding`.
+fn whole_binding(binding: u32, buffer: &wgpu::Buffer) -> Binding<'_> {
+    Binding::new(binding, buffer, buffer.size())
+}
+
+/// The program words: `header`, the selection bias and the shared gate's values (`bias`,
+/// `gate`: f32 bits, each may be empty), then the task table (kind, index, dependencies, first consumer word, consumer count) in
 /// ticket order, then the consumer lists.
-fn encode(header: &mut Header, t: &MoeTasks, gate: &[u32], stall: Option<u32>) -> Result<Vec<u32>> {
+fn encode(
+    header: &mut Header,
+    t: &MoeTasks,
+    bias: &[u32],
+    gate: &[u32],
+    stall: Option<u32>,
+) -> Result<Vec<u32>> {
     // Ticket of the first task of each kind, in ticket order.
     let route0 = 0u32;
     let layout0 = route0 + t.route;
@@ -575,11 +587,16 @@ fn encode(header: &mut Header, t: &MoeTasks, gate: &[u32], stall: Option<u32>) -
         table.push((KIND_COMBINE, c, t.down + shared_need, Vec::new()));
     }
     header.tasks = to_u32("tasks", table.len())?;
-    if !gate.is_empty() {
-        header.shared_gate = HEADER_WORDS;
+    let bias_len = to_u32("bias values", bias.len())?;
+    if !bias.is_empty() {
+        header.bias = HEADER_WORDS;
     }
-    header.task_off = HEADER_WORDS + to_u32("shared gate values", gate.len())?;
+    if !gate.is_empty() {
+        header.shared_gate = HEADER_WORDS + bias_len;
+    }
+    header.task_off = HEADER_WORDS + bias_len + to_u32("shared gate values", gate.len())?;
     let mut words: Vec<u32> = bytemuck::cast_slice(&[*header]).to_vec();
+    words.extend(bias);
     words.extend(gate);
     let cons_start = u64::from(header.task_off) + 5 * table.len() as u64;
     let mut cons: Vec<u32> = Vec::new();

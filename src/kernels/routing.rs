@@ -47,7 +47,12 @@ static GATE_MATVEC_SHADER: ShaderSource = ShaderSource {
 };
 static TOPK_SHADER: ShaderSource = ShaderSource {
     name: "routing/topk",
-    parts: &[wgsl!("routing/params.wgsl"), wgsl!("routing/select.wgsl"), wgsl!("routing/topk.wgsl")],
+    parts: &[
+        wgsl!("routing/params.wgsl"),
+        wgsl!("routing/select.wgsl"),
+        wgsl!("routing/select_io.wgsl"),
+        wgsl!("routing/topk.wgsl"),
+    ],
     entry_points: &["topk"],
 };
 static FUSED_SHADER: ShaderSource = ShaderSource {
@@ -56,6 +61,7 @@ static FUSED_SHADER: ShaderSource = ShaderSource {
         wgsl!("routing/params.wgsl"),
         wgsl!("routing/gate.wgsl"),
         wgsl!("routing/select.wgsl"),
+        wgsl!("routing/select_io.wgsl"),
         wgsl!("routing/route_fused.wgsl"),
     ],
     entry_points: &["route_fused"],

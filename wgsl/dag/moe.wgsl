@@ -6,15 +6,17 @@
 // forward computes on the same adapter (the expert projections are batch-invariant in both
 // orders: a row's outputs do not depend on the tile, bin or path that computes them).
 //
-// Bindings (group 0), 16 storage buffers: 0 to 6 as the routing kernels (RouteParams, x,
-// router, -, bias, indices, weights); 7 the program (header words, the shared gate's values,
-// the task table); 8, 9, 10 the routed experts' gate [E, F, H], up [E, F, H] and down
-// [E, H, F] weights as packed words (DTYPE); 11 `words` (the layout: counts, bin bases,
-// row -> entry, bin tile -> expert, per-lane chunk counts); 12 `work` (f32: the SwiGLU rows h
-// [slots * MOE_TILE, F], the expert outputs [tokens * k, H], the shared expert's rows);
-// 13 y [tokens, H]; 14 the queue's state words; 15, 16, 17 the shared expert's gate [Fs, H],
-// up [Fs, H] and down [H, Fs] (4-byte placeholders without one).
-//
+// Bindings (group 0), 10 storage buffers: 0 RouteParams, 1 x [tokens, H] and 2 the router
+// [E, H] as the routing kernels bind them; 7 the program (header words, the selection bias, the
+// shared gate's values, the task table); 8, 9, 10 the routed experts' gate [E, F, H], up
+// [E, F, H] and down [E, H, F] weights as packed words (DTYPE); 12 `work` (f32: the SwiGLU rows
+// h [slots * MOE_TILE, F], the expert outputs [tokens * k, H], the shared expert's rows, the
+// routing weights [tokens, k]); 13 y [tokens, H]; 14 `state` (atomic words: the queue's state
+// words and counters, then the layout: counts, bin bases, row -> entry, bin tile -> expert,
+// per-lane chunk counts, then the top-k indices [tokens, k]; plain loads and stores of the
+// layout are relaxed atomics); 15 the shared expert's gate [Fs, H], up [Fs, H] and down
+// [H, Fs] packed into one buffer (a 4-byte placeholder without one).
+
 // Tasks (kind, index), in ticket order, each waiting only on earlier tickets (in the static
 // passes, moe_static.wgsl, PASS_FIRST and PASS_COUNT give the pass's range of tickets):
 //   ROUTE        t: token t's logits with gate_logit, then route_select (the fused route)
@@ -33,13 +35,10 @@
 @group(0) @binding(8) var<storage, read> w_gate_e: array<u32>;
 @group(0) @binding(9) var<storage, read> w_up_e: array<u32>;
 @group(0) @binding(10) var<storage, read> w_down_e: array<u32>;
-@group(0) @binding(11) var<storage, read_write> words: array<u32>;
 @group(0) @binding(12) var<storage, read_write> work: array<f32>;
 @group(0) @binding(13) var<storage, read_write> y: array<f32>;
 @group(0) @binding(14) var<storage, read_write> state: array<atomic<u32>>;
-@group(0) @binding(15) var<storage, read> w_gate_s: array<u32>;
-@group(0) @binding(16) var<storage, read> w_up_s: array<u32>;
-@group(0) @binding(17) var<storage, read> w_down_s: array<u32>;
+@group(0) @binding(15) var<storage, read> w_shared: array<u32>;
 
 // Workgroup size: 64 (route_select's ROUTE_WG; the queue's lanes).
 override LANES: u32 = 64u;
@@ -50,10 +49,11 @@ override DTYPE: u32 = 0u;
 const MOE_TILE: u32 = 8u;
 const MOE_NONE: u32 = 0xffffffffu;
 
-// Header words of `program` (the shared-expert words are 0 / MOE_NONE without one):
-// SHARED_GATE is the word of the shared gate's values in `program` (MOE_NONE: ungated),
-// SHARED_H and SHARED_OUT the shared expert's SwiGLU rows [tokens rounded up to MOE_TILE, Fs]
-// and output rows [tokens, H] in `work`.
+// Header words of `program` (the shared-expert words are 0 / MOE_NONE without one): COUNTS
+// .. INDICES are words of `state`; ROWS_H, PARTIAL, WEIGHTS, SHARED_H (the shared expert's
+// SwiGLU rows [tokens rounded up to MOE_TILE, Fs]) and SHARED_OUT (its rows [tokens, H]) of
+// `work`; BIAS (MOE_NONE: no bias) and SHARED_GATE (MOE_NONE: ungated) of `program`;
+// SHARED_UP_OFF and SHARED_DOWN_OFF of w_shared.
 const H_TASKS: u32 = 0u;
 const H_TASK_OFF: u32 = 1u;
 const H_SPIN_LIMIT: u32 = 2u;
@@ -68,15 +68,20 @@ const H_BASES: u32 = 10u;
 const H_ROW_ENTRY: u32 = 11u;
 const H_TILE_EXPERT: u32 = 12u;
 const H_CHUNKS: u32 = 13u;
-const H_ROWS_H: u32 = 14u;
-const H_PARTIAL: u32 = 15u;
-const H_SHARED_FFN: u32 = 16u;
-const H_SHARED_UP_TILES: u32 = 17u;
-const H_SHARED_GATE: u32 = 18u;
-const H_SHARED_H: u32 = 19u;
-const H_SHARED_OUT: u32 = 20u;
-const H_PASS_FIRST: u32 = 21u;
-const H_PASS_COUNT: u32 = 22u;
+const H_INDICES: u32 = 14u;
+const H_ROWS_H: u32 = 15u;
+const H_PARTIAL: u32 = 16u;
+const H_WEIGHTS: u32 = 17u;
+const H_BIAS: u32 = 18u;
+const H_SHARED_FFN: u32 = 19u;
+const H_SHARED_UP_TILES: u32 = 20u;
+const H_SHARED_GATE: u32 = 21u;
+const H_SHARED_UP_OFF: u32 = 22u;
+const H_SHARED_DOWN_OFF: u32 = 23u;
+const H_SHARED_H: u32 = 24u;
+const H_SHARED_OUT: u32 = 25u;
+const H_PASS_FIRST: u32 = 26u;
+const H_PASS_COUNT: u32 = 27u;
 
 // Task kinds.
 const MOE_ROUTE: u32 = 0u;
@@ -95,6 +100,26 @@ const W_SHARED_GATE: u32 = 3u;
 const W_SHARED_UP: u32 = 4u;
 const W_SHARED_DOWN: u32 = 5u;
 
+// A layout word of `state`.
+fn word(i: u32) -> u32 {
+    return atomicLoad(&state[i]);
+}
+
+fn set_word(i: u32, v: u32) {
+    atomicStore(&state[i], v);
+}
+
+// select.wgsl's inputs and outputs: the bias from the program, the indices into `state`, the
+// weights into `work`.
+fn bias_value(e: u32) -> f32 {
+    return bitcast<f32>(program[program[H_BIAS] + e]);
+}
+
+fn store_choice(i: u32, expert: u32, weight: f32) {
+    set_word(program[H_INDICES] + i, expert);
+    work[program[H_WEIGHTS] + i] = weight;
+}
+
 fn queue_params() -> QueueParams {
     return QueueParams(program[H_TASKS], program[H_TASK_OFF], program[H_SPIN_LIMIT], program[H_WORK], program[H_CANARY]);
 }
@@ -112,13 +137,13 @@ fn expert_word(which: u32, i: u32) -> u32 {
             return w_down_e[i];
         }
         case W_SHARED_GATE: {
-            return w_gate_s[i];
+            return w_shared[i];
         }
         case W_SHARED_UP: {
-            return w_up_s[i];
+            return w_shared[program[H_SHARED_UP_OFF] + i];
         }
         default: {
-            return w_down_s[i];
+            return w_shared[program[H_SHARED_DOWN_OFF] + i];
         }
     }
 }
@@ -205,13 +230,14 @@ fn layout_task(lid: u32) {
     let c0 = min(lid * chunk, n);
     let c1 = min(c0 + chunk, n);
     let mine = program[H_CHUNKS] + lid * experts;
+    let indices = program[H_INDICES];
     for (var e = 0u; e < experts; e++) {
-        words[mine + e] = 0u;
+        set_word(mine + e, 0u);
     }
     for (var i = c0; i < c1; i++) {
-        let e = topk_indices[i];
+        let e = word(indices + i);
         if e < experts {
-            words[mine + e] += 1u;
+            set_word(mine + e, word(mine + e) + 1u);
         }
     }
     storageBarrier();
@@ -219,47 +245,47 @@ fn layout_task(lid: u32) {
         var run = 0u;
         for (var l = 0u; l < LANES; l++) {
             let at = program[H_CHUNKS] + l * experts + e;
-            let v = words[at];
-            words[at] = run;
+            let v = word(at);
+            set_word(at, run);
             run += v;
         }
-        words[program[H_COUNTS] + e] = run;
+        set_word(program[H_COUNTS] + e, run);
     }
     let slots = program[H_SLOTS];
     for (var r = lid; r < slots * MOE_TILE; r += LANES) {
-        words[program[H_ROW_ENTRY] + r] = MOE_NONE;
+        set_word(program[H_ROW_ENTRY] + r, MOE_NONE);
     }
     storageBarrier();
     if lid == 0u {
         var base = 0u;
         var tile = 0u;
         for (var e = 0u; e < experts; e++) {
-            words[program[H_BASES] + e] = base;
-            let tiles = (words[program[H_COUNTS] + e] + MOE_TILE - 1u) / MOE_TILE;
+            set_word(program[H_BASES] + e, base);
+            let tiles = (word(program[H_COUNTS] + e) + MOE_TILE - 1u) / MOE_TILE;
             for (var j = 0u; j < tiles; j++) {
-                words[program[H_TILE_EXPERT] + tile + j] = e;
+                set_word(program[H_TILE_EXPERT] + tile + j, e);
             }
             tile += tiles;
             base += tiles * MOE_TILE;
         }
         for (; tile < slots; tile++) {
-            words[program[H_TILE_EXPERT] + tile] = MOE_NONE;
+            set_word(program[H_TILE_EXPERT] + tile, MOE_NONE);
         }
     }
     storageBarrier();
     for (var i = c0; i < c1; i++) {
-        let e = topk_indices[i];
+        let e = word(indices + i);
         if e < experts {
-            let rank = words[mine + e];
-            words[mine + e] = rank + 1u;
-            words[program[H_ROW_ENTRY] + words[program[H_BASES] + e] + rank] = i;
+            let rank = word(mine + e);
+            set_word(mine + e, rank + 1u);
+            set_word(program[H_ROW_ENTRY] + word(program[H_BASES] + e) + rank, i);
         }
     }
 }
 
 // Entry of row j of bin tile `s` (MOE_NONE for padding).
 fn tile_entry(s: u32, j: u32) -> u32 {
-    return words[program[H_ROW_ENTRY] + s * MOE_TILE + j];
+    return word(program[H_ROW_ENTRY] + s * MOE_TILE + j);
 }
 
 // x row base of an entry (row 0 for padding, whose results are not stored).
@@ -418,7 +444,7 @@ fn down_block(hb: u32, live: u32, wd: u32, wb: u32, kdim: u32, out: array<u32, 8
 fn up_tile(tile: u32, lid: u32) {
     let s = tile / program[H_UP_TILES];
     let col = (tile % program[H_UP_TILES]) * LANES + lid;
-    let expert = words[program[H_TILE_EXPERT] + s];
+    let expert = word(program[H_TILE_EXPERT] + s);
     let ffn = program[H_FFN];
     if expert == MOE_NONE || col >= ffn {
         return;
@@ -436,7 +462,7 @@ fn up_tile(tile: u32, lid: u32) {
 fn down_tile(tile: u32, lid: u32) {
     let s = tile / program[H_DOWN_TILES];
     let col = (tile % program[H_DOWN_TILES]) * LANES + lid;
-    let expert = words[program[H_TILE_EXPERT] + s];
+    let expert = word(program[H_TILE_EXPERT] + s);
     let hidden = params.hidden;
     if expert == MOE_NONE || col >= hidden {
         return;
@@ -522,7 +548,7 @@ fn combine_tile(tile: u32, lid: u32) {
             var acc = 0.0;
             for (var j = 0u; j < params.k; j++) {
                 let entry = t * params.k + j;
-                acc = fma(topk_weights[entry], work[partial + entry * hidden + c], acc);
+                acc = fma(work[program[H_WEIGHTS] + entry], work[partial + entry * hidden + c], acc);
             }
             if has_shared {
                 acc = fma(s, work[program[H_SHARED_OUT] + t * hidden + c], acc);

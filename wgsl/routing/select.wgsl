@@ -30,9 +30,9 @@ override HAS_GROUPS: bool = false;
 // Divide the chosen weights by their sum (taken in slot order).
 override RENORMALIZE: bool = false;
 
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> topk_indices: array<u32>;
-@group(0) @binding(6) var<storage, read_write> topk_weights: array<f32>;
+// The module that includes this file provides `bias_value(e)` (expert e's selection bias)
+// and `store_choice(i, expert, weight)` (entry i = t * k + j of the outputs):
+// select_io.wgsl binds them to buffers for the routing kernels.
 
 var<workgroup> score: array<f32, MAX_EXPERTS>;
 var<workgroup> red_key: array<u32, ROUTE_WG>;
@@ -116,7 +116,7 @@ fn outranks(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
 
 fn selection_value(e: u32) -> f32 {
     if HAS_BIAS {
-        return score[e] + bias[e];
+        return score[e] + bias_value(e);
     }
     return score[e];
 }
@@ -310,8 +310,7 @@ fn route_select(t: u32, lid: u32) {
             if RENORMALIZE {
                 w = flush_subnormal(w) / sum;
             }
-            topk_indices[out + j] = chosen[j];
-            topk_weights[out + j] = w * params.scale;
+            store_choice(out + j, chosen[j], w * params.scale);
         }
     }
 }
