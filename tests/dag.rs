@@ -513,7 +513,16 @@ fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
                 for _ in 0..3 {
                     let report = run.run(&ctx).unwrap();
                     let got = ctx.read_back::<f32>(&y, x.len()).unwrap();
-                    assert_eq!(bits(&got), bits(&want.y), "{what}: y ({report:?})");
+                    let h = cfg.route.hidden as usize;
+                    let bad: Vec<(usize, usize, f32, f32)> = (0..got.len())
+                        .filter(|&i| got[i].to_bits() != want.y[i].to_bits())
+                        .map(|i| (i / h, i % h, got[i], want.y[i]))
+                        .take(12)
+                        .collect();
+                    assert!(
+                        bad.is_empty(),
+                        "{what}: y differs at (token, col, got, want) {bad:?} ({report:?})"
+                    );
                     if report.fallback.is_none() {
                         clean = true;
                         break;

@@ -38,18 +38,7 @@ impl RowRun {
             return Err(Error::invalid(format!("lanes must be a power of two from 1 to 64, not {lanes}")));
         }
         let refused = match executor {
-            Executor::Queue(q) => match probe(ctx)?.max_workers() {
-                Err(reason) => Some(format!("the adapter's probe refused the queue: {reason}")),
-                Ok(max) if q.workers > max => {
-                    return Err(Error::limit(
-                        "queue workers",
-                        q.workers.into(),
-                        max.into(),
-                        "the adapter probe's worker bound",
-                    ));
-                }
-                Ok(_) => None,
-            },
+            Executor::Queue(q) => probe(ctx)?.gate(q.workers)?,
             Executor::Staged | Executor::Fused(_) => None,
         };
         Self::build(ctx, graph, inputs, executor, refused, lanes)

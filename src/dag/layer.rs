@@ -102,28 +102,17 @@ impl LayerRun {
                 Some(why) => (None, Some(why)),
                 None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, None)?), None),
             },
-            Executor::Queue(q) => match probe(ctx)?.max_workers() {
-                Err(reason) => {
-                    let why = format!("the adapter's probe refused the queue: {reason}");
-                    match no_form() {
-                        Some(_) => (None, Some(why)),
-                        None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, None)?), Some(why)),
-                    }
-                }
-                Ok(max) if q.workers > max => {
-                    return Err(Error::limit(
-                        "queue workers",
-                        q.workers.into(),
-                        max.into(),
-                        "the adapter probe's worker bound",
-                    ));
-                }
-                Ok(_) if q.granularity != Granularity::Fine => {
+            Executor::Queue(q) => match probe(ctx)?.gate(q.workers)? {
+                Some(why) => match no_form() {
+                    Some(_) => (None, Some(why)),
+                    None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, None)?), Some(why)),
+                },
+                None if q.granularity != Granularity::Fine => {
                     return Err(Error::invalid(
                         "the MoE task program has fine tasks only; ask for Granularity::Fine",
                     ));
                 }
-                Ok(_) => match no_form() {
+                None => match no_form() {
                     Some(why) => (None, Some(why)),
                     None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, Some(&q))?), None),
                 },

@@ -104,41 +104,31 @@ static MOE_RESET: KernelSpec = KernelSpec {
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
+/// What the persistent workers and the static passes bind (see wgsl/dag/moe.wgsl).
+const PROGRAM_BINDINGS: &[(u32, Access)] = &[
+    (0, Uniform),
+    (1, Read),
+    (2, Read),
+    (7, Read),
+    (8, Read),
+    (9, Read),
+    (10, Read),
+    (12, ReadWrite),
+    (13, ReadWrite),
+    (14, ReadWrite),
+    (15, Read),
+];
 static MOE_PERSISTENT: KernelSpec = KernelSpec {
     shader: &MOE_SHADER,
     entry: "persistent",
-    bindings: &[
-        (0, Uniform),
-        (1, Read),
-        (2, Read),
-        (7, Read),
-        (8, Read),
-        (9, Read),
-        (10, Read),
-        (12, ReadWrite),
-        (13, ReadWrite),
-        (14, ReadWrite),
-        (15, Read),
-    ],
+    bindings: PROGRAM_BINDINGS,
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Override("LANES"),
 };
 static MOE_PASS: KernelSpec = KernelSpec {
     shader: &MOE_SHADER,
     entry: "moe_pass",
-    bindings: &[
-        (0, Uniform),
-        (1, Read),
-        (2, Read),
-        (7, Read),
-        (8, Read),
-        (9, Read),
-        (10, Read),
-        (12, ReadWrite),
-        (13, ReadWrite),
-        (14, ReadWrite),
-        (15, Read),
-    ],
+    bindings: PROGRAM_BINDINGS,
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Override("LANES"),
 };
@@ -566,7 +556,7 @@ fn encode(
     for r in 0..t.route {
         table.push((KIND_ROUTE, r, 0, vec![layout0]));
     }
-    table.push((KIND_LAYOUT, 0, t.route, (up0..down0).collect()));
+    table.push((KIND_LAYOUT, 0, t.route, (up0..up0 + t.up).collect()));
     for i in 0..t.shared_up {
         let tile = i / shared_tiles;
         let first = shared_down0 + tile * down_tiles;
@@ -585,6 +575,19 @@ fn encode(
     let shared_need = if has_shared { down_tiles } else { 0 };
     for c in 0..t.combine {
         table.push((KIND_COMBINE, c, t.down + shared_need, Vec::new()));
+    }
+    // Every task waits for exactly the tasks that name it as a consumer.
+    let mut producers = vec![0u32; table.len()];
+    for (_, _, _, consumers) in &table {
+        for &c in consumers {
+            producers[c as usize] += 1;
+        }
+    }
+    if let Some(i) = (0..table.len()).find(|&i| producers[i] != table[i].2) {
+        return Err(Error::invalid(format!(
+            "MoE program task {i} waits for {} tasks but {} signal it (a moeflow bug)",
+            table[i].2, producers[i]
+        )));
     }
     header.tasks = to_u32("tasks", table.len())?;
     let bias_len = to_u32("bias values", bias.len())?;

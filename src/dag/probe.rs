@@ -141,6 +141,24 @@ impl ProbeReport {
             ProbeVerdict::Refused { reason } => Err(reason.clone()),
         }
     }
+
+    /// The gate a queue of `workers` workers passes on this adapter: `Ok(None)` to run it,
+    /// `Ok(Some(why))` to run static passes instead (the probe refused the queue).
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] for more workers than the probe's bound.
+    pub(crate) fn gate(&self, workers: u32) -> Result<Option<String>> {
+        match self.max_workers() {
+            Err(reason) => Ok(Some(format!("the adapter's probe refused the queue: {reason}"))),
+            Ok(max) if workers > max => Err(Error::limit(
+                "queue workers",
+                workers.into(),
+                max.into(),
+                "the adapter probe's worker bound",
+            )),
+            Ok(_) => Ok(None),
+        }
+    }
 }
 
 /// What a probe verdict holds for: one adapter and driver.
