@@ -4,9 +4,10 @@
 //! itself checked against the CPU oracle. With `--moe`, the MoE layer's stage graph (route,
 //! dispatch, experts, shared expert, combine) instead: each executor's passes, the host wall
 //! time of a run and a bit-for-bit check against `MoeLayer`'s own forward. Its stages are
-//! whole-stage dispatches, so fused passes only group them; the queue runs the layer as MoE
-//! tasks (route tiles, layout, expert tiles, combine tiles) where the layer has a queue form
-//! (no shared expert yet), and fused passes otherwise (the report says why).
+//! whole-stage dispatches, so fused passes run the layer's task program instead (route,
+//! layout, expert-tile and combine tasks in five static passes) and the queue runs the same
+//! tasks in one persistent dispatch, where the layer has a task form (dropless, unsplit
+//! weights, 10 storage bindings); otherwise the graph's passes run (the report says why).
 //!
 //! `cargo run --release --example dag -- --help` lists the options; `docs/dag.md` explains
 //! the executors.

@@ -1,8 +1,9 @@
-//! The MoE layer on the persistent queue: route tiles, a layout task, expert tiles of the
-//! gate/up and down projections over fixed upper-bound slots of padded bins, and combine
-//! tiles, all in one dispatch of persistent workers (`wgsl/dag/moe.wgsl`, driven by
-//! `wgsl/dag/queue.wgsl`). The task bodies call the staged kernels' WGSL functions, so the
-//! outputs are the bits of [`MoeLayer`]'s forward on the same adapter.
+//! The MoE layer as a program of tasks: one route task per token, a layout task, expert tiles
+//! of the gate/up and down projections over fixed upper-bound slots of padded bins, the
+//! shared expert's tiles, and combine tiles (`wgsl/dag/moe.wgsl`), run as one dispatch of
+//! persistent workers (driven by `wgsl/dag/queue.wgsl`) or as five static passes
+//! (`wgsl/dag/moe_static.wgsl`). The task bodies call the staged kernels' WGSL functions, so
+//! the outputs are the bits of [`MoeLayer`]'s forward on the same adapter.
 //!
 //! The task graph is static: routing decides how many expert tiles hold rows, so every
 //! possible tile has a slot (`ceil(tokens * k / 8) + min(E, tokens * k)` slots of 8 rows

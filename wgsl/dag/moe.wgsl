@@ -1,5 +1,6 @@
-// The MoE layer as tasks of the persistent queue (queue.wgsl): route tiles, one layout task,
-// expert tiles of the gate/up and down projections in padded bins, and combine tiles. The
+// The MoE layer as tasks of the persistent queue (queue.wgsl) or of static passes
+// (moe_static.wgsl): one route task per token, one layout task, expert tiles of the gate/up
+// and down projections in padded bins, the shared expert's tiles, and combine tiles. The
 // task bodies call the staged kernels' functions: gate_logit and route_select (routing/),
 // order_step, order_value and silu_mul (gemm/order.wgsl), f16_bits_to_f32 (gemm/half.wgsl);
 // the combine sum is combine.wgsl's order. Every value is therefore the bits `MoeLayer`'s

@@ -1,6 +1,6 @@
 // Static passes of the MoE task program (moe.wgsl): workgroup i of a pass runs task
 // pass_first + i, with the task bodies the persistent queue runs. A pass holds a contiguous
-// range of tickets whose tasks do not depend on each other (route tiles; the layout; gate/up
+// range of tickets whose tasks do not depend on each other (route tasks; the layout; gate/up
 // tiles with the shared expert's; down tiles with the shared expert's; combine tiles), so the
 // passes in order give every task its inputs.
 
