@@ -5,9 +5,11 @@
 //! dispatch, experts, shared expert, combine) instead: each executor's passes, the host wall
 //! time of a run and a bit-for-bit check against `MoeLayer`'s own forward. Its stages are
 //! whole-stage dispatches, so fused passes run the layer's task program instead (route,
-//! layout, expert-tile and combine tasks in five static passes) and the queue runs the same
-//! tasks in one persistent dispatch, where the layer has a task form (dropless, unsplit
-//! weights, 10 storage bindings); otherwise the graph's passes run (the report says why).
+//! layout, expert-tile and combine tasks: five static passes of fine tasks for
+//! `Fused(None)`, four of coarse ones for `Fused(Neighbours)`) and the queue runs the same
+//! tasks in one persistent dispatch (fine and coarse), where the layer has a task form
+//! (dropless, unsplit weights, 10 storage bindings); otherwise the graph's passes run (the
+//! report says why).
 //!
 //! `cargo run --release --example dag -- --help` lists the options; `docs/dag.md` explains
 //! the executors.
@@ -17,9 +19,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use moeflow::bench::Sampler;
 use moeflow::bench::verdict::median;
-use moeflow::dag::moe::PASSES;
+use moeflow::dag::moe::passes as task_passes;
 use moeflow::dag::{
-    Executor, Fusion, Granularity, LayerRun, QueueOptions, RowGraph, RowInputs, RowRun, plan, probe,
+    Executor, Fusion, Granularity, LayerRun, QueueOptions, RowGraph, RowInputs, RowRun, TaskSize, plan, probe,
 };
 use moeflow::layer::{MoeConfig, MoeLayer};
 use moeflow::reference::dag as reference;
@@ -217,23 +219,17 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
     let x = synth.uniform((args.tokens * args.hidden) as usize, 1.0);
     let want: Vec<u32> = layer.forward_host(ctx, &x)?.y.iter().map(|v| v.to_bits()).collect();
     let xb = ctx.upload("x", &x)?;
-    let mut executors = vec![Executor::Staged, Executor::Fused(Fusion::Neighbours)];
-    executors.extend(workers.map(|w| Executor::Queue(QueueOptions::new(w, Granularity::Fine))));
+    // Fused(None): fine task passes; Fused(Neighbours): coarse ones.
+    let mut executors =
+        vec![Executor::Staged, Executor::Fused(Fusion::None), Executor::Fused(Fusion::Neighbours)];
+    if let Some(w) = workers {
+        executors.push(Executor::Queue(QueueOptions::new(w, Granularity::Fine)));
+        executors.push(Executor::Queue(QueueOptions::new(w, Granularity::Coarse(Fusion::Neighbours))));
+    }
     let mut all_ok = true;
     for e in executors {
         let y = ctx.zeroed("y", want.len() as u64 * 4)?;
         let run = LayerRun::prepare(ctx, &layer, args.tokens, &xb, &y, e)?;
-        let graph = run.graph();
-        let passes: Vec<String> = run
-            .plan()
-            .passes
-            .iter()
-            .map(|pass| {
-                let names: Vec<&str> =
-                    pass.steps.iter().map(|s| graph.stages()[s.stage].name.as_str()).collect();
-                format!("[{}]", names.join(" "))
-            })
-            .collect();
         run.run(ctx)?; // warm-up
         let mut wall = Vec::new();
         let mut report = None;
@@ -246,22 +242,44 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
         let same = got == want;
         all_ok &= same;
         let fallback = report.and_then(|r| r.fallback).map(|f| format!(" ({f})")).unwrap_or_default();
-        let shape = match run.program() {
-            Some(p) => {
+        let shape = match (run.program(), run.staged()) {
+            (Some(p), _) => {
                 let t = p.tasks();
+                let projections = match t.size {
+                    TaskSize::Fine => format!(
+                        "{} gate/up and {} down over {} tile slots, {} shared gate/up, {} shared down",
+                        t.up, t.down, t.slots, t.shared_up, t.shared_down
+                    ),
+                    _ => format!("{} expert tiles (tile slots), {} shared tiles", t.expert, t.shared),
+                };
                 let tasks = format!(
-                    "tasks: {} route, {} layout, {} gate/up and {} down over {} tile slots, {} shared \
-                     gate/up, {} shared down, {} combine",
-                    t.route, t.layout, t.up, t.down, t.slots, t.shared_up, t.shared_down, t.combine
+                    "{} tasks: {} route, {} layout, {projections}, {} combine",
+                    t.size.name(),
+                    t.route,
+                    t.layout,
+                    t.combine
                 );
                 if p.queue_dispatches().is_some() {
                     tasks
                 } else {
-                    let names: Vec<String> = PASSES.iter().map(|(n, _)| format!("[{n}]")).collect();
+                    let names: Vec<String> =
+                        task_passes(t.size).iter().map(|(n, _)| format!("[{n}]")).collect();
                     format!("{tasks}\n    task passes: {}", names.join(" "))
                 }
             }
-            None => format!("passes: {}", passes.join(" ")),
+            (None, Some((graph, plan))) => {
+                let passes: Vec<String> = plan
+                    .passes
+                    .iter()
+                    .map(|pass| {
+                        let names: Vec<&str> =
+                            pass.steps.iter().map(|s| graph.stages()[s.stage].name.as_str()).collect();
+                        format!("[{}]", names.join(" "))
+                    })
+                    .collect();
+                format!("passes: {}", passes.join(" "))
+            }
+            (None, None) => String::new(),
         };
         println!(
             "{:<28} {:>8.3} ms wall (median of {})  {}{fallback}\n    {shape}",

@@ -138,10 +138,12 @@ fn every_spec_matches_its_wgsl() {
                 );
             } else if access == Access::Uniform {
                 let size = module.types[var.ty].inner.size(module.to_ctx());
+                let want = other_uniform_bytes(spec.shader.name, binding.binding)
+                    .unwrap_or(crate::kernels::gemm::WINDOW_BYTES);
                 assert_eq!(
                     u64::from(size),
-                    crate::kernels::gemm::WINDOW_BYTES,
-                    "{what}: uniform binding {} is not an x window",
+                    want,
+                    "{what}: uniform binding {} is neither an x window nor a listed uniform",
                     binding.binding
                 );
             }
@@ -204,6 +206,17 @@ fn shared_constants() -> Vec<(&'static str, &'static str, f64)> {
     all
 }
 
+/// Bytes of a uniform binding past 0 that is not an x window, by module and binding: what the
+/// Rust side binds there.
+fn other_uniform_bytes(module: &str, binding: u32) -> Option<u64> {
+    #[cfg(feature = "dag")]
+    if (module, binding) == ("dag/moe", 3) {
+        return Some(crate::dag::moe::PASS_RANGE_BYTES);
+    }
+    let _ = (module, binding);
+    None
+}
+
 /// The DAG kernels' shared constants (none without the `dag` feature).
 fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
     #[cfg(feature = "dag")]
@@ -233,6 +246,8 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             ("dag/moe", "MOE_COMBINE", f64::from(m::KIND_COMBINE)),
             ("dag/moe", "MOE_SHARED_UP", f64::from(m::KIND_SHARED_UP)),
             ("dag/moe", "MOE_SHARED_DOWN", f64::from(m::KIND_SHARED_DOWN)),
+            ("dag/moe", "MOE_SHARED", f64::from(m::KIND_SHARED)),
+            ("dag/moe", "MOE_EXPERT", f64::from(m::KIND_EXPERT)),
         ];
         // The program header's words, by the Rust struct's field offsets.
         macro_rules! header_words {
@@ -262,8 +277,6 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             "H_SHARED_GATE" => shared_gate,
             "H_SHARED_H" => shared_h,
             "H_SHARED_OUT" => shared_out,
-            "H_PASS_FIRST" => pass_first,
-            "H_PASS_COUNT" => pass_count,
         );
         all
     }

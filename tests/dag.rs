@@ -337,18 +337,24 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
         let want = layer.forward_host(&ctx, &x).unwrap().y;
         for e in [
             Executor::Staged,
+            Executor::Fused(Fusion::None),
             Executor::Fused(Fusion::Neighbours),
             Executor::Queue(QueueOptions::new(4, Granularity::Fine)),
+            Executor::Queue(QueueOptions::new(4, Granularity::Coarse(Fusion::Neighbours))),
         ] {
             let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
             let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, e).unwrap();
-            let names: Vec<&str> = run.graph().stages().iter().map(|s| s.name.as_str()).collect();
-            assert_eq!(names, ["route", "dispatch", "experts", "shared", "combine"]);
             let report = run.run(&ctx).unwrap();
-            match e {
-                Executor::Staged => assert_eq!(run.plan().passes.len(), 5),
-                // The shared expert reads only the input, so it joins the experts' pass.
-                _ => assert_eq!(run.plan().passes.len(), 4, "{:?}", run.plan().cuts),
+            // The layer's own forward is built only where it is what runs.
+            assert_eq!(run.program().is_none(), run.staged().is_some(), "{e:?}");
+            if let Some((graph, plan)) = run.staged() {
+                let names: Vec<&str> = graph.stages().iter().map(|s| s.name.as_str()).collect();
+                assert_eq!(names, ["route", "dispatch", "experts", "shared", "combine"]);
+                match e {
+                    Executor::Staged => assert_eq!(plan.passes.len(), 5),
+                    // The shared expert reads only the input, so it joins the experts' pass.
+                    _ => assert_eq!(plan.passes.len(), 4, "{:?}", plan.cuts),
+                }
             }
             let form = moeflow::dag::moe::unsupported(&ctx, &layer);
             match e {
@@ -358,8 +364,12 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
                     assert!(report.fallback.as_deref().unwrap_or_default().contains("no task form"));
                     assert!(report.ran.contains("whole-stage"), "{}", report.ran);
                 }
+                Executor::Fused(Fusion::None) => {
+                    assert_eq!(report.ran, "5 static passes of fine MoE tasks");
+                    assert_eq!(report.fallback, None);
+                }
                 Executor::Fused(_) => {
-                    assert_eq!(report.ran, "5 static passes of MoE tasks");
+                    assert_eq!(report.ran, "4 static passes of coarse MoE tasks");
                     assert_eq!(report.fallback, None);
                 }
                 // The queue runs where the probe allows it (llvmpipe's loop cap may stop a run,
@@ -491,50 +501,57 @@ fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
                 let want = layer.forward_host(&ctx, &x).unwrap();
                 let xb = ctx.upload("x", &x).unwrap();
                 let what = format!("{name}, {tokens} tokens, {}", ctx.adapter().slug());
-                // The static passes of the task program.
-                let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-                let fused = Executor::Fused(Fusion::Neighbours);
-                let run = LayerRun::prepare(&ctx, &layer, tokens as u32, &xb, &y, fused).unwrap();
-                assert_eq!(run.run(&ctx).unwrap().fallback, None, "{what}");
-                assert_eq!(
-                    bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()),
-                    bits(&want.y),
-                    "{what}: passes"
-                );
-                // The queue.
-                let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-                let q = Executor::Queue(QueueOptions::new(workers, Granularity::Fine));
-                let run = LayerRun::prepare(&ctx, &layer, tokens as u32, &xb, &y, q).unwrap();
-                let queue =
-                    run.program().unwrap_or_else(|| panic!("{name}: no program: {:?}", run.refused()));
-                assert!(queue.queue_dispatches().is_some(), "{what}");
-                // As in run_checked: a run that llvmpipe's loop cap stops early is tried again.
-                let mut clean = false;
-                for _ in 0..3 {
-                    let report = run.run(&ctx).unwrap();
-                    let got = ctx.read_back::<f32>(&y, x.len()).unwrap();
-                    let h = cfg.route.hidden as usize;
-                    let bad: Vec<(usize, usize, f32, f32)> = (0..got.len())
-                        .filter(|&i| got[i].to_bits() != want.y[i].to_bits())
-                        .map(|i| (i / h, i % h, got[i], want.y[i]))
-                        .take(12)
-                        .collect();
-                    assert!(
-                        bad.is_empty(),
-                        "{what}: y differs at (token, col, got, want) {bad:?} ({report:?})"
+                for (fusion, granularity) in [
+                    (Fusion::None, Granularity::Fine),
+                    (Fusion::Neighbours, Granularity::Coarse(Fusion::Neighbours)),
+                ] {
+                    let what = format!("{what}, {granularity:?}");
+                    // The static passes of the task program.
+                    let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
+                    let run =
+                        LayerRun::prepare(&ctx, &layer, tokens as u32, &xb, &y, Executor::Fused(fusion))
+                            .unwrap();
+                    assert_eq!(run.run(&ctx).unwrap().fallback, None, "{what}");
+                    assert_eq!(
+                        bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()),
+                        bits(&want.y),
+                        "{what}: passes"
                     );
-                    if report.fallback.is_none() {
-                        clean = true;
-                        break;
+                    // The queue.
+                    let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
+                    let q = Executor::Queue(QueueOptions::new(workers, granularity));
+                    let run = LayerRun::prepare(&ctx, &layer, tokens as u32, &xb, &y, q).unwrap();
+                    let queue =
+                        run.program().unwrap_or_else(|| panic!("{name}: no program: {:?}", run.refused()));
+                    assert!(queue.queue_dispatches().is_some(), "{what}");
+                    // As in run_checked: a run that llvmpipe's loop cap stops early is tried again.
+                    let mut clean = false;
+                    for _ in 0..3 {
+                        let report = run.run(&ctx).unwrap();
+                        let got = ctx.read_back::<f32>(&y, x.len()).unwrap();
+                        let h = cfg.route.hidden as usize;
+                        let bad: Vec<(usize, usize, f32, f32)> = (0..got.len())
+                            .filter(|&i| got[i].to_bits() != want.y[i].to_bits())
+                            .map(|i| (i / h, i % h, got[i], want.y[i]))
+                            .take(12)
+                            .collect();
+                        assert!(
+                            bad.is_empty(),
+                            "{what}: y differs at (token, col, got, want) {bad:?} ({report:?})"
+                        );
+                        if report.fallback.is_none() {
+                            clean = true;
+                            break;
+                        }
+                        eprintln!("{what}: {report:?}");
                     }
-                    eprintln!("{what}: {report:?}");
+                    assert!(clean, "{what}: the queue never completed cleanly");
+                    let (indices, weights) = queue.read_routing(&ctx).unwrap();
+                    assert_eq!(indices, want.indices, "{what}");
+                    assert_eq!(bits(&weights), bits(&want.weights), "{what}: routing weights");
+                    let s = queue.status(&ctx).unwrap();
+                    assert!(s.complete() && s.tasks as u64 == queue.tasks().total(), "{what}: {s:?}");
                 }
-                assert!(clean, "{what}: the queue never completed cleanly");
-                let (indices, weights) = queue.read_routing(&ctx).unwrap();
-                assert_eq!(indices, want.indices, "{what}");
-                assert_eq!(bits(&weights), bits(&want.weights), "{what}: routing weights");
-                let s = queue.status(&ctx).unwrap();
-                assert!(s.complete() && s.tasks as u64 == queue.tasks().total(), "{what}: {s:?}");
             }
         }
     }
@@ -554,22 +571,25 @@ fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
         let want = layer.forward_host(&ctx, &x).unwrap().y;
         let xb = ctx.upload("x", &x).unwrap();
         let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-        // Task 37 is the layout task (after one route task per token).
+        // Task 37 is the layout task (after one route task per token), at either task size.
         let opts = QueueOptions {
             spin_limit: 1 << 12,
             stall_task: Some(37),
             ..QueueOptions::new(max.min(2), Granularity::Fine)
         };
-        let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, Executor::Queue(opts)).unwrap();
-        // The first run also pays for the driver's shader compiles; the second is timed.
-        for timed in [false, true] {
-            let started = std::time::Instant::now();
-            let report = run.run(&ctx).unwrap();
-            assert!(!timed || started.elapsed().as_secs() < 30, "the timeout is bounded");
-            let why = report.fallback.expect("fallback reported");
-            assert!(why.contains("timed out") || why.contains("loop short"), "{why}");
-            assert!(report.ran.contains("passes"), "{}", report.ran);
-            assert_eq!(bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()), bits(&want));
+        for granularity in [Granularity::Fine, Granularity::Coarse(Fusion::Neighbours)] {
+            let q = Executor::Queue(QueueOptions { granularity, ..opts });
+            let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, q).unwrap();
+            // The first run also pays for the driver's shader compiles; the second is timed.
+            for timed in [false, true] {
+                let started = std::time::Instant::now();
+                let report = run.run(&ctx).unwrap();
+                assert!(!timed || started.elapsed().as_secs() < 30, "the timeout is bounded");
+                let why = report.fallback.expect("fallback reported");
+                assert!(why.contains("timed out") || why.contains("loop short"), "{why}");
+                assert!(report.ran.contains("passes"), "{}", report.ran);
+                assert_eq!(bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()), bits(&want));
+            }
         }
         // Bad queue requests are errors, not hangs.
         let bad = QueueOptions { stall_task: Some(1 << 20), ..opts };

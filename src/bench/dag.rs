@@ -8,7 +8,8 @@ use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use crate::context::Context;
 use crate::dag::{
-    Executor, Fusion, Granularity, MoeProgram, QueueOptions, QueueStatus, RowGraph, RowInputs, RowRun, probe,
+    Executor, Fusion, Granularity, MoeProgram, QueueOptions, QueueStatus, RowGraph, RowInputs, RowRun,
+    TaskSize, probe,
 };
 use crate::error::{Error, Result};
 use crate::layer::{MoeConfig, MoeLayer};
@@ -140,17 +141,18 @@ fn check_status(what: &str, s: &QueueStatus) -> Result<()> {
     Ok(())
 }
 
-/// Runs a queue until one run completes cleanly (at most `PRIMING_RUNS`), then clears its
-/// status so that validation covers exactly the runs the protocol makes. On llvmpipe the
-/// first runs of a fresh queue are the likeliest to stop early (see `docs/dag.md`).
-fn prime(ctx: &Context, run: &RowRun) -> Result<()> {
+/// Runs a queue (`run_clean`: one run, and whether it completed cleanly) until one run
+/// completes cleanly (at most `PRIMING_RUNS`), then clears its status (`clear`) so that
+/// validation covers exactly the runs the protocol makes. On llvmpipe the first runs of a
+/// fresh queue are the likeliest to stop early (see `docs/dag.md`).
+fn prime(label: &str, mut run_clean: impl FnMut() -> Result<bool>, clear: impl FnOnce()) -> Result<()> {
     for _ in 0..PRIMING_RUNS {
-        if run.run(ctx)?.fallback.is_none() {
-            run.clear_status(ctx);
+        if run_clean()? {
+            clear();
             return Ok(());
         }
     }
-    Err(Error::Validation(format!("{}: no clean run in {PRIMING_RUNS} priming runs", run.label())))
+    Err(Error::Validation(format!("{label}: no clean run in {PRIMING_RUNS} priming runs")))
 }
 
 /// Most untimed runs a queue gets to complete once cleanly before it is measured.
@@ -211,7 +213,7 @@ impl Comparison for DagComparison {
                 return Err(Error::MissingFeature(reason.to_string()));
             }
             if side.is_queue() {
-                prime(ctx, &run)?;
+                prime(run.label(), || Ok(run.run(ctx)?.fallback.is_none()), || run.clear_status(ctx))?;
             }
             runs.push((side, run));
         }
@@ -254,10 +256,16 @@ impl Comparison for DagComparison {
 enum MoeSide {
     /// The layer's own kernels, one dispatch each.
     Staged,
-    /// The task program's static passes.
-    Passes,
-    /// The task program on the persistent queue.
-    Queue,
+    /// The task program's static passes with tasks of this size.
+    Passes(TaskSize),
+    /// The task program on the persistent queue with tasks of this size.
+    Queue(TaskSize),
+}
+
+impl MoeSide {
+    fn is_queue(self) -> bool {
+        matches!(self, MoeSide::Queue(_))
+    }
 }
 
 /// One MoE layer comparison between two executors (no shared expert).
@@ -274,21 +282,38 @@ pub fn moe_comparisons() -> Vec<MoeComparison> {
     vec![
         MoeComparison {
             name: "dag/moe-passes-vs-staged",
-            description: "the MoE layer as its task program in five static passes (route, layout, gate/up, \
-                          down, combine tiles; B) against its staged forward, one dispatch per kernel \
-                          (A); bit-identical",
-            variants: ("staged forward", "task passes"),
+            description: "the MoE layer as its task program in five static passes of fine tasks (route, \
+                          layout, gate/up, down, combine tiles; B) against its staged forward, one \
+                          dispatch per kernel (A); bit-identical",
+            variants: ("staged forward", "fine task passes"),
             a: MoeSide::Staged,
-            b: MoeSide::Passes,
+            b: MoeSide::Passes(TaskSize::Fine),
+        },
+        MoeComparison {
+            name: "dag/moe-coarse-vs-fine-passes",
+            description: "the task program's static passes with coarse tasks (B: four passes, a tile's \
+                          gate/up and down in one workgroup) against fine tasks (A: five passes, one \
+                          64-column tile of one projection per task); bit-identical",
+            variants: ("fine task passes", "coarse task passes"),
+            a: MoeSide::Passes(TaskSize::Fine),
+            b: MoeSide::Passes(TaskSize::Coarse),
         },
         MoeComparison {
             name: "dag/moe-queue-vs-passes",
-            description: "the MoE task program on the persistent queue (B) against the same tasks in five \
-                          static passes (A): the price or gain of dynamic scheduling with the same task \
-                          bodies; W=0 is the probe's worker bound",
-            variants: ("task passes", "task queue"),
-            a: MoeSide::Passes,
-            b: MoeSide::Queue,
+            description: "the MoE task program on the persistent queue (B) against the same fine tasks in \
+                          five static passes (A): the price or gain of dynamic scheduling with the same \
+                          task bodies; W=0 is the probe's worker bound",
+            variants: ("fine task passes", "fine task queue"),
+            a: MoeSide::Passes(TaskSize::Fine),
+            b: MoeSide::Queue(TaskSize::Fine),
+        },
+        MoeComparison {
+            name: "dag/moe-coarse-vs-fine-queue",
+            description: "the MoE task program on the persistent queue with coarse tasks (B) against fine \
+                          tasks (A), same workers; W=0 is the probe's worker bound",
+            variants: ("fine task queue", "coarse task queue"),
+            a: MoeSide::Queue(TaskSize::Fine),
+            b: MoeSide::Queue(TaskSize::Coarse),
         },
     ]
 }
@@ -313,7 +338,7 @@ impl Comparison for MoeComparison {
             (SizeSet::Cpu, false) => (&[1, 4, 32, 128], 256, 512, 16, 2),
             (SizeSet::Cpu, true) => (&[2, 64], 192, 256, 8, 2),
         };
-        let queue = self.a == MoeSide::Queue || self.b == MoeSide::Queue;
+        let queue = self.a.is_queue() || self.b.is_queue();
         let workers: &[u32] = if queue { &[0, 8] } else { &[0] };
         workers
             .iter()
@@ -342,18 +367,17 @@ impl Comparison for MoeComparison {
         let xb = ctx.upload("x", &x)?;
         let mut sides = Vec::new();
         let mut queues = Vec::new();
-        let mut note = None;
+        let mut notes = Vec::new();
         for side in [self.a, self.b] {
             let y = ctx.zeroed("y", u64::from(m * h) * 4)?;
             let work = match side {
                 MoeSide::Staged => layer.plan(ctx, m, &xb, &y)?.into_dispatches(),
-                MoeSide::Passes => {
-                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, None)?;
-                    let passes = program.pass_dispatches().to_vec();
-                    note.get_or_insert_with(|| format!("{} tasks", program.tasks().total()));
-                    passes
+                MoeSide::Passes(tasks) => {
+                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, tasks, None)?;
+                    notes.push(format!("{} {} tasks", program.tasks().total(), tasks.name()));
+                    program.pass_dispatches().to_vec()
                 }
-                MoeSide::Queue => {
+                MoeSide::Queue(tasks) => {
                     let bound = probe(ctx)?
                         .max_workers()
                         .map_err(|r| Error::MissingFeature(format!("queue: {r}")))?;
@@ -362,22 +386,21 @@ impl Comparison for MoeComparison {
                         w => w.min(bound),
                     };
                     let q = QueueOptions::new(workers, Granularity::Fine);
-                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, Some(&q))?;
+                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, tasks, Some(&q))?;
                     let dispatches = program.queue_dispatches().unwrap_or_default().to_vec();
-                    // Prime: one clean run, then a cleared status, so validation covers the
-                    // timed runs.
-                    let clean = (0..PRIMING_RUNS).any(|_| {
-                        ctx.run(&dispatches.iter().collect::<Vec<_>>()).is_ok()
-                            && program.status(ctx).is_ok_and(|s| s.complete())
-                    });
-                    if !clean {
-                        return Err(Error::Validation(format!(
-                            "{}: no clean run in {PRIMING_RUNS} priming runs",
-                            program.label()
-                        )));
-                    }
-                    program.clear_status(ctx);
-                    note = Some(format!("{} tasks, {workers} workers", program.tasks().total()));
+                    prime(
+                        &program.label(),
+                        || {
+                            ctx.run(&dispatches.iter().collect::<Vec<_>>())?;
+                            Ok(program.status(ctx)?.complete())
+                        },
+                        || program.clear_status(ctx),
+                    )?;
+                    notes.push(format!(
+                        "{} {} tasks, {workers} workers",
+                        program.tasks().total(),
+                        tasks.name()
+                    ));
                     queues.push(program);
                     dispatches
                 }
@@ -388,7 +411,7 @@ impl Comparison for MoeComparison {
         let outputs: Vec<wgpu::Buffer> = sides.iter().map(|(_, y)| y.clone()).collect();
         let validate = move |ctx: &Context| -> Result<()> {
             for q in &queues {
-                check_status(q.label(), &q.status(ctx)?)?;
+                check_status(&q.label(), &q.status(ctx)?)?;
             }
             for y in &outputs {
                 if !bitwise_equal(&ctx.read_back::<f32>(y, n)?, &want) {
@@ -415,7 +438,7 @@ impl Comparison for MoeComparison {
             bytes: if decode { 4.0 * (3.0 * experts_read * hf * ff + f64::from(e) * hf) } else { 0.0 },
             tokens: m,
             validate: Box::new(validate),
-            note,
+            note: (!notes.is_empty()).then(|| notes.join(" vs ")),
         })
     }
 }

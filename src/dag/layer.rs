@@ -6,12 +6,11 @@
 
 use super::executor::{Executor, RunReport};
 use super::graph::{Graph, Reach, Read, Source};
-use super::moe::{self, MoeProgram};
+use super::moe::{self, MoeProgram, TaskSize};
 use super::plan::{Fusion, Plan, plan};
 use super::probe::probe;
-use super::queue::Granularity;
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::layer::{ForwardPlan, ForwardStage, MoeLayer};
 use crate::pipeline::{BufferView, Dispatch};
 
@@ -63,23 +62,27 @@ pub fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &Dispatc
 }
 
 /// A MoE layer's forward of a fixed token count prepared for one executor: `Staged` runs the
-/// layer's own kernels as the graph's stages; `Fused` runs the layer's task program
-/// ([`MoeProgram`]) as its static passes ([`moe::PASSES`]); `Queue` runs that program on the
-/// persistent queue, with the static passes as its fallback. Every executor writes the bits of
-/// the layer's own forward. A layer without a task form ([`moe::unsupported`]) runs the
-/// graph's whole-stage dispatches in passes instead, and [`Self::refused`] says why.
+/// layer's own kernels as the graph's stages; `Fused(f)` runs the layer's task program
+/// ([`MoeProgram`]) as its static passes ([`moe::passes`]), with fine tasks for
+/// [`Fusion::None`] and coarse ones (a tile's gate/up and down in one task) for any fusion;
+/// `Queue(q)` runs that program on the persistent queue with the task size of its
+/// granularity ([`TaskSize::of`]), and the same program's static passes as its fallback.
+/// Every executor writes the bits of the layer's own forward. A layer without a task form
+/// ([`moe::unsupported`]) runs the graph's whole-stage dispatches in passes instead, and
+/// [`Self::refused`] says why.
 #[derive(Debug)]
 pub struct LayerRun {
     executor: Executor,
-    graph: DispatchGraph,
-    plan: Plan,
+    /// The layer's own forward as a graph and its passes, where that is what runs.
+    staged: Option<(DispatchGraph, Plan)>,
     program: Option<MoeProgram>,
     refused: Option<String>,
 }
 
 impl LayerRun {
     /// Prepares a forward of `tokens` tokens of `layer` from `x` into `y` for `executor` (a
-    /// queue only where the adapter's probe allows it).
+    /// queue only where the adapter's probe allows it). Only what runs is built: the layer's
+    /// own plan for `Staged` or a layer without a task form, else the task program.
     ///
     /// # Errors
     /// [`MoeLayer::plan`]'s and [`MoeProgram::new`]'s errors; [`Error::LimitExceeded`] for
@@ -93,32 +96,31 @@ impl LayerRun {
         executor: Executor,
     ) -> Result<Self> {
         let (x, y) = (x.into(), y.into());
-        let graph = layer_graph(layer.plan(ctx, tokens, x, y)?)?;
-        let plan = dispatch_plan(&graph, executor);
-        let no_form = || moe::unsupported(ctx, layer).map(|why| format!("no task form: {why}"));
-        let (program, refused) = match executor {
-            Executor::Staged => (None, None),
-            Executor::Fused(_) => match no_form() {
-                Some(why) => (None, Some(why)),
-                None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, None)?), None),
-            },
+        let (size, queue, refused) = match executor {
+            Executor::Staged => (None, None, None),
+            Executor::Fused(Fusion::None) => (Some(TaskSize::Fine), None, None),
+            Executor::Fused(_) => (Some(TaskSize::Coarse), None, None),
             Executor::Queue(q) => match probe(ctx)?.gate(q.workers)? {
-                Some(why) => match no_form() {
-                    Some(_) => (None, Some(why)),
-                    None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, None)?), Some(why)),
-                },
-                None if q.granularity != Granularity::Fine => {
-                    return Err(Error::invalid(
-                        "the MoE task program has fine tasks only; ask for Granularity::Fine",
-                    ));
-                }
-                None => match no_form() {
-                    Some(why) => (None, Some(why)),
-                    None => (Some(MoeProgram::new(ctx, layer, tokens, x, y, Some(&q))?), None),
-                },
+                Some(why) => (Some(TaskSize::of(q.granularity)), None, Some(why)),
+                None => (Some(TaskSize::of(q.granularity)), Some(q), None),
             },
         };
-        Ok(LayerRun { executor, graph, plan, program, refused })
+        let (program, refused) = match (size, moe::unsupported(ctx, layer)) {
+            (None, _) => (None, refused),
+            (Some(_), Some(why)) => (None, Some(refused.unwrap_or(format!("no task form: {why}")))),
+            (Some(size), None) => {
+                (Some(MoeProgram::new(ctx, layer, tokens, x, y, size, queue.as_ref())?), refused)
+            }
+        };
+        let staged = match program {
+            Some(_) => None,
+            None => {
+                let graph = layer_graph(layer.plan(ctx, tokens, x, y)?)?;
+                let plan = dispatch_plan(&graph, executor);
+                Some((graph, plan))
+            }
+        };
+        Ok(LayerRun { executor, staged, program, refused })
     }
 
     /// The executor asked for.
@@ -126,14 +128,10 @@ impl LayerRun {
         self.executor
     }
 
-    /// The layer's stage graph.
-    pub fn graph(&self) -> &DispatchGraph {
-        &self.graph
-    }
-
-    /// The graph's static passes (what runs where the layer has no task program).
-    pub fn plan(&self) -> &Plan {
-        &self.plan
+    /// The layer's stage graph and its static passes, where they are what runs (`Staged`, or
+    /// a layer without a task form).
+    pub fn staged(&self) -> Option<(&DispatchGraph, &Plan)> {
+        self.staged.as_ref().map(|(g, p)| (g, p))
     }
 
     /// The task program, where one runs.
@@ -147,24 +145,25 @@ impl LayerRun {
         self.refused.as_deref()
     }
 
-    /// What [`Self::record`] records, e.g. `queue (MoE tasks, 8 workers)`, `5 static passes
-    /// of MoE tasks` or `4 passes of whole-stage dispatches`.
+    /// What [`Self::record`] records, e.g. `queue (fine MoE tasks, 8 workers)`, `4 static
+    /// passes of coarse MoE tasks` or `5 passes of whole-stage dispatches`.
     pub fn label(&self) -> String {
-        match &self.program {
-            Some(p) if p.queue_dispatches().is_some() => p.label().to_string(),
-            Some(p) => format!("{} static passes of MoE tasks", p.pass_dispatches().len()),
-            None => format!("{} passes of whole-stage dispatches", self.plan.passes.len()),
+        match (&self.program, &self.staged) {
+            (Some(p), _) => p.label(),
+            (None, Some((_, plan))) => format!("{} passes of whole-stage dispatches", plan.passes.len()),
+            (None, None) => "nothing".to_string(),
         }
     }
 
     /// Records one forward: the queue, the task program's static passes, or the graph's.
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        match &self.program {
-            Some(p) => {
+        match (&self.program, &self.staged) {
+            (Some(p), _) => {
                 let dispatches = p.queue_dispatches().unwrap_or(p.pass_dispatches());
                 crate::gpu::record(encoder, &dispatches.iter().collect::<Vec<_>>());
             }
-            None => record_dispatch_graph(encoder, &self.graph, &self.plan),
+            (None, Some((graph, plan))) => record_dispatch_graph(encoder, graph, plan),
+            (None, None) => {}
         }
     }
 
@@ -186,7 +185,7 @@ impl LayerRun {
             return Ok(RunReport { ran: self.label(), fallback: None });
         }
         ctx.run(&program.pass_dispatches().iter().collect::<Vec<_>>())?;
-        let ran = format!("{} static passes of MoE tasks", program.pass_dispatches().len());
+        let ran = program.passes_label();
         let why = format!(
             "queue stopped ({} of {} tasks done, status {}: {}); reran as {ran}",
             s.done,

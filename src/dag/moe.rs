@@ -1,22 +1,28 @@
 //! The MoE layer as a program of tasks: one route task per token, a layout task, expert tiles
 //! of the gate/up and down projections over fixed upper-bound slots of padded bins, the
 //! shared expert's tiles, and combine tiles (`wgsl/dag/moe.wgsl`), run as one dispatch of
-//! persistent workers (driven by `wgsl/dag/queue.wgsl`) or as five static passes
+//! persistent workers (driven by `wgsl/dag/queue.wgsl`) or as static passes
 //! (`wgsl/dag/moe_static.wgsl`). The task bodies call the staged kernels' WGSL functions, so
 //! the outputs are the bits of [`MoeLayer`]'s forward on the same adapter.
+//!
+//! The projections come in two task sizes ([`TaskSize`]): fine tasks are one 64-column tile
+//! of one projection (gate/up or down) of one 8-row tile; a coarse task is a whole 8-row
+//! tile, gate/up over every column and then down over every column, in one workgroup. The
+//! bits are the same either way.
 //!
 //! The task graph is static: routing decides how many expert tiles hold rows, so every
 //! possible tile has a slot (`ceil(tokens * k / 8) + min(E, tokens * k)` slots of 8 rows
 //! bound every layout) and the slots past the live tiles finish at once. The shared expert's
 //! tiles depend on nothing and run beside the routing. Combine tiles wait for every routed
-//! down tile (the coarse rule; which down tiles hold a token's entries is known only after
-//! routing) and their own tokens' shared down tiles.
+//! expert task (the coarse rule; which tiles hold a token's entries is known only after
+//! routing) and their own tokens' shared-expert tasks.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::program::to_u32;
 use super::queue::{
-    DONE, FAULTS, MAX_SPINS, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER, STATUS, TICKET,
+    DONE, FAULTS, Granularity, MAX_SPINS, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER, STATUS,
+    TICKET,
 };
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -40,6 +46,45 @@ pub(crate) const KIND_DOWN: u32 = 3;
 pub(crate) const KIND_COMBINE: u32 = 4;
 pub(crate) const KIND_SHARED_UP: u32 = 5;
 pub(crate) const KIND_SHARED_DOWN: u32 = 6;
+pub(crate) const KIND_SHARED: u32 = 7;
+pub(crate) const KIND_EXPERT: u32 = 8;
+
+/// Bytes of a static pass's ticket range (`pass_range` in wgsl/dag/moe_static.wgsl).
+pub(crate) const PASS_RANGE_BYTES: u64 = 16;
+
+/// The size of the MoE program's projection tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum TaskSize {
+    /// One task per 64-column tile of one projection (gate/up or down) of an 8-row tile: many
+    /// small tasks, and a down tile waits for its rows' gate/up tiles.
+    Fine,
+    /// One task per 8-row tile (a bin tile, or a tile of tokens for the shared expert): the
+    /// gate/up projection over every column, then the down projection over every column, in
+    /// one workgroup, with no wait between the halves.
+    Coarse,
+}
+
+impl TaskSize {
+    /// The task size a queue of `granularity` runs: fine tasks for [`Granularity::Fine`],
+    /// coarse ones for any [`Granularity::Coarse`] (the fusion names the row chain's passes;
+    /// the MoE program has one coarse form).
+    pub fn of(granularity: Granularity) -> Self {
+        match granularity {
+            Granularity::Fine => TaskSize::Fine,
+            Granularity::Coarse(_) => TaskSize::Coarse,
+        }
+    }
+
+    /// `fine` or `coarse`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskSize::Fine => "fine",
+            TaskSize::Coarse => "coarse",
+        }
+    }
+}
 
 /// Header words of the program buffer (`H_*` in wgsl/dag/moe.wgsl), in this order.
 #[repr(C)]
@@ -71,8 +116,6 @@ pub(crate) struct Header {
     pub(crate) shared_down_off: u32,
     pub(crate) shared_h: u32,
     pub(crate) shared_out: u32,
-    pub(crate) pass_first: u32,
-    pub(crate) pass_count: u32,
 }
 
 /// Words of [`Header`].
@@ -105,31 +148,44 @@ static MOE_RESET: KernelSpec = KernelSpec {
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
-/// What the persistent workers and the static passes bind (see wgsl/dag/moe.wgsl).
-const PROGRAM_BINDINGS: &[(u32, Access)] = &[
-    (0, Uniform),
-    (1, Read),
-    (2, Read),
-    (7, Read),
-    (8, Read),
-    (9, Read),
-    (10, Read),
-    (12, ReadWrite),
-    (13, ReadWrite),
-    (14, ReadWrite),
-    (15, Read),
-];
+/// What the persistent workers bind (see wgsl/dag/moe.wgsl).
 static MOE_PERSISTENT: KernelSpec = KernelSpec {
     shader: &MOE_SHADER,
     entry: "persistent",
-    bindings: PROGRAM_BINDINGS,
+    bindings: &[
+        (0, Uniform),
+        (1, Read),
+        (2, Read),
+        (7, Read),
+        (8, Read),
+        (9, Read),
+        (10, Read),
+        (12, ReadWrite),
+        (13, ReadWrite),
+        (14, ReadWrite),
+        (15, Read),
+    ],
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Override("LANES"),
 };
+/// What a static pass binds: the workers' bindings and its ticket range (3).
 static MOE_PASS: KernelSpec = KernelSpec {
     shader: &MOE_SHADER,
     entry: "moe_pass",
-    bindings: PROGRAM_BINDINGS,
+    bindings: &[
+        (0, Uniform),
+        (1, Read),
+        (2, Read),
+        (3, Uniform),
+        (7, Read),
+        (8, Read),
+        (9, Read),
+        (10, Read),
+        (12, ReadWrite),
+        (13, ReadWrite),
+        (14, ReadWrite),
+        (15, Read),
+    ],
     params_bytes: ROUTE_PARAMS_BYTES,
     workgroup: Workgroup::Override("LANES"),
 };
@@ -137,9 +193,9 @@ static MOE_PASS: KernelSpec = KernelSpec {
 #[cfg(test)]
 pub(crate) static SPECS: &[&KernelSpec] = &[&MOE_RESET, &MOE_PERSISTENT, &MOE_PASS];
 
-/// The static passes of the task program, in order: what each runs and why the next one
-/// starts a new pass (the dependency that a pass cannot hold).
-pub const PASSES: [(&str, &str); 5] = [
+/// The static passes of the task program with fine tasks, in order: what each runs and why
+/// the next one starts a new pass (the dependency that a pass cannot hold).
+pub const FINE_PASSES: [(&str, &str); 5] = [
     ("route", "the layout needs every token's experts"),
     ("layout", "an expert tile needs its bin's rows"),
     ("gate/up + shared gate/up", "a down tile needs every column of its rows' activations"),
@@ -147,31 +203,59 @@ pub const PASSES: [(&str, &str); 5] = [
     ("combine", "the end of the layer"),
 ];
 
-/// How many tasks of each kind a MoE queue runs.
+/// The static passes with coarse tasks: a tile's gate/up and down run in one workgroup, so
+/// the cut between them is gone.
+pub const COARSE_PASSES: [(&str, &str); 4] = [
+    ("route", "the layout needs every token's experts"),
+    ("layout", "an expert tile needs its bin's rows"),
+    (
+        "expert tiles + shared tiles (gate/up, then down)",
+        "a combine tile needs every expert output of its tokens",
+    ),
+    ("combine", "the end of the layer"),
+];
+
+/// The static passes of the task program with tasks of `size`.
+pub fn passes(size: TaskSize) -> &'static [(&'static str, &'static str)] {
+    match size {
+        TaskSize::Fine => &FINE_PASSES,
+        TaskSize::Coarse => &COARSE_PASSES,
+    }
+}
+
+/// How many tasks of each kind a MoE program runs (the projection kinds of the other task
+/// size are 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct MoeTasks {
+    /// The size of the projection tasks.
+    pub size: TaskSize,
     /// Route tasks, one per token (the fused route's work for that token).
     pub route: u32,
     /// Layout tasks (1).
     pub layout: u32,
     /// Expert tile slots ([`MOE_TILE`] rows each; the empty ones finish at once).
     pub slots: u32,
-    /// Gate/up tasks: slots times 64-column tiles of F.
+    /// Fine gate/up tasks: slots times 64-column tiles of F.
     pub up: u32,
-    /// Down tasks: slots times 64-column tiles of H.
+    /// Fine down tasks: slots times 64-column tiles of H.
     pub down: u32,
-    /// Shared-expert gate/up tasks: tiles of [`MOE_TILE`] tokens times 64-column tiles of Fs
-    /// (0 without a shared expert).
+    /// Fine shared-expert gate/up tasks: tiles of [`MOE_TILE`] tokens times 64-column tiles of
+    /// Fs (0 without a shared expert).
     pub shared_up: u32,
-    /// Shared-expert down tasks: token tiles times 64-column tiles of H.
+    /// Fine shared-expert down tasks: token tiles times 64-column tiles of H.
     pub shared_down: u32,
+    /// Coarse expert tasks: one per slot.
+    pub expert: u32,
+    /// Coarse shared-expert tasks: one per token tile (0 without a shared expert).
+    pub shared: u32,
     /// Combine tiles ([`MOE_TILE`] tokens each).
     pub combine: u32,
 }
 
 impl MoeTasks {
     fn new(
+        size: TaskSize,
         tokens: u32,
         hidden: u32,
         ffn: u32,
@@ -181,38 +265,59 @@ impl MoeTasks {
     ) -> Result<Self> {
         let entries = u64::from(tokens) * u64::from(k);
         let slots = entries.div_ceil(u64::from(MOE_TILE)) + entries.min(u64::from(experts));
-        let cols = |n: u32| u64::from(n.div_ceil(QUEUE_LANES));
         let t = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
         let token_tiles = u64::from(tokens.div_ceil(MOE_TILE));
+        let shared_tiles = if shared_ffn.is_some() { token_tiles } else { 0 };
+        // Fine tasks per tile of each projection (64-column tiles), coarse: one.
+        let cols = |n: u32| match size {
+            TaskSize::Fine => u64::from(n.div_ceil(QUEUE_LANES)),
+            TaskSize::Coarse => 0,
+        };
+        let coarse = u64::from(size == TaskSize::Coarse);
         Ok(MoeTasks {
+            size,
             route: tokens,
             layout: 1,
             slots: t("expert tile slots", slots)?,
             up: t("gate/up tasks", slots * cols(ffn))?,
             down: t("down tasks", slots * cols(hidden))?,
-            shared_up: t("shared gate/up tasks", token_tiles * shared_ffn.map_or(0, cols))?,
-            shared_down: t("shared down tasks", token_tiles * shared_ffn.map_or(0, |_| cols(hidden)))?,
+            shared_up: t("shared gate/up tasks", shared_tiles * shared_ffn.map_or(0, cols))?,
+            shared_down: t("shared down tasks", shared_tiles * cols(hidden))?,
+            expert: t("expert tasks", slots * coarse)?,
+            shared: t("shared expert tasks", shared_tiles * coarse)?,
             combine: tokens.div_ceil(MOE_TILE),
         })
     }
 
-    /// Tasks in each of the static passes [`PASSES`] (ticket order is pass order).
-    pub fn pass_counts(&self) -> [u32; 5] {
-        [self.route, self.layout, self.shared_up + self.up, self.shared_down + self.down, self.combine]
+    /// Tasks in each of the static passes [`passes`] gives for this task size (ticket order
+    /// is pass order).
+    pub fn pass_counts(&self) -> Vec<u32> {
+        match self.size {
+            TaskSize::Fine => vec![
+                self.route,
+                self.layout,
+                self.shared_up + self.up,
+                self.shared_down + self.down,
+                self.combine,
+            ],
+            TaskSize::Coarse => vec![self.route, self.layout, self.shared + self.expert, self.combine],
+        }
     }
 
     /// Every task.
     pub fn total(&self) -> u64 {
-        [self.route, self.layout, self.shared_up, self.shared_down, self.up, self.down, self.combine]
-            .iter()
-            .map(|&n| u64::from(n))
-            .sum()
+        self.pass_counts().iter().map(|&n| u64::from(n)).sum()
     }
 }
 
 /// Why `layer` has no task form on `ctx`, if it has none: the program runs dropless layers
 /// (no capacity bound) from unsplit weights, and binds 10 storage buffers.
 pub fn unsupported(ctx: &Context, layer: &MoeLayer) -> Option<String> {
+    layer_unsupported(layer).or_else(|| storage_limit(ctx).err().map(|e| e.to_string()))
+}
+
+/// Why `layer` has no task form on any device, if it has none.
+fn layer_unsupported(layer: &MoeLayer) -> Option<String> {
     let cfg = layer.config();
     if cfg.capacity != Capacity::Dropless {
         return Some("the MoE task program runs dropless layers only (no capacity bound)".into());
@@ -224,7 +329,7 @@ pub fn unsupported(ctx: &Context, layer: &MoeLayer) -> Option<String> {
     if all.iter().any(|w| w.whole_buffer().is_none()) {
         return Some("the expert weights are split into chunks past one storage binding".into());
     }
-    storage_limit(ctx).err().map(|e| e.to_string())
+    None
 }
 
 /// The program's storage bindings against the device's limit.
@@ -243,7 +348,7 @@ fn storage_limit(ctx: &Context) -> Result<()> {
 }
 
 /// The MoE layer's forward of a fixed token count as a program of tasks, run either as one
-/// persistent-queue dispatch (with a state reset) or as the static passes [`PASSES`], both
+/// persistent-queue dispatch (with a state reset) or as the static passes [`passes`], both
 /// with the same task bodies on the same buffers: each writes `y` and the program's own top-k
 /// indices and weights.
 #[derive(Debug)]
@@ -255,13 +360,14 @@ pub struct MoeProgram {
     indices: u32,
     entries: usize,
     tasks: MoeTasks,
-    label: String,
+    queue_label: Option<String>,
 }
 
 impl MoeProgram {
     /// Builds the program for a forward of `tokens` tokens of `layer` from `x[tokens, H]`
-    /// into `y[tokens, H]`: its static passes, and the queue with `queue`'s options where
-    /// given. The probe is not consulted here (see [`super::layer::LayerRun`]).
+    /// into `y[tokens, H]` with projection tasks of `size`: its static passes, and the queue
+    /// with `queue`'s options where given (its granularity is ignored: `size` decides). The
+    /// probe is not consulted here (see [`super::layer::LayerRun`]).
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] on a device with fewer than 10 storage buffers per stage;
@@ -275,11 +381,12 @@ impl MoeProgram {
         tokens: u32,
         x: impl Into<BufferView<'b>>,
         y: impl Into<BufferView<'b>>,
+        size: TaskSize,
         queue: Option<&QueueOptions>,
     ) -> Result<Self> {
-        let q = queue.copied().unwrap_or(QueueOptions::new(1, super::queue::Granularity::Fine));
+        let q = queue.copied().unwrap_or(QueueOptions::new(1, Granularity::Fine));
         storage_limit(ctx)?;
-        if let Some(why) = unsupported(ctx, layer) {
+        if let Some(why) = layer_unsupported(layer) {
             return Err(Error::invalid(format!("this layer has no task form: {why}")));
         }
         if tokens == 0 {
@@ -299,7 +406,7 @@ impl MoeProgram {
         }
         let cfg = layer.config();
         let (h, f, e, k) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.route.k);
-        let tasks = MoeTasks::new(tokens, h, f, e, k, cfg.shared_ffn)?;
+        let tasks = MoeTasks::new(size, tokens, h, f, e, k, cfg.shared_ffn)?;
         if let Some(s) = q.stall_task
             && u64::from(s) >= tasks.total()
         {
@@ -393,8 +500,6 @@ impl MoeProgram {
             shared_down_off,
             shared_h: u("work offset", shared_h)?,
             shared_out: u("work offset", shared_out)?,
-            pass_first: 0,
-            pass_count: 0,
         };
         let program_words = encode(&mut header, &tasks, &bias_values, &gate_values, q.stall_task)?;
         let program = ctx.upload("moe program", &program_words)?;
@@ -433,33 +538,42 @@ impl MoeProgram {
             }
             None => None,
         };
-        // One program per pass: the words with the pass's range of tickets in its header.
+        // The passes' ticket ranges, one per uniform-offset step of one buffer.
+        let step = u64::from(ctx.limits().min_uniform_buffer_offset_alignment).max(PASS_RANGE_BYTES);
+        let mut at = 0u32;
+        let ranges: Vec<(u32, u32)> = tasks
+            .pass_counts()
+            .into_iter()
+            .map(|count| {
+                at += count;
+                (at - count, count)
+            })
+            .filter(|&(_, count)| count > 0)
+            .collect();
+        let words = (step / 4) as usize;
+        let mut range_words = vec![0u32; words * ranges.len()];
+        for (i, &(first, count)) in ranges.iter().enumerate() {
+            range_words[i * words..][..2].copy_from_slice(&[first, count]);
+        }
+        let range_buffer = ctx.uniform_bytes("moe pass ranges", bytemuck::cast_slice(&range_words))?;
         let pass_kernel = ctx.kernel(&MOE_PASS, &constants)?;
         let mut passes = Vec::new();
-        let mut first = 0u32;
-        for count in tasks.pass_counts() {
-            let mut pass_words = program_words.clone();
-            let range = Header { pass_first: first, pass_count: count, ..header };
-            pass_words[..HEADER_WORDS as usize].copy_from_slice(bytemuck::cast_slice(&[range]));
-            first += count;
-            if count == 0 {
-                continue;
-            }
-            let program = ctx.upload("moe pass program", &pass_words)?;
-            let mut b = bindings.to_vec();
-            if let Some(p) = b.iter_mut().find(|b| b.binding == 7) {
-                *p = whole_binding(7, &program);
-            }
+        for (i, &(_, count)) in ranges.iter().enumerate() {
+            let range = Binding {
+                binding: 3,
+                buffer: &range_buffer,
+                size: PASS_RANGE_BYTES,
+                offset: i as u64 * step,
+            };
+            let b: Vec<Binding> = bindings.iter().cloned().chain([range]).collect();
             passes.push(ctx.dispatch(&pass_kernel, &b, ctx.grid(count.into(), "MoE task pass")?)?);
         }
         let diag = if q.coordination_only { ", coordination only" } else { "" };
-        let label = match queue {
-            Some(_) => format!("queue (MoE tasks, {} workers{diag})", q.workers),
-            None => format!("{} static passes of MoE tasks", passes.len()),
-        };
+        let queue_label =
+            queue.as_ref().map(|_| format!("queue ({} MoE tasks, {} workers{diag})", size.name(), q.workers));
         let entries = usize::try_from(t64 * k64)
             .map_err(|_| Error::limit("entries", t64 * k64, u32::MAX.into(), "usize"))?;
-        Ok(MoeProgram { queue, passes, state, work, indices: header.indices, entries, tasks, label })
+        Ok(MoeProgram { queue, passes, state, work, indices: header.indices, entries, tasks, queue_label })
     }
 
     /// The queue's dispatches (a state reset and the persistent workers), where it was asked
@@ -468,7 +582,7 @@ impl MoeProgram {
         self.queue.as_deref()
     }
 
-    /// The static passes' dispatches, one per non-empty pass of [`PASSES`], in order (record
+    /// The static passes' dispatches, one per non-empty pass of [`passes`], in order (record
     /// them in one compute pass: each dispatch sees the writes of the ones before it).
     pub fn pass_dispatches(&self) -> &[Dispatch] {
         &self.passes
@@ -479,10 +593,15 @@ impl MoeProgram {
         self.tasks
     }
 
-    /// What the program runs, e.g. `queue (MoE tasks, 8 workers)` or `5 static passes of MoE
-    /// tasks`.
-    pub fn label(&self) -> &str {
-        &self.label
+    /// What the program runs: the queue where it was asked for (e.g. `queue (fine MoE tasks, 8
+    /// workers)`), else [`Self::passes_label`].
+    pub fn label(&self) -> String {
+        self.queue_label.clone().unwrap_or_else(|| self.passes_label())
+    }
+
+    /// What the static passes run, e.g. `5 static passes of fine MoE tasks`.
+    pub fn passes_label(&self) -> String {
+        format!("{} static passes of {} MoE tasks", self.passes.len(), self.tasks.size.name())
     }
 
     /// Reads back the last run's top-k `indices[tokens, k]` and `weights[tokens, k]` (the
@@ -542,40 +661,57 @@ fn encode(
     gate: &[u32],
     stall: Option<u32>,
 ) -> Result<Vec<u32>> {
-    // Ticket of the first task of each kind, in ticket order.
-    let route0 = 0u32;
-    let layout0 = route0 + t.route;
-    let shared_up0 = layout0 + t.layout;
-    let up0 = shared_up0 + t.shared_up;
-    let shared_down0 = up0 + t.up;
-    let down0 = shared_down0 + t.shared_down;
-    let combine0 = down0 + t.down;
     let (up_tiles, down_tiles, shared_tiles) = (header.up_tiles, header.down_tiles, header.shared_up_tiles);
-    let has_shared = t.shared_up > 0;
     // (kind, index, dependencies, consumers) per task.
     let mut table: Vec<(u32, u32, u32, Vec<u32>)> = Vec::new();
+    let layout0 = t.route;
     for r in 0..t.route {
         table.push((KIND_ROUTE, r, 0, vec![layout0]));
     }
-    table.push((KIND_LAYOUT, 0, t.route, (up0..up0 + t.up).collect()));
-    for i in 0..t.shared_up {
-        let tile = i / shared_tiles;
-        let first = shared_down0 + tile * down_tiles;
-        table.push((KIND_SHARED_UP, i, 0, (first..first + down_tiles).collect()));
-    }
-    for i in 0..t.up {
-        let s = i / up_tiles;
-        table.push((KIND_UP, i, 1, (down0 + s * down_tiles..down0 + (s + 1) * down_tiles).collect()));
-    }
-    for i in 0..t.shared_down {
-        table.push((KIND_SHARED_DOWN, i, shared_tiles, vec![combine0 + i / down_tiles]));
-    }
-    for i in 0..t.down {
-        table.push((KIND_DOWN, i, up_tiles, (combine0..combine0 + t.combine).collect()));
-    }
-    let shared_need = if has_shared { down_tiles } else { 0 };
-    for c in 0..t.combine {
-        table.push((KIND_COMBINE, c, t.down + shared_need, Vec::new()));
+    match t.size {
+        // Ticket order: route, layout, shared gate/up, gate/up, shared down, down, combine.
+        TaskSize::Fine => {
+            let shared_up0 = layout0 + t.layout;
+            let up0 = shared_up0 + t.shared_up;
+            let shared_down0 = up0 + t.up;
+            let down0 = shared_down0 + t.shared_down;
+            let combine0 = down0 + t.down;
+            table.push((KIND_LAYOUT, 0, t.route, (up0..up0 + t.up).collect()));
+            for i in 0..t.shared_up {
+                let first = shared_down0 + i / shared_tiles * down_tiles;
+                table.push((KIND_SHARED_UP, i, 0, (first..first + down_tiles).collect()));
+            }
+            for i in 0..t.up {
+                let first = down0 + i / up_tiles * down_tiles;
+                table.push((KIND_UP, i, 1, (first..first + down_tiles).collect()));
+            }
+            for i in 0..t.shared_down {
+                table.push((KIND_SHARED_DOWN, i, shared_tiles, vec![combine0 + i / down_tiles]));
+            }
+            for i in 0..t.down {
+                table.push((KIND_DOWN, i, up_tiles, (combine0..combine0 + t.combine).collect()));
+            }
+            let shared_need = if t.shared_down > 0 { down_tiles } else { 0 };
+            for c in 0..t.combine {
+                table.push((KIND_COMBINE, c, t.down + shared_need, Vec::new()));
+            }
+        }
+        // Ticket order: route, layout, shared tiles, expert tiles, combine.
+        TaskSize::Coarse => {
+            let shared0 = layout0 + t.layout;
+            let expert0 = shared0 + t.shared;
+            let combine0 = expert0 + t.expert;
+            table.push((KIND_LAYOUT, 0, t.route, (expert0..expert0 + t.expert).collect()));
+            for i in 0..t.shared {
+                table.push((KIND_SHARED, i, 0, vec![combine0 + i]));
+            }
+            for s in 0..t.expert {
+                table.push((KIND_EXPERT, s, 1, (combine0..combine0 + t.combine).collect()));
+            }
+            for c in 0..t.combine {
+                table.push((KIND_COMBINE, c, t.expert + u32::from(t.shared > 0), Vec::new()));
+            }
+        }
     }
     // Every task waits for exactly the tasks that name it as a consumer.
     let mut producers = vec![0u32; table.len()];

@@ -19,7 +19,7 @@
 // [H, Fs] packed into one buffer (a 4-byte placeholder without one).
 
 // Tasks (kind, index), in ticket order, each waiting only on earlier tickets (in the static
-// passes, moe_static.wgsl, PASS_FIRST and PASS_COUNT give the pass's range of tickets):
+// passes, moe_static.wgsl, the pass's range of tickets comes in its own uniform). Fine tasks:
 //   ROUTE        t: token t's logits with gate_logit, then route_select (the fused route)
 //   LAYOUT       0: after every ROUTE; entries grouped by expert into bins of whole tiles of
 //                MOE_TILE rows (ascending entries within an expert), tile -> expert, MOE_NONE
@@ -29,8 +29,15 @@
 //   SHARED_DOWN  i * down_tiles + c: after every SHARED_UP of token tile i; columns 64c .. of H
 //   DOWN         s * down_tiles + c: after every UP of tile s; columns 64c .. of H: the
 //                entries' expert outputs
-//   COMBINE      i: after every DOWN (the coarse rule) and the SHARED_DOWNs of token tile i;
-//                tokens 8i ..: y
+//   COMBINE      i: after every routed expert task (DOWN or EXPERT: the coarse rule) and the
+//                shared expert's tasks of token tile i (SHARED_DOWN or SHARED); tokens 8i ..: y
+// Coarse tasks replace the four projection kinds with two, each one workgroup's whole tile:
+//   SHARED       i: no dependencies; every SHARED_UP tile of token tile i, then every
+//                SHARED_DOWN tile of it
+//   EXPERT       s: after LAYOUT; every UP tile of bin tile s, then every DOWN tile of it
+// The activation rows between the two halves stay in `work` (8 rows x F floats are 32 KiB at
+// F = 1024, twice the 16 KiB of workgroup memory a portable device guarantees); the workgroup
+// that wrote them reads them back after a storageBarrier, from its cache on CPU adapters.
 
 @group(0) @binding(7) var<storage, read> program: array<u32>;
 @group(0) @binding(8) var<storage, read> w_gate_e: array<u32>;
@@ -81,8 +88,6 @@ const H_SHARED_UP_OFF: u32 = 22u;
 const H_SHARED_DOWN_OFF: u32 = 23u;
 const H_SHARED_H: u32 = 24u;
 const H_SHARED_OUT: u32 = 25u;
-const H_PASS_FIRST: u32 = 26u;
-const H_PASS_COUNT: u32 = 27u;
 
 // Task kinds.
 const MOE_ROUTE: u32 = 0u;
@@ -92,6 +97,8 @@ const MOE_DOWN: u32 = 3u;
 const MOE_COMBINE: u32 = 4u;
 const MOE_SHARED_UP: u32 = 5u;
 const MOE_SHARED_DOWN: u32 = 6u;
+const MOE_SHARED: u32 = 7u;
+const MOE_EXPERT: u32 = 8u;
 
 // Weight sources of expert_word.
 const W_GATE: u32 = 0u;
@@ -560,20 +567,50 @@ fn combine_tile(tile: u32, lid: u32) {
     workgroupBarrier();
 }
 
+// A projection task: the fine kinds run one tile; the coarse kinds run a gate/up half, then
+// a down half over the rows the first half wrote. Each tile body is called from one place
+// (a smaller inlined shader for the drivers to compile).
+fn projection_task(kind: u32, tile: u32, lid: u32) {
+    let of_shared = kind == MOE_SHARED || kind == MOE_SHARED_UP || kind == MOE_SHARED_DOWN;
+    let coarse = kind == MOE_SHARED || kind == MOE_EXPERT;
+    let up_tiles = select(program[H_UP_TILES], program[H_SHARED_UP_TILES], of_shared);
+    let down_tiles = program[H_DOWN_TILES];
+    // halves: 0 gate/up, 1 down; first tile and tile count of each.
+    var halves = vec2<u32>(0u, 0u);
+    var first = vec2<u32>(tile, tile);
+    var count = vec2<u32>(1u, 1u);
+    if coarse {
+        halves = vec2<u32>(0u, 1u);
+        first = vec2<u32>(tile * up_tiles, tile * down_tiles);
+        count = vec2<u32>(up_tiles, down_tiles);
+    } else if kind == MOE_DOWN || kind == MOE_SHARED_DOWN {
+        halves = vec2<u32>(1u, 1u);
+    }
+    for (var half = halves.x; half <= halves.y; half++) {
+        let h = half - halves.x;
+        for (var c = first[h]; c < first[h] + count[h]; c++) {
+            if half == 0u && of_shared {
+                shared_up_tile(c, lid);
+            } else if half == 0u {
+                up_tile(c, lid);
+            } else if of_shared {
+                shared_down_tile(c, lid);
+            } else {
+                down_tile(c, lid);
+            }
+        }
+        storageBarrier();
+    }
+}
+
 fn run_pass(kind: u32, slot: u32, tile: u32, lid: u32) {
     if kind == MOE_ROUTE {
         route_token(tile, lid);
     } else if kind == MOE_LAYOUT {
         layout_task(lid);
-    } else if kind == MOE_UP {
-        up_tile(tile, lid);
-    } else if kind == MOE_DOWN {
-        down_tile(tile, lid);
-    } else if kind == MOE_SHARED_UP {
-        shared_up_tile(tile, lid);
-    } else if kind == MOE_SHARED_DOWN {
-        shared_down_tile(tile, lid);
-    } else {
+    } else if kind == MOE_COMBINE {
         combine_tile(tile, lid);
+    } else {
+        projection_task(kind, tile, lid);
     }
 }

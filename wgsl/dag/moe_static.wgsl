@@ -1,8 +1,11 @@
-// Static passes of the MoE task program (moe.wgsl): workgroup i of a pass runs task
-// pass_first + i, with the task bodies the persistent queue runs. A pass holds a contiguous
-// range of tickets whose tasks do not depend on each other (route tasks; the layout; gate/up
-// tiles with the shared expert's; down tiles with the shared expert's; combine tiles), so the
-// passes in order give every task its inputs.
+// Static passes of the MoE task program (moe.wgsl): workgroup i of a pass runs the task of
+// ticket pass_range.first + i, with the task bodies the persistent queue runs. A pass holds a
+// contiguous range of tickets whose tasks do not depend on each other (route tasks; the
+// layout; the projections' first halves or whole coarse tiles; their second halves; combine
+// tiles), so the passes in order give every task its inputs.
+
+// The pass's tickets: first, count (and two words of padding).
+@group(0) @binding(3) var<uniform> pass_range: vec4<u32>;
 
 @compute @workgroup_size(LANES)
 fn moe_pass(
@@ -11,9 +14,9 @@ fn moe_pass(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let i = wid.x + wid.y * nwg.x;
-    if i >= program[H_PASS_COUNT] {
+    if i >= pass_range.y {
         return;
     }
-    let tw = program[H_TASK_OFF] + 5u * (program[H_PASS_FIRST] + i);
+    let tw = program[H_TASK_OFF] + 5u * (pass_range.x + i);
     run_pass(program[tw], i, program[tw + 1u], lid);
 }
