@@ -567,39 +567,44 @@ fn combine_tile(tile: u32, lid: u32) {
     workgroupBarrier();
 }
 
-// A projection task: the fine kinds run one tile; the coarse kinds run a gate/up half, then
-// a down half over the rows the first half wrote. Each tile body is called from one place
-// (a smaller inlined shader for the drivers to compile).
+// Gate/up column tiles first .. first + count of the routed experts or the shared expert.
+fn up_tiles(of_shared: bool, first: u32, count: u32, lid: u32) {
+    for (var c = first; c < first + count; c++) {
+        if of_shared {
+            shared_up_tile(c, lid);
+        } else {
+            up_tile(c, lid);
+        }
+    }
+}
+
+// Down column tiles first .. first + count of the routed experts or the shared expert.
+fn down_tiles(of_shared: bool, first: u32, count: u32, lid: u32) {
+    for (var c = first; c < first + count; c++) {
+        if of_shared {
+            shared_down_tile(c, lid);
+        } else {
+            down_tile(c, lid);
+        }
+    }
+}
+
+// A projection task. A fine one is one column tile; a coarse one is every gate/up column tile
+// of 8-row tile `tile` (a bin tile, or a token tile of the shared expert), a storageBarrier,
+// then every down column tile of it. Each tile body has one call site (a smaller shader for
+// the drivers to compile), and the bits are the fine tasks'.
 fn projection_task(kind: u32, tile: u32, lid: u32) {
     let of_shared = kind == MOE_SHARED || kind == MOE_SHARED_UP || kind == MOE_SHARED_DOWN;
-    let coarse = kind == MOE_SHARED || kind == MOE_EXPERT;
-    let up_tiles = select(program[H_UP_TILES], program[H_SHARED_UP_TILES], of_shared);
-    let down_tiles = program[H_DOWN_TILES];
-    // halves: 0 gate/up, 1 down; first tile and tile count of each.
-    var halves = vec2<u32>(0u, 0u);
-    var first = vec2<u32>(tile, tile);
-    var count = vec2<u32>(1u, 1u);
-    if coarse {
-        halves = vec2<u32>(0u, 1u);
-        first = vec2<u32>(tile * up_tiles, tile * down_tiles);
-        count = vec2<u32>(up_tiles, down_tiles);
+    if kind == MOE_UP || kind == MOE_SHARED_UP {
+        up_tiles(of_shared, tile, 1u, lid);
     } else if kind == MOE_DOWN || kind == MOE_SHARED_DOWN {
-        halves = vec2<u32>(1u, 1u);
-    }
-    for (var half = halves.x; half <= halves.y; half++) {
-        let h = half - halves.x;
-        for (var c = first[h]; c < first[h] + count[h]; c++) {
-            if half == 0u && of_shared {
-                shared_up_tile(c, lid);
-            } else if half == 0u {
-                up_tile(c, lid);
-            } else if of_shared {
-                shared_down_tile(c, lid);
-            } else {
-                down_tile(c, lid);
-            }
-        }
+        down_tiles(of_shared, tile, 1u, lid);
+    } else {
+        let ups = select(program[H_UP_TILES], program[H_SHARED_UP_TILES], of_shared);
+        up_tiles(of_shared, tile * ups, ups, lid);
         storageBarrier();
+        let downs = program[H_DOWN_TILES];
+        down_tiles(of_shared, tile * downs, downs, lid);
     }
 }
 
