@@ -248,6 +248,7 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             ("dag/moe", "MOE_SHARED_DOWN", f64::from(m::KIND_SHARED_DOWN)),
             ("dag/moe", "MOE_SHARED", f64::from(m::KIND_SHARED)),
             ("dag/moe", "MOE_EXPERT", f64::from(m::KIND_EXPERT)),
+            ("dag/moe", "RUN_TIME_NEED", f64::from(m::RUN_TIME_NEED)),
         ];
         // The program header's words, by the Rust struct's field offsets.
         macro_rules! header_words {
@@ -277,6 +278,9 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             "H_SHARED_GATE" => shared_gate,
             "H_SHARED_H" => shared_h,
             "H_SHARED_OUT" => shared_out,
+            "H_COMBINE_RULE" => combine_rule,
+            "H_COMBINE_FIRST" => combine_first,
+            "H_ENTRY_SIGNALS" => entry_signals,
         );
         all
     }

@@ -8,8 +8,8 @@ use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use crate::context::Context;
 use crate::dag::{
-    Executor, Fusion, Granularity, MoeProgram, QueueOptions, QueueStatus, RowGraph, RowInputs, RowRun,
-    TaskSize, probe,
+    CombineRule, Executor, Fusion, Granularity, MoeProgram, QueueOptions, QueueStatus, RowGraph, RowInputs,
+    RowRun, TaskShape, TaskSize, probe,
 };
 use crate::error::{Error, Result};
 use crate::layer::{MoeConfig, MoeLayer};
@@ -258,8 +258,8 @@ enum MoeSide {
     Staged,
     /// The task program's static passes with tasks of this size.
     Passes(TaskSize),
-    /// The task program on the persistent queue with tasks of this size.
-    Queue(TaskSize),
+    /// The task program on the persistent queue with tasks of this shape.
+    Queue(TaskShape),
 }
 
 impl MoeSide {
@@ -305,15 +305,24 @@ pub fn moe_comparisons() -> Vec<MoeComparison> {
                           task bodies; W=0 is the probe's worker bound",
             variants: ("fine task passes", "fine task queue"),
             a: MoeSide::Passes(TaskSize::Fine),
-            b: MoeSide::Queue(TaskSize::Fine),
+            b: MoeSide::Queue(TaskShape::new(TaskSize::Fine)),
         },
         MoeComparison {
             name: "dag/moe-coarse-vs-fine-queue",
             description: "the MoE task program on the persistent queue with coarse tasks (B) against fine \
                           tasks (A), same workers; W=0 is the probe's worker bound",
             variants: ("fine task queue", "coarse task queue"),
-            a: MoeSide::Queue(TaskSize::Fine),
-            b: MoeSide::Queue(TaskSize::Coarse),
+            a: MoeSide::Queue(TaskShape::new(TaskSize::Fine)),
+            b: MoeSide::Queue(TaskShape::new(TaskSize::Coarse)),
+        },
+        MoeComparison {
+            name: "dag/moe-own-vs-all-combine",
+            description: "the fine task queue with combine tiles that wait only for the expert tasks \
+                          holding their tokens' entries (B: counts written by the layout at run time) \
+                          against combine tiles that wait for every expert task (A), same workers",
+            variants: ("combine after all experts", "combine after own entries"),
+            a: MoeSide::Queue(TaskShape::with_combine(TaskSize::Fine, CombineRule::AllExperts)),
+            b: MoeSide::Queue(TaskShape::with_combine(TaskSize::Fine, CombineRule::OwnEntries)),
         },
     ]
 }
@@ -373,11 +382,11 @@ impl Comparison for MoeComparison {
             let work = match side {
                 MoeSide::Staged => layer.plan(ctx, m, &xb, &y)?.into_dispatches(),
                 MoeSide::Passes(tasks) => {
-                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, tasks, None)?;
+                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, TaskShape::new(tasks), None)?;
                     notes.push(format!("{} {} tasks", program.tasks().total(), tasks.name()));
                     program.pass_dispatches().to_vec()
                 }
-                MoeSide::Queue(tasks) => {
+                MoeSide::Queue(shape) => {
                     let bound = probe(ctx)?
                         .max_workers()
                         .map_err(|r| Error::MissingFeature(format!("queue: {r}")))?;
@@ -386,7 +395,7 @@ impl Comparison for MoeComparison {
                         w => w.min(bound),
                     };
                     let q = QueueOptions::new(workers, Granularity::Fine);
-                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, tasks, Some(&q))?;
+                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, shape, Some(&q))?;
                     let dispatches = program.queue_dispatches().unwrap_or_default().to_vec();
                     prime(
                         &program.label(),
@@ -399,7 +408,7 @@ impl Comparison for MoeComparison {
                     notes.push(format!(
                         "{} {} tasks, {workers} workers",
                         program.tasks().total(),
-                        tasks.name()
+                        shape.size.name()
                     ));
                     queues.push(program);
                     dispatches

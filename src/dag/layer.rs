@@ -6,7 +6,7 @@
 
 use super::executor::{Executor, RunReport};
 use super::graph::{Graph, Reach, Read, Source};
-use super::moe::{self, MoeProgram, TaskSize};
+use super::moe::{self, MoeProgram, TaskShape, TaskSize};
 use super::plan::{Fusion, Plan, plan};
 use super::probe::probe;
 use crate::context::Context;
@@ -108,9 +108,10 @@ impl LayerRun {
         let (program, refused) = match (size, moe::unsupported(ctx, layer)) {
             (None, _) => (None, refused),
             (Some(_), Some(why)) => (None, Some(refused.unwrap_or(format!("no task form: {why}")))),
-            (Some(size), None) => {
-                (Some(MoeProgram::new(ctx, layer, tokens, x, y, size, queue.as_ref())?), refused)
-            }
+            (Some(size), None) => (
+                Some(MoeProgram::new(ctx, layer, tokens, x, y, TaskShape::new(size), queue.as_ref())?),
+                refused,
+            ),
         };
         let staged = match program {
             Some(_) => None,

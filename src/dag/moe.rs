@@ -13,9 +13,11 @@
 //! The task graph is static: routing decides how many expert tiles hold rows, so every
 //! possible tile has a slot (`ceil(tokens * k / 8) + min(E, tokens * k)` slots of 8 rows
 //! bound every layout) and the slots past the live tiles finish at once. The shared expert's
-//! tiles depend on nothing and run beside the routing. Combine tiles wait for every routed
-//! expert task (the coarse rule; which tiles hold a token's entries is known only after
-//! routing) and their own tokens' shared-expert tasks.
+//! tiles depend on nothing and run beside the routing. Combine tiles wait for their own
+//! tokens' shared-expert tasks and, on the queue, for the routed expert tasks that hold their
+//! tokens' entries ([`CombineRule::OwnEntries`]: which tasks those are is known only after
+//! routing, so the layout task writes the counts at run time) or for every routed expert task
+//! ([`CombineRule::AllExperts`], a static list).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -49,6 +51,10 @@ pub(crate) const KIND_SHARED_DOWN: u32 = 6;
 pub(crate) const KIND_SHARED: u32 = 7;
 pub(crate) const KIND_EXPERT: u32 = 8;
 
+/// The part of a combine tile's dependency count that [`CombineRule::OwnEntries`] fills at
+/// run time (`RUN_TIME_NEED` in wgsl/dag/moe.wgsl).
+pub(crate) const RUN_TIME_NEED: u32 = 1 << 24;
+
 /// Bytes of a static pass's ticket range (`pass_range` in wgsl/dag/moe_static.wgsl).
 pub(crate) const PASS_RANGE_BYTES: u64 = 16;
 
@@ -64,6 +70,42 @@ pub enum TaskSize {
     /// gate/up projection over every column, then the down projection over every column, in
     /// one workgroup, with no wait between the halves.
     Coarse,
+}
+
+/// Which routed expert tasks a combine tile waits for on the queue (the static passes run
+/// every expert task before any combine tile either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum CombineRule {
+    /// Every routed expert task (down or coarse expert tile): a static dependency list.
+    AllExperts,
+    /// Only the expert tasks that hold its tokens' entries: the layout writes how many signals
+    /// each combine tile will get, and each expert task signals the combine tiles of the
+    /// entries it holds.
+    OwnEntries,
+}
+
+/// The shape of a MoE task program: its projection task size and its combine rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct TaskShape {
+    /// The size of the projection tasks.
+    pub size: TaskSize,
+    /// What a combine tile waits for on the queue.
+    pub combine: CombineRule,
+}
+
+impl TaskShape {
+    /// Tasks of `size` with the default combine rule, [`CombineRule::OwnEntries`].
+    pub fn new(size: TaskSize) -> Self {
+        TaskShape { size, combine: CombineRule::OwnEntries }
+    }
+
+    /// Tasks of `size` with the combine rule `combine`.
+    pub fn with_combine(size: TaskSize, combine: CombineRule) -> Self {
+        TaskShape { size, combine }
+    }
 }
 
 impl TaskSize {
@@ -116,6 +158,9 @@ pub(crate) struct Header {
     pub(crate) shared_down_off: u32,
     pub(crate) shared_h: u32,
     pub(crate) shared_out: u32,
+    pub(crate) combine_rule: u32,
+    pub(crate) combine_first: u32,
+    pub(crate) entry_signals: u32,
 }
 
 /// Words of [`Header`].
@@ -365,25 +410,28 @@ pub struct MoeProgram {
 
 impl MoeProgram {
     /// Builds the program for a forward of `tokens` tokens of `layer` from `x[tokens, H]`
-    /// into `y[tokens, H]` with projection tasks of `size`: its static passes, and the queue
-    /// with `queue`'s options where given (its granularity is ignored: `size` decides). The
-    /// probe is not consulted here (see [`super::layer::LayerRun`]).
+    /// into `y[tokens, H]` with tasks of `shape`: its static passes, and the queue with
+    /// `queue`'s options where given (its granularity is ignored: `shape` decides). The probe
+    /// is not consulted here (see [`super::layer::LayerRun`]).
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] on a device with fewer than 10 storage buffers per stage;
     /// [`Error::InvalidArgument`] where [`unsupported`] gives another reason, for zero tokens or
     /// workers, or a stall task past the tasks; [`Error::LimitExceeded`]
-    /// for more workers than a dispatch can have or sizes past u32 indices and binding
-    /// limits; [`Error::Shape`] for views smaller than their shapes; device errors.
+    /// for more workers than a dispatch can have, sizes past u32 indices and binding
+    /// limits, or (with [`CombineRule::OwnEntries`]) more expert signals per combine tile than
+    /// its counter leaves room for (8·k·ceil(H/64) of 2^24); [`Error::Shape`] for views
+    /// smaller than their shapes; device errors.
     pub fn new<'b>(
         ctx: &Context,
         layer: &MoeLayer,
         tokens: u32,
         x: impl Into<BufferView<'b>>,
         y: impl Into<BufferView<'b>>,
-        size: TaskSize,
+        shape: TaskShape,
         queue: Option<&QueueOptions>,
     ) -> Result<Self> {
+        let size = shape.size;
         let q = queue.copied().unwrap_or(QueueOptions::new(1, Granularity::Fine));
         storage_limit(ctx)?;
         if let Some(why) = layer_unsupported(layer) {
@@ -500,7 +548,23 @@ impl MoeProgram {
             shared_down_off,
             shared_h: u("work offset", shared_h)?,
             shared_out: u("work offset", shared_out)?,
+            combine_rule: u32::from(shape.combine == CombineRule::OwnEntries),
+            combine_first: 0,
+            entry_signals: match size {
+                TaskSize::Fine => h.div_ceil(QUEUE_LANES),
+                TaskSize::Coarse => 1,
+            },
         };
+        // Rule 1 counts a combine tile's expert signals below RUN_TIME_NEED.
+        let signals = u64::from(MOE_TILE) * k64 * u64::from(header.entry_signals);
+        if shape.combine == CombineRule::OwnEntries && signals >= u64::from(RUN_TIME_NEED) {
+            return Err(Error::limit(
+                "expert signals one combine tile waits for",
+                signals,
+                u64::from(RUN_TIME_NEED) - 1,
+                "RUN_TIME_NEED in the MoE program",
+            ));
+        }
         let program_words = encode(&mut header, &tasks, &bias_values, &gate_values, q.stall_task)?;
         let program = ctx.upload("moe program", &program_words)?;
         let params = route_params(ctx, &cfg.route, tokens)?;
@@ -662,6 +726,13 @@ fn encode(
     stall: Option<u32>,
 ) -> Result<Vec<u32>> {
     let (up_tiles, down_tiles, shared_tiles) = (header.up_tiles, header.down_tiles, header.shared_up_tiles);
+    // A routed expert task's listed consumers, and what a combine tile waits for from the
+    // `n` routed expert tasks: all of them by the list (rule 0), or RUN_TIME_NEED (rule 1:
+    // signal_more in wgsl/dag/moe.wgsl).
+    let own_entries = header.combine_rule == 1;
+    let combiners =
+        |combine0: u32| if own_entries { Vec::new() } else { (combine0..combine0 + t.combine).collect() };
+    let routed_need = |n: u32| if own_entries { RUN_TIME_NEED } else { n };
     // (kind, index, dependencies, consumers) per task.
     let mut table: Vec<(u32, u32, u32, Vec<u32>)> = Vec::new();
     let layout0 = t.route;
@@ -689,11 +760,12 @@ fn encode(
                 table.push((KIND_SHARED_DOWN, i, shared_tiles, vec![combine0 + i / down_tiles]));
             }
             for i in 0..t.down {
-                table.push((KIND_DOWN, i, up_tiles, (combine0..combine0 + t.combine).collect()));
+                table.push((KIND_DOWN, i, up_tiles, combiners(combine0)));
             }
+            header.combine_first = combine0;
             let shared_need = if t.shared_down > 0 { down_tiles } else { 0 };
             for c in 0..t.combine {
-                table.push((KIND_COMBINE, c, t.down + shared_need, Vec::new()));
+                table.push((KIND_COMBINE, c, routed_need(t.down) + shared_need, Vec::new()));
             }
         }
         // Ticket order: route, layout, shared tiles, expert tiles, combine.
@@ -706,24 +778,31 @@ fn encode(
                 table.push((KIND_SHARED, i, 0, vec![combine0 + i]));
             }
             for s in 0..t.expert {
-                table.push((KIND_EXPERT, s, 1, (combine0..combine0 + t.combine).collect()));
+                table.push((KIND_EXPERT, s, 1, combiners(combine0)));
             }
+            header.combine_first = combine0;
             for c in 0..t.combine {
-                table.push((KIND_COMBINE, c, t.expert + u32::from(t.shared > 0), Vec::new()));
+                table.push((KIND_COMBINE, c, routed_need(t.expert) + u32::from(t.shared > 0), Vec::new()));
             }
         }
     }
     // Every task waits for exactly the tasks that name it as a consumer.
+    // (Rule 1's combine tiles: the listed signals are their shared tasks', past RUN_TIME_NEED.)
     let mut producers = vec![0u32; table.len()];
     for (_, _, _, consumers) in &table {
         for &c in consumers {
             producers[c as usize] += 1;
         }
     }
-    if let Some(i) = (0..table.len()).find(|&i| producers[i] != table[i].2) {
+    let listed = |(kind, _, need, _): &(u32, u32, u32, Vec<u32>)| match *kind {
+        KIND_COMBINE if own_entries => need - RUN_TIME_NEED,
+        _ => *need,
+    };
+    if let Some(i) = (0..table.len()).find(|&i| producers[i] != listed(&table[i])) {
         return Err(Error::invalid(format!(
-            "MoE program task {i} waits for {} tasks but {} signal it (a moeflow bug)",
-            table[i].2, producers[i]
+            "MoE program task {i} waits for {} listed tasks but {} signal it (a moeflow bug)",
+            listed(&table[i]),
+            producers[i]
         )));
     }
     header.tasks = to_u32("tasks", table.len())?;

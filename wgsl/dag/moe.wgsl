@@ -29,8 +29,10 @@
 //   SHARED_DOWN  i * down_tiles + c: after every SHARED_UP of token tile i; columns 64c .. of H
 //   DOWN         s * down_tiles + c: after every UP of tile s; columns 64c .. of H: the
 //                entries' expert outputs
-//   COMBINE      i: after every routed expert task (DOWN or EXPERT: the coarse rule) and the
-//                shared expert's tasks of token tile i (SHARED_DOWN or SHARED); tokens 8i ..: y
+//   COMBINE      i: after the shared expert's tasks of token tile i (SHARED_DOWN or SHARED)
+//                and, by the header's COMBINE_RULE, either every routed expert task (DOWN or
+//                EXPERT; rule 0, the coarse rule) or only those that hold its tokens' entries
+//                (rule 1, on the queue: signal_more below); tokens 8i ..: y
 // Coarse tasks replace the four projection kinds with two, each one workgroup's whole tile:
 //   SHARED       i: no dependencies; every SHARED_UP tile of token tile i, then every
 //                SHARED_DOWN tile of it
@@ -88,6 +90,13 @@ const H_SHARED_UP_OFF: u32 = 22u;
 const H_SHARED_DOWN_OFF: u32 = 23u;
 const H_SHARED_H: u32 = 24u;
 const H_SHARED_OUT: u32 = 25u;
+const H_COMBINE_RULE: u32 = 26u;
+const H_COMBINE_FIRST: u32 = 27u;
+const H_ENTRY_SIGNALS: u32 = 28u;
+
+// Rule 1's part of a combine tile's dependency count that the layout and the expert tasks
+// fill at run time (see signal_more).
+const RUN_TIME_NEED: u32 = 0x1000000u;
 
 // Task kinds.
 const MOE_ROUTE: u32 = 0u;
@@ -605,6 +614,38 @@ fn projection_task(kind: u32, tile: u32, lid: u32) {
         storageBarrier();
         let downs = program[H_DOWN_TILES];
         down_tiles(of_shared, tile * downs, downs, lid);
+    }
+}
+
+// Combine rule 1 on the queue: a combine tile waits for RUN_TIME_NEED plus its shared
+// tasks. The layout adds RUN_TIME_NEED less the signals the tile will get from expert tasks
+// (ENTRY_SIGNALS per routed entry of its tokens: the down column tiles of a fine entry's bin
+// tile, or its one coarse expert task); each DOWN or EXPERT task adds one per entry it holds
+// to that entry's combine tile. The counts are reached exactly when every expert task holding
+// the tile's entries is done.
+fn signal_more(kind: u32, tile: u32) {
+    if program[H_COMBINE_RULE] != 1u {
+        return;
+    }
+    let counters = COUNTERS + program[H_COMBINE_FIRST];
+    if kind == MOE_LAYOUT {
+        let tiles = (params.tokens + MOE_TILE - 1u) / MOE_TILE;
+        for (var c = 0u; c < tiles; c++) {
+            var routed = 0u;
+            let e1 = min((c + 1u) * MOE_TILE, params.tokens) * params.k;
+            for (var i = c * MOE_TILE * params.k; i < e1; i++) {
+                routed += select(0u, 1u, word(program[H_INDICES] + i) < params.experts);
+            }
+            atomicAdd(&state[counters + c], RUN_TIME_NEED - routed * program[H_ENTRY_SIGNALS]);
+        }
+    } else if kind == MOE_DOWN || kind == MOE_EXPERT {
+        let s = select(tile / program[H_DOWN_TILES], tile, kind == MOE_EXPERT);
+        for (var j = 0u; j < MOE_TILE; j++) {
+            let entry = tile_entry(s, j);
+            if entry != MOE_NONE {
+                atomicAdd(&state[counters + entry / params.k / MOE_TILE], 1u);
+            }
+        }
     }
 }
 

@@ -14,8 +14,10 @@
 // The module that includes this file provides the task table and the work: `program`
 // (read-only u32 words; task i at queue_params().task_off + 5i: pass or kind, tile,
 // dependencies to wait for, first consumer word, consumer count), `state` (the atomic state
-// words below, then one dependency counter per task), `queue_params()` and
-// `run_pass(pass, slot, tile, lid)`, and the override LANES (the workgroup size).
+// words below, then one dependency counter per task), `queue_params()`,
+// `run_pass(pass, slot, tile, lid)`, `signal_more(pass, tile)` (the leader's signals that only
+// the run knows, after the listed consumers'; it adds to counters with atomicAdd), and the
+// override LANES (the workgroup size).
 
 // State words.
 const TICKET: u32 = 0u;
@@ -159,6 +161,7 @@ fn persistent(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             for (var i = 0u; i < count; i++) {
                 atomicAdd(&state[COUNTERS + program[first + i]], 1u);
             }
+            signal_more(program[tw], program[tw + 1u]);
             atomicAdd(&state[DONE], 1u);
         }
     }

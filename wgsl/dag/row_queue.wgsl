@@ -6,3 +6,6 @@
 fn queue_params() -> QueueParams {
     return QueueParams(params.tasks, params.task_off, params.spin_limit, params.work, params.canary);
 }
+
+// Row tasks signal only their listed consumers.
+fn signal_more(pass_id: u32, tile: u32) {}
