@@ -85,7 +85,7 @@ impl LayerRun {
     /// own plan for `Staged` or a layer without a task form, else the task program.
     ///
     /// # Errors
-    /// [`MoeLayer::plan`]'s and [`MoeProgram::new`]'s errors; [`Error::LimitExceeded`] for
+    /// [`MoeLayer::plan`]'s and [`MoeProgram::new`]'s errors; [`crate::Error::LimitExceeded`] for
     /// more workers than the probe allows; device errors while probing.
     pub fn prepare<'b>(
         ctx: &Context,
