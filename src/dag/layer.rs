@@ -73,10 +73,17 @@ pub fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &Dispatc
 #[derive(Debug)]
 pub struct LayerRun {
     executor: Executor,
-    /// The layer's own forward as a graph and its passes, where that is what runs.
-    staged: Option<(DispatchGraph, Plan)>,
-    program: Option<MoeProgram>,
+    runs: Runs,
     refused: Option<String>,
+}
+
+/// What a [`LayerRun`] records.
+#[derive(Debug)]
+enum Runs {
+    /// The layer's own forward as a graph, and its passes.
+    Staged(DispatchGraph, Plan),
+    /// The task program (its queue where one was asked for and allowed, else its passes).
+    Program(MoeProgram),
 }
 
 impl LayerRun {
@@ -105,23 +112,28 @@ impl LayerRun {
                 None => (Some(TaskSize::of(q.granularity)), Some(q), None),
             },
         };
-        let (program, refused) = match (size, moe::unsupported(ctx, layer)) {
-            (None, _) => (None, refused),
-            (Some(_), Some(why)) => (None, Some(refused.unwrap_or(format!("no task form: {why}")))),
-            (Some(size), None) => (
-                Some(MoeProgram::new(ctx, layer, tokens, x, y, TaskShape::new(size), queue.as_ref())?),
-                refused,
-            ),
+        // A layer without a task form runs its own forward instead, and says why.
+        let (size, refused) = match size.map(|s| (s, moe::unsupported(ctx, layer))) {
+            Some((_, Some(why))) => (None, Some(refused.unwrap_or(format!("no task form: {why}")))),
+            other => (other.map(|(s, _)| s), refused),
         };
-        let staged = match program {
-            Some(_) => None,
+        let runs = match size {
+            Some(size) => Runs::Program(MoeProgram::new(
+                ctx,
+                layer,
+                tokens,
+                x,
+                y,
+                TaskShape::new(size),
+                queue.as_ref(),
+            )?),
             None => {
                 let graph = layer_graph(layer.plan(ctx, tokens, x, y)?)?;
                 let plan = dispatch_plan(&graph, executor);
-                Some((graph, plan))
+                Runs::Staged(graph, plan)
             }
         };
-        Ok(LayerRun { executor, staged, program, refused })
+        Ok(LayerRun { executor, runs, refused })
     }
 
     /// The executor asked for.
@@ -132,12 +144,18 @@ impl LayerRun {
     /// The layer's stage graph and its static passes, where they are what runs (`Staged`, or
     /// a layer without a task form).
     pub fn staged(&self) -> Option<(&DispatchGraph, &Plan)> {
-        self.staged.as_ref().map(|(g, p)| (g, p))
+        match &self.runs {
+            Runs::Staged(graph, plan) => Some((graph, plan)),
+            Runs::Program(_) => None,
+        }
     }
 
     /// The task program, where one runs.
     pub fn program(&self) -> Option<&MoeProgram> {
-        self.program.as_ref()
+        match &self.runs {
+            Runs::Program(program) => Some(program),
+            Runs::Staged(..) => None,
+        }
     }
 
     /// Why the executor asked for does not run as asked (a refused queue, a layer without a
@@ -149,22 +167,20 @@ impl LayerRun {
     /// What [`Self::record`] records, e.g. `queue (fine MoE tasks, 8 workers)`, `4 static
     /// passes of coarse MoE tasks` or `5 passes of whole-stage dispatches`.
     pub fn label(&self) -> String {
-        match (&self.program, &self.staged) {
-            (Some(p), _) => p.label(),
-            (None, Some((_, plan))) => format!("{} passes of whole-stage dispatches", plan.passes.len()),
-            (None, None) => "nothing".to_string(),
+        match &self.runs {
+            Runs::Program(p) => p.label(),
+            Runs::Staged(_, plan) => format!("{} passes of whole-stage dispatches", plan.passes.len()),
         }
     }
 
     /// Records one forward: the queue, the task program's static passes, or the graph's.
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        match (&self.program, &self.staged) {
-            (Some(p), _) => {
+        match &self.runs {
+            Runs::Program(p) => {
                 let dispatches = p.queue_dispatches().unwrap_or(p.pass_dispatches());
                 crate::gpu::record(encoder, &dispatches.iter().collect::<Vec<_>>());
             }
-            (None, Some((graph, plan))) => record_dispatch_graph(encoder, graph, plan),
-            (None, None) => {}
+            Runs::Staged(graph, plan) => record_dispatch_graph(encoder, graph, plan),
         }
     }
 
@@ -178,7 +194,7 @@ impl LayerRun {
         let mut encoder = ctx.encoder("moeflow moe layer run");
         self.record(&mut encoder);
         ctx.submit_and_wait(encoder)?;
-        let Some(program) = self.program.as_ref().filter(|p| p.queue_dispatches().is_some()) else {
+        let Some(program) = self.program().filter(|p| p.queue_dispatches().is_some()) else {
             return Ok(RunReport { ran: self.label(), fallback: self.refused.clone() });
         };
         let s = program.status(ctx)?;
