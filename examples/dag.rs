@@ -84,8 +84,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// Every stage's values under the bit-identity contract (`moeflow::bits`).
 fn bits(v: &[Vec<f32>]) -> Vec<u32> {
-    v.iter().flatten().map(|f| f.to_bits()).collect()
+    v.iter().flat_map(|s| moeflow::bits::canonical(s)).collect()
 }
 
 /// Median GPU (or, without timestamps, wall) milliseconds of `runs` single runs, and how many
@@ -217,7 +218,7 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
     let mut synth = Synth::new(args.seed);
     let layer = MoeLayer::new(ctx, cfg, &synth.moe_weights(&cfg))?;
     let x = synth.uniform((args.tokens * args.hidden) as usize, 1.0);
-    let want: Vec<u32> = layer.forward_host(ctx, &x)?.y.iter().map(|v| v.to_bits()).collect();
+    let want = moeflow::bits::canonical(&layer.forward_host(ctx, &x)?.y);
     let xb = ctx.upload("x", &x)?;
     // Fused(None): fine task passes; Fused(Neighbours): coarse ones.
     let mut executors =
@@ -238,7 +239,7 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
             report = Some(run.run(ctx)?);
             wall.push(start.elapsed().as_secs_f64());
         }
-        let got: Vec<u32> = ctx.read_back::<f32>(&y, want.len())?.iter().map(|v| v.to_bits()).collect();
+        let got = moeflow::bits::canonical(&ctx.read_back::<f32>(&y, want.len())?);
         let same = got == want;
         all_ok &= same;
         let fallback = report.and_then(|r| r.fallback).map(|f| format!(" ({f})")).unwrap_or_default();

@@ -384,7 +384,7 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
         let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         for (g, r) in got.iter().zip(want) {
             worst = worst.max((g - r).abs() / (2e-5 + 2e-5 * scale));
-            bit_equal += usize::from(g.to_bits() == r.to_bits());
+            bit_equal += usize::from(moeflow::bits::same_bits(*g, *r));
         }
         idx_equal += usize::from(idx[t * k..(t + 1) * k] == ridx[n * k..(n + 1) * k]);
     }

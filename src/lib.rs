@@ -18,6 +18,7 @@
 
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod bits;
 pub mod context;
 #[cfg(feature = "dag")]
 pub mod dag;

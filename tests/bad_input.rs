@@ -748,28 +748,52 @@ fn buffers_device_loss_and_foreign_resources_are_errors() {
             expect_err(&name, layer.plan(&ctx, 3, &fx, &y), &["doesn't match Device"]);
         }
 
-        // A destroyed device: every call after it is DeviceLost, none panics.
-        let x = ctx.upload("x", &[0.5f32; 16 * 3]).unwrap();
-        let plan = layer.plan(&ctx, 3, &x, &y).unwrap();
-        ctx.run(&plan.dispatches()).unwrap();
-        let heard = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = heard.clone();
-        ctx.on_device_lost(move |_, _| flag.store(true, std::sync::atomic::Ordering::SeqCst));
-        ctx.device().destroy();
-        let _ = ctx.device().poll(wgpu::PollType::Poll);
-        assert!(heard.load(std::sync::atomic::Ordering::SeqCst), "{name}: the app's own callback ran");
-        let lost = |r: moeflow::Result<()>| match r {
-            Err(Error::DeviceLost(_)) => {}
-            other => panic!("{name}: expected DeviceLost, got {other:?}"),
-        };
-        lost(ctx.run(&plan.dispatches()));
-        lost(ctx.read_back::<f32>(&y, 4).map(|_| ()));
-        lost(ctx.upload("after", &[1u32]).map(|_| ()));
-        lost(MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).map(|_| ()));
-        lost(layer.plan(&ctx, 3, &x, &y).map(|_| ()));
-        lost(layer.forward_host(&ctx, &[0.0; 16]).map(|_| ()));
-        // The other device is unaffected.
+        // The other device is unaffected by this one's loss.
         assert_eq!(other.read_back::<u32>(&foreign, 4).unwrap(), vec![7; 4]);
+    }
+}
+
+/// Every public `Context` and `MoeLayer` call that touches the device, made right after
+/// `destroy()` (before anything has polled the device, so wgpu has not yet run the lost
+/// callback) and again after a poll: `Err(DeviceLost)` each time, never a panic or an `Ok`.
+#[test]
+fn every_call_on_a_destroyed_device_is_device_lost() {
+    for adapter in common::wgpu_adapters() {
+        let name = format!("{:?} {}", adapter.get_info().backend, adapter.get_info().name);
+        for poll_first in [false, true] {
+            let ctx = Context::from_adapter(&adapter).unwrap();
+            let cfg = MoeConfig::new(16, 8, 4, 2);
+            let weights = Synth::new(1).moe_weights(&cfg);
+            let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
+            let x = ctx.upload("x", &[0.5f32; 16 * 3]).unwrap();
+            let y = ctx.zeroed("y", 16 * 3 * 4).unwrap();
+            let plan = layer.plan(&ctx, 3, &x, &y).unwrap();
+            ctx.run(&plan.dispatches()).unwrap();
+            let heard = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = heard.clone();
+            ctx.on_device_lost(move |_, _| flag.store(true, std::sync::atomic::Ordering::SeqCst));
+            ctx.device().destroy();
+            if poll_first {
+                let _ = ctx.device().poll(wgpu::PollType::Poll);
+            }
+            let what = format!("{name}, {}", if poll_first { "polled" } else { "not polled" });
+            let lost = |call: &str, r: moeflow::Result<()>| match r {
+                Err(Error::DeviceLost(_)) => {}
+                other => panic!("{what}: {call}: expected DeviceLost, got {other:?}"),
+            };
+            lost("check_alive", ctx.check_alive());
+            lost("upload", ctx.upload("after", &[1u32]).map(|_| ()));
+            lost("zeroed", ctx.zeroed("after", 16).map(|_| ()));
+            lost("run", ctx.run(&plan.dispatches()));
+            lost("submit_and_wait", ctx.submit_and_wait(ctx.encoder("after")));
+            lost("read_back", ctx.read_back::<f32>(&y, 4).map(|_| ()));
+            lost("MoeLayer::new", MoeLayer::new(&ctx, cfg, &weights).map(|_| ()));
+            lost("plan", layer.plan(&ctx, 3, &x, &y).map(|_| ()));
+            lost("load", plan.load(&ctx, 4).map(|_| ()));
+            lost("prepare", layer.prepare(&ctx, 3).map(|_| ()));
+            lost("forward_host", layer.forward_host(&ctx, &[0.0; 16]).map(|_| ()));
+            assert!(heard.load(std::sync::atomic::Ordering::SeqCst), "{what}: the app's own callback ran");
+        }
     }
 }
 

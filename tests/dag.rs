@@ -42,8 +42,8 @@ fn adversarial(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
 fn assert_bitwise(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], cols: usize) {
     assert_eq!(got.len(), want.len(), "{what}: stages");
     for (s, (g, w)) in got.iter().zip(want).enumerate() {
-        if let Some(i) = (0..w.len()).find(|&i| g[i].to_bits() != w[i].to_bits()) {
-            let n = (0..w.len()).filter(|&i| g[i].to_bits() != w[i].to_bits()).count();
+        if let Some(i) = moeflow::bits::first_difference(g, w) {
+            let n = moeflow::bits::differences(g, w);
             panic!(
                 "{what}: stage {s} row {} col {}: {:e} vs staged {:e} ({n} differ)",
                 i / cols,
@@ -538,7 +538,7 @@ fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
                         let got = ctx.read_back::<f32>(&y, x.len()).unwrap();
                         let h = cfg.route.hidden as usize;
                         let bad: Vec<(usize, usize, f32, f32)> = (0..got.len())
-                            .filter(|&i| got[i].to_bits() != want.y[i].to_bits())
+                            .filter(|&i| !moeflow::bits::same_bits(got[i], want.y[i]))
                             .map(|i| (i / h, i % h, got[i], want.y[i]))
                             .take(12)
                             .collect();

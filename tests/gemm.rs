@@ -377,12 +377,6 @@ fn adversarial(r: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
     v
 }
 
-/// Bits with every NaN as the canonical one (a NaN's sign and payload are not part of any
-/// contract).
-fn bits_nan(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| if f.is_nan() { f32::NAN.to_bits() } else { f.to_bits() }).collect()
-}
-
 #[test]
 fn every_variant_is_bit_identical_within_an_order() {
     for ctx in contexts() {
@@ -424,8 +418,8 @@ fn every_variant_is_bit_identical_within_an_order() {
                         let ffn = ffn_with(up, down);
                         let grouped = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
                         assert_eq!(
-                            bits_nan(&grouped),
-                            bits_nan(&decode),
+                            bits(&grouped),
+                            bits(&decode),
                             "{what}: grouped {} / {} vs row-wise",
                             up.name(),
                             down.name()
@@ -461,8 +455,8 @@ fn blocks_with_few_live_rows_give_the_row_wise_bits() {
             for v in variants_under_test(&ctx) {
                 let grouped = run(&ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
                 assert_eq!(
-                    bits_nan(&grouped),
-                    bits_nan(&decode),
+                    bits(&grouped),
+                    bits(&decode),
                     "{} {order:?}: grouped {} vs row-wise",
                     ctx.adapter().slug(),
                     v.name()
@@ -497,13 +491,7 @@ fn window_kernels_span_windows_and_fall_back_bitwise() {
                 for (rows, cols) in [(16, 8), (32, 4)] {
                     let window = GemmVariant::Window { rows, cols, lanes: 8 };
                     let got = run_with(window, window);
-                    assert_eq!(
-                        bits_nan(&got),
-                        bits_nan(&want),
-                        "{what}: {} vs {}",
-                        window.name(),
-                        direct.name()
-                    );
+                    assert_eq!(bits(&got), bits(&want), "{what}: {} vs {}", window.name(), direct.name());
                 }
             }
         }
@@ -538,7 +526,7 @@ fn small_uniform_bindings_run_without_windows_bitwise() {
             let what = format!("{} {path:?}", full.adapter().slug());
             let on =
                 |ctx: &Context| run(ctx, &m.upload(ctx).with_kernels(kernels).unwrap(), &x, &idx, k, path);
-            assert_eq!(bits_nan(&on(&small)), bits_nan(&on(&full)), "{what}: without windows vs with");
+            assert_eq!(bits(&on(&small)), bits(&on(&full)), "{what}: without windows vs with");
         }
     }
 }
@@ -638,7 +626,7 @@ fn texture_weights_give_the_window_results_bitwise() {
                         let got = run(ctx, &ffn, &x, &idx, k, path);
                         assert_eq!(ffn.gate.has_texture(), copied, "{what} {name}: texture copy made");
                         assert_eq!(ffn.down.has_texture(), copied, "{what} {name}: texture copy made");
-                        assert_eq!(bits_nan(&got), bits_nan(&want), "{what} {name}: texture vs window");
+                        assert_eq!(bits(&got), bits(&want), "{what} {name}: texture vs window");
                     }
                     if dtype == WeightDtype::F32 && order == GemmOrder::Strict {
                         assert!(
@@ -688,11 +676,7 @@ fn split_weights_give_the_unsplit_results_bitwise() {
                         let idx = &idx[..(tokens * k) as usize];
                         let ya = run(&whole, &a, x, idx, k, path);
                         let yb = run(&split, &b, x, idx, k, path);
-                        assert_eq!(
-                            bits_nan(&ya),
-                            bits_nan(&yb),
-                            "{slug} {dtype:?} {order:?} limit {limit} {path:?}"
-                        );
+                        assert_eq!(bits(&ya), bits(&yb), "{slug} {dtype:?} {order:?} limit {limit} {path:?}");
                     }
                     // The all-experts oracle and the dense GEMM take a fixed expert's chunks.
                     let dense = |ctx: &Context, w: &ExpertWeights| {
@@ -702,11 +686,7 @@ fn split_weights_give_the_unsplit_results_bitwise() {
                         ctx.run(&plan.dispatches()).unwrap();
                         ctx.read_back::<f32>(&y, (5 * m.f) as usize).unwrap()
                     };
-                    assert_eq!(
-                        bits_nan(&dense(&whole, &a.gate)),
-                        bits_nan(&dense(&split, &b.gate)),
-                        "{slug} dense"
-                    );
+                    assert_eq!(bits(&dense(&whole, &a.gate)), bits(&dense(&split, &b.gate)), "{slug} dense");
                 }
             }
         }

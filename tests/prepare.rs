@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::bits;
+
 use moeflow::prelude::*;
 use moeflow::synth::Synth;
 
@@ -17,10 +19,6 @@ fn config() -> MoeConfig {
 
 fn x(tokens: usize) -> Vec<f32> {
     Synth::new(7).uniform(tokens * 64, 1.0)
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| f.to_bits()).collect()
 }
 
 #[test]

@@ -4,12 +4,10 @@
 
 mod common;
 
+use common::bits;
+
 use moeflow::prelude::*;
 use moeflow::synth::Synth;
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| f.to_bits()).collect()
-}
 
 #[test]
 fn a_device_with_exactly_the_requirements_runs_the_layer_bitwise() {

@@ -10,7 +10,7 @@ B=${MOEFLOW:-$(dirname "$0")/../target/release/examples/moe_layer}
 for k in 2 8; do
     for who in A B B A; do
         if [ "$who" = A ]; then
-            out=$(ITERS=3 WARMUP=1 CHECK=0 "$A" 256 512 1024 16 "$k" 2>&1)
+            out=$(ITERS=3 WARMUP=2 CHECK=0 "$A" 256 512 1024 16 "$k" 2>&1)
             echo "k=$k A $(echo "$out" | grep -E '^CHECK (same|fresh)-x' | sed 's/;.*GFLOP\/s;/;/' | tr '\n' ' ')"
         else
             out=$("$B" --adapter vulkan --tokens 256 --hidden 512 --ffn 1024 --experts 16 --k "$k" --shared-ffn 0 2>&1)

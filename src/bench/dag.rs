@@ -4,8 +4,8 @@
 //! program (route, layout, expert and combine tiles) in static passes and on the persistent
 //! queue against its staged forward.
 
-use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::dag::{
     CombineRule, Executor, Fusion, Granularity, MoeProgram, QueueOptions, QueueStatus, RowGraph, RowInputs,
@@ -122,7 +122,7 @@ pub fn comparisons() -> Vec<DagComparison> {
 
 /// Every stage bit-identical.
 fn bitwise(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| bitwise_equal(x, y))
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| bit_identical(x, y))
 }
 
 /// Checks a queue run's state: the last run complete, no earlier run stopped early.
@@ -423,7 +423,7 @@ impl Comparison for MoeComparison {
                 check_status(&q.label(), &q.status(ctx)?)?;
             }
             for y in &outputs {
-                if !bitwise_equal(&ctx.read_back::<f32>(y, n)?, &want) {
+                if !bit_identical(&ctx.read_back::<f32>(y, n)?, &want) {
                     return Err(Error::Validation("an executor differs from the layer's forward".into()));
                 }
             }

@@ -3,6 +3,7 @@
 
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use super::dispatch::skewed_indices;
+use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
@@ -68,7 +69,7 @@ impl Problem {
     ) -> Result<()> {
         let got = self.check(ctx, checked.0, checked.1)?;
         let got_other: Vec<f32> = ctx.read_back(other.0, got.len())?;
-        if got.iter().zip(&got_other).any(|(a, b)| a.to_bits() != b.to_bits()) {
+        if !bit_identical(&got, &got_other) {
             return Err(Error::Validation(format!(
                 "{} output is not bitwise equal to {}",
                 other.1, checked.1
@@ -385,7 +386,7 @@ fn dense_pair(ctx: &Context, size: &Size, seed: u64, a: DenseKernel, b: DenseKer
                 }
             }
         }
-        if got_a.iter().zip(&got_b).any(|(p, q)| p.to_bits() != q.to_bits()) {
+        if !bit_identical(&got_a, &got_b) {
             return Err(Error::Validation("the two dense GEMMs are not bit-identical".into()));
         }
         Ok(())
@@ -477,7 +478,7 @@ fn grouped_pair(ctx: &Context, size: &Size, seed: u64, a: FfnKernels, b: FfnKern
     let validate = move |ctx: &Context| {
         let got_a = p.check_in(ctx, &pa, "A", a.order)?;
         let got_b = p.check_in(ctx, &pb, "B", b.order)?;
-        if a.order == b.order && got_a.iter().zip(&got_b).any(|(x, y)| x.to_bits() != y.to_bits()) {
+        if a.order == b.order && !bit_identical(&got_a, &got_b) {
             return Err(Error::Validation("variants of one order are not bitwise equal".into()));
         }
         Ok(())

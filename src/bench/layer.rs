@@ -1,7 +1,7 @@
 //! Combine and whole-layer comparisons.
 
-use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::combine::{CombineBuffers, CombineMode, plan_combine};
@@ -65,7 +65,7 @@ impl Comparison for OneLaunchCombine {
                     )));
                 }
             }
-            if !bitwise_equal(&got_a, &got_b) {
+            if !bit_identical(&got_a, &got_b) {
                 return Err(Error::Validation(
                     "one-launch combine is not bit-identical to the sequential one".into(),
                 ));
@@ -148,7 +148,7 @@ impl Comparison for LayerRoute {
                     )));
                 }
             }
-            if !bitwise_equal(&got_a, &got_b) {
+            if !bit_identical(&got_a, &got_b) {
                 return Err(Error::Validation(
                     "fused-route layer is not bit-identical to the unfused one".into(),
                 ));

@@ -25,11 +25,6 @@ pub use runner::{run_case, run_comparison};
 pub use timer::Sampler;
 pub use verdict::{Block, Rules, Summary, Verdict};
 
-/// Whether `a` and `b` hold the same bits (validation of variants that claim equivalence).
-pub(crate) fn bitwise_equal(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
 /// Every registered comparison, in matrix order.
 pub fn comparisons() -> Vec<Box<dyn Comparison>> {
     let mut all: Vec<Box<dyn Comparison>> = vec![

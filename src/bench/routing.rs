@@ -1,8 +1,8 @@
 //! Routing comparisons: fused vs unfused route, and the gate matvec's share of the unfused
 //! route (how much a fused route could save at most).
 
-use super::bitwise_equal;
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
@@ -154,7 +154,7 @@ impl Comparison for FusedRoute {
             }
             let (bi, bw): (Vec<u32>, Vec<f32>) =
                 (ctx.read_back(&b_out.indices, n)?, ctx.read_back(&b_out.weights, n)?);
-            if bi != ai || !bitwise_equal(&bw, &aw) {
+            if bi != ai || !bit_identical(&bw, &aw) {
                 return Err(Error::Validation("fused route is not bit-identical to unfused".into()));
             }
             Ok(())
@@ -204,7 +204,7 @@ impl Comparison for GateShare {
         let validate = move |ctx: &Context| -> Result<()> {
             let al = inputs.checked_logits(ctx, logits_of(&a_out)?)?;
             let bl: Vec<f32> = ctx.read_back(logits_of(&b_out)?, al.len())?;
-            if !bitwise_equal(&al, &bl) {
+            if !bit_identical(&al, &bl) {
                 return Err(Error::Validation(
                     "the gate matvec alone is not bit-identical to the route's".into(),
                 ));

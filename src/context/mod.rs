@@ -494,13 +494,24 @@ impl Context {
 
     /// `Err(DeviceLost)` once the device is lost or destroyed.
     ///
+    /// wgpu reports a loss through the device-lost callback, which runs only when the device
+    /// is polled: right after `device.destroy()` nothing has run it yet, and a buffer made
+    /// then is silently invalid (mapping or unmapping it would panic inside wgpu). So until
+    /// the loss is recorded, this polls the device without waiting, which runs a pending
+    /// callback, and checks again.
+    ///
     /// # Errors
     /// [`Error::DeviceLost`] with wgpu's reason.
     pub fn check_alive(&self) -> Result<()> {
-        match lock(&self.health.lost).as_ref() {
+        let recorded = || match lock(&self.health.lost).as_ref() {
             Some(why) => Err(Error::DeviceLost(why.clone())),
             None => Ok(()),
-        }
+        };
+        recorded()?;
+        // A failed non-blocking poll says nothing about the device that the callback will
+        // not say; only the recorded loss counts.
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        recorded()
     }
 
     /// Runs `f` inside validation, out-of-memory and internal error scopes and turns the first

@@ -21,6 +21,8 @@ fn padded(bytes: u64) -> u64 {
 }
 
 /// Writes `bytes` at the start of a buffer created with `mapped_at_creation`, then unmaps it.
+/// Run inside [`Context::checked`]: unmapping a buffer that is invalid (made on a device lost
+/// meanwhile) is a validation error, which outside an error scope panics in wgpu.
 fn fill_mapped(buffer: &wgpu::Buffer, bytes: &[u8]) {
     // A buffer mapped at creation is mapped over its whole size, so this range is valid.
     if let Ok(mut view) = buffer.slice(..).get_mapped_range_mut() {
@@ -62,7 +64,7 @@ impl Context {
     pub fn upload<T: Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let buffer = self.buffer(label, bytes.len() as u64, DATA_USAGE, true)?;
-        fill_mapped(&buffer, bytes);
+        self.checked(label, || fill_mapped(&buffer, bytes))?;
         Ok(buffer)
     }
 
@@ -114,7 +116,7 @@ impl Context {
     pub(crate) fn uniform_bytes(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
         let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let buffer = self.buffer(label, bytes.len() as u64, usage, true)?;
-        fill_mapped(&buffer, bytes);
+        self.checked(label, || fill_mapped(&buffer, bytes))?;
         Ok(buffer)
     }
 
@@ -213,10 +215,13 @@ impl Context {
             .map_err(|e| Error::Readback(e.to_string()))?;
         self.check_alive()?;
         rx.recv().map_err(|e| Error::Readback(e.to_string()))?.map_err(|e| Error::Readback(e.to_string()))?;
-        let view = slice.get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
-        let out = bytemuck::cast_slice::<u8, T>(&view[..bytes as usize]).to_vec();
-        drop(view);
-        staging.unmap();
+        let out = self.checked("readback unmapping", || -> Result<Vec<T>> {
+            let view = slice.get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
+            let out = bytemuck::cast_slice::<u8, T>(&view[..bytes as usize]).to_vec();
+            drop(view);
+            staging.unmap();
+            Ok(out)
+        })??;
         Ok(out)
     }
 }

@@ -12,6 +12,7 @@ use super::chain::RowGraph;
 use super::program::RowInputs;
 use super::queue::{Granularity, QueueOptions};
 use super::run::{Executor, RowRun};
+use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
@@ -316,7 +317,7 @@ fn progress_run(ctx: &Context, workers: u32) -> Result<Progress> {
     ctx.run(&queue.dispatches().iter().collect::<Vec<_>>())?;
     let status = queue.queue_status(ctx)?;
     let (want, got) = (staged.read_all(ctx)?, queue.read_all(ctx)?);
-    let bitwise = want.iter().flatten().zip(got.iter().flatten()).all(|(a, b)| a.to_bits() == b.to_bits());
+    let bitwise = want.len() == got.len() && want.iter().zip(&got).all(|(a, b)| bit_identical(a, b));
     if status.tasks == 0 {
         return Err(Error::invalid("progress run prepared no tasks"));
     }

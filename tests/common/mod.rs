@@ -97,13 +97,15 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32]) -> usize {
     let mut bit_equal = 0;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(close(*g, *w), "{what}[{i}]: got {g:e}, reference {w:e}");
-        bit_equal += usize::from(g.to_bits() == w.to_bits());
+        bit_equal += usize::from(moeflow::bits::same_bits(*g, *w));
     }
     bit_equal
 }
 
+/// The values' bits under the bit-identity contract (`moeflow::bits`: any NaN as the canonical
+/// one), for `assert_eq!` between variants that claim the same bits.
 pub fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|f| f.to_bits()).collect()
+    moeflow::bits::canonical(v)
 }
 
 /// Bound relative to each row's scale: |got - ref| <= 2e-5 + 2e-5 * max|ref row| (the scale
@@ -126,7 +128,7 @@ pub fn rows_close(got: &[f32], want: &[f32], width: usize) -> Result<usize, Stri
             if !within {
                 return Err(format!("row {r} col {c}: got {a:e}, reference {b:e}"));
             }
-            bit_equal += usize::from(a.to_bits() == b.to_bits());
+            bit_equal += usize::from(moeflow::bits::same_bits(a, b));
         }
     }
     Ok(bit_equal)
