@@ -27,6 +27,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod layer;
 pub mod pipeline;
+pub mod quant;
 pub mod reference;
 pub mod requirements;
 pub mod shader;
