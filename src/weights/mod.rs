@@ -11,6 +11,7 @@
 
 mod checkpoint;
 pub mod family;
+pub mod gguf;
 mod output;
 
 use std::collections::BTreeSet;
