@@ -390,12 +390,15 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
         let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
         let xb = ctx.upload("x", &x).unwrap();
         let want = layer.forward_host(&ctx, &x).unwrap().y;
+        // Four workers, or the probe's bound if lower (a busy machine can lower it to 1; where
+        // the probe refuses the queue, the count is not checked and the run falls back).
+        let workers = probe(&ctx).unwrap().max_workers().map_or(4, |max| max.min(4));
         for e in [
             Executor::Staged,
             Executor::Fused(Fusion::None),
             Executor::Fused(Fusion::Neighbours),
-            Executor::Queue(QueueOptions::new(4, Granularity::Fine)),
-            Executor::Queue(QueueOptions::new(4, Granularity::Coarse(Fusion::Neighbours))),
+            Executor::Queue(QueueOptions::new(workers, Granularity::Fine)),
+            Executor::Queue(QueueOptions::new(workers, Granularity::Coarse(Fusion::Neighbours))),
         ] {
             let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
             let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, e).unwrap();
@@ -446,9 +449,10 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
         };
         let layer = MoeLayer::new(&ctx, bounded, &Synth::new(6).moe_weights(&bounded)).unwrap();
         let want = layer.forward_host(&ctx, &x).unwrap().y;
-        for e in
-            [Executor::Fused(Fusion::Neighbours), Executor::Queue(QueueOptions::new(2, Granularity::Fine))]
-        {
+        for e in [
+            Executor::Fused(Fusion::Neighbours),
+            Executor::Queue(QueueOptions::new(workers.min(2), Granularity::Fine)),
+        ] {
             let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
             let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, e).unwrap();
             let report = run.run(&ctx).unwrap();
