@@ -34,6 +34,12 @@ enum Dtype {
     F32,
     F16,
     Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    Mxfp4,
+    Fp8,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -101,7 +107,9 @@ struct Args {
     /// `routed_scaling_factor` (DeepSeek) for a weights file without config.json.
     #[arg(long)]
     routed_scaling_factor: Option<f32>,
-    /// Expert weight dtype on the device (default: the file's, or f32 for the synthetic model).
+    /// Expert weight dtype on the device (default: the file's, or f32 for the synthetic model):
+    /// f32, f16, bf16, or quantised q8_0, q4_0, mxfp4, fp8 (f32 weights quantised row by row
+    /// along K; see docs/quant.md).
     #[arg(long, value_enum)]
     dtype: Option<Dtype>,
     /// Routing: one fused dispatch or gate matvec + top-k (bit-identical).
@@ -152,6 +160,10 @@ fn dtype(d: Dtype) -> WeightDtype {
         Dtype::F32 => WeightDtype::F32,
         Dtype::F16 => WeightDtype::F16,
         Dtype::Bf16 => WeightDtype::Bf16,
+        Dtype::Q8_0 => WeightDtype::Q8_0,
+        Dtype::Q4_0 => WeightDtype::Q4_0,
+        Dtype::Mxfp4 => WeightDtype::Mxfp4,
+        Dtype::Fp8 => WeightDtype::Fp8,
     }
 }
 
@@ -375,7 +387,7 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
     let idx: Vec<u32> = ctx.read_back(plan.indices(), m * cfg.route.k as usize)?;
     let picks: Vec<usize> = (0..m.min(16)).chain(m.saturating_sub(16).max(16)..m).collect();
     let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * h..(t + 1) * h].to_vec()).collect();
-    let (ry, ridx, _) = reference::forward(&cfg, &w, &xs);
+    let (ry, ridx, _) = reference::forward(&cfg, &w, &xs)?;
     let k = cfg.route.k as usize;
     let (mut worst, mut bit_equal, mut idx_equal) = (0.0f32, 0usize, 0usize);
     for (n, &t) in picks.iter().enumerate() {

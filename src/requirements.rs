@@ -153,10 +153,10 @@ impl MoeConfig {
         let dtype = self.weight_dtype;
         // Weights split by expert, then by output column: one column is the least a binding
         // can hold; whole tensors are preferred.
-        needed.extend([dtype.packed_bytes(h), dtype.packed_bytes(f)]);
-        let mut preferred = vec![dtype.packed_bytes(e * f * h)];
+        needed.extend([dtype.packed_bytes(1, h), dtype.packed_bytes(1, f)]);
+        let mut preferred = vec![dtype.packed_bytes(e * f, h), dtype.packed_bytes(e * h, f)];
         if let Some(fs) = self.shared_ffn {
-            preferred.push(dtype.packed_bytes(u64::from(fs) * h));
+            preferred.push(dtype.packed_bytes(u64::from(fs), h));
         }
         for &v in variants {
             for &(rows, kdim) in &windows {

@@ -385,9 +385,9 @@ fn grouped_gemm_cases() {
         let mut r = rng(21);
         let n = (e * h * f) as usize;
         let (sh, sf) = (1.0 / (h as f32).sqrt(), 1.0 / (f as f32).sqrt());
-        let gate = dtype.round(&uniform(&mut r, n, sh));
-        let up = dtype.round(&uniform(&mut r, n, sh));
-        let down = dtype.round(&uniform(&mut r, n, sf));
+        let gate = dtype.round(&uniform(&mut r, n, sh), h as usize).unwrap();
+        let up = dtype.round(&uniform(&mut r, n, sh), h as usize).unwrap();
+        let down = dtype.round(&uniform(&mut r, n, sf), f as usize).unwrap();
         let x = uniform(&mut r, (tokens * h) as usize, 1.0);
         let idx = common::routes(22, tokens, e, k, true);
         let default = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
@@ -452,7 +452,7 @@ fn layer_cases() {
             let plan = layer.plan(&ctx, tokens as u32, &xb, &y).unwrap();
             let (ib, wb) = (plan.indices().clone(), plan.weights().clone());
             let mut cap = Capture::run(&ctx, &format!("layer-{name}"), plan.into_dispatches());
-            let (want_y, idx, wts) = reference::layer::forward(&cfg, &w, &x);
+            let (want_y, idx, wts) = reference::layer::forward(&cfg, &w, &x).unwrap();
             cap.check(&ctx, "indices", &ib, idx, Bound::Exact);
             cap.check_f32(&ctx, "weights", &wb, &wts, Bound::Close);
             cap.check_f32(&ctx, "y", &y, &want_y, Bound::Rows(cfg.route.hidden as usize));

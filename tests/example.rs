@@ -177,7 +177,8 @@ fn example_runs_a_users_layer_for_every_naming_scheme() {
         let (cfg, file_dtype, config, extra) = case(scheme);
         let mut w = Synth::new(7).moe_weights(&cfg);
         // What the file holds is what the layer sees: round to the file's dtype first.
-        let r = |v: &mut Vec<f32>| *v = cfg.weight_dtype.round(v);
+        // A file's float dtype rounds value by value (rows of one).
+        let r = |v: &mut Vec<f32>| *v = cfg.weight_dtype.round(v, 1).expect("a float dtype");
         for v in [&mut w.gate, &mut w.up, &mut w.down, &mut w.router] {
             r(v);
         }
@@ -229,7 +230,7 @@ fn example_runs_a_users_layer_for_every_naming_scheme() {
         assert_eq!(st.tensor("topk_weights").unwrap().shape(), &[tokens, cfg.route.k as usize]);
         let counts = st.tensor("expert_counts").unwrap();
         assert_eq!(counts.shape(), &[cfg.route.experts as usize]);
-        let (ry, ridx, _) = reference::forward(&cfg, &w, &x);
+        let (ry, ridx, _) = reference::forward(&cfg, &w, &x).unwrap();
         assert_eq!(idx, ridx, "{scheme:?}: routing");
         common::assert_rows_close(&format!("{scheme:?}"), &y, &ry, cfg.route.hidden as usize);
         std::fs::remove_dir_all(&dir).ok();
@@ -246,6 +247,29 @@ fn example_runs_without_arguments() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     for needle in ["adapter:", "per-stage GPU time", "tokens/s", "expert load", "result: PASS"] {
         assert!(stdout.contains(needle), "missing `{needle}` in:\n{stdout}");
+    }
+}
+
+/// `--dtype` takes every quantised format: the synthetic layer quantises its weights and the
+/// check against the CPU reference (on the quantised values) passes, on every adapter.
+#[test]
+fn example_runs_every_quantised_dtype() {
+    for adapter in common::wgpu_adapters() {
+        let backend = format!("{:?}", adapter.get_info().backend).to_lowercase();
+        for dtype in ["q8_0", "q4_0", "mxfp4", "fp8"] {
+            let out = Command::new(example())
+                .args(["--adapter", &backend, "--dtype", dtype, "--tokens", "19", "--hidden", "96"])
+                .args(["--ffn", "80", "--experts", "8", "--k", "2", "--shared-ffn", "48"])
+                .output()
+                .expect("running the example");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{backend} {dtype}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(stdout.contains("result: PASS"), "{backend} {dtype}: {stdout}");
+        }
     }
 }
 
@@ -357,7 +381,7 @@ fn sharded(name: &str) -> (PathBuf, MoeConfig, serde_json::Value, [MoeWeights; 2
     let layer = |seed| {
         let mut w = Synth::new(seed).moe_weights(&cfg);
         for v in [&mut w.gate, &mut w.up, &mut w.down, &mut w.router] {
-            *v = cfg.weight_dtype.round(v);
+            *v = cfg.weight_dtype.round(v, 1).expect("a float dtype");
         }
         w
     };
@@ -633,7 +657,7 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
     let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
-    let (ry, _, _) = reference::forward(&cfg, &ws[1], &x);
+    let (ry, _, _) = reference::forward(&cfg, &ws[1], &x).unwrap();
     common::assert_rows_close("layer 1", &y, &ry, cfg.route.hidden as usize);
     // Every layer in turn, from one mapping.
     let out = Command::new(example())
@@ -655,7 +679,7 @@ fn example_runs_one_layer_of_a_sharded_checkpoint() {
     let st = SafeTensors::deserialize(&bytes).unwrap();
     for (l, w) in ws.iter().enumerate() {
         let y = words(&st, &format!("layers.{l}.output")).map(f32::from_bits).collect::<Vec<_>>();
-        let (ry, _, _) = reference::forward(&cfg, w, &x);
+        let (ry, _, _) = reference::forward(&cfg, w, &x).unwrap();
         common::assert_rows_close(&format!("layer {l}"), &y, &ry, cfg.route.hidden as usize);
         assert_eq!(
             st.tensor(&format!("layers.{l}.expert_counts")).unwrap().shape(),

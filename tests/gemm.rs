@@ -36,9 +36,9 @@ impl Model {
             h,
             f,
             dtype,
-            gate: dtype.round(&uniform(&mut r, n, sh)),
-            up: dtype.round(&uniform(&mut r, n, sh)),
-            down: dtype.round(&uniform(&mut r, n, sf)),
+            gate: uniform(&mut r, n, sh),
+            up: uniform(&mut r, n, sh),
+            down: uniform(&mut r, n, sf),
         }
     }
 
@@ -56,11 +56,15 @@ impl Model {
         self.reference_in(GemmOrder::Strict, x, idx, k)
     }
 
+    /// The reference on the values the kernels see (`WeightDtype::round` of the model's).
     fn reference_in(&self, order: GemmOrder, x: &[f32], idx: &[u32], k: u32) -> Vec<f32> {
+        let round = |v: &[f32], k: u32| self.dtype.round(v, k as usize).unwrap();
+        let (gate, up, down) =
+            (round(&self.gate, self.h), round(&self.up, self.h), round(&self.down, self.f));
         let w = reference::FfnWeights {
-            gate: &self.gate,
-            up: &self.up,
-            down: &self.down,
+            gate: &gate,
+            up: &up,
+            down: &down,
             hidden: self.h as usize,
             ffn: self.f as usize,
             order,
@@ -386,8 +390,8 @@ fn every_variant_is_bit_identical_within_an_order() {
         for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
             let mut m = Model::new(60, e, h, f, dtype);
             let mut r = rng(61);
-            m.gate = dtype.round(&adversarial(&mut r, m.gate.len(), 0.1));
-            m.down = dtype.round(&adversarial(&mut r, m.down.len(), 0.1));
+            m.gate = dtype.round(&adversarial(&mut r, m.gate.len(), 0.1), h as usize).unwrap();
+            m.down = dtype.round(&adversarial(&mut r, m.down.len(), 0.1), f as usize).unwrap();
             // NaN and ±inf in a few places only, so most outputs stay finite and comparable:
             // token 3 has a NaN input, token 5 an infinite one, expert 0's gate row 2 an
             // infinite weight and expert 1's down row 7 a NaN.
@@ -426,6 +430,52 @@ fn every_variant_is_bit_identical_within_an_order() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Quantised weights on every path and kernel family: the grouped (the adapter's defaults,
+/// where texture variants run as window blocks, a direct and a tiled block), bucketed with
+/// overflow and row-wise decode passes give the
+/// same bits, within the bound of the reference on the quantised values. K = 70 and F = 45 end
+/// in partial blocks and groups; one expert takes most tokens and odd experts past 2 stay empty.
+#[test]
+fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
+    for ctx in contexts() {
+        let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
+        for dtype in [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8] {
+            let mut m = Model::new(80, e, h, f, dtype);
+            let mut r = rng(81);
+            m.gate = adversarial(&mut r, m.gate.len(), 0.1);
+            m.down = adversarial(&mut r, m.down.len(), 0.1);
+            let x = adversarial(&mut r, (tokens * h) as usize, 1.0);
+            let idx = routes(82, tokens, e, k, true);
+            let what = format!("{} {dtype:?}", ctx.adapter().slug());
+            let want = m.reference(&x, &idx, k);
+            let ffn_with = |up, down| {
+                m.upload(&ctx).with_kernels(FfnKernels { order: GemmOrder::Strict, up, down }).unwrap()
+            };
+            // Every kernel family once (the loads are the same functions in every variant):
+            // the adapter's defaults (texture ones run as window blocks), a direct block and
+            // a tiled one; compiling all of variants_under_test per format takes minutes on
+            // the CPU adapters.
+            let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
+            let mut variants = vec![
+                d.up,
+                d.down,
+                GemmVariant::Direct { rows: 4, cols: 3, lanes: 5 },
+                GemmVariant::Tiled { bk4: 1 },
+            ];
+            variants.dedup();
+            let first = variants[0];
+            let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
+            assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, h as usize);
+            let bucketed = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Bucketed(4));
+            assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
+            for v in variants {
+                let grouped = run(&ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
+                assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped {} vs row-wise", v.name());
             }
         }
     }
@@ -590,7 +640,7 @@ fn texture_weights_give_the_window_results_bitwise() {
         let slug = whole.adapter().slug();
         // K = 999 is 250 texels, 16 rows per x window; F = 71 is odd.
         let (e, h, f, k, tokens) = (4u32, 999u32, 71u32, 2u32, 5u32);
-        let per_expert = WeightDtype::F32.packed_bytes(u64::from(h * f));
+        let per_expert = WeightDtype::F32.packed_bytes(u64::from(f), u64::from(h));
         // Layers of 256 rows (gate and up 284 rows: 2 layers; down 3996: 16) from weights split
         // by column; and too few layers for any copy.
         let layered = limited_context(
@@ -642,7 +692,7 @@ fn texture_weights_give_the_window_results_bitwise() {
 
 /// Weights past the binding limit split by expert (several experts per chunk, or one), and an
 /// expert past it alone splits by output column: every path gives the unsplit results bit for
-/// bit on the same adapter, in every dtype, in both orders.
+/// bit on the same adapter, in every dtype (quantised ones included), in both orders.
 #[test]
 fn split_weights_give_the_unsplit_results_bitwise() {
     for adapter in common::wgpu_adapters() {
@@ -650,11 +700,22 @@ fn split_weights_give_the_unsplit_results_bitwise() {
         let slug = whole.adapter().slug();
         // Wide H and few tokens, so the weights, not the activations, meet the limit first.
         let (k, tokens) = (2u32, 5u32);
-        for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
-            let m = Model::new(60, 4, 1024, 72, dtype);
+        for dtype in [
+            WeightDtype::F32,
+            WeightDtype::F16,
+            WeightDtype::Bf16,
+            WeightDtype::Q8_0,
+            WeightDtype::Q4_0,
+            WeightDtype::Mxfp4,
+            WeightDtype::Fp8,
+        ] {
+            // Quantised rows are 4.25 to 9 bits a value: a larger expert keeps half of one
+            // above the activations' and outputs' bindings.
+            let (h, f) = if dtype.is_quantised() { (2048, 160) } else { (1024, 72) };
+            let m = Model::new(60, 4, h, f, dtype);
             let x = adversarial(&mut rng(61), (tokens * m.h) as usize, 1.0);
             let idx = routes(62, tokens, m.e, k, true);
-            let per_expert = dtype.packed_bytes(u64::from(m.h * m.f));
+            let per_expert = dtype.packed_bytes(u64::from(m.f), u64::from(m.h));
             // Two experts per chunk; one; and column runs inside each expert.
             for (limit, chunks) in [(2 * per_expert + 4, 2usize), (per_expert, 4), (per_expert / 2, 8)] {
                 let split = small_binding_context(&adapter, limit.next_multiple_of(4));

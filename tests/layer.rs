@@ -1,5 +1,6 @@
 //! The whole layer on every adapter: against the CPU reference layer, bit-identical across
-//! fused/unfused routing and one-launch/sequential combine, and bad weights.
+//! fused/unfused routing and one-launch/sequential combine, in float and quantised weight
+//! dtypes, and bad weights.
 
 mod common;
 
@@ -42,6 +43,11 @@ fn configs() -> Vec<(&'static str, MoeConfig)> {
         ("qwen2", qwen),
         ("bounded-overflow", overflow),
         ("bounded-drop", drop),
+        // Quantised experts (shared experts too), on the dropless and bounded paths.
+        ("mixtral-q4_0", MoeConfig { weight_dtype: WeightDtype::Q4_0, ..mixtral }),
+        ("deepseek-mxfp4", MoeConfig { weight_dtype: WeightDtype::Mxfp4, ..deepseek }),
+        ("qwen2-fp8", MoeConfig { weight_dtype: WeightDtype::Fp8, ..qwen }),
+        ("bounded-overflow-q8_0", MoeConfig { weight_dtype: WeightDtype::Q8_0, ..overflow }),
     ]
 }
 
@@ -54,7 +60,7 @@ fn layer_matches_the_reference_layer() {
             for tokens in [1usize, 5, 100] {
                 let x = Synth::new(tokens as u64).uniform(tokens * cfg.route.hidden as usize, 1.0);
                 let got = layer.forward_host(&ctx, &x).unwrap();
-                let (y, idx, wts) = reference::forward(&cfg, &w, &x);
+                let (y, idx, wts) = reference::forward(&cfg, &w, &x).unwrap();
                 let what = format!("{} {name} M={tokens}", ctx.adapter().slug());
                 assert_eq!(got.indices, idx, "{what}: indices");
                 common::assert_close(&format!("{what} weights"), &got.weights, &wts);

@@ -136,7 +136,7 @@ impl Comparison for LayerRoute {
             let n = m as usize * hu;
             let (got_a, got_b): (Vec<f32>, Vec<f32>) = (ctx.read_back(&ya, n)?, ctx.read_back(&yb, n)?);
             let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * hu..(t + 1) * hu].to_vec()).collect();
-            let (want, _, _) = reference::forward(&cfg, &w, &xs);
+            let (want, _, _) = reference::forward(&cfg, &w, &xs)?;
             for (r, &t) in picks.iter().enumerate() {
                 let row = &want[r * hu..(r + 1) * hu];
                 let scale = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));

@@ -367,6 +367,12 @@ fn layer_unsupported(layer: &MoeLayer) -> Option<String> {
     if cfg.capacity != Capacity::Dropless {
         return Some("the MoE task program runs dropless layers only (no capacity bound)".into());
     }
+    if cfg.weight_dtype.is_quantised() {
+        return Some(format!(
+            "the MoE task program reads f32, f16 and bf16 weights; {:?} weights run on the staged forward",
+            cfg.weight_dtype
+        ));
+    }
     let ffn = layer.routed_experts();
     let shared = layer.shared_expert().map(|(s, _)| [&s.gate, &s.up, &s.down]);
     let mut all = vec![&ffn.gate, &ffn.up, &ffn.down];

@@ -1,17 +1,23 @@
 //! Reference MoE layer: the routing, expert FFN and combine references composed in the
 //! layer's order.
 
+use crate::error::Result;
 use crate::kernels::dispatch::OverflowPolicy;
 use crate::layer::{Capacity, MoeConfig, MoeWeights};
 use crate::reference::{dispatch, gemm, routing};
 
-/// `(y[tokens, H], indices[tokens, k], weights[tokens, k])` for `x[tokens, H]`.
-pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
+/// `(y[tokens, H], indices[tokens, k], weights[tokens, k])` for `x[tokens, H]`, with the
+/// expert weights as the layer's kernels see them ([`crate::kernels::gemm::WeightDtype::round`]).
+///
+/// # Errors
+/// Weights the layer's dtype cannot hold (a value that is not finite, for a quantised dtype).
+pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> Result<(Vec<f32>, Vec<u32>, Vec<f32>)> {
     let (h, k) = (cfg.route.hidden as usize, cfg.route.k as usize);
     let logits = routing::gate_logits(x, &w.router, h);
     let (indices, weights) = routing::topk(&cfg.route, &logits, w.bias.as_deref());
-    let round = |v: &[f32]| cfg.weight_dtype.round(v);
-    let (gate, up, down) = (round(&w.gate), round(&w.up), round(&w.down));
+    let f = cfg.ffn as usize;
+    let round = |v: &[f32], k: usize| cfg.weight_dtype.round(v, k);
+    let (gate, up, down) = (round(&w.gate, h)?, round(&w.up, h)?, round(&w.down, f)?);
     let order = cfg.gemm_order;
     let experts =
         gemm::FfnWeights { gate: &gate, up: &up, down: &down, hidden: h, ffn: cfg.ffn as usize, order };
@@ -24,19 +30,16 @@ pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> (Vec<f32>, Vec<u32
             }
         }
     }
-    let shared = w.shared.as_ref().map(|(g, u, d)| (round(g), round(u), round(d)));
+    let shared_f = cfg.shared_ffn.unwrap_or(0) as usize;
+    let shared = match &w.shared {
+        Some((g, u, d)) => Some((round(g, h)?, round(u, h)?, round(d, shared_f)?)),
+        None => None,
+    };
     let mut y = vec![0.0f32; x.len()];
     for (t, row) in y.chunks_mut(h).enumerate() {
         let xt = &x[t * h..(t + 1) * h];
         let shared_row = shared.as_ref().map(|(g, u, d)| {
-            let sw = gemm::FfnWeights {
-                gate: g,
-                up: u,
-                down: d,
-                hidden: h,
-                ffn: cfg.shared_ffn.unwrap_or(0) as usize,
-                order,
-            };
+            let sw = gemm::FfnWeights { gate: g, up: u, down: d, hidden: h, ffn: shared_f, order };
             gemm::ffn_row(xt, 0, &sw)
         });
         let s = w.shared_gate.as_ref().map_or(1.0, |g| 1.0 / (1.0 + (-gemm::dot_in(order, xt, g)).exp()));
@@ -52,5 +55,5 @@ pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> (Vec<f32>, Vec<u32
             *out = acc;
         }
     }
-    (y, indices, weights)
+    Ok((y, indices, weights))
 }

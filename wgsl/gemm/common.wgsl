@@ -78,13 +78,14 @@ fn in_chunk(expert: u32) -> bool {
     return expert != NONE && expert >= params.expert_base && expert - params.expert_base < params.expert_count;
 }
 
-// Word index of element k = 0 of output column `col` (global) of `expert` in the bound chunk.
-fn weight_row(expert: u32, col: u32) -> u32 {
-    return ((expert - params.expert_base) * params.cols + (col - params.col_base)) * params.kdim;
+// Index (in the bound chunk) of the weight row of output column `col` (global) of `expert`.
+fn weight_row_index(expert: u32, col: u32) -> u32 {
+    return (expert - params.expert_base) * params.cols + (col - params.col_base);
 }
 
 // The inner loops' choices stay pipeline constants.
-// 0: f32 (one per word); 1: f16 (two per word, low half first); 2: bf16 (two per word).
+// 0: f32 (one per word); 1: f16 (two per word, low half first); 2: bf16 (two per word);
+// 3..6: Q8_0, Q4_0, MXFP4, FP8 in groups of a header and code words (quant.wgsl).
 override DTYPE: u32 = 0u;
 // silu(x . w) * (x . w_up) instead of x . w.
 override SWIGLU: bool = false;

@@ -1,6 +1,6 @@
 // Weights for the row-wise kernel, read from the weight buffers (weights_packed.wgsl or
-// weights_f16.wgsl): a row is found by its first element's index, and each group of four is
-// read element by element, 0.0 past K.
+// weights_f16.wgsl): a row is found by weight_row, and each group of four is read by
+// weight4_tail (element by element, or a quantised group's header and code word), 0.0 past K.
 alias WeightAt = u32;
 
 fn weight_at(expert: u32, col: u32) -> WeightAt {
@@ -9,11 +9,5 @@ fn weight_at(expert: u32, col: u32) -> WeightAt {
 
 // Weights k .. k + 3 of the row at `at`, 0.0 at k >= K.
 fn weight_vec(buf_is_up: bool, at: WeightAt, k: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if k + j < params.kdim {
-            v[j] = weight_from(buf_is_up, at + k + j);
-        }
-    }
-    return v;
+    return weight4_tail(buf_is_up, at, k, params.kdim);
 }

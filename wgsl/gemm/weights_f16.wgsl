@@ -7,6 +7,11 @@
 // Second weights (up projection) for SWIGLU, same shape.
 @group(0) @binding(3) var<storage, read> w_up: array<f16>;
 
+// Index of the first element of the weight row of output column `col` of `expert`.
+fn weight_row(expert: u32, col: u32) -> u32 {
+    return weight_row_index(expert, col) * params.kdim;
+}
+
 fn weight_from(buf_is_up: bool, idx: u32) -> f32 {
     if buf_is_up {
         return f32(w_up[idx]);

@@ -1,13 +1,23 @@
 // Expert weights packed in u32 words, unpacked with integer operations so every adapter runs
 // every dtype: DTYPE 0 is f32 (one per word), 1 is IEEE half and 2 is bfloat16 (two per word,
-// low half first). weight_from(is_up, idx) returns element idx of w (or w_up) as f32;
-// weight4(is_up, idx) elements idx .. idx + 3 (all inside the buffer), reading each word once;
-// weight4_tail(is_up, base, k, kdim) elements base + k .. base + k + 3, 0.0 at k >= kdim.
+// low half first); 3..6 are the quantised formats of quant.wgsl (composed after this module).
+// A row starts at weight_row(expert, col): its first element's index for DTYPE 0..2, its first
+// word for the quantised formats. weight_from(is_up, idx) returns element idx of w (or w_up)
+// as f32 (DTYPE 0..2); weight4(is_up, idx) elements idx .. idx + 3 (all inside the buffer),
+// reading each word once; weight4_tail(is_up, base, k, kdim) and weight_group (every DTYPE)
+// values k .. k + 3 of the row at base, 0.0 at k >= kdim.
 
 // Weights [E, N, K].
 @group(0) @binding(2) var<storage, read> w: array<u32>;
 // Second weights (up projection) for SWIGLU, same shape and dtype.
 @group(0) @binding(3) var<storage, read> w_up: array<u32>;
+
+fn weight_row(expert: u32, col: u32) -> u32 {
+    if DTYPE >= DTYPE_Q8_0 {
+        return weight_row_index(expert, col) * quant_row_words(params.kdim);
+    }
+    return weight_row_index(expert, col) * params.kdim;
+}
 
 fn weight_from(buf_is_up: bool, idx: u32) -> f32 {
     var word: u32;
@@ -56,6 +66,9 @@ fn weight4(buf_is_up: bool, idx: u32) -> vec4<f32> {
 }
 
 fn weight4_tail(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    if DTYPE >= DTYPE_Q8_0 {
+        return quant_group4(buf_is_up, base, k, kdim);
+    }
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
         if k + j < kdim {
@@ -67,6 +80,9 @@ fn weight4_tail(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
 
 // weight4 where the whole group is inside K, else weight4_tail.
 fn weight_group(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    if DTYPE >= DTYPE_Q8_0 {
+        return quant_group4(buf_is_up, base, k, kdim);
+    }
     if k + 4u <= kdim {
         return weight4(buf_is_up, base + k);
     }

@@ -20,10 +20,12 @@ use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, TextureBinding, Workgroup};
 use crate::shader::{ShaderSource, wgsl};
 
+mod quantised;
 mod texture;
 mod tune;
 mod variant;
 
+pub use quantised::QuantisedValues;
 use texture::TextureWeights;
 
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune};
@@ -52,6 +54,7 @@ macro_rules! rowwise_shader {
             "gemm/order.wgsl",
             "gemm/weights_packed.wgsl",
             "gemm/half.wgsl",
+            "gemm/quant.wgsl",
             "gemm/rowwise_w_packed.wgsl"
         )
     };
@@ -100,6 +103,7 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
         &ROWWISE_TEXTURE_SHADER,
         &ROWWISE_WINDOW_TEXTURE_SHADER,
         &STAGE_SHADER,
+        &UNPACK_SHADER,
         &texture::PACK_SHADER,
     ];
     let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
@@ -141,14 +145,14 @@ pub(crate) fn specs_for(
     all
 }
 
-/// Every gemm kernel (for the contract test, `src/contract.rs`): [`specs_for`] every candidate
-/// variant in both orders, with packed and native f16 weights.
+/// Every gemm kernel (for the contract test, `src/contract.rs`): the unpack kernel and
+/// [`specs_for`] every candidate variant in both orders, with packed and native f16 weights.
 #[cfg(test)]
 pub(crate) fn specs() -> Vec<&'static KernelSpec> {
     let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
     variants.sort_by_key(|v| v.name());
     variants.dedup();
-    let mut all: Vec<&'static KernelSpec> = Vec::new();
+    let mut all: Vec<&'static KernelSpec> = vec![&UNPACK];
     for order in [GemmOrder::Strict, GemmOrder::Fast] {
         for native in [false, true] {
             for spec in specs_for(&variants, order, native) {
@@ -167,6 +171,19 @@ static STAGE_SHADER: ShaderSource = ShaderSource {
     entry_points: &["stage"],
 };
 
+/// The weights' values as the kernels load them (`ExpertWeights::unpack`).
+static UNPACK_SHADER: ShaderSource = ShaderSource {
+    name: "gemm/unpack",
+    parts: &[
+        wgsl!("gemm/common.wgsl"),
+        wgsl!("gemm/weights_packed.wgsl"),
+        wgsl!("gemm/half.wgsl"),
+        wgsl!("gemm/quant.wgsl"),
+        wgsl!("gemm/unpack.wgsl"),
+    ],
+    entry_points: &["unpack"],
+};
+
 use Access::{Read, ReadWrite, TextureU32, Uniform};
 /// Bytes of `GemmParams` (wgsl/gemm/common.wgsl).
 pub(crate) const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
@@ -174,6 +191,13 @@ static STAGE: KernelSpec = KernelSpec {
     shader: &STAGE_SHADER,
     entry: "stage",
     bindings: &[(0, Uniform), (1, Read), (4, Read), (7, ReadWrite)],
+    params_bytes: PARAMS_BYTES,
+    workgroup: Workgroup::Fixed(64),
+};
+static UNPACK: KernelSpec = KernelSpec {
+    shader: &UNPACK_SHADER,
+    entry: "unpack",
+    bindings: &[(0, Uniform), (2, Read), (3, Read), (6, ReadWrite)],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
@@ -235,6 +259,18 @@ pub enum WeightDtype {
     F16,
     /// bfloat16, two per u32 word (low half first).
     Bf16,
+    /// ggml's Q8_0: blocks of 32 signed bytes with one f16 scale (8.5 bits a value).
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// ggml's Q4_0: blocks of 32 nibbles (value − 8) with one f16 scale (4.5 bits a value).
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    /// MXFP4 (OCP Microscaling): blocks of 32 FP4 e2m1 codes with one E8M0 scale (4.25 bits a
+    /// value), as gpt-oss ships its experts.
+    Mxfp4,
+    /// FP8 e4m3 with one f32 `scale_inv` per 128 values along K (8.25 bits a value on the
+    /// device); DeepSeek-V3's and Qwen3-FP8's 128 × 128 tiles give each row its tile's scale.
+    Fp8,
 }
 
 impl WeightDtype {
@@ -244,41 +280,72 @@ impl WeightDtype {
             WeightDtype::F32 => 0.0,
             WeightDtype::F16 => 1.0,
             WeightDtype::Bf16 => 2.0,
+            WeightDtype::Q8_0 => 3.0,
+            WeightDtype::Q4_0 => 4.0,
+            WeightDtype::Mxfp4 => 5.0,
+            WeightDtype::Fp8 => 6.0,
         }
     }
 
-    /// Rounds f32 values to this dtype (nearest even) and back: the values the shader sees.
-    pub fn round(self, data: &[f32]) -> Vec<f32> {
-        match self {
+    /// Whether this is a block-quantised format (Q8_0, Q4_0, MXFP4, FP8).
+    pub fn is_quantised(self) -> bool {
+        quantised::group(self).is_some()
+    }
+
+    /// The values the shader sees for weight rows of `k` values (`data.len() / k` rows)
+    /// uploaded as this dtype: each value rounded to nearest even for f16 and bf16; for the
+    /// quantised formats, the rows quantised block by block along K and decoded exactly
+    /// ([`crate::quant`]'s decoders; see docs/quant.md for the rules).
+    ///
+    /// # Errors
+    /// For a quantised dtype: `k == 0`, a length that is not whole rows, or a value that is not
+    /// finite ([`Error::InvalidArgument`]). Float dtypes never fail.
+    pub fn round(self, data: &[f32], k: usize) -> Result<Vec<f32>> {
+        Ok(match self {
             WeightDtype::F32 => data.to_vec(),
             WeightDtype::F16 => data.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
             WeightDtype::Bf16 => data.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
-        }
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
+                quantised::quantise_rows(self, data, k)?.1
+            }
+        })
     }
 
-    /// Packs f32 values into u32 words of this dtype.
-    pub fn pack(self, data: &[f32]) -> Vec<u32> {
+    /// Packs weight rows of `k` values into the u32 words the kernels read (the f32 words,
+    /// halves low half first, or the quantised groups of docs/quant.md).
+    ///
+    /// # Errors
+    /// As [`WeightDtype::round`].
+    pub fn pack(self, data: &[f32], k: usize) -> Result<Vec<u32>> {
         let halves: Vec<u16> = match self {
-            WeightDtype::F32 => return data.iter().map(|v| v.to_bits()).collect(),
+            WeightDtype::F32 => return Ok(data.iter().map(|v| v.to_bits()).collect()),
             WeightDtype::F16 => data.iter().map(|&v| f16::from_f32(v).to_bits()).collect(),
             WeightDtype::Bf16 => data.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(),
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
+                return Ok(quantised::quantise_rows(self, data, k)?.0);
+            }
         };
-        halves.chunks(2).map(|p| u32::from(p[0]) | (u32::from(*p.get(1).unwrap_or(&0)) << 16)).collect()
+        Ok(halves.chunks(2).map(|p| u32::from(p[0]) | (u32::from(*p.get(1).unwrap_or(&0)) << 16)).collect())
     }
 
-    /// Bytes of one element.
-    pub fn element_bytes(self) -> usize {
+    /// Bytes of one element for the float dtypes; None for the quantised formats, whose
+    /// values share their blocks' scales.
+    pub fn element_bytes(self) -> Option<usize> {
         match self {
-            WeightDtype::F32 => 4,
-            _ => 2,
+            WeightDtype::F32 => Some(4),
+            WeightDtype::F16 | WeightDtype::Bf16 => Some(2),
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => None,
         }
     }
 
-    /// Bytes of `n` elements as packed.
-    pub fn packed_bytes(self, n: u64) -> u64 {
+    /// Bytes on the device of `rows` weight rows of `k` values.
+    pub fn packed_bytes(self, rows: u64, k: u64) -> u64 {
         match self {
-            WeightDtype::F32 => 4 * n,
-            _ => 4 * n.div_ceil(2),
+            WeightDtype::F32 => 4 * rows * k,
+            WeightDtype::F16 | WeightDtype::Bf16 => 4 * (rows * k).div_ceil(2),
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
+                4 * rows * quantised::row_words(self, k)
+            }
         }
     }
 }
@@ -299,7 +366,8 @@ pub struct ExpertWeights {
     texture: Mutex<Option<Option<Arc<TextureWeights>>>>,
 }
 
-/// One expert's `[n, k]` values as a file stores them: little-endian `dtype` elements.
+/// One expert's `[n, k]` values as a file stores them: little-endian `dtype` elements of a
+/// float dtype (f32, f16 or bf16).
 #[derive(Clone, Copy, Debug)]
 pub struct StoredValues<'a> {
     /// The element type of `bytes`.
@@ -309,25 +377,40 @@ pub struct StoredValues<'a> {
 }
 
 impl StoredValues<'_> {
-    /// Appends these values to `out` as little-endian `to` elements (the packed layout: f32
-    /// words, or halves low half first), rounding to nearest even when `to` is narrower,
-    /// exactly as [`WeightDtype::pack`] does from f32.
-    fn append_as(&self, to: WeightDtype, out: &mut Vec<u8>) {
+    /// Appends these values (whole rows of `k`) to `out` as `to` lays them out on the device
+    /// (f32 words, halves low half first, or quantised groups), rounding to nearest even when
+    /// `to` is a narrower float, exactly as [`WeightDtype::pack`] does from f32.
+    fn append_as(&self, to: WeightDtype, k: usize, out: &mut Vec<u8>) -> Result<()> {
         if self.dtype == to {
             out.extend_from_slice(self.bytes);
-            return;
+            return Ok(());
         }
-        let values = self.bytes.chunks_exact(self.dtype.element_bytes()).map(|b| match self.dtype {
-            WeightDtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        let eb = stored_element_bytes(self.dtype)?;
+        let values = self.bytes.chunks_exact(eb).map(|b| match self.dtype {
             WeightDtype::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
             WeightDtype::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         });
         match to {
             WeightDtype::F32 => values.for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
             WeightDtype::F16 => values.for_each(|v| out.extend_from_slice(&f16::from_f32(v).to_le_bytes())),
             WeightDtype::Bf16 => values.for_each(|v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes())),
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
+                let words = to.pack(&values.collect::<Vec<f32>>(), k)?;
+                out.extend_from_slice(bytemuck::cast_slice(&words));
+            }
         }
+        Ok(())
     }
+}
+
+/// Bytes of one stored element of `dtype`, which must be a float dtype.
+fn stored_element_bytes(dtype: WeightDtype) -> Result<usize> {
+    dtype.element_bytes().ok_or_else(|| {
+        Error::invalid(format!(
+            "expert values stored as {dtype:?} cannot be streamed as elements; stored values are f32, f16 or bf16"
+        ))
+    })
 }
 
 /// Host bytes [`ExpertWeights::stream`] gathers before each write to the device.
@@ -353,11 +436,11 @@ fn chunking(
 ) -> Result<Vec<(Range<u32>, Range<u32>)>> {
     // Word indices inside a chunk are u32; keep every element index below 2^32 too.
     let limit = limit.min(u64::from(u32::MAX) + 1);
-    let fits = |elems: u64| dtype.packed_bytes(elems) <= limit;
-    let per_expert = u64::from(n) * u64::from(k);
-    if fits(per_expert) {
-        let mut per_chunk = (limit / dtype.packed_bytes(per_expert).max(1)).max(1);
-        while per_chunk > 1 && !fits(per_chunk * per_expert) {
+    let (n64, k64) = (u64::from(n), u64::from(k));
+    let fits = |rows: u64| dtype.packed_bytes(rows, k64) <= limit && rows * k64 <= u64::from(u32::MAX) + 1;
+    if fits(n64) {
+        let mut per_chunk = (limit / dtype.packed_bytes(n64, k64).max(1)).max(1);
+        while per_chunk > 1 && !fits(per_chunk * n64) {
             per_chunk -= 1;
         }
         let per_chunk = u32::try_from(per_chunk).unwrap_or(u32::MAX);
@@ -366,14 +449,14 @@ fn chunking(
             .map(|e0| (e0..e0.saturating_add(per_chunk).min(experts), 0..n))
             .collect());
     }
-    let mut per_chunk = limit / dtype.packed_bytes(u64::from(k)).max(1);
-    while per_chunk > 0 && !fits(per_chunk * u64::from(k)) {
+    let mut per_chunk = limit / dtype.packed_bytes(1, k64).max(1);
+    while per_chunk > 0 && !fits(per_chunk) {
         per_chunk -= 1;
     }
     if per_chunk == 0 {
         return Err(Error::limit(
             format!("one output column of the expert weights [{experts}, {n}, {k}] as {dtype:?}"),
-            dtype.packed_bytes(u64::from(k)),
+            dtype.packed_bytes(1, k64),
             limit,
             "max_storage_buffer_binding_size (weights split by expert and by output column, never along K)",
         ));
@@ -469,10 +552,47 @@ impl ExpertWeights {
                 let row0 = (e as usize * n64 + cs.start as usize) * k64;
                 values.extend_from_slice(&data[row0..row0 + cs.len() * k64]);
             }
-            words.extend(dtype.pack(&values));
+            words.extend(dtype.pack(&values, k64)?);
             let bytes = words.len() as u64 * 4;
             chunks.push(WeightChunk {
                 buffer: ctx.upload("expert weights", &words)?,
+                experts: es,
+                cols: cs,
+                bytes,
+            });
+        }
+        Ok(Self::on_device(ctx, chunks, dtype, [experts, n, k]))
+    }
+
+    /// Uploads `[experts, n, k]` weights a checkpoint stores quantised, as they are (no
+    /// requantisation): the kernels read exactly [`QuantisedValues::dequantise`]'s values. Split
+    /// across buffers as [`ExpertWeights::from_f32`] splits them.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when a length does not match the shape; [`Error::InvalidArgument`] for
+    /// Q8_0, Q4_0 or MXFP4 with K not a multiple of 32, or FP8 scale tiles that split a group
+    /// of 128 along K; as [`ExpertWeights::from_f32`] for sizes and device errors.
+    pub fn from_quantised(
+        ctx: &Context,
+        values: QuantisedValues<'_>,
+        experts: u32,
+        n: u32,
+        k: u32,
+    ) -> Result<Self> {
+        let dtype = values.dtype();
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        let words = values.device_words([experts as usize, n as usize, k as usize])?;
+        let row = quantised::row_words(dtype, u64::from(k)) as usize;
+        let mut chunks = Vec::with_capacity(plan.len());
+        for (es, cs) in plan {
+            let mut chunk = Vec::with_capacity(es.len() * cs.len() * row);
+            for e in es.clone() {
+                let first = e as usize * n as usize + cs.start as usize;
+                chunk.extend_from_slice(&words[first * row..(first + cs.len()) * row]);
+            }
+            let bytes = chunk.len() as u64 * 4;
+            chunks.push(WeightChunk {
+                buffer: ctx.upload("expert weights", &chunk)?,
                 experts: es,
                 cols: cs,
                 bytes,
@@ -519,8 +639,8 @@ impl ExpertWeights {
         let mut pending: Vec<u8> = Vec::with_capacity(staging + 4);
         let mut chunks = Vec::with_capacity(plan.len());
         for (es, cs) in plan {
-            let elems = u64::from(es.end - es.start) * cs.len() as u64 * u64::from(k);
-            let bytes = dtype.packed_bytes(elems);
+            let rows = u64::from(es.end - es.start) * cs.len() as u64;
+            let bytes = dtype.packed_bytes(rows, u64::from(k));
             let buffer = ctx.zeroed("expert weights", bytes)?;
             let mut offset = 0u64;
             let flush = |pending: &mut Vec<u8>, offset: &mut u64, last: bool| -> Result<()> {
@@ -538,7 +658,7 @@ impl ExpertWeights {
             };
             for e in es.clone() {
                 let v = values(e)?;
-                let eb = v.dtype.element_bytes();
+                let eb = stored_element_bytes(v.dtype)?;
                 let want = per_expert * eb as u64;
                 if v.bytes.len() as u64 != want {
                     return Err(Error::shape(
@@ -552,7 +672,7 @@ impl ExpertWeights {
                     dtype: v.dtype,
                     bytes: &v.bytes[cs.start as usize * row..cs.end as usize * row],
                 };
-                part.append_as(dtype, &mut pending);
+                part.append_as(dtype, k as usize, &mut pending)?;
                 if cs.end == n {
                     released(e);
                 }
@@ -607,6 +727,59 @@ impl ExpertWeights {
             [only] => Some(&only.buffer),
             _ => None,
         }
+    }
+
+    /// The values the kernels read from these weights, `[experts, n, k]` row-major, decoded on
+    /// the device by the kernels' own packed-word loads (native f16 loads see the same values)
+    /// and read back: for a quantised dtype exactly [`crate::quant`]'s decoding of the stored
+    /// blocks, for f16 and bf16 the widened halves. For checking an upload or a converted
+    /// checkpoint; not part of a forward.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when `experts · n · k` f32 values are past one storage binding;
+    /// device errors.
+    pub fn unpack(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let len = u64::from(self.experts) * u64::from(self.n) * u64::from(self.k);
+        let bytes = 4 * len;
+        let limits = ctx.limits();
+        let max = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        if bytes > max {
+            return Err(Error::limit(
+                "unpacked expert weights",
+                bytes,
+                max,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        let out = ctx.zeroed("unpacked expert weights", bytes)?;
+        let kernel = ctx.kernel(&UNPACK, &[("DTYPE", self.dtype.code())])?;
+        let mut params = Vec::with_capacity(self.chunks.len());
+        for chunk in &self.chunks {
+            let p = Params {
+                n: self.n,
+                kdim: self.k,
+                expert_base: chunk.experts.start,
+                expert_count: chunk.experts.len() as u32,
+                col_base: chunk.cols.start,
+                cols: chunk.cols.len() as u32,
+                ..Params::zeroed()
+            };
+            params.push(ctx.uniform("unpack params", &p)?);
+        }
+        let mut dispatches = Vec::with_capacity(self.chunks.len());
+        for (chunk, p) in self.chunks.iter().zip(&params) {
+            let rows = chunk.experts.len() as u64 * chunk.cols.len() as u64;
+            let groups = UNPACK.groups(rows * u64::from(self.k.div_ceil(4)))?;
+            let bindings = [
+                Binding::new(0, p, PARAMS_BYTES),
+                Binding::new(2, &chunk.buffer, chunk.bytes),
+                Binding::new(3, &chunk.buffer, chunk.bytes),
+                Binding::new(6, &out, bytes),
+            ];
+            dispatches.push(ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "unpack weights")?)?);
+        }
+        ctx.run(&dispatches.iter().collect::<Vec<_>>())?;
+        ctx.read_back(&out, len as usize)
     }
 
     /// Storage dtype.
@@ -1551,17 +1724,19 @@ mod tests {
         }
     }
 
-    fn stored(dtype: WeightDtype, values: &[f32]) -> Vec<u8> {
-        bytemuck::cast_slice(&dtype.pack(values))
+    fn stored(dtype: WeightDtype, values: &[f32], k: usize) -> Vec<u8> {
+        let eb = dtype.element_bytes().expect("a float dtype");
+        bytemuck::cast_slice(&dtype.pack(values, k).expect("pack"))
             .iter()
             .copied()
-            .take(values.len() * dtype.element_bytes())
+            .take(values.len() * eb)
             .collect()
     }
 
     /// Streamed uploads hold the same words as `from_f32`, whatever the staging chunk (down to
     /// a few bytes, so writes split inside experts and inside words), the element count's
-    /// parity, and the conversion between stored and device dtypes.
+    /// parity, and the conversion between stored and device dtypes (quantised ones included,
+    /// from finite values).
     #[test]
     fn streamed_weights_are_the_packed_words_of_from_f32() {
         let ctxs = Context::all().expect("devices");
@@ -1571,8 +1746,12 @@ mod tests {
             return;
         }
         let dtypes = [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16];
+        let quantised = [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8];
         for ctx in &ctxs {
-            for shape in [[3u32, 5, 7], [4, 6, 8], [1, 1, 1]] {
+            for (shape, with_inf) in [[3u32, 5, 7], [4, 6, 8], [1, 1, 1], [2, 3, 67]]
+                .into_iter()
+                .flat_map(|s| [(s, true), (s, false)])
+            {
                 let [e, n, k] = shape;
                 let len = (e * n * k) as usize;
                 // Values that round differently in f16 and bf16, with ±0, subnormals and inf.
@@ -1580,16 +1759,19 @@ mod tests {
                     .map(|i| match i % 7 {
                         0 => -0.0,
                         1 => 1.0e-40,
-                        2 => f32::INFINITY,
+                        2 if with_inf => f32::INFINITY,
+                        2 => 65504.0,
                         _ => (i as f32 * 0.7313).sin() * 3.0 + 1.0 / 3.0,
                     })
                     .collect();
                 for from in dtypes {
-                    let file = stored(from, &values);
-                    let per = (n * k) as usize * from.element_bytes();
-                    for to in dtypes {
-                        let want = ExpertWeights::from_f32(ctx, &from.round(&values), to, e, n, k)
-                            .expect("from_f32");
+                    let file = stored(from, &values, k as usize);
+                    let per = (n * k) as usize * from.element_bytes().expect("a float dtype");
+                    let finite = values.iter().all(|v| v.is_finite());
+                    let targets = dtypes.iter().chain(if finite { &quantised[..] } else { &[] });
+                    for &to in targets {
+                        let rounded = from.round(&values, k as usize).expect("round");
+                        let want = ExpertWeights::from_f32(ctx, &rounded, to, e, n, k).expect("from_f32");
                         let want = ctx
                             .read_back::<u32>(&want.chunks[0].buffer, want.chunks[0].bytes as usize / 4)
                             .expect("read");

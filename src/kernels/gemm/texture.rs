@@ -66,7 +66,8 @@ pub(crate) struct TextureLayout {
 
 impl TextureLayout {
     /// The layout of `[experts, n, k]` weights of `dtype` within `limits`, or None where a row
-    /// is wider than a texture or the rows need more layers than a texture array has.
+    /// is wider than a texture, the rows need more layers than a texture array has, or the
+    /// weights are quantised.
     pub fn of(dtype: WeightDtype, [experts, n, k]: [u32; 3], limits: &KeyLimits) -> Option<Self> {
         let width = k.div_ceil(4);
         let max = limits.max_texture_dimension_2d;
@@ -84,6 +85,8 @@ impl TextureLayout {
         let format = match dtype {
             WeightDtype::F32 => wgpu::TextureFormat::Rgba32Uint,
             WeightDtype::F16 | WeightDtype::Bf16 => wgpu::TextureFormat::Rg32Uint,
+            // Quantised groups have no texel layout yet: texture variants run as window blocks.
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => return None,
         };
         // Both fit in u32: height <= max, layers <= max_texture_array_layers.
         Some(TextureLayout { width, height: height as u32, layers: layers as u32, format })

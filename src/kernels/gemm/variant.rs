@@ -413,6 +413,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
                 wgsl!("gemm/order.wgsl"),
                 wgsl!("gemm/weights_packed.wgsl"),
                 wgsl!("gemm/half.wgsl"),
+                wgsl!("gemm/quant.wgsl"),
                 body,
             ]
         };

@@ -1,0 +1,297 @@
+//! Quantised expert weights on the device: the group layout `wgsl/gemm/quant.wgsl` reads, and
+//! the words of weight rows, quantised from f32 with [`crate::quant`]'s quantisers.
+//!
+//! A weight row (one output column of one expert, K values along the input) is
+//! `ceil(K / G)` groups of `G` values, each one header word and the group's code words:
+//!
+//! | format | G | header | codes | bits per value |
+//! |---|---|---|---|---|
+//! | Q8_0 | 64 | the two blocks' f16 `d`, block 0 in the low half | 16 words: 64 × i8 | 8.5 (as GGUF) |
+//! | Q4_0 | 64 | the two blocks' f16 `d` | 8 words: two blocks of 16 bytes in ggml's nibble order | 4.5 (as GGUF) |
+//! | MXFP4 | 128 | the four blocks' E8M0 bytes, block 0 in the low byte | 16 words: four blocks of 16 bytes, gpt-oss nibble order | 4.25 (as gpt-oss) |
+//! | FP8 e4m3 | 128 | the group's f32 `scale_inv` | 32 words: 128 bytes | 8.25 |
+//!
+//! Bytes are little-endian within words, so a group's code bytes are the checkpoint's bytes in
+//! order. Values past K (the last group of a row whose K is not a multiple of `G`) are zero
+//! codes; blocks wholly past K have a zero header.
+//!
+//! Rows quantised here use ggml's and the OCP spec's rules per block of 32 along K (padded with
+//! zeros to a whole block), and FP8 one `scale_inv` per group of 128 along K (a `[1, 128]`
+//! tile: a checkpoint's `[128, 128]` tiles give each of their rows the tile's scale).
+
+use crate::error::{Error, Result};
+use crate::kernels::gemm::WeightDtype;
+use crate::quant;
+
+/// Values per 32-value block (Q8_0, Q4_0, MXFP4).
+const BLOCK: usize = quant::BLOCK_VALUES;
+
+/// `(values, words)` of one group of `dtype`, None for the float dtypes.
+pub(crate) fn group(dtype: WeightDtype) -> Option<(usize, usize)> {
+    match dtype {
+        WeightDtype::F32 | WeightDtype::F16 | WeightDtype::Bf16 => None,
+        WeightDtype::Q8_0 => Some((64, 17)),
+        WeightDtype::Q4_0 => Some((64, 9)),
+        WeightDtype::Mxfp4 => Some((128, 17)),
+        WeightDtype::Fp8 => Some((128, 33)),
+    }
+}
+
+/// u32 words of one weight row of `k` values of a quantised `dtype` (0 for float dtypes).
+pub(crate) fn row_words(dtype: WeightDtype, k: u64) -> u64 {
+    group(dtype).map_or(0, |(values, words)| k.div_ceil(values as u64) * words as u64)
+}
+
+/// Rows of `k` values (`values.len() / k` of them) quantised to `dtype`: the device words
+/// ([`row_words`] per row) and the values the shader reads from them (exactly what
+/// [`crate::quant`]'s decoders give for the quantised blocks).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a float `dtype`, `k == 0`, a length that is not whole rows,
+/// or a value that is not finite (the quantisers have no code for it).
+pub(crate) fn quantise_rows(dtype: WeightDtype, values: &[f32], k: usize) -> Result<(Vec<u32>, Vec<f32>)> {
+    let Some((group_values, group_words)) = group(dtype) else {
+        return Err(not_quantised(dtype));
+    };
+    if k == 0 || !values.len().is_multiple_of(k) {
+        return Err(Error::invalid(format!(
+            "{} values are not whole rows of {k} for {dtype:?} quantisation",
+            values.len()
+        )));
+    }
+    let rows = values.len() / k;
+    let mut out = Vec::with_capacity(rows * row_words(dtype, k as u64) as usize);
+    let mut seen = Vec::with_capacity(values.len());
+    let padded = k.next_multiple_of(BLOCK);
+    let mut row_buf = vec![0.0f32; padded];
+    for row in values.chunks_exact(k) {
+        row_buf[..k].copy_from_slice(row);
+        let start = out.len();
+        match dtype {
+            WeightDtype::Q8_0 => {
+                let blocks = quant::q8_0_quantize(&row_buf)?;
+                seen.extend_from_slice(&quant::q8_0_dequantize(&blocks)?[..k]);
+                encode_ggml(&blocks, quant::Q8_0_BLOCK_BYTES, &mut out);
+            }
+            WeightDtype::Q4_0 => {
+                let blocks = quant::q4_0_quantize(&row_buf)?;
+                seen.extend_from_slice(&quant::q4_0_dequantize(&blocks)?[..k]);
+                encode_ggml(&blocks, quant::Q4_0_BLOCK_BYTES, &mut out);
+            }
+            WeightDtype::Mxfp4 => {
+                let (codes, scales) = quant::mxfp4_quantize(&row_buf)?;
+                seen.extend_from_slice(&quant::mxfp4_dequantize(&codes, &scales)?[..k]);
+                encode_mxfp4(&codes, &scales, &mut out);
+            }
+            WeightDtype::Fp8 => {
+                let (bytes, scales) = quant::fp8_block_quantize(row, [1, k], [1, 128])?;
+                seen.extend(quant::fp8_block_dequantize(&bytes, &scales, [1, k], [1, 128])?);
+                encode_fp8(&bytes, &scales, &mut out);
+            }
+            WeightDtype::F32 | WeightDtype::F16 | WeightDtype::Bf16 => return Err(not_quantised(dtype)),
+        }
+        // Every encoder writes whole groups of this format.
+        debug_assert_eq!(out.len() - start, k.div_ceil(group_values) * group_words);
+    }
+    Ok((out, seen))
+}
+
+fn not_quantised(dtype: WeightDtype) -> Error {
+    Error::invalid(format!("{dtype:?} is not a quantised weight format"))
+}
+
+/// Appends `bytes` as little-endian u32 words, zero-padded to `words` words.
+fn push_words(bytes: &[u8], words: usize, out: &mut Vec<u32>) {
+    let mut padded = [0u8; 128];
+    padded[..bytes.len()].copy_from_slice(bytes);
+    out.extend(padded[..words * 4].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+}
+
+/// A row of ggml Q8_0 or Q4_0 blocks (`block_bytes` each: f16 `d`, then codes) as groups of
+/// two blocks: the two `d` in a header word, then both blocks' codes.
+fn encode_ggml(blocks: &[u8], block_bytes: usize, out: &mut Vec<u32>) {
+    let code_bytes = block_bytes - 2;
+    for pair in blocks.chunks(2 * block_bytes) {
+        let d = |b: usize| {
+            pair.get(b * block_bytes..b * block_bytes + 2).map_or(0, |s| u16::from_le_bytes([s[0], s[1]]))
+        };
+        out.push(u32::from(d(0)) | (u32::from(d(1)) << 16));
+        let mut codes = Vec::with_capacity(2 * code_bytes);
+        for block in pair.chunks(block_bytes) {
+            codes.extend_from_slice(&block[2..]);
+        }
+        push_words(&codes, 2 * code_bytes / 4, out);
+    }
+}
+
+/// A row of MXFP4 blocks (16 code bytes and one E8M0 byte each) as groups of four blocks.
+fn encode_mxfp4(codes: &[u8], scales: &[u8], out: &mut Vec<u32>) {
+    for (group_codes, group_scales) in codes.chunks(4 * quant::MXFP4_BLOCK_BYTES).zip(scales.chunks(4)) {
+        let mut head = [0u8; 4];
+        head[..group_scales.len()].copy_from_slice(group_scales);
+        out.push(u32::from_le_bytes(head));
+        push_words(group_codes, 16, out);
+    }
+}
+
+/// A row of FP8 bytes with one `scale_inv` per 128 values as groups of 128.
+fn encode_fp8(bytes: &[u8], scales: &[f32], out: &mut Vec<u32>) {
+    for (group_bytes, scale) in bytes.chunks(128).zip(scales) {
+        out.push(scale.to_bits());
+        push_words(group_bytes, 32, out);
+    }
+}
+
+/// Expert weights `[experts, n, k]` as a checkpoint stores them quantised: the bytes and
+/// scales as [`crate::quant`]'s decoders take them, rows (output columns) in order, each row's
+/// blocks along K.
+#[derive(Clone, Copy, Debug)]
+pub enum QuantisedValues<'a> {
+    /// ggml Q8_0 blocks ([`quant::Q8_0_BLOCK_BYTES`] each), `k / 32` per row.
+    Q8_0(&'a [u8]),
+    /// ggml Q4_0 blocks ([`quant::Q4_0_BLOCK_BYTES`] each), `k / 32` per row.
+    Q4_0(&'a [u8]),
+    /// MXFP4 as gpt-oss stores it: `codes` `[.., k / 32, 16]` and E8M0 `scales` `[.., k / 32]`.
+    Mxfp4 {
+        /// 16 code bytes per block.
+        codes: &'a [u8],
+        /// One E8M0 byte per block.
+        scales: &'a [u8],
+    },
+    /// FP8 e4m3 bytes `[experts, n, k]` with one f32 `scale_inv` per `block` tile of each
+    /// expert's `[n, k]` matrix (`[experts, ceil(n / block[0]), ceil(k / block[1])]`; the last
+    /// tiles partial), as DeepSeek-V3's `weight_scale_inv` with `block` its
+    /// `weight_block_size`. A tile must span whole groups of 128 along K: `block[1]` a multiple
+    /// of 128, or at least `k` (one scale per row band).
+    Fp8 {
+        /// One e4m3 byte per value.
+        weight: &'a [u8],
+        /// One scale per tile.
+        scale_inv: &'a [f32],
+        /// The tile, `[rows, columns]`.
+        block: [usize; 2],
+    },
+}
+
+impl QuantisedValues<'_> {
+    /// The device dtype of these values.
+    pub fn dtype(&self) -> WeightDtype {
+        match self {
+            QuantisedValues::Q8_0(_) => WeightDtype::Q8_0,
+            QuantisedValues::Q4_0(_) => WeightDtype::Q4_0,
+            QuantisedValues::Mxfp4 { .. } => WeightDtype::Mxfp4,
+            QuantisedValues::Fp8 { .. } => WeightDtype::Fp8,
+        }
+    }
+
+    /// The values they stand for, `[experts, n, k]` row-major, by [`crate::quant`]'s exact
+    /// decoders: what the kernels read.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when a length does not match the shape; [`Error::InvalidArgument`] for
+    /// Q8_0, Q4_0 or MXFP4 with K not a multiple of 32, or FP8 tiles that split a group of 128
+    /// along K.
+    pub fn dequantise(&self, [experts, n, k]: [usize; 3]) -> Result<Vec<f32>> {
+        self.check([experts, n, k])?;
+        match *self {
+            QuantisedValues::Q8_0(blocks) => quant::q8_0_dequantize(blocks),
+            QuantisedValues::Q4_0(blocks) => quant::q4_0_dequantize(blocks),
+            QuantisedValues::Mxfp4 { codes, scales } => quant::mxfp4_dequantize(codes, scales),
+            QuantisedValues::Fp8 { weight, scale_inv, block } => {
+                let per = n * k;
+                let tiles = n.div_ceil(block[0]) * k.div_ceil(block[1]);
+                let mut out = Vec::with_capacity(weight.len());
+                for e in 0..experts {
+                    out.extend(quant::fp8_block_dequantize(
+                        &weight[e * per..(e + 1) * per],
+                        &scale_inv[e * tiles..(e + 1) * tiles],
+                        [n, k],
+                        block,
+                    )?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Checks the lengths against `[experts, n, k]`.
+    fn check(&self, [experts, n, k]: [usize; 3]) -> Result<()> {
+        let rows = experts * n;
+        let need = |what: &str, want: usize, got: usize| -> Result<()> {
+            if want != got {
+                return Err(Error::shape(
+                    format!("{what} of {:?} expert weights [{experts}, {n}, {k}]", self.dtype()),
+                    want,
+                    got,
+                ));
+            }
+            Ok(())
+        };
+        if !matches!(self, QuantisedValues::Fp8 { .. }) && !k.is_multiple_of(BLOCK) {
+            return Err(Error::invalid(format!(
+                "{:?} expert weights need K a multiple of {BLOCK} (blocks run along K); K is {k}",
+                self.dtype()
+            )));
+        }
+        let blocks = rows * (k / BLOCK);
+        match *self {
+            QuantisedValues::Q8_0(b) => need("Q8_0 bytes", blocks * quant::Q8_0_BLOCK_BYTES, b.len()),
+            QuantisedValues::Q4_0(b) => need("Q4_0 bytes", blocks * quant::Q4_0_BLOCK_BYTES, b.len()),
+            QuantisedValues::Mxfp4 { codes, scales } => {
+                need("MXFP4 code bytes", blocks * quant::MXFP4_BLOCK_BYTES, codes.len())?;
+                need("MXFP4 scales", blocks, scales.len())
+            }
+            QuantisedValues::Fp8 { weight, scale_inv, block } => {
+                if block.contains(&0) || !(block[1].is_multiple_of(128) || block[1] >= k) {
+                    return Err(Error::invalid(format!(
+                        "FP8 scale tiles {block:?} must span whole groups of 128 along K \
+                         (columns a multiple of 128, or at least K = {k})"
+                    )));
+                }
+                need("FP8 bytes", rows * k, weight.len())?;
+                need("FP8 scales", experts * n.div_ceil(block[0]) * k.div_ceil(block[1]), scale_inv.len())
+            }
+        }
+    }
+
+    /// The device words of `[experts, n, k]` rows in the group layout (module docs).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when a length does not match the shape; [`Error::InvalidArgument`] for
+    /// Q8_0, Q4_0 or MXFP4 with K not a multiple of 32, or FP8 tiles that split a group.
+    pub(crate) fn device_words(&self, [experts, n, k]: [usize; 3]) -> Result<Vec<u32>> {
+        self.check([experts, n, k])?;
+        let rows = experts * n;
+        let nb = k / BLOCK;
+        let mut out = Vec::with_capacity(rows * row_words(self.dtype(), k as u64) as usize);
+        for r in 0..rows {
+            match *self {
+                QuantisedValues::Q8_0(b) => {
+                    let bb = quant::Q8_0_BLOCK_BYTES;
+                    encode_ggml(&b[r * nb * bb..(r + 1) * nb * bb], bb, &mut out);
+                }
+                QuantisedValues::Q4_0(b) => {
+                    let bb = quant::Q4_0_BLOCK_BYTES;
+                    encode_ggml(&b[r * nb * bb..(r + 1) * nb * bb], bb, &mut out);
+                }
+                QuantisedValues::Mxfp4 { codes, scales } => {
+                    let cb = quant::MXFP4_BLOCK_BYTES;
+                    encode_mxfp4(
+                        &codes[r * nb * cb..(r + 1) * nb * cb],
+                        &scales[r * nb..(r + 1) * nb],
+                        &mut out,
+                    );
+                }
+                QuantisedValues::Fp8 { weight, scale_inv, block } => {
+                    let (e, row) = (r / n, r % n);
+                    let per_row = k.div_ceil(block[1]);
+                    let tile0 = (e * n.div_ceil(block[0]) + row / block[0]) * per_row;
+                    let scales: Vec<f32> =
+                        (0..k.div_ceil(128)).map(|g| scale_inv[tile0 + g * 128 / block[1]]).collect();
+                    encode_fp8(&weight[r * k..(r + 1) * k], &scales, &mut out);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

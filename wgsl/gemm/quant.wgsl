@@ -1,0 +1,146 @@
+// Quantised expert weights (DTYPE 3..6), unpacked with integer operations and at most one f32
+// product per value, so every adapter sees exactly the values of moeflow::quant's CPU
+// decoders. Composed after weights_packed.wgsl (weight_word) and half.wgsl (f16_bits_to_f32).
+//
+// A weight row (one output column of one expert, K values) is ceil(K / G) groups of G values,
+// each a header word followed by the group's code words (docs/quant.md); values past K are
+// zero codes under a zero-scale header.
+//
+// | DTYPE | format | G   | header                          | codes                          |
+// |-------|--------|-----|---------------------------------|--------------------------------|
+// | 3     | Q8_0   | 64  | two f16 d (block 0 low half)    | 16 words, one i8 per byte      |
+// | 4     | Q4_0   | 64  | two f16 d (block 0 low half)    | 8 words, ggml's nibble order   |
+// | 5     | MXFP4  | 128 | four E8M0 bytes (block 0 low)   | 16 words, gpt-oss nibble order |
+// | 6     | FP8    | 128 | f32 scale_inv of the group      | 32 words, one e4m3 per byte    |
+
+const DTYPE_Q8_0: u32 = 3u;
+const DTYPE_Q4_0: u32 = 4u;
+const DTYPE_MXFP4: u32 = 5u;
+const DTYPE_FP8: u32 = 6u;
+
+// Values per group.
+fn quant_group_values() -> u32 {
+    if DTYPE == DTYPE_Q8_0 || DTYPE == DTYPE_Q4_0 {
+        return 64u;
+    }
+    return 128u;
+}
+
+// Words per group: the header and the codes.
+fn quant_group_words() -> u32 {
+    switch DTYPE {
+        case 3u: {
+            return 17u;
+        }
+        case 4u: {
+            return 9u;
+        }
+        case 5u: {
+            return 17u;
+        }
+        default: {
+            return 33u;
+        }
+    }
+}
+
+// Words of a weight row of `kdim` values.
+fn quant_row_words(kdim: u32) -> u32 {
+    let g = quant_group_values();
+    return (kdim + g - 1u) / g * quant_group_words();
+}
+
+// An FP4 e2m1 code (bits 0..3) times 2^(scale - 127), built bit by bit: exact, subnormal
+// results included (no product an adapter could flush); scale 255 is NaN, results past f32's
+// range are infinities.
+fn mxfp4_value(code: u32, scale: u32) -> f32 {
+    if scale == 255u {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    let sign = (code & 8u) << 28u;
+    let mag = code & 7u;
+    if mag == 0u {
+        return bitcast<f32>(sign);
+    }
+    // mag 1 is 0.5 = 1.0 x 2^-1; mag 2..7 are (1 + m / 2) x 2^(mag / 2 - 1), m = mag & 1.
+    var m = mag & 1u;
+    if mag == 1u {
+        m = 0u;
+    }
+    let biased = i32(mag >> 1u) - 1 + i32(scale);
+    if biased >= 255 {
+        return bitcast<f32>(sign | 0x7f800000u);
+    }
+    if biased >= 1 {
+        return bitcast<f32>(sign | (u32(biased) << 23u) | (m << 22u));
+    }
+    // biased 0 or -1: (2 + m) x 2^(biased - 128) = (2 + m) x 2^-149 << (biased + 21).
+    return bitcast<f32>(sign | ((2u + m) << u32(biased + 21)));
+}
+
+// An FP8 e4m3 ("fn") byte as f32 (exact; 0x7f and 0xff are NaN).
+fn fp8_value(byte: u32) -> f32 {
+    let sign = (byte & 0x80u) << 24u;
+    let exponent = (byte >> 3u) & 0xfu;
+    let mantissa = byte & 7u;
+    if exponent == 15u && mantissa == 7u {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    if exponent == 0u {
+        // m x 2^-9: exact, normal in f32.
+        return bitcast<f32>(bitcast<u32>(f32(mantissa) * 0.001953125) | sign);
+    }
+    return bitcast<f32>(sign | ((exponent + 120u) << 23u) | (mantissa << 20u));
+}
+
+// Value i (0 .. 3) of four values given as bytes of `word`, by format: Q8_0 and FP8 take byte
+// i; Q4_0 takes byte i's nibble at `shift`; MXFP4 takes nibble i of the half word at `shift`.
+fn quant_lane(word: u32, i: u32, shift: u32, head: u32, block: u32) -> f32 {
+    switch DTYPE {
+        case 3u: {
+            let d = f16_bits_to_f32((head >> (16u * block)) & 0xffffu);
+            let q = bitcast<i32>(((word >> (8u * i)) & 0xffu) << 24u) >> 24u;
+            return f32(q) * d;
+        }
+        case 4u: {
+            let d = f16_bits_to_f32((head >> (16u * block)) & 0xffffu);
+            let q = i32((word >> (8u * i + shift)) & 0xfu) - 8;
+            return f32(q) * d;
+        }
+        case 5u: {
+            return mxfp4_value((word >> (shift + 4u * i)) & 0xfu, (head >> (8u * block)) & 0xffu);
+        }
+        default: {
+            return fp8_value((word >> (8u * i)) & 0xffu) * bitcast<f32>(head);
+        }
+    }
+}
+
+// Values k .. k + 3 (k a multiple of four, k < kdim) of the row whose first word is `base`,
+// 0.0 at k + j >= kdim: the group's header and one code word.
+fn quant_group4(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
+    let g = quant_group_values();
+    let at = base + k / g * quant_group_words();
+    let i = k % g;
+    let block = i / 32u;
+    let j = i % 32u;
+    let head = weight_word(buf_is_up, at);
+    var word_index = i / 4u;
+    var shift = 0u;
+    if DTYPE == DTYPE_Q4_0 {
+        // Byte j of a block holds value j (low nibble) and j + 16 (high nibble).
+        word_index = block * 4u + (j % 16u) / 4u;
+        shift = select(0u, 4u, j >= 16u);
+    } else if DTYPE == DTYPE_MXFP4 {
+        // Byte b of a block holds values 2b (low nibble) and 2b + 1 (high nibble).
+        word_index = block * 4u + j / 8u;
+        shift = 4u * (j % 8u);
+    }
+    let word = weight_word(buf_is_up, at + 1u + word_index);
+    return vec4<f32>(
+        quant_lane(word, 0u, shift, head, block),
+        select(0.0, quant_lane(word, 1u, shift, head, block), k + 1u < kdim),
+        select(0.0, quant_lane(word, 2u, shift, head, block), k + 2u < kdim),
+        select(0.0, quant_lane(word, 3u, shift, head, block), k + 3u < kdim),
+    );
+}
