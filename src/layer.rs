@@ -17,8 +17,9 @@ use crate::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, LoadStats, OverflowPolicy,
 };
 use crate::kernels::gemm::{
-    AdapterKind, DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
-    GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts, uses_decode_path,
+    Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
+    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
+    uses_decode_path,
 };
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::pipeline::{BufferView, Dispatch};
@@ -86,6 +87,12 @@ pub struct MoeConfig {
     /// Block-GEMM kernels of the expert projections (every choice gives the same bits in one
     /// order).
     pub kernels: KernelChoice,
+    /// The activation between the experts' gate/up and down projections (routed and shared).
+    #[serde(default)]
+    pub activation: Activation,
+    /// The routed experts' projections add biases (gpt-oss): [`MoeWeights::expert_bias`].
+    #[serde(default)]
+    pub expert_bias: bool,
 }
 
 impl MoeConfig {
@@ -106,6 +113,8 @@ impl MoeConfig {
             combine: CombineMode::OneLaunch,
             gemm_order: GemmOrder::Strict,
             kernels: KernelChoice::Default,
+            activation: Activation::Swiglu,
+            expert_bias: false,
         }
     }
 
@@ -134,6 +143,7 @@ impl MoeConfig {
         if let Capacity::Bounded { bound: 0, .. } = self.capacity {
             return Err(Error::invalid("capacity bound must be at least 1"));
         }
+        self.activation.validate()?;
         self.ffn_kernels(AdapterKind::Gpu).validate()
     }
 }
@@ -149,6 +159,12 @@ impl fmt::Display for MoeConfig {
         }
         if let Capacity::Bounded { bound, policy } = self.capacity {
             write!(f, "; at most {bound} entries per expert, {policy:?} past it")?;
+        }
+        if let Activation::ClampedSwiglu { alpha, limit } = self.activation {
+            write!(f, "; clamped SwiGLU (alpha {alpha}, limit {limit})")?;
+        }
+        if self.expert_bias {
+            write!(f, "; expert biases")?;
         }
         write!(f, "; {:?} expert weights, {:?} GEMM order", self.weight_dtype, self.gemm_order)
     }
@@ -171,6 +187,30 @@ pub struct MoeWeights {
     pub shared: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
     /// Shared expert gate `[H]`.
     pub shared_gate: Option<Vec<f32>>,
+    /// Router bias `[E]`, added to the logits (`RouteConfig::router_bias`).
+    pub router_bias: Option<Vec<f32>>,
+    /// Expert projection biases (`MoeConfig::expert_bias`).
+    pub expert_bias: Option<ExpertBiasValues>,
+}
+
+/// The routed experts' projection biases on the host (gpt-oss's `gate_up_proj_bias`, split
+/// into gate and up, and `down_proj_bias`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExpertBiasValues {
+    /// Gate biases `[E, F]`.
+    pub gate: Vec<f32>,
+    /// Up biases `[E, F]`.
+    pub up: Vec<f32>,
+    /// Down biases `[E, H]`.
+    pub down: Vec<f32>,
+}
+
+impl ExpertBiasValues {
+    fn check(&self, [e, f, h]: [u32; 3]) -> Result<()> {
+        expect_len("experts gate bias", self.gate.len(), &[e, f])?;
+        expect_len("experts up bias", self.up.len(), &[e, f])?;
+        expect_len("experts down bias", self.down.len(), &[e, h])
+    }
 }
 
 fn expect_len(what: &str, got: usize, dims: &[u32]) -> Result<()> {
@@ -189,7 +229,18 @@ impl MoeWeights {
     /// [`Error::InvalidArgument`] when the shared expert's tensors and `cfg.shared_ffn` disagree.
     pub fn check(&self, cfg: &MoeConfig) -> Result<()> {
         let (h, f, e) = (cfg.route.hidden, cfg.ffn, cfg.route.experts);
-        check_router(cfg, &self.router, self.bias.as_deref(), self.shared_gate.as_deref())?;
+        check_router(
+            cfg,
+            &self.router,
+            self.bias.as_deref(),
+            self.shared_gate.as_deref(),
+            self.router_bias.as_deref(),
+        )?;
+        match (&self.expert_bias, cfg.expert_bias) {
+            (Some(b), true) => b.check([e, f, h])?,
+            (None, false) => {}
+            _ => return Err(Error::invalid("expert bias weights and config.expert_bias disagree")),
+        }
         expect_len("experts gate", self.gate.len(), &[e, f, h])?;
         expect_len("experts up", self.up.len(), &[e, f, h])?;
         expect_len("experts down", self.down.len(), &[e, h, f])?;
@@ -216,6 +267,8 @@ pub struct RouterWeights {
     pub bias: Option<Vec<f32>>,
     /// Shared expert gate `[H]`.
     pub shared_gate: Option<Vec<f32>>,
+    /// Router bias `[E]`, added to the logits (`RouteConfig::router_bias`).
+    pub router_bias: Option<Vec<f32>>,
 }
 
 impl RouterWeights {
@@ -225,7 +278,20 @@ impl RouterWeights {
     /// [`Error::Shape`] for a tensor whose shape does not fit `cfg`;
     /// [`Error::InvalidArgument`] when the shared expert's tensors and `cfg.shared_ffn` disagree.
     pub fn check(&self, cfg: &MoeConfig) -> Result<()> {
-        check_router(cfg, &self.router, self.bias.as_deref(), self.shared_gate.as_deref())
+        check_router(
+            cfg,
+            &self.router,
+            self.bias.as_deref(),
+            self.shared_gate.as_deref(),
+            self.router_bias.as_deref(),
+        )
+    }
+
+    /// The router as the gate buffer holds it: `[E, H]`, then the router bias `[E]` if any.
+    fn gate_buffer(&self) -> Vec<f32> {
+        let mut gate = self.router.clone();
+        gate.extend(self.router_bias.iter().flatten());
+        gate
     }
 }
 
@@ -234,9 +300,15 @@ fn check_router(
     router: &[f32],
     bias: Option<&[f32]>,
     shared_gate: Option<&[f32]>,
+    router_bias: Option<&[f32]>,
 ) -> Result<()> {
     let (h, e) = (cfg.route.hidden, cfg.route.experts);
     expect_len("router", router.len(), &[e, h])?;
+    match (router_bias, cfg.route.router_bias) {
+        (Some(b), true) => expect_len("router bias", b.len(), &[e])?,
+        (None, false) => {}
+        _ => return Err(Error::invalid("router bias weights and config.route.router_bias disagree")),
+    }
     match (bias, cfg.route.bias) {
         (Some(b), true) => expect_len("bias", b.len(), &[e])?,
         (None, false) => {}
@@ -414,11 +486,14 @@ impl MoeLayer {
         weights.check(&cfg)?;
         let (h, f, e, dt) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.weight_dtype);
         let ew = |d: &[f32], e, n, k| ExpertWeights::from_f32(ctx, d, dt, e, n, k);
-        let experts = ExpertFfn::new(
+        let mut experts = ExpertFfn::new(
             ew(&weights.gate, e, f, h)?,
             ew(&weights.up, e, f, h)?,
             ew(&weights.down, e, h, f)?,
         )?;
+        if let Some(b) = &weights.expert_bias {
+            experts = experts.with_bias(ExpertBias::new(ctx, &b.gate, &b.up, &b.down, [e, f, h])?)?;
+        }
         let shared = match (&weights.shared, cfg.shared_ffn) {
             (Some((g, u, d)), Some(fs)) => {
                 Some(ExpertFfn::new(ew(g, 1, fs, h)?, ew(u, 1, fs, h)?, ew(d, 1, h, fs)?)?)
@@ -429,13 +504,15 @@ impl MoeLayer {
             router: weights.router.clone(),
             bias: weights.bias.clone(),
             shared_gate: weights.shared_gate.clone(),
+            router_bias: weights.router_bias.clone(),
         };
         MoeLayer::with_experts(ctx, cfg, &router, experts, shared)
     }
 
     /// A layer from expert weights already on the device (for example streamed from a
     /// checkpoint with [`ExpertWeights::stream`], with no host f32 copy) and the router's
-    /// small host tensors.
+    /// small host tensors. The experts run `cfg.activation`; their biases
+    /// ([`ExpertFfn::with_bias`]) are present exactly when `cfg.expert_bias` says.
     ///
     /// # Errors
     /// A configuration that does not validate; expert weights whose shapes or dtype differ from
@@ -474,11 +551,19 @@ impl MoeLayer {
             Ok(())
         };
         expect("expert", &experts, [e, f])?;
+        if experts.has_bias() != cfg.expert_bias {
+            return Err(Error::invalid(format!(
+                "the routed experts {} biases but config.expert_bias is {}",
+                if experts.has_bias() { "have" } else { "have no" },
+                cfg.expert_bias
+            )));
+        }
         match (&shared, cfg.shared_ffn) {
             (Some(s), Some(fs)) => expect("shared expert", s, [1, fs])?,
             (None, None) => {}
             _ => return Err(Error::invalid("shared expert weights and config.shared_ffn disagree")),
         }
+        let experts = experts.with_activation(cfg.activation)?;
         let mut kernels = cfg.ffn_kernels(AdapterKind::of(ctx.adapter()));
         if cfg.kernels == KernelChoice::Tuned {
             kernels =
@@ -486,14 +571,14 @@ impl MoeLayer {
                     .kernels;
         }
         let experts = experts.with_kernels(kernels)?;
-        let shared = shared.map(|s| s.with_kernels(kernels)).transpose()?;
+        let shared = shared.map(|s| s.with_kernels(kernels)?.with_activation(cfg.activation)).transpose()?;
         let shared_gate = match &router.shared_gate {
             Some(g) => Some(ExpertWeights::from_f32(ctx, g, WeightDtype::F32, 1, 1, h)?),
             None => None,
         };
         Ok(MoeLayer {
             cfg,
-            router: ctx.upload("router", &router.router)?,
+            router: ctx.upload("router", &router.gate_buffer())?,
             bias: router.bias.as_ref().map(|b| ctx.upload("router bias", b)).transpose()?,
             experts,
             shared,

@@ -4,7 +4,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::layer::{MoeConfig, MoeWeights};
+use crate::layer::{ExpertBiasValues, MoeConfig, MoeWeights};
 
 /// A seeded generator of uniform f32 tensors.
 #[derive(Clone, Debug)]
@@ -51,6 +51,13 @@ impl Synth {
                 )
             }),
             shared_gate: cfg.shared_gate.then(|| self.uniform(h, sh)),
+            // Drawn last, so layers without them keep their values.
+            router_bias: cfg.route.router_bias.then(|| self.uniform(e, 0.5)),
+            expert_bias: cfg.expert_bias.then(|| ExpertBiasValues {
+                gate: self.uniform(e * f, 0.5),
+                up: self.uniform(e * f, 0.5),
+                down: self.uniform(e * h, 0.1),
+            }),
         }
     }
 }

@@ -18,8 +18,8 @@ use common::{rng, uniform};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use moeflow::kernels::gemm::{
-    AdapterKind, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder, GemmVariant,
-    WeightDtype, plan_ffn,
+    Activation, AdapterKind, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
+    GemmVariant, WeightDtype, plan_ffn,
 };
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
 use moeflow::layer::{MoeConfig, MoeLayer};
@@ -419,6 +419,8 @@ fn grouped_gemm_cases() {
                 hidden: h as usize,
                 ffn: f as usize,
                 order: GemmOrder::Strict,
+                activation: Activation::Swiglu,
+                bias: None,
             };
             let want = reference::gemm::expert_ffn(&x, &idx, k as usize, &weights);
             cap.check_f32(&ctx, "partial", &partial, &want, Bound::Rows(h as usize));

@@ -10,8 +10,8 @@ use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
 };
 use moeflow::kernels::gemm::{
-    AdapterKind, DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
-    GemmVariant, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
+    Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
+    FfnRouting, GemmOrder, GemmVariant, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use rand::Rng;
@@ -24,6 +24,9 @@ struct Model {
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
+    activation: Activation,
+    /// Gate, up `[E, F]` and down `[E, H]` biases.
+    bias: Option<[Vec<f32>; 3]>,
 }
 
 impl Model {
@@ -39,17 +42,27 @@ impl Model {
             gate: uniform(&mut r, n, sh),
             up: uniform(&mut r, n, sh),
             down: uniform(&mut r, n, sf),
+            activation: Activation::Swiglu,
+            bias: None,
         }
     }
 
     fn upload(&self, ctx: &Context) -> ExpertFfn {
         let w = |d: &[f32], n, k| ExpertWeights::from_f32(ctx, d, self.dtype, self.e, n, k).unwrap();
-        ExpertFfn::new(
+        let ffn = ExpertFfn::new(
             w(&self.gate, self.f, self.h),
             w(&self.up, self.f, self.h),
             w(&self.down, self.h, self.f),
         )
         .unwrap()
+        .with_activation(self.activation)
+        .unwrap();
+        match &self.bias {
+            Some([g, u, d]) => {
+                ffn.with_bias(ExpertBias::new(ctx, g, u, d, [self.e, self.f, self.h]).unwrap()).unwrap()
+            }
+            None => ffn,
+        }
     }
 
     fn reference(&self, x: &[f32], idx: &[u32], k: u32) -> Vec<f32> {
@@ -68,6 +81,8 @@ impl Model {
             hidden: self.h as usize,
             ffn: self.f as usize,
             order,
+            activation: self.activation,
+            bias: self.bias.as_ref().map(|[g, u, d]| reference::FfnBias { gate: g, up: u, down: d }),
         };
         reference::expert_ffn(x, idx, k as usize, &w)
     }
@@ -481,6 +496,76 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
     }
 }
 
+/// gpt-oss's expert FFN (clamped SwiGLU, gate/up and down biases) in f32 and MXFP4: decode,
+/// bucketed with overflow and grouped (a family of each kernel) give the same bits, within the
+/// bound of the reference. Biases of up to ±12 put many gate and up values past the clamp at
+/// ±7 on both sides; one expert takes most tokens and odd experts past 2 stay empty.
+#[test]
+fn clamped_swiglu_with_biases_gives_the_same_bits_on_every_path() {
+    for ctx in contexts() {
+        let (e, h, f, k, tokens) = (8u32, 96u32, 45u32, 2u32, 37u32);
+        for dtype in [WeightDtype::F32, WeightDtype::Mxfp4] {
+            let mut m = Model::new(90, e, h, f, dtype);
+            let mut r = rng(91);
+            m.activation = Activation::GPT_OSS;
+            let ef = (e * f) as usize;
+            m.bias = Some([
+                uniform(&mut r, ef, 12.0),
+                uniform(&mut r, ef, 12.0),
+                uniform(&mut r, (e * h) as usize, 1.0),
+            ]);
+            let x = adversarial(&mut r, (tokens * h) as usize, 1.0);
+            let idx = routes(92, tokens, e, k, true);
+            let what = format!("{} {dtype:?}", ctx.adapter().slug());
+            let want = m.reference(&x, &idx, k);
+            let ffn_with = |up, down| {
+                m.upload(&ctx).with_kernels(FfnKernels { order: GemmOrder::Strict, up, down }).unwrap()
+            };
+            let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
+            let mut variants = vec![
+                d.up,
+                d.down,
+                GemmVariant::Direct { rows: 4, cols: 3, lanes: 5 },
+                GemmVariant::Tiled { bk4: 1 },
+            ];
+            variants.dedup();
+            let first = variants[0];
+            let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
+            assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, h as usize);
+            let bucketed = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Bucketed(4));
+            assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
+            for v in variants {
+                let grouped = run(&ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
+                assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped {} vs row-wise", v.name());
+            }
+            // Biases this large put gate and up values past the clamp on both sides.
+            let g_bias = &m.bias.as_ref().unwrap()[0];
+            assert!(g_bias.iter().any(|&b| b > 8.0) && g_bias.iter().any(|&b| b < -8.0));
+        }
+    }
+}
+
+/// Biases made for other sizes, and clamped SwiGLU constants out of range, are errors.
+#[test]
+fn bad_biases_and_activations_are_errors() {
+    for ctx in contexts() {
+        let m = Model::new(93, 2, 8, 4, WeightDtype::F32);
+        let err = ExpertBias::new(&ctx, &[0.0; 8], &[0.0; 8], &[0.0; 15], [2, 4, 8]).unwrap_err();
+        assert!(err.to_string().contains("down bias"), "{err}");
+        let other = ExpertBias::new(&ctx, &[0.0; 6], &[0.0; 6], &[0.0; 16], [2, 3, 8]).unwrap();
+        let err = m.upload(&ctx).with_bias(other).unwrap_err();
+        assert!(err.to_string().contains("expert biases"), "{err}");
+        for bad in [
+            Activation::ClampedSwiglu { alpha: 1.0, limit: 0.0 },
+            Activation::ClampedSwiglu { alpha: f32::NAN, limit: 7.0 },
+            Activation::ClampedSwiglu { alpha: 1.0, limit: f32::INFINITY },
+        ] {
+            let err = m.upload(&ctx).with_activation(bad).unwrap_err();
+            assert!(err.to_string().contains("clamped SwiGLU"), "{err}");
+        }
+    }
+}
+
 /// Blocks whose tile holds fewer live rows than the block run a narrower copy of the K loop
 /// (16-row blocks: 16, 8 or 4 rows; 32-row blocks: 32, 16 or 8): experts with 1, 4, 5, 9,
 /// 16, 17 and 33 tokens in 32-row tiles reach every copy (and blocks with no live row), and
@@ -700,15 +785,11 @@ fn split_weights_give_the_unsplit_results_bitwise() {
         let slug = whole.adapter().slug();
         // Wide H and few tokens, so the weights, not the activations, meet the limit first.
         let (k, tokens) = (2u32, 5u32);
-        for dtype in [
-            WeightDtype::F32,
-            WeightDtype::F16,
-            WeightDtype::Bf16,
-            WeightDtype::Q8_0,
-            WeightDtype::Q4_0,
-            WeightDtype::Mxfp4,
-            WeightDtype::Fp8,
-        ] {
+        // Quantised: one format of each group size (64 and 128 values behind a header); the
+        // row layout that splitting relies on is the same for all.
+        for dtype in
+            [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16, WeightDtype::Q4_0, WeightDtype::Fp8]
+        {
             // Quantised rows are 4.25 to 9 bits a value: a larger expert keeps half of one
             // above the activations' and outputs' bindings.
             let (h, f) = if dtype.is_quantised() { (2048, 160) } else { (1024, 72) };

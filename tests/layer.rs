@@ -7,7 +7,7 @@ mod common;
 use common::{assert_rows_close, bits, contexts};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::OverflowPolicy;
-use moeflow::kernels::gemm::WeightDtype;
+use moeflow::kernels::gemm::{Activation, WeightDtype};
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
 use moeflow::layer::{Capacity, MoeConfig, MoeLayer};
 use moeflow::reference::layer as reference;
@@ -34,6 +34,13 @@ fn configs() -> Vec<(&'static str, MoeConfig)> {
         weight_dtype: WeightDtype::F16,
         ..MoeConfig::new(36, 28, 12, 4)
     };
+    let gpt_oss = MoeConfig {
+        route: RouteConfig { router_bias: true, ..MoeConfig::new(40, 24, 8, 4).route },
+        activation: Activation::GPT_OSS,
+        expert_bias: true,
+        weight_dtype: WeightDtype::Mxfp4,
+        ..MoeConfig::new(40, 24, 8, 4)
+    };
     let overflow =
         MoeConfig { capacity: Capacity::Bounded { bound: 3, policy: OverflowPolicy::Overflow }, ..mixtral };
     let drop = MoeConfig { capacity: Capacity::Bounded { bound: 3, policy: OverflowPolicy::Drop }, ..qwen };
@@ -48,6 +55,9 @@ fn configs() -> Vec<(&'static str, MoeConfig)> {
         ("deepseek-mxfp4", MoeConfig { weight_dtype: WeightDtype::Mxfp4, ..deepseek }),
         ("qwen2-fp8", MoeConfig { weight_dtype: WeightDtype::Fp8, ..qwen }),
         ("bounded-overflow-q8_0", MoeConfig { weight_dtype: WeightDtype::Q8_0, ..overflow }),
+        // gpt-oss: router bias, softmax over the top-k logits (softmax then renormalise),
+        // clamped SwiGLU, expert biases, MXFP4 experts; K = 40 ends mid-block.
+        ("gpt-oss-mxfp4", gpt_oss),
     ]
 }
 

@@ -123,6 +123,7 @@ fn case() -> impl Strategy<Value = Case> {
                     scale,
                     bias: bias.is_some(),
                     groups,
+                    router_bias: false,
                 },
                 logits,
                 bias,

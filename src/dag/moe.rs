@@ -28,7 +28,7 @@ use super::queue::{
 };
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::gemm::ExpertWeights;
+use crate::kernels::gemm::{Activation, ExpertWeights};
 use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
 use crate::layer::{Capacity, MoeLayer};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
@@ -366,6 +366,13 @@ fn layer_unsupported(layer: &MoeLayer) -> Option<String> {
     let cfg = layer.config();
     if cfg.capacity != Capacity::Dropless {
         return Some("the MoE task program runs dropless layers only (no capacity bound)".into());
+    }
+    if cfg.route.router_bias || cfg.expert_bias || cfg.activation != Activation::Swiglu {
+        return Some(
+            "the MoE task program runs SwiGLU experts without biases and routers without a bias; \
+             this layer runs on the staged forward"
+                .into(),
+        );
     }
     if cfg.weight_dtype.is_quantised() {
         return Some(format!(

@@ -166,6 +166,10 @@ pub struct RouteConfig {
     pub bias: bool,
     /// Optional group-limited selection.
     pub groups: Option<GroupLimit>,
+    /// The router is affine (gpt-oss): `logit = x · w + b[e]`, the dot in its order, then one
+    /// add. The gate buffer then holds `b[E]` after `w[E, H]`.
+    #[serde(default)]
+    pub router_bias: bool,
 }
 
 /// The complete routing in words, e.g. `sigmoid top-8 of 256 experts on score + bias within the
@@ -178,6 +182,9 @@ impl fmt::Display for RouteConfig {
             Gating::Raw => "raw-logit",
         };
         write!(f, "{gating} top-{} of {} experts", self.k, self.experts)?;
+        if self.router_bias {
+            write!(f, " (logits x . w + b)")?;
+        }
         match (self.bias, self.groups.is_some()) {
             (false, false) => write!(f, " chosen on the logits")?,
             (true, _) => write!(f, " chosen on score + bias")?,
@@ -203,6 +210,7 @@ impl RouteConfig {
             scale: 1.0,
             bias: false,
             groups: None,
+            router_bias: false,
         }
     }
 
@@ -318,7 +326,8 @@ impl RouteMode {
 pub struct RouteBuffers<'a> {
     /// `x[tokens, hidden]`.
     pub x: BufferView<'a>,
-    /// `gate[experts, hidden]`.
+    /// `gate[experts, hidden]`, then the router bias `[experts]` where the config has
+    /// `router_bias`.
     pub gate: &'a wgpu::Buffer,
     /// `bias[experts]`; required exactly when the config has `bias`.
     pub bias: Option<&'a wgpu::Buffer>,
@@ -340,7 +349,7 @@ struct Params {
     n_group: u32,
     topk_group: u32,
     scale: f32,
-    pad0: u32,
+    router_bias: u32,
 }
 
 /// Dispatches that route `tokens` tokens, ready to record. Built once per shape and reused
@@ -393,7 +402,7 @@ pub(crate) fn route_params(ctx: &Context, cfg: &RouteConfig, tokens: u32) -> Res
             n_group: g.n_group,
             topk_group: g.topk_group,
             scale: cfg.scale,
-            pad0: 0,
+            router_bias: u32::from(cfg.router_bias),
         },
     )
 }
@@ -444,7 +453,8 @@ pub fn plan_route(
     }
     let (t, h, e, k) = (u64::from(tokens), u64::from(cfg.hidden), u64::from(cfg.experts), u64::from(cfg.k));
     ctx.check_view("x", &bufs.x, t * h * F32, Access::Read)?;
-    ctx.check_binding("gate", bufs.gate, e * h * F32, Access::Read)?;
+    let gate_len = (e * h + if cfg.router_bias { e } else { 0 }) * F32;
+    ctx.check_binding("gate", bufs.gate, gate_len, Access::Read)?;
     ctx.check_binding("indices", bufs.indices, t * k * 4, Access::ReadWrite)?;
     ctx.check_binding("weights", bufs.weights, t * k * F32, Access::ReadWrite)?;
     let logits = match (bufs.logits, mode.writes_logits()) {
@@ -459,7 +469,7 @@ pub fn plan_route(
     };
     let params = Binding::new(0, &c.params, PARAMS_BYTES);
     let x = bufs.x.bind(1, t * h * F32);
-    let gate = Binding::new(2, bufs.gate, e * h * F32);
+    let gate = Binding::new(2, bufs.gate, gate_len);
     let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
     let indices = Binding::new(5, bufs.indices, t * k * 4);
     let weights = Binding::new(6, bufs.weights, t * k * F32);
@@ -575,8 +585,9 @@ fn check_len(what: &str, len: usize, expected: u64) -> Result<()> {
     Ok(())
 }
 
-/// Routes host data end to end: uploads `x[tokens, hidden]`, `gate[experts, hidden]` and
-/// `bias`, runs the plan, and reads the results back. For tests, examples and one-off use;
+/// Routes host data end to end: uploads `x[tokens, hidden]`, `gate[experts, hidden]` (then
+/// the router bias `[experts]` with `router_bias`) and `bias`, runs the plan, and reads the
+/// results back. For tests, examples and one-off use;
 /// a forward pass records a [`RoutePlan`] instead.
 ///
 /// # Errors
@@ -592,7 +603,8 @@ pub fn route_host(
 ) -> Result<RouteOutput> {
     cfg.validate()?;
     let tokens = rows("x", x.len(), cfg.hidden)?;
-    check_len("gate", gate.len(), u64::from(cfg.experts) * u64::from(cfg.hidden))?;
+    let router_bias = if cfg.router_bias { u64::from(cfg.experts) } else { 0 };
+    check_len("gate", gate.len(), u64::from(cfg.experts) * u64::from(cfg.hidden) + router_bias)?;
     if let Some(b) = bias {
         check_len("bias", b.len(), cfg.experts.into())?;
     }

@@ -1,6 +1,6 @@
 //! Reference expert projections in the kernels' K orders (`wgsl/gemm/common.wgsl`).
 
-use crate::kernels::gemm::GemmOrder;
+use crate::kernels::gemm::{Activation, GemmOrder};
 
 /// `sum_k x[k] * w[k]`: K in groups of four (entries past K read as 0.0), lane j of the
 /// group accumulating with `mul_add` from 0.0, result `(l0 + l1) + (l2 + l3)`.
@@ -40,6 +40,32 @@ pub fn silu_mul(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
 }
 
+/// The kernels' epilogue (`wgsl/gemm/epilogue.wgsl`) for a SwiGLU pass: `g` and `u` are the
+/// gate and up dot products with their biases added; `activation` gives the output.
+pub fn epilogue(activation: Activation, g: f32, u: f32) -> f32 {
+    match activation {
+        Activation::ClampedSwiglu { alpha, limit } => {
+            // WGSL's min and clamp; for a NaN input the adapter decides (the contract covers
+            // finite values).
+            let gc = g.min(limit);
+            let uc = u.clamp(-limit, limit);
+            (uc + 1.0) * (gc / (1.0 + (-(alpha * gc)).exp()))
+        }
+        Activation::Swiglu => silu_mul(g, u),
+    }
+}
+
+/// Per-expert biases on the host: `gate`, `up` `[E, F]`, `down` `[E, H]`.
+#[derive(Clone, Copy, Debug)]
+pub struct FfnBias<'a> {
+    /// `[E, F]`.
+    pub gate: &'a [f32],
+    /// `[E, F]`.
+    pub up: &'a [f32],
+    /// `[E, H]`.
+    pub down: &'a [f32],
+}
+
 /// Expert FFN weights on the host, rounded to the weight dtype: `gate`, `up` `[E, F, H]`,
 /// `down` `[E, H, F]`.
 #[derive(Clone, Copy, Debug)]
@@ -56,21 +82,30 @@ pub struct FfnWeights<'a> {
     pub ffn: usize,
     /// The kernels' accumulation order.
     pub order: GemmOrder,
+    /// The activation between the projections.
+    pub activation: Activation,
+    /// Projection biases, added after each dot product.
+    pub bias: Option<FfnBias<'a>>,
 }
 
-/// The SwiGLU FFN of `expert` on one input row: `down(silu(gate x) * (up x))`.
+/// The gated FFN of `expert` on one input row: `down(act(gate x + b_g, up x + b_u)) + b_d`,
+/// each dot in the kernels' order and each bias one add after it.
 pub fn ffn_row(x: &[f32], expert: usize, w: &FfnWeights<'_>) -> Vec<f32> {
     let (hidden, ffn) = (w.hidden, w.ffn);
+    let add = |v: f32, b: Option<&[f32]>, i: usize| b.map_or(v, |b| v + b[i]);
     let act: Vec<f32> = (0..ffn)
         .map(|n| {
             let at = (expert * ffn + n) * hidden;
-            silu_mul(dot_in(w.order, x, &w.gate[at..at + hidden]), dot_in(w.order, x, &w.up[at..at + hidden]))
+            let i = expert * ffn + n;
+            let g = add(dot_in(w.order, x, &w.gate[at..at + hidden]), w.bias.map(|b| b.gate), i);
+            let u = add(dot_in(w.order, x, &w.up[at..at + hidden]), w.bias.map(|b| b.up), i);
+            epilogue(w.activation, g, u)
         })
         .collect();
     (0..hidden)
         .map(|n| {
             let at = (expert * hidden + n) * ffn;
-            dot_in(w.order, &act, &w.down[at..at + ffn])
+            add(dot_in(w.order, &act, &w.down[at..at + ffn]), w.bias.map(|b| b.down), expert * hidden + n)
         })
         .collect()
 }

@@ -9,8 +9,11 @@
 //! | `qwen3_moe`, `olmoe` | softmax | top-k | renormalised if `norm_topk_prob` (default false) | `num_experts`, `num_experts_per_tok`, `norm_topk_prob`, `moe_intermediate_size` / `intermediate_size` |
 //! | `deepseek_v2` | softmax | top-k (`topk_method: greedy`) | × `routed_scaling_factor` (default 1.0) | `n_routed_experts`, `num_experts_per_tok`, `topk_method`, `routed_scaling_factor`, `n_shared_experts`, `moe_intermediate_size` |
 //! | `deepseek_v3` | sigmoid | on score + `e_score_correction_bias`, within the `topk_group` best of `n_group` groups | renormalised if `norm_topk_prob` (default true), × `routed_scaling_factor` (default 2.5) | as `deepseek_v2` plus `n_group`, `topk_group`, `norm_topk_prob`, `scoring_func`, `topk_method` |
+//! | `gpt_oss` | softmax over the top-k logits of an affine router (`x · w + b`) | top-k | always renormalised (the same weights) | `num_local_experts`, `num_experts_per_tok`, `intermediate_size`, `swiglu_limit`, `swiglu_alpha` |
 //!
 //! Every family's experts are SwiGLU: `hidden_act` must be `silu` (or its alias `swish`).
+//! gpt-oss's are its clamped SwiGLU with expert biases (`swiglu_limit`, default 7.0, and
+//! `swiglu_alpha`, default 1.702, as transformers' `GptOssConfig`).
 //!
 //! Every other key of a config.json (attention, vocabulary, layer layout) is ignored. A routing
 //! key whose value this family would run differently from what the key says (a
@@ -24,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::kernels::gemm::Activation;
 use crate::kernels::routing::{Gating, GroupLimit};
 
 /// A MoE family moeflow runs, named by its Hugging Face `model_type`.
@@ -43,17 +47,21 @@ pub enum Family {
     DeepseekV2,
     /// `deepseek_v3`: sigmoid, bias-corrected group-limited selection, scaled, shared experts.
     DeepseekV3,
+    /// `gpt_oss`: an affine router, softmax over the top-k logits, clamped SwiGLU experts with
+    /// biases, fused `gate_up_proj` tensors (MXFP4 as shipped, or dense).
+    GptOss,
 }
 
 impl Family {
     /// Every family, in the order the docs list them.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::Mixtral,
         Family::Qwen2Moe,
         Family::Qwen3Moe,
         Family::Olmoe,
         Family::DeepseekV2,
         Family::DeepseekV3,
+        Family::GptOss,
     ];
 
     /// The Hugging Face `model_type`.
@@ -65,6 +73,7 @@ impl Family {
             Family::Olmoe => "olmoe",
             Family::DeepseekV2 => "deepseek_v2",
             Family::DeepseekV3 => "deepseek_v3",
+            Family::GptOss => "gpt_oss",
         }
     }
 
@@ -76,13 +85,14 @@ impl Family {
             Family::Olmoe => "OlmoeForCausalLM",
             Family::DeepseekV2 => "DeepseekV2ForCausalLM",
             Family::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Family::GptOss => "GptOssForCausalLM",
         }
     }
 
     /// Keys that hold the routed expert count, the routed FFN size and the shared FFN size.
     fn experts_key(self) -> &'static str {
         match self {
-            Family::Mixtral => "num_local_experts",
+            Family::Mixtral | Family::GptOss => "num_local_experts",
             Family::Qwen2Moe | Family::Qwen3Moe | Family::Olmoe => "num_experts",
             Family::DeepseekV2 | Family::DeepseekV3 => "n_routed_experts",
         }
@@ -90,7 +100,7 @@ impl Family {
 
     fn ffn_key(self) -> &'static str {
         match self {
-            Family::Mixtral | Family::Olmoe => "intermediate_size",
+            Family::Mixtral | Family::Olmoe | Family::GptOss => "intermediate_size",
             _ => "moe_intermediate_size",
         }
     }
@@ -150,6 +160,8 @@ pub struct RoutingFlags {
 pub(crate) struct TensorFacts {
     /// The router and experts use Mixtral's `block_sparse_moe` names.
     pub mixtral_names: bool,
+    /// The router and experts use gpt-oss's names (`mlp.router`, fused `mlp.experts.*_proj`).
+    pub gpt_oss_names: bool,
     /// Routed experts (router rows).
     pub experts: u32,
     /// Routed FFN size.
@@ -186,6 +198,8 @@ pub struct Routing {
     pub scale: f32,
     /// Group-limited selection.
     pub groups: Option<GroupLimit>,
+    /// The experts' activation (gpt-oss: its clamped SwiGLU, constants from config.json).
+    pub activation: Activation,
 }
 
 /// The config.json, with typed lookups whose errors name the key.
@@ -282,6 +296,7 @@ pub(crate) fn resolve(config: Option<&Value>, flags: &RoutingFlags, t: &TensorFa
     let family = match agree("family", from_config, flags.family)? {
         Some(f) => f,
         None if t.mixtral_names => Family::Mixtral,
+        None if t.gpt_oss_names => Family::GptOss,
         None if t.bias => Family::DeepseekV3,
         None => {
             return Err(Error::invalid(format!(
@@ -374,8 +389,15 @@ pub(crate) fn resolve(config: Option<&Value>, flags: &RoutingFlags, t: &TensorFa
         }
     };
 
-    let routing =
-        |gating, renormalize, scale, groups| Routing { family, k, gating, renormalize, scale, groups };
+    let routing = |gating, renormalize, scale, groups| Routing {
+        family,
+        k,
+        gating,
+        renormalize,
+        scale,
+        groups,
+        activation: Activation::Swiglu,
+    };
     match family {
         Family::Mixtral => {
             no_groups(family, config_groups, flags)?;
@@ -440,6 +462,20 @@ pub(crate) fn resolve(config: Option<&Value>, flags: &RoutingFlags, t: &TensorFa
             let groups = (groups.n_group > 1).then_some(groups);
             Ok(routing(Gating::Sigmoid, renormalize, scale, groups))
         }
+        Family::GptOss => {
+            no_groups(family, config_groups, flags)?;
+            no_scale(family, scale)?;
+            if norm == Some(false) {
+                return Err(Error::invalid(
+                    "norm_topk_prob = false, but gpt_oss takes the softmax over its top-k logits (renormalised weights)",
+                ));
+            }
+            let alpha = cfg.f32("swiglu_alpha")?.unwrap_or(1.702);
+            let limit = cfg.f32("swiglu_limit")?.unwrap_or(7.0);
+            let activation = Activation::ClampedSwiglu { alpha, limit };
+            activation.validate().map_err(|e| Error::invalid(format!("config.json: {e}")))?;
+            Ok(Routing { activation, ..routing(Gating::Softmax, true, 1.0, None) })
+        }
     }
 }
 
@@ -466,6 +502,15 @@ fn no_scale(family: Family, scale: Option<f32>) -> Result<()> {
 
 /// The tensors must be the family's: its names, its bias, its shared expert.
 fn check_tensors(family: Family, t: &TensorFacts) -> Result<()> {
+    if t.gpt_oss_names != (family == Family::GptOss) {
+        let names =
+            |gpt_oss| if gpt_oss { "gpt-oss's (`mlp.router`, fused `mlp.experts.*`)" } else { "per-expert" };
+        return Err(Error::invalid(format!(
+            "{family} layers use {} names, but the weights use {} names",
+            names(family == Family::GptOss),
+            names(t.gpt_oss_names)
+        )));
+    }
     if t.mixtral_names != (family == Family::Mixtral) {
         return Err(Error::invalid(format!(
             "{family} layers use {} names, but the weights use {}",
@@ -480,7 +525,7 @@ fn check_tensors(family: Family, t: &TensorFacts) -> Result<()> {
     }
     let shared = t.shared.map(|(names, _)| names);
     let ok = match family {
-        Family::Mixtral | Family::Qwen3Moe | Family::Olmoe => shared.is_none(),
+        Family::Mixtral | Family::Qwen3Moe | Family::Olmoe | Family::GptOss => shared.is_none(),
         Family::Qwen2Moe => shared != Some(SharedNames::DeepSeek),
         Family::DeepseekV2 | Family::DeepseekV3 => shared != Some(SharedNames::Qwen),
     };

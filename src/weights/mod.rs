@@ -12,6 +12,7 @@
 mod checkpoint;
 pub mod family;
 pub mod gguf;
+mod gpt_oss;
 mod output;
 
 use std::collections::BTreeSet;
@@ -186,21 +187,23 @@ fn layer_prefix(prefix: &str) -> String {
     prefix.to_string()
 }
 
+/// The router names that mark a MoE layer: Mixtral's, the `mlp.gate` families', gpt-oss's.
+const ROUTER_NAMES: [&str; 3] = ["block_sparse_moe.gate.weight", "mlp.gate.weight", gpt_oss::ROUTER];
+
+/// The layer prefix of a router tensor's name (`model.layers.3.` of
+/// `model.layers.3.mlp.router.weight`), None for other names.
+fn router_prefix(name: &str) -> Option<&str> {
+    ROUTER_NAMES.iter().find_map(|r| name.strip_suffix(r))
+}
+
 fn detect_prefix(names: &[&str]) -> Result<String> {
-    let mut found: Vec<String> = names
-        .iter()
-        .filter_map(|n| {
-            n.strip_suffix("block_sparse_moe.gate.weight")
-                .or_else(|| n.strip_suffix("mlp.gate.weight"))
-                .map(str::to_string)
-        })
-        .collect();
+    let mut found: Vec<String> = names.iter().filter_map(|n| router_prefix(n)).map(str::to_string).collect();
     found.sort();
     found.dedup();
     match found.len() {
         1 => Ok(found.remove(0)),
         0 => Err(Error::invalid(format!(
-            "no router tensor (`*block_sparse_moe.gate.weight` or `*mlp.gate.weight`) in the weights{}",
+            "no router tensor (`*block_sparse_moe.gate.weight`, `*mlp.gate.weight` or `*mlp.router.weight`) in the weights{}",
             closest(names, "model.layers.0.mlp.gate.weight")
         ))),
         _ => Err(Error::invalid(format!(
@@ -307,7 +310,8 @@ impl LayerPlan<'_> {
     }
 }
 
-fn plan_layer<'a>(src: &'a dyn TensorSource, opts: &LoadOptions) -> Result<LayerPlan<'a>> {
+/// The layer's tensors: by prefix, by index, or the source's only MoE layer.
+fn layer_file<'a>(src: &'a dyn TensorSource, opts: &LoadOptions) -> Result<File<'a>> {
     let names = src.names();
     let prefix = match (&opts.prefix, opts.layer) {
         (Some(_), Some(_)) => return Err(Error::invalid("give the layer by prefix or by index, not both")),
@@ -328,7 +332,11 @@ fn plan_layer<'a>(src: &'a dyn TensorSource, opts: &LoadOptions) -> Result<Layer
         }
         (None, None) => detect_prefix(&names)?,
     };
-    let f = File { src, prefix };
+    Ok(File { src, prefix })
+}
+
+fn plan_layer<'a>(f: File<'a>, opts: &LoadOptions) -> Result<LayerPlan<'a>> {
+    let names = f.src.names();
     let scheme = if f.has(Scheme::Mixtral.router()) { Scheme::Mixtral } else { Scheme::Mlp };
     let [e, h] = f.matrix_shape(scheme.router(), "[experts, hidden], both at least 1")?;
     let router = f.get(scheme.router(), &[e, h])?;
@@ -417,6 +425,7 @@ fn plan_layer<'a>(src: &'a dyn TensorSource, opts: &LoadOptions) -> Result<Layer
     };
     let facts = TensorFacts {
         mixtral_names: scheme == Scheme::Mixtral,
+        gpt_oss_names: false,
         experts: dim(e, "experts")?,
         ffn: dim(ffn, "expert FFN size")?,
         bias: bias.is_some(),
@@ -443,13 +452,32 @@ fn plan_layer<'a>(src: &'a dyn TensorSource, opts: &LoadOptions) -> Result<Layer
         ..base
     };
     cfg.validate()?;
-    let router = RouterWeights { router, bias, shared_gate };
+    let router = RouterWeights { router, bias, shared_gate, router_bias: None };
     router.check(&cfg)?;
     Ok(LayerPlan { f, scheme, shared_base: shared_names.map(|(b, _)| b), cfg, routing, router })
 }
 
 fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> {
-    let plan = plan_layer(src, opts)?;
+    let f = layer_file(src, opts)?;
+    if f.has(gpt_oss::ROUTER) {
+        let p = gpt_oss::plan(f, opts)?;
+        let [gate, up, down] = p.host_experts()?;
+        let RouterWeights { router, router_bias, .. } = p.router;
+        let weights = MoeWeights {
+            router,
+            bias: None,
+            gate,
+            up,
+            down,
+            shared: None,
+            shared_gate: None,
+            router_bias,
+            expert_bias: Some(p.bias),
+        };
+        weights.check(&p.cfg)?;
+        return Ok(LoadedLayer { config: p.cfg, weights, routing: p.routing, prefix: p.f.prefix });
+    }
+    let plan = plan_layer(f, opts)?;
     let host = |shared: bool| -> Result<[Vec<f32>; 3]> {
         let parts = plan.projections(shared).map(|(names, shape)| -> Result<Vec<f32>> {
             let mut out = Vec::new();
@@ -466,8 +494,9 @@ fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> 
         Some(_) => Some(host(true)?.into()),
         None => None,
     };
-    let RouterWeights { router, bias, shared_gate } = plan.router;
-    let weights = MoeWeights { router, bias, gate, up, down, shared, shared_gate };
+    let RouterWeights { router, bias, shared_gate, router_bias } = plan.router;
+    let weights =
+        MoeWeights { router, bias, gate, up, down, shared, shared_gate, router_bias, expert_bias: None };
     weights.check(&plan.cfg)?;
     Ok(LoadedLayer { config: plan.cfg, weights, routing: plan.routing, prefix: plan.f.prefix })
 }
@@ -510,27 +539,16 @@ fn upload_from(
     opts: &LoadOptions,
     adjust: impl FnOnce(MoeConfig) -> MoeConfig,
 ) -> Result<UploadedLayer> {
-    let plan = plan_layer(src, opts)?;
-    let cfg = adjust(plan.cfg);
-    let fixed = |c: &MoeConfig| {
-        (
-            c.route.hidden,
-            c.ffn,
-            c.route.experts,
-            c.route.k,
-            c.shared_ffn,
-            c.shared_gate,
-            c.route.bias,
-            c.weight_dtype,
-            c.route,
-        )
-    };
-    if fixed(&cfg) != fixed(&plan.cfg) {
-        return Err(Error::invalid(format!(
-            "the adjusted configuration ({cfg}) changes what the checkpoint fixed ({})",
-            plan.cfg
-        )));
+    let f = layer_file(src, opts)?;
+    if f.has(gpt_oss::ROUTER) {
+        let p = gpt_oss::plan(f, opts)?;
+        let cfg = adjusted(&p.cfg, adjust)?;
+        let experts = p.device_experts(ctx, &cfg)?;
+        let layer = MoeLayer::with_experts(ctx, cfg, &p.router, experts, None)?;
+        return Ok(UploadedLayer { layer, routing: p.routing, prefix: p.f.prefix });
     }
+    let plan = plan_layer(f, opts)?;
+    let cfg = adjusted(&plan.cfg, adjust)?;
     let device = |shared: bool| -> Result<ExpertFfn> {
         let parts = plan.projections(shared).map(|(names, [n, k])| -> Result<ExpertWeights> {
             let shape = [names.len() as u32, n as u32, k as u32];
@@ -555,6 +573,21 @@ fn upload_from(
     };
     let layer = MoeLayer::with_experts(ctx, cfg, &plan.router, experts, shared)?;
     Ok(UploadedLayer { layer, routing: plan.routing, prefix: plan.f.prefix })
+}
+
+/// `adjust(loaded)`, which may change the modes (route, combine, kernels, GEMM order) but not
+/// what the checkpoint fixed.
+fn adjusted(loaded: &MoeConfig, adjust: impl FnOnce(MoeConfig) -> MoeConfig) -> Result<MoeConfig> {
+    let cfg = adjust(*loaded);
+    let fixed = |c: &MoeConfig| {
+        (c.ffn, c.shared_ffn, c.shared_gate, c.weight_dtype, c.route, c.activation, c.expert_bias)
+    };
+    if fixed(&cfg) != fixed(loaded) {
+        return Err(Error::invalid(format!(
+            "the adjusted configuration ({cfg}) changes what the checkpoint fixed ({loaded})"
+        )));
+    }
+    Ok(cfg)
 }
 
 /// Reads the input tensor `x` (or the file's only tensor) as `(values, tokens, hidden)`.

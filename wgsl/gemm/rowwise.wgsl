@@ -45,10 +45,5 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
             acc_up = order_step(acc_up, xv, weight_vec(true, wr, k));
         }
     }
-    var v = order_value(acc);
-    let v_up = order_value(acc_up);
-    if SWIGLU {
-        v = silu_mul(v, v_up);
-    }
-    store(row, entry, col, v);
+    store(row, entry, col, epilogue(expert, col, order_value(acc), order_value(acc_up)));
 }

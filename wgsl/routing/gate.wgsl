@@ -4,11 +4,11 @@
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w_gate: array<f32>;
 
-// logit(t, e) = sum_h x[t, h] * w_gate[e, h].
+// logit(t, e) = sum_h x[t, h] * w_gate[e, h] (+ w_gate[E * H + e] with params.router_bias).
 //
 // Accumulation order (the contract mirrored by reference::routing::gate_logit): four lanes,
 // lane j takes every h with h % 4 == j in ascending h, each step `lane = fma(x, w, lane)`
-// starting from 0.0; the result is (lane0 + lane1) + (lane2 + lane3).
+// starting from 0.0; the result is (lane0 + lane1) + (lane2 + lane3), then the bias in one add.
 fn gate_logit(t: u32, e: u32) -> f32 {
     let h = params.hidden;
     let xb = t * h;
@@ -38,5 +38,9 @@ fn gate_logit(t: u32, e: u32) -> f32 {
     if i + 2u < h {
         l2 = fma(x[xb + i + 2u], w_gate[wb + i + 2u], l2);
     }
-    return (l0 + l1) + (l2 + l3);
+    let dot = (l0 + l1) + (l2 + l3);
+    if params.router_bias != 0u {
+        return dot + w_gate[params.experts * h + e];
+    }
+    return dot;
 }

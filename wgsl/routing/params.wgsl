@@ -1,6 +1,7 @@
 // Uniform parameters shared by every routing kernel (group 0, binding 0).
 //
-// Shapes: x[tokens, hidden], w_gate[experts, hidden], logits[tokens, experts],
+// Shapes: x[tokens, hidden], w_gate[experts, hidden] (then b[experts] with router_bias),
+// logits[tokens, experts],
 // bias[experts], topk_indices[tokens, k], topk_weights[tokens, k]; all row-major.
 struct RouteParams {
     tokens: u32,
@@ -10,7 +11,8 @@ struct RouteParams {
     n_group: u32,
     topk_group: u32,
     scale: f32,
-    pad0: u32,
+    // 1: logits are x . w + b, b[experts] stored after the gate rows.
+    router_bias: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: RouteParams;

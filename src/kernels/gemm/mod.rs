@@ -55,7 +55,8 @@ macro_rules! rowwise_shader {
             "gemm/weights_packed.wgsl",
             "gemm/half.wgsl",
             "gemm/quant.wgsl",
-            "gemm/rowwise_w_packed.wgsl"
+            "gemm/rowwise_w_packed.wgsl",
+            "gemm/epilogue.wgsl"
         )
     };
     ($name:literal, $x:literal, f16) => {
@@ -66,7 +67,8 @@ macro_rules! rowwise_shader {
             "gemm/common.wgsl",
             "gemm/order.wgsl",
             "gemm/weights_f16.wgsl",
-            "gemm/rowwise_w_packed.wgsl"
+            "gemm/rowwise_w_packed.wgsl",
+            "gemm/epilogue.wgsl"
         )
     };
     ($name:literal, $x:literal, texture) => {
@@ -77,7 +79,8 @@ macro_rules! rowwise_shader {
             "gemm/order.wgsl",
             "gemm/half.wgsl",
             "gemm/weights_texture.wgsl",
-            "gemm/rowwise_w_texture.wgsl"
+            "gemm/rowwise_w_texture.wgsl",
+            "gemm/epilogue.wgsl"
         )
     };
 }
@@ -202,11 +205,29 @@ static UNPACK: KernelSpec = KernelSpec {
     workgroup: Workgroup::Fixed(64),
 };
 /// Bindings of the row-wise kernel reading x from a window (9) instead of storage (1).
-const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] =
-    &[(0, Uniform), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read), (9, Uniform)];
+const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] = &[
+    (0, Uniform),
+    (2, Read),
+    (3, Read),
+    (4, Read),
+    (6, ReadWrite),
+    (7, Read),
+    (8, Read),
+    (9, Uniform),
+    (10, Read),
+];
 /// Bindings of the row-wise kernel reading x from storage.
-const ROWWISE_BINDINGS: &[(u32, Access)] =
-    &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (6, ReadWrite), (7, Read), (8, Read)];
+const ROWWISE_BINDINGS: &[(u32, Access)] = &[
+    (0, Uniform),
+    (1, Read),
+    (2, Read),
+    (3, Read),
+    (4, Read),
+    (6, ReadWrite),
+    (7, Read),
+    (8, Read),
+    (10, Read),
+];
 /// [`ROWWISE_WINDOW_BINDINGS`] with the weights (2, 3) as textures.
 const ROWWISE_WINDOW_TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (0, Uniform),
@@ -217,6 +238,7 @@ const ROWWISE_WINDOW_TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (7, Read),
     (8, Read),
     (9, Uniform),
+    (10, Read),
 ];
 /// [`ROWWISE_BINDINGS`] with the weights (2, 3) as textures.
 const ROWWISE_TEXTURE_BINDINGS: &[(u32, Access)] = &[
@@ -228,6 +250,7 @@ const ROWWISE_TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (6, ReadWrite),
     (7, Read),
     (8, Read),
+    (10, Read),
 ];
 /// A row-wise kernel: 64 invocations per workgroup, one per (row, column) output.
 const fn rowwise(shader: &'static ShaderSource, bindings: &'static [(u32, Access)]) -> KernelSpec {
@@ -792,7 +815,97 @@ impl ExpertWeights {
     }
 }
 
-/// A SwiGLU expert FFN: `down(silu(gate(x)) * up(x))` per expert.
+/// The gated activation between an FFN's gate/up and down projections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Activation {
+    /// SwiGLU: `silu(g) · u`, computed as `g / (1 + exp(-g)) · u`.
+    #[default]
+    Swiglu,
+    /// gpt-oss's clamped SwiGLU: `g' = min(g, limit)`, `u' = clamp(u, -limit, limit)`, then
+    /// `(u' + 1) · g' · sigmoid(alpha · g')`, computed as
+    /// `(u' + 1) · (g' / (1 + exp(-(alpha · g'))))`. gpt-oss uses alpha 1.702 and limit 7.0
+    /// (`swiglu_limit`).
+    ClampedSwiglu {
+        /// The sigmoid's slope.
+        alpha: f32,
+        /// The clamp on gate (above) and up (both sides); positive.
+        limit: f32,
+    },
+}
+
+impl Activation {
+    /// gpt-oss's clamped SwiGLU with its published constants (alpha 1.702, limit 7.0).
+    pub const GPT_OSS: Activation = Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
+
+    /// Checks the constants.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an alpha that is not finite or a limit that is not
+    /// finite and positive.
+    pub fn validate(self) -> Result<()> {
+        if let Activation::ClampedSwiglu { alpha, limit } = self
+            && (!alpha.is_finite() || !limit.is_finite() || limit <= 0.0)
+        {
+            return Err(Error::invalid(format!(
+                "clamped SwiGLU needs a finite alpha and a finite, positive limit (alpha {alpha}, limit {limit})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The epilogue's pipeline constants (`ACTIVATION`, `GLU_ALPHA`, `GLU_LIMIT`).
+    fn constants(self) -> [(&'static str, f64); 3] {
+        match self {
+            Activation::Swiglu => [("ACTIVATION", 0.0), ("GLU_ALPHA", 1.0), ("GLU_LIMIT", 1.0)],
+            Activation::ClampedSwiglu { alpha, limit } => {
+                [("ACTIVATION", 1.0), ("GLU_ALPHA", f64::from(alpha)), ("GLU_LIMIT", f64::from(limit))]
+            }
+        }
+    }
+}
+
+/// Biases of an expert FFN's projections on the device (gpt-oss): added to each projection's
+/// dot product before the activation (gate, up) or as the last step (down).
+#[derive(Debug)]
+pub struct ExpertBias {
+    /// `[E, F, 2]`: each column's (gate, up) pair.
+    gate_up: wgpu::Buffer,
+    /// `[E, H]`.
+    down: wgpu::Buffer,
+}
+
+impl ExpertBias {
+    /// Uploads gate and up biases `[experts, ffn]` and down biases `[experts, hidden]`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a length that does not match; device errors.
+    pub fn new(
+        ctx: &Context,
+        gate: &[f32],
+        up: &[f32],
+        down: &[f32],
+        [experts, ffn, hidden]: [u32; 3],
+    ) -> Result<Self> {
+        let (ef, eh) = (experts as usize * ffn as usize, experts as usize * hidden as usize);
+        for (what, v, cols, want) in
+            [("gate bias", gate, ffn, ef), ("up bias", up, ffn, ef), ("down bias", down, hidden, eh)]
+        {
+            if v.len() != want {
+                return Err(Error::shape(what, format!("[{experts}, {cols}] = {want} values"), v.len()));
+            }
+        }
+        let pairs: Vec<f32> = gate.iter().zip(up).flat_map(|(&g, &u)| [g, u]).collect();
+        Ok(ExpertBias {
+            gate_up: ctx.upload("expert gate/up biases", &pairs)?,
+            down: ctx.upload("expert down biases", down)?,
+        })
+    }
+}
+
+/// A gated expert FFN: `down(act(gate(x), up(x)))` per expert, `act` SwiGLU unless chosen
+/// otherwise ([`Activation`]), with optional biases ([`ExpertBias`]).
 #[derive(Debug)]
 pub struct ExpertFfn {
     /// `[E, F, H]`.
@@ -804,6 +917,10 @@ pub struct ExpertFfn {
     /// The kernels and order; `None` runs the adapter's default ([`FfnKernels::default_for`])
     /// in [`GemmOrder::Strict`].
     kernels: Option<FfnKernels>,
+    /// The activation between gate/up and down.
+    activation: Activation,
+    /// Projection biases, where the model has them.
+    bias: Option<ExpertBias>,
 }
 
 impl ExpertFfn {
@@ -837,7 +954,47 @@ impl ExpertFfn {
         if gate.native_f16 != up.native_f16 || gate.native_f16 != down.native_f16 {
             return Err(Error::invalid("expert weights mix native f16 and packed loads"));
         }
-        Ok(ExpertFfn { gate, up, down, kernels: None })
+        Ok(ExpertFfn { gate, up, down, kernels: None, activation: Activation::Swiglu, bias: None })
+    }
+
+    /// Runs `activation` between the projections instead of SwiGLU.
+    ///
+    /// # Errors
+    /// [`Activation::validate`]'s.
+    pub fn with_activation(mut self, activation: Activation) -> Result<Self> {
+        activation.validate()?;
+        self.activation = activation;
+        Ok(self)
+    }
+
+    /// Adds `bias` to the projections.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when the biases were made for other sizes than these weights'.
+    pub fn with_bias(mut self, bias: ExpertBias) -> Result<Self> {
+        let [e, f, h] = self.gate.shape();
+        let (want_gate_up, want_down) = (u64::from(e) * u64::from(f) * 8, u64::from(e) * u64::from(h) * 4);
+        if bias.gate_up.size() != want_gate_up || bias.down.size() != want_down {
+            return Err(Error::shape(
+                "expert biases",
+                format!(
+                    "gate/up [{e}, {f}, 2] and down [{e}, {h}] f32 ({want_gate_up} and {want_down} bytes)"
+                ),
+                format!("{} and {} bytes", bias.gate_up.size(), bias.down.size()),
+            ));
+        }
+        self.bias = Some(bias);
+        Ok(self)
+    }
+
+    /// The activation between the projections.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    /// Whether the projections add biases.
+    pub fn has_bias(&self) -> bool {
+        self.bias.is_some()
     }
 
     /// Runs these kernels (order and variants) instead of the adapter's default.
@@ -925,11 +1082,26 @@ struct Pass<'a> {
     row_entry: &'a wgpu::Buffer,
     out: &'a wgpu::Buffer,
     params: Params,
+    /// The activation of a SwiGLU pass.
+    activation: Activation,
+    /// Biases: `[E, N, 2]` (gate, up) pairs in a SwiGLU pass, else `[E, N]`.
+    bias: Option<&'a wgpu::Buffer>,
 }
 
 impl Pass<'_> {
     fn constants(&self) -> Vec<(&'static str, f64)> {
-        vec![("DTYPE", self.w.dtype.code()), ("SWIGLU", f64::from(u8::from(self.swiglu)))]
+        let bias = match (self.bias, self.swiglu) {
+            (None, _) => 0.0,
+            (Some(_), false) => 1.0,
+            (Some(_), true) => 2.0,
+        };
+        let mut c = vec![
+            ("DTYPE", self.w.dtype.code()),
+            ("SWIGLU", f64::from(u8::from(self.swiglu))),
+            ("BIAS", bias),
+        ];
+        c.extend(self.activation.constants());
+        c
     }
 
     /// The uniform parameters with the FLAG_* bits of this pass and `extra`.
@@ -942,13 +1114,16 @@ impl Pass<'_> {
         Params { flags, ..self.params }
     }
 
-    /// The bindings every GEMM dispatch of this pass makes: parameters, x, rows and output.
+    /// The bindings every GEMM dispatch of this pass makes: parameters, x, rows, output and
+    /// biases (the rows again where there are none: the epilogue reads nothing then).
     fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> Vec<Binding<'b>> {
+        let bias = self.bias.unwrap_or(self.row_entry);
         vec![
             Binding::new(0, params, PARAMS_BYTES),
             self.x.bind(1, self.x.size),
             Binding::new(4, self.row_entry, self.row_entry.size()),
             Binding::new(6, self.out, self.out.size()),
+            Binding::new(10, bias, bias.size()),
         ]
     }
 
@@ -1395,6 +1570,8 @@ fn up_pass<'a>(
         row_entry: rows,
         out: act,
         params: Params { n: ffn.ffn(), kdim: ffn.hidden(), ..base },
+        activation: ffn.activation,
+        bias: ffn.bias.as_ref().map(|b| &b.gate_up),
     }
 }
 
@@ -1414,6 +1591,7 @@ fn down_pass<'a>(
         w_up: &ffn.down,
         out: partial,
         params: Params { n: ffn.hidden(), kdim: ffn.ffn(), ..up.params },
+        bias: ffn.bias.as_ref().map(|b| &b.down),
         ..*up
     }
 }
@@ -1544,18 +1722,7 @@ pub fn plan_ffn(
                 p.params.row_offset = expert * bound;
                 p.params.fixed_expert = expert;
                 ds.extend(p.gemm(ctx, kernels.up, None)?);
-                let down = Pass {
-                    swiglu: false,
-                    gather: false,
-                    out_entry: true,
-                    x: (&act).into(),
-                    w: &ffn.down,
-                    w_up: &ffn.down,
-                    out: partial,
-                    params: Params { n: h, kdim: f, ..p.params },
-                    ..p
-                };
-                ds.extend(down.gemm(ctx, kernels.down, None)?);
+                ds.extend(down_pass(&p, ffn, &act, partial).gemm(ctx, kernels.down, None)?);
             }
             let over_act = ctx.storage_scratch("overflow activations", entries * u64::from(f) * 4)?;
             let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act);
@@ -1624,6 +1791,8 @@ pub fn plan_ffn_all_experts<'b>(
             row_entry: &unused,
             out: &act,
             params,
+            activation: ffn.activation,
+            bias: ffn.bias.as_ref().map(|b| &b.gate_up),
         };
         ds.extend(up.gemm(ctx, kernels.up, None)?);
         let down = Pass {
@@ -1634,6 +1803,7 @@ pub fn plan_ffn_all_experts<'b>(
             w_up: &ffn.down,
             out: all,
             params: Params { n: h, kdim: f, ..params },
+            bias: ffn.bias.as_ref().map(|b| &b.down),
             ..up
         };
         ds.extend(down.gemm(ctx, kernels.down, None)?);
@@ -1694,6 +1864,8 @@ pub fn plan_dense<'b>(
         row_entry: &unused,
         out: y,
         params,
+        activation: Activation::Swiglu,
+        bias: None,
     };
     let dispatches = match kernel {
         DenseKernel::Block(variant) => {

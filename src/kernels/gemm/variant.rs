@@ -334,7 +334,8 @@ impl FfnKernels {
     }
 }
 
-/// Bindings of the generated GEMM kernels that read x from storage (tiled and direct).
+/// Bindings of the generated GEMM kernels that read x from storage (tiled and direct); 10 is
+/// the biases (`wgsl/gemm/epilogue.wgsl`).
 pub(crate) const BINDINGS: &[(u32, Access)] = &[
     (0, Access::Uniform),
     (1, Access::Read),
@@ -343,6 +344,7 @@ pub(crate) const BINDINGS: &[(u32, Access)] = &[
     (4, Access::Read),
     (5, Access::Read),
     (6, Access::ReadWrite),
+    (10, Access::Read),
 ];
 
 /// Bindings of a window GEMM kernel: [`BINDINGS`] with the x window (7) in place of x in
@@ -355,6 +357,7 @@ pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
     (5, Access::Read),
     (6, Access::ReadWrite),
     (7, Access::Uniform),
+    (10, Access::Read),
 ];
 
 /// Bindings of a texture GEMM kernel: a window kernel's, with the weights (2, 3) as textures.
@@ -366,6 +369,7 @@ pub(crate) const TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (5, Access::Read),
     (6, Access::ReadWrite),
     (7, Access::Uniform),
+    (10, Access::Read),
 ];
 
 /// Bytes of the x window a window kernel declares (`array<vec4<f32>, 4096>`): WebGPU's
@@ -397,6 +401,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
                 wgsl!("gemm/order.wgsl"),
                 wgsl!("gemm/half.wgsl"),
                 wgsl!("gemm/weights_texture.wgsl"),
+                wgsl!("gemm/epilogue.wgsl"),
                 body,
             ]
         } else if native_f16 {
@@ -405,6 +410,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
                 wgsl!("gemm/common.wgsl"),
                 wgsl!("gemm/order.wgsl"),
                 wgsl!("gemm/weights_f16.wgsl"),
+                wgsl!("gemm/epilogue.wgsl"),
                 body,
             ]
         } else {
@@ -414,6 +420,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
                 wgsl!("gemm/weights_packed.wgsl"),
                 wgsl!("gemm/half.wgsl"),
                 wgsl!("gemm/quant.wgsl"),
+                wgsl!("gemm/epilogue.wgsl"),
                 body,
             ]
         };
@@ -659,10 +666,7 @@ fn gemm(
             let _ = writeln!(
                 s,
                 "    if r{i} < params.rows && c{j} < cend {{
-        var v = {};
-        if SWIGLU {{
-            v = silu_mul(v, {});
-        }}
+        var v = epilogue(expert, c{j}, {}, {});
         if e{i} == NONE {{
             v = 0.0;
         }}
@@ -843,10 +847,7 @@ fn gemm(
             let _ = writeln!(
                 s,
                 "    if row0 + ty * 4u + {i}u < params.rows && col0 + tx + {jj}u < cend {{
-        var v = {};
-        if SWIGLU {{
-            v = silu_mul(v, {});
-        }}
+        var v = epilogue(expert, col0 + tx + {jj}u, {}, {});
         if e{i} == NONE {{
             v = 0.0;
         }}
