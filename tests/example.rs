@@ -912,3 +912,71 @@ fn example_runs_a_gpt_oss_mxfp4_layer() {
     std::fs::remove_dir_all(&dir).ok();
     std::fs::remove_dir_all(&dense_dir).ok();
 }
+
+/// A small gpt-oss layer's tensors as shipped (MXFP4 experts, bf16 router and biases), with
+/// `change` applied to the list before writing: safetensors bytes.
+fn gpt_oss_file(change: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<u8>, Dtype)>)) -> Vec<u8> {
+    let (e, h, f) = (4usize, 32usize, 32usize);
+    let p = "model.layers.0.mlp.";
+    let zeros = |n: usize| vec![0u8; n];
+    let bf = |n: usize| encode(&vec![0.5f32; n], Dtype::BF16);
+    let mut tensors = vec![
+        (format!("{p}router.weight"), vec![e, h], bf(e * h), Dtype::BF16),
+        (format!("{p}router.bias"), vec![e], bf(e), Dtype::BF16),
+        (
+            format!("{p}experts.gate_up_proj_blocks"),
+            vec![e, 2 * f, h / 32, 16],
+            zeros(e * 2 * f * h / 2),
+            Dtype::U8,
+        ),
+        (
+            format!("{p}experts.gate_up_proj_scales"),
+            vec![e, 2 * f, h / 32],
+            vec![127; e * 2 * f * h / 32],
+            Dtype::U8,
+        ),
+        (format!("{p}experts.gate_up_proj_bias"), vec![e, 2 * f], bf(e * 2 * f), Dtype::BF16),
+        (format!("{p}experts.down_proj_blocks"), vec![e, h, f / 32, 16], zeros(e * h * f / 2), Dtype::U8),
+        (format!("{p}experts.down_proj_scales"), vec![e, h, f / 32], vec![127; e * h * f / 32], Dtype::U8),
+        (format!("{p}experts.down_proj_bias"), vec![e, h], bf(e * h), Dtype::BF16),
+    ];
+    change(&mut tensors);
+    let views: Vec<(String, TensorView<'_>)> =
+        tensors.iter().map(|(n, s, b, d)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    safetensors::serialize(views, None).unwrap()
+}
+
+/// gpt-oss files and configs that cannot be run as written are errors naming the tensor or key.
+#[test]
+fn gpt_oss_checkpoint_errors_name_the_problem() {
+    let config = |extra: serde_json::Value| {
+        let mut c = serde_json::json!({
+            "model_type": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 2,
+            "intermediate_size": 32, "hidden_size": 32
+        });
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        c
+    };
+    let load = |bytes: &[u8], cfg: serde_json::Value| {
+        load_layer(bytes, "gpt-oss.safetensors", &LoadOptions { config: Some(cfg), ..LoadOptions::default() })
+    };
+    // The well-formed file loads, with gpt-oss's routing and constants.
+    let ok = load(&gpt_oss_file(|_| {}), config(serde_json::json!({}))).unwrap();
+    assert_eq!(ok.routing.family, Family::GptOss);
+    assert_eq!(ok.config.activation, Activation::GPT_OSS);
+    assert!(ok.config.route.router_bias && ok.config.expert_bias && ok.config.route.renormalize);
+    let cases: Vec<(Vec<u8>, serde_json::Value, &str)> = vec![
+        (gpt_oss_file(|t| t[2].1 = vec![4, 64, 2, 8]), config(serde_json::json!({})), "gate_up_proj_blocks"),
+        (gpt_oss_file(|t| t[3].3 = Dtype::I8), config(serde_json::json!({})), "are u8"),
+        (gpt_oss_file(|t| drop(t.remove(1))), config(serde_json::json!({})), "mlp.router.bias"),
+        (gpt_oss_file(|t| t[7].1 = vec![4, 16, 2]), config(serde_json::json!({})), "down_proj_bias"),
+        (gpt_oss_file(|_| {}), config(serde_json::json!({"swiglu_limit": -1.0})), "clamped SwiGLU"),
+        (gpt_oss_file(|_| {}), config(serde_json::json!({"norm_topk_prob": false})), "norm_topk_prob"),
+        (gpt_oss_file(|_| {}), config(serde_json::json!({"num_local_experts": 8})), "num_local_experts"),
+        (gpt_oss_file(|_| {}), config(serde_json::json!({"model_type": "mixtral"})), "names"),
+    ];
+    for (i, (bytes, cfg, needle)) in cases.into_iter().enumerate() {
+        let err = load(&bytes, cfg).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains(needle), "case {i}: `{needle}` not in: {err}");
+    }
+}
