@@ -54,10 +54,11 @@ fn quant_row_words(kdim: u32) -> u32 {
 // results included (no product an adapter could flush); scale 255 is NaN, results past f32's
 // range are infinities.
 fn mxfp4_value(code: u32, scale: u32) -> f32 {
-    if scale == 255u {
-        return bitcast<f32>(0x7fc00000u);
-    }
     let sign = (code & 8u) << 28u;
+    if scale == 255u {
+        // A NaN built from a runtime value: a constant NaN is a shader-creation error in WGSL.
+        return bitcast<f32>(sign | 0x7fc00000u);
+    }
     let mag = code & 7u;
     if mag == 0u {
         return bitcast<f32>(sign);
@@ -84,7 +85,8 @@ fn fp8_value(byte: u32) -> f32 {
     let exponent = (byte >> 3u) & 0xfu;
     let mantissa = byte & 7u;
     if exponent == 15u && mantissa == 7u {
-        return bitcast<f32>(0x7fc00000u);
+        // A NaN built from a runtime value: a constant NaN is a shader-creation error in WGSL.
+        return bitcast<f32>(sign | 0x7fc00000u);
     }
     if exponent == 0u {
         // m x 2^-9: exact, normal in f32.
