@@ -2,7 +2,11 @@
 // the WebGPU implementation inside Chromium, whose WGSL compiler is Tint: each recorded module
 // and, for each recorded entry point and set of override constants, a compute pipeline.
 //
-//   VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json node check.mjs DIR
+//   VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json node check.mjs DIR [--part I/N]
+//
+// `--part I/N` checks only the records whose index (in name order) is I modulo N: a process
+// keeps every pipeline it compiled, and SwiftShader's code for a quantised expert kernel takes
+// about 1 GB, so CI runs the records in N processes (one process ran out of 24 GiB).
 //
 // Dawn needs a Vulkan driver it accepts (SwiftShader here; it refuses Mesa 22's lavapipe).
 // Modules that enable f16 are reported as skipped where the adapter has no shader-f16.
@@ -16,11 +20,18 @@ if (!dir || !fs.existsSync(dir)) {
   console.error('usage: node check.mjs DIR (a folder written by MOEFLOW_DUMP_PIPELINES)');
   process.exit(2);
 }
-const records = fs.readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
-if (records.length === 0) {
+const all = fs.readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
+if (all.length === 0) {
   console.error(`no pipeline records in ${dir}`);
   process.exit(2);
 }
+const partArg = process.argv.indexOf('--part');
+const [part, parts] = partArg > 0 ? process.argv[partArg + 1].split('/').map(Number) : [0, 1];
+if (!(parts >= 1 && part >= 0 && part < parts)) {
+  console.error('--part takes I/N with 0 <= I < N');
+  process.exit(2);
+}
+const records = all.filter((_, i) => i % parts === part);
 const { device, features, description } = await openDawn();
 console.log(`adapter: ${description}`);
 const modules = new Map();
@@ -65,5 +76,7 @@ for (const file of records) {
     ok++;
   }
 }
-console.log(`tint: ${ok} pipelines compiled, ${failed} failed, ${skipped} skipped (of ${records.length})`);
+console.log(
+  `tint: ${ok} pipelines compiled, ${failed} failed, ${skipped} skipped (of ${records.length}; part ${part}/${parts} of ${all.length})`,
+);
 process.exit(failed ? 1 : 0);
