@@ -5,8 +5,9 @@
 //! expert load, and the check against the CPU reference.
 //!
 //! With `--weights W.safetensors --input X.safetensors --output Y.safetensors`: runs your
-//! layer (Mixtral, Qwen2/3-MoE, OLMoE or DeepSeek-V3 tensor names) on `x` and writes `output`,
-//! `topk_indices`, `topk_weights` and `expert_counts`.
+//! layer (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek or gpt-oss tensor names, or a GGUF file's
+//! `blk.N.` layer) on `x` and writes `output`, `topk_indices`, `topk_weights` and
+//! `expert_counts`.
 //!
 //! `cargo run --release --example moe_layer -- --help` lists every option.
 
@@ -23,9 +24,10 @@ use moeflow::kernels::routing::RouteMode;
 use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
+use moeflow::weights::gguf::GgufFile;
 use moeflow::weights::{
-    Checkpoint, Family, LoadOptions, OutTensor, RoutingFlags, check_output_path, load_input, read_file,
-    upload_checkpoint_layer, write_tensors,
+    Checkpoint, Family, LoadOptions, OutTensor, RoutingFlags, UploadedLayer, check_output_path,
+    gguf_moe_layers, load_input, read_file, upload_checkpoint_layer, upload_gguf_layer, write_tensors,
 };
 use moeflow::{AdapterSelector, Context, Error, Result};
 
@@ -65,14 +67,14 @@ struct Args {
     #[arg(long, exclusive = true)]
     list_adapters: bool,
     /// Layer weights: a `.safetensors` file, a sharded checkpoint's
-    /// `model.safetensors.index.json`, or a directory holding either (memory-mapped).
-    /// Without it a seeded synthetic model runs.
+    /// `model.safetensors.index.json`, a directory holding either, or a GGUF file (its
+    /// metadata is the configuration); memory-mapped. Without it a seeded synthetic model runs.
     #[arg(long, requires_all = ["input", "output"])]
     weights: Option<PathBuf>,
     /// Tensor-name prefix of the layer in the weights (e.g. `model.layers.3.`).
     #[arg(long, conflicts_with = "layer")]
     prefix: Option<String>,
-    /// The MoE layer by index (`model.layers.N.`) in a checkpoint holding several.
+    /// The MoE layer by index (`model.layers.N.`, GGUF's `blk.N.`) in a checkpoint holding several.
     #[arg(long)]
     layer: Option<usize>,
     /// Every MoE layer of the checkpoint in turn, each on the same input (one layer on the
@@ -217,8 +219,15 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
         (Some(i), Some(o)) => (i, o),
         _ => return Err(Error::invalid("--weights needs --input and --output")),
     };
-    let ckpt = Checkpoint::open(weights)?;
-    let mut inputs = ckpt.files();
+    let source = if GgufFile::is_gguf(weights)? {
+        Source::Gguf(GgufFile::open(weights)?)
+    } else {
+        Source::Safetensors(Checkpoint::open(weights)?)
+    };
+    let mut inputs = match &source {
+        Source::Safetensors(ckpt) => ckpt.files(),
+        Source::Gguf(_) => Vec::new(),
+    };
     inputs.extend([weights, input.as_path()]);
     if let Some(c) = &args.config {
         inputs.push(c.as_path());
@@ -251,7 +260,7 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
     let (x, tokens, hidden) = load_input(&read_file(input)?, &input.display().to_string())?;
     let layers: Vec<Option<usize>> = match args.all_layers {
         true => {
-            let found = ckpt.moe_layers();
+            let found = source.moe_layers()?;
             if found.is_empty() {
                 return Err(Error::invalid(format!("{} holds no MoE layer", weights.display())));
             }
@@ -263,7 +272,7 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
     for index in layers {
         let opts = LoadOptions { layer: index.or(opts.layer), ..opts.clone() };
         let start = Instant::now();
-        let loaded = upload_checkpoint_layer(ctx, &ckpt, &opts, |c| apply_modes(c, args))?;
+        let loaded = source.upload(ctx, &opts, |c| apply_modes(c, args))?;
         let load_s = start.elapsed().as_secs_f64();
         let (layer, cfg) = (&loaded.layer, *loaded.layer.config());
         println!("layer: {} at `{}`: {cfg} (loaded in {load_s:.2} s)", loaded.routing.family, loaded.prefix);
@@ -304,6 +313,34 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
         println!("peak host memory: {mib} MiB (VmHWM; on CPU adapters it includes the device buffers)");
     }
     Ok(true)
+}
+
+/// A `--weights` file: a safetensors checkpoint or a GGUF file.
+enum Source {
+    Safetensors(Checkpoint),
+    Gguf(GgufFile),
+}
+
+impl Source {
+    /// MoE layer indices (with their prefixes).
+    fn moe_layers(&self) -> Result<std::collections::BTreeMap<usize, String>> {
+        match self {
+            Source::Safetensors(ckpt) => Ok(ckpt.moe_layers()),
+            Source::Gguf(file) => Ok(gguf_moe_layers(&file.parse()?)),
+        }
+    }
+
+    fn upload(
+        &self,
+        ctx: &Context,
+        opts: &LoadOptions,
+        adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+    ) -> Result<UploadedLayer> {
+        match self {
+            Source::Safetensors(ckpt) => upload_checkpoint_layer(ctx, ckpt, opts, adjust),
+            Source::Gguf(file) => upload_gguf_layer(ctx, &file.parse()?, opts, adjust),
+        }
+    }
 }
 
 /// The process's peak resident memory in MiB (Linux `VmHWM`), where the OS reports it.

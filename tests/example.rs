@@ -1,7 +1,7 @@
 //! The `moe_layer` example as a user runs it: with no arguments, and on small safetensors
 //! models written with each naming scheme (Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V3), checked
-//! against the CPU reference layer; sharded, memory-mapped checkpoints through the library and
-//! the CLI. Also the loader's errors for missing or mis-shaped tensors and broken checkpoints.
+//! against the CPU reference layer; sharded, memory-mapped checkpoints and GGUF files through
+//! the library and the CLI. Also the loader's errors for missing or mis-shaped tensors and broken checkpoints.
 
 mod common;
 
@@ -978,5 +978,146 @@ fn gpt_oss_checkpoint_errors_name_the_problem() {
     for (i, (bytes, cfg, needle)) in cases.into_iter().enumerate() {
         let err = load(&bytes, cfg).map(|_| ()).unwrap_err().to_string();
         assert!(err.contains(needle), "case {i}: `{needle}` not in: {err}");
+    }
+}
+
+/// A GGUF file as llama.cpp writes a MoE model (ggml dims innermost first, `blk.N.` names, the
+/// architecture's metadata, a dense block before the MoE one, keys the layer does not use)
+/// runs through the example with its experts as stored, against the CPU reference on the
+/// decoded values: Qwen2-MoE with Q4_0 experts and a gated shared expert; DeepSeek-V3
+/// (sigmoid, selection bias, 4 groups keep 2, renormalised, × 2.5) with Q8_0 experts.
+#[test]
+fn example_runs_gguf_layers_as_stored() {
+    use moeflow::weights::gguf::{GgmlType, Gguf, GgufValue, GgufWriter};
+    use moeflow::weights::load_gguf_layer;
+    let adapters = common::wgpu_adapters();
+    if adapters.is_empty() {
+        return;
+    }
+    let (h, f, e, k, tokens) = (64usize, 32usize, 8u32, 2u32, 9usize);
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    for (arch, ty) in [("qwen2moe", GgmlType::Q4_0), ("deepseek2", GgmlType::Q8_0)] {
+        let base = MoeConfig::new(h as u32, f as u32, e, k);
+        let cfg = match arch {
+            "qwen2moe" => MoeConfig {
+                route: RouteConfig { renormalize: false, ..base.route },
+                shared_ffn: Some(f as u32),
+                shared_gate: true,
+                ..base
+            },
+            _ => MoeConfig {
+                route: RouteConfig {
+                    gating: Gating::Sigmoid,
+                    bias: true,
+                    scale: 2.5,
+                    groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+                    ..base.route
+                },
+                shared_ffn: Some(f as u32),
+                ..base
+            },
+        };
+        let mut w = Synth::new(41).moe_weights(&cfg);
+        // The blocks as stored; the weights become their decoded values.
+        let mut stored = |v: &mut Vec<f32>| -> Vec<u8> {
+            use moeflow::quant::{q4_0_dequantize, q4_0_quantize, q8_0_dequantize, q8_0_quantize};
+            let (q, d) = match ty {
+                GgmlType::Q4_0 => {
+                    let q = q4_0_quantize(v).unwrap();
+                    let d = q4_0_dequantize(&q).unwrap();
+                    (q, d)
+                }
+                _ => {
+                    let q = q8_0_quantize(v).unwrap();
+                    let d = q8_0_dequantize(&q).unwrap();
+                    (q, d)
+                }
+            };
+            *v = d;
+            q
+        };
+        let [gate, up, down] = [&mut w.gate, &mut w.up, &mut w.down].map(&mut stored);
+        let shared = w.shared.as_mut().unwrap();
+        let [sg, su, sd] = [&mut shared.0, &mut shared.1, &mut shared.2].map(&mut stored);
+        let (hu, fu, eu) = (h as u64, f as u64, u64::from(e));
+        let a = |key: &str| format!("{arch}.{key}");
+        let mut file = GgufWriter::default()
+            .metadata("general.architecture", GgufValue::Str(arch.into()))
+            .metadata(&a("block_count"), GgufValue::U32(2))
+            .metadata(&a("embedding_length"), GgufValue::U32(h as u32))
+            .metadata(&a("expert_count"), GgufValue::U32(e))
+            .metadata(&a("expert_used_count"), GgufValue::U32(k))
+            .metadata(&a("expert_feed_forward_length"), GgufValue::U32(f as u32))
+            .metadata("tokenizer.ggml.tokens", GgufValue::Array(vec![GgufValue::Str("a".into()); 3]))
+            .tensor("blk.0.ffn_gate.weight", &[hu, 4], GgmlType::F32, f32_bytes(&[0.5; 256]))
+            .tensor("blk.1.ffn_gate_inp.weight", &[hu, eu], GgmlType::F32, f32_bytes(&w.router))
+            .tensor("blk.1.ffn_gate_exps.weight", &[hu, fu, eu], ty, gate)
+            .tensor("blk.1.ffn_up_exps.weight", &[hu, fu, eu], ty, up)
+            .tensor("blk.1.ffn_down_exps.weight", &[fu, hu, eu], ty, down)
+            .tensor("blk.1.ffn_gate_shexp.weight", &[hu, fu], ty, sg)
+            .tensor("blk.1.ffn_up_shexp.weight", &[hu, fu], ty, su)
+            .tensor("blk.1.ffn_down_shexp.weight", &[fu, hu], ty, sd);
+        file = match arch {
+            "qwen2moe" => {
+                file.metadata(&a("expert_shared_feed_forward_length"), GgufValue::U32(f as u32)).tensor(
+                    "blk.1.ffn_gate_inp_shexp.weight",
+                    &[hu],
+                    GgmlType::F32,
+                    f32_bytes(w.shared_gate.as_ref().unwrap()),
+                )
+            }
+            _ => file
+                .metadata(&a("expert_gating_func"), GgufValue::U32(2))
+                .metadata(&a("expert_weights_norm"), GgufValue::Bool(true))
+                .metadata(&a("expert_weights_scale"), GgufValue::F32(2.5))
+                .metadata(&a("expert_shared_count"), GgufValue::U32(1))
+                .metadata(&a("expert_group_count"), GgufValue::U32(4))
+                .metadata(&a("expert_group_used_count"), GgufValue::U32(2))
+                .tensor("blk.1.exp_probs_b.bias", &[eu], GgmlType::F32, f32_bytes(w.bias.as_ref().unwrap())),
+        };
+        let dir = scratch(&format!("gguf-{arch}"));
+        let bytes = file.to_bytes();
+        std::fs::write(dir.join("model.gguf"), &bytes).unwrap();
+        let x = Synth::new(42).uniform(tokens * h, 1.0);
+        write(&dir.join("x.safetensors"), vec![("x".into(), vec![tokens, h], x.clone())], Dtype::F32);
+
+        // The host load: the metadata's routing, the stored type, the decoded values.
+        let loaded = load_gguf_layer(&Gguf::parse(&bytes, "model.gguf").unwrap(), &LoadOptions::default())
+            .unwrap_or_else(|err| panic!("{arch}: {err}"));
+        let dtype = if ty == GgmlType::Q4_0 { WeightDtype::Q4_0 } else { WeightDtype::Q8_0 };
+        assert_eq!(loaded.config, MoeConfig { weight_dtype: dtype, ..cfg }, "{arch}");
+        assert_eq!(loaded.prefix, "blk.1.");
+        assert!(loaded.weights == w, "{arch}: host load differs from the blocks' decoding");
+        let (ry, ridx, _) = reference::forward(&cfg, &w, &x).unwrap();
+
+        for adapter in &adapters {
+            let backend = format!("{:?}", adapter.get_info().backend).to_lowercase();
+            let out = Command::new(example())
+                .arg("--weights")
+                .arg(dir.join("model.gguf"))
+                .arg("--input")
+                .arg(dir.join("x.safetensors"))
+                .arg("--output")
+                .arg(dir.join("y.safetensors"))
+                .args(["--adapter", &backend])
+                .output()
+                .expect("running the example");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{arch} {backend}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                stdout.contains(&format!("{dtype:?}")) && stdout.contains("blk.1."),
+                "{arch} {backend}: {stdout}"
+            );
+            let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
+            assert_eq!(words(&st, "topk_indices").collect::<Vec<_>>(), ridx, "{arch} {backend}: routing");
+            common::assert_rows_close(&format!("gguf {arch} {backend}"), &y, &ry, h);
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -15,8 +15,10 @@
 //! number and refused by name there.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
+use memmap2::Mmap;
 
 use crate::error::{Error, Result};
 use crate::quant;
@@ -53,6 +55,49 @@ pub enum GgufValue {
 }
 
 impl GgufValue {
+    /// The GGUF value type number (`UINT8` = 0 .. `FLOAT64` = 12).
+    pub fn type_id(&self) -> u32 {
+        match self {
+            GgufValue::U8(_) => 0,
+            GgufValue::I8(_) => 1,
+            GgufValue::U16(_) => 2,
+            GgufValue::I16(_) => 3,
+            GgufValue::U32(_) => 4,
+            GgufValue::I32(_) => 5,
+            GgufValue::F32(_) => 6,
+            GgufValue::Bool(_) => 7,
+            GgufValue::Str(_) => 8,
+            GgufValue::Array(_) => 9,
+            GgufValue::U64(_) => 10,
+            GgufValue::I64(_) => 11,
+            GgufValue::F64(_) => 12,
+        }
+    }
+
+    /// Appends the value's bytes (without its type number) as GGUF stores them; an array's
+    /// element type is its first element's (`UINT8` when empty).
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            GgufValue::U8(v) => out.push(*v),
+            GgufValue::I8(v) => out.extend(v.to_le_bytes()),
+            GgufValue::U16(v) => out.extend(v.to_le_bytes()),
+            GgufValue::I16(v) => out.extend(v.to_le_bytes()),
+            GgufValue::U32(v) => out.extend(v.to_le_bytes()),
+            GgufValue::I32(v) => out.extend(v.to_le_bytes()),
+            GgufValue::F32(v) => out.extend(v.to_le_bytes()),
+            GgufValue::Bool(v) => out.push(u8::from(*v)),
+            GgufValue::Str(v) => encode_str(v, out),
+            GgufValue::Array(items) => {
+                out.extend(items.first().map_or(0, GgufValue::type_id).to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                items.iter().for_each(|i| i.encode(out));
+            }
+            GgufValue::U64(v) => out.extend(v.to_le_bytes()),
+            GgufValue::I64(v) => out.extend(v.to_le_bytes()),
+            GgufValue::F64(v) => out.extend(v.to_le_bytes()),
+        }
+    }
+
     /// The value as an unsigned integer: any integer type holding a non-negative value.
     pub fn as_u64(&self) -> Option<u64> {
         match *self {
@@ -112,6 +157,18 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// The ggml type number.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Bf16 => 30,
+            GgmlType::Other(id) => id,
+        }
+    }
+
     fn from_id(id: u32) -> Self {
         match id {
             0 => GgmlType::F32,
@@ -372,6 +429,11 @@ impl<'a> Gguf<'a> {
         Ok(())
     }
 
+    /// What the file is called in messages (the name given to [`Gguf::parse`]).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The table entry of tensor `name`.
     pub fn tensor(&self, name: &str) -> Option<&GgufTensor> {
         self.tensors.iter().find(|t| t.name == name)
@@ -427,6 +489,147 @@ impl<'a> Gguf<'a> {
     }
 }
 
+/// A GGUF file on disk, memory-mapped: nothing is read until [`GgufFile::parse`] reads the
+/// header and a tensor's bytes are touched.
+#[derive(Debug)]
+pub struct GgufFile {
+    path: PathBuf,
+    map: Mmap,
+}
+
+impl GgufFile {
+    /// Maps `path`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file.
+    pub fn open(path: &Path) -> Result<Self> {
+        let io = |source| Error::Io { path: path.display().to_string(), source };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only; a file changed by another process while mapped is
+        // outside what a reader can guard against (every tensor's extent is checked against
+        // the map's length when parsed, and every read is bounds-checked by slicing).
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Ok(GgufFile { path: path.to_path_buf(), map })
+    }
+
+    /// Whether the file at `path` starts with GGUF's magic.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file when it cannot be read.
+    pub fn is_gguf(path: &Path) -> Result<bool> {
+        use std::io::Read;
+        let io = |source| Error::Io { path: path.display().to_string(), source };
+        let mut magic = [0u8; 4];
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let n = file.read(&mut magic).map_err(io)?;
+        Ok(n == 4 && &magic == b"GGUF")
+    }
+
+    /// The mapped file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Parses the header and tensor table ([`Gguf::parse`]).
+    ///
+    /// # Errors
+    /// As [`Gguf::parse`].
+    pub fn parse(&self) -> Result<Gguf<'_>> {
+        Gguf::parse(&self.map, &self.path.display().to_string())
+    }
+}
+
+fn encode_str(s: &str, out: &mut Vec<u8>) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+/// A metadata pair as stored: key, value type number, value bytes.
+type RawPair = (String, u32, Vec<u8>);
+/// A tensor as stored: name, dimensions (innermost first), ggml type number, data.
+type RawTensor = (String, Vec<u64>, u32, Vec<u8>);
+
+/// The bytes of a GGUF file laid out as ggml's writer lays it out: header, metadata, tensor
+/// table, then each tensor's data padded to `alignment`.
+fn encode_file(version: u32, kv: &[RawPair], tensors: &[RawTensor], alignment: usize) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    out.extend(version.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((kv.len() as u64).to_le_bytes());
+    for (k, ty, v) in kv {
+        encode_str(k, &mut out);
+        out.extend(ty.to_le_bytes());
+        out.extend(v);
+    }
+    let mut offset = 0usize;
+    for (name, dims, ty, data) in tensors {
+        encode_str(name, &mut out);
+        out.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+        out.extend(ty.to_le_bytes());
+        out.extend((offset as u64).to_le_bytes());
+        offset += data.len().next_multiple_of(alignment);
+    }
+    out.resize(out.len().next_multiple_of(alignment), 0);
+    for (.., data) in tensors {
+        out.extend(data);
+        out.resize(out.len().next_multiple_of(alignment), 0);
+    }
+    out
+}
+
+/// Writes GGUF version 3 files (test fixtures, converted layers): metadata pairs and tensors
+/// in the order given, data aligned to `general.alignment` when set (32 otherwise).
+///
+/// ```
+/// use moeflow::weights::gguf::{GgmlType, Gguf, GgufValue, GgufWriter};
+/// let bytes = GgufWriter::default()
+///     .metadata("general.architecture", GgufValue::Str("qwen3moe".into()))
+///     .tensor("t", &[2], GgmlType::F32, [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect())
+///     .to_bytes();
+/// let g = Gguf::parse(&bytes, "t.gguf").unwrap();
+/// assert_eq!(g.tensor_f32("t").unwrap(), [1.0, 2.0]);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, GgufValue)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+}
+
+impl GgufWriter {
+    /// Adds a metadata pair.
+    pub fn metadata(mut self, key: &str, value: GgufValue) -> Self {
+        self.metadata.push((key.to_string(), value));
+        self
+    }
+
+    /// Adds a tensor: `dims` innermost first (ggml's `ne`), `data` its stored bytes.
+    pub fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Self {
+        self.tensors.push((name.to_string(), dims.to_vec(), ty, data));
+        self
+    }
+
+    /// The file's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let alignment = match self.metadata.iter().find(|(k, _)| k == "general.alignment") {
+            Some((_, v)) => v.as_u64().map_or(32, |a| a as usize),
+            None => 32,
+        };
+        let kv: Vec<RawPair> = self
+            .metadata
+            .iter()
+            .map(|(k, v)| {
+                let mut bytes = Vec::new();
+                v.encode(&mut bytes);
+                (k.clone(), v.type_id(), bytes)
+            })
+            .collect();
+        let tensors: Vec<RawTensor> =
+            self.tensors.iter().map(|(n, d, t, b)| (n.clone(), d.clone(), t.id(), b.clone())).collect();
+        encode_file(3, &kv, &tensors, alignment)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,8 +644,8 @@ mod tests {
     }
 
     fn string(s: &str) -> Vec<u8> {
-        let mut out = (s.len() as u64).to_le_bytes().to_vec();
-        out.extend(s.as_bytes());
+        let mut out = Vec::new();
+        encode_str(s, &mut out);
         out
     }
 
@@ -462,30 +665,7 @@ mod tests {
         }
 
         fn bytes(&self, version: u32) -> Vec<u8> {
-            let mut out = b"GGUF".to_vec();
-            out.extend(version.to_le_bytes());
-            out.extend((self.tensors.len() as u64).to_le_bytes());
-            out.extend((self.kv.len() as u64).to_le_bytes());
-            for (k, ty, v) in &self.kv {
-                out.extend(string(k));
-                out.extend(ty.to_le_bytes());
-                out.extend(v);
-            }
-            let mut offset = 0usize;
-            for (name, dims, ty, data) in &self.tensors {
-                out.extend(string(name));
-                out.extend((dims.len() as u32).to_le_bytes());
-                dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
-                out.extend(ty.to_le_bytes());
-                out.extend((offset as u64).to_le_bytes());
-                offset += data.len().next_multiple_of(self.alignment);
-            }
-            out.resize(out.len().next_multiple_of(self.alignment), 0);
-            for (.., data) in &self.tensors {
-                out.extend(data);
-                out.resize(out.len().next_multiple_of(self.alignment), 0);
-            }
-            out
+            encode_file(version, &self.kv, &self.tensors, self.alignment)
         }
     }
 
@@ -563,6 +743,45 @@ mod tests {
             assert!(err.contains("Other(12)") && err.contains("Q8_0"), "{err}");
             assert!(g.tensor_f32("nope").unwrap_err().to_string().contains("missing tensor `nope`"));
         }
+    }
+
+    #[test]
+    fn the_writer_round_trips_every_value_type_and_tensor() {
+        let values = [
+            GgufValue::U8(7),
+            GgufValue::I8(-7),
+            GgufValue::U16(700),
+            GgufValue::I16(-700),
+            GgufValue::U32(70_000),
+            GgufValue::I32(-70_000),
+            GgufValue::F32(0.75),
+            GgufValue::Bool(true),
+            GgufValue::Str("qwen2moe".into()),
+            GgufValue::Array(vec![GgufValue::Str("a".into()), GgufValue::Str("bc".into())]),
+            GgufValue::Array(vec![]),
+            GgufValue::U64(1 << 40),
+            GgufValue::I64(-(1 << 40)),
+            GgufValue::F64(-0.125),
+        ];
+        let q8 = quant::q8_0_quantize(&[0.5; 32]).unwrap();
+        let mut w = GgufWriter::default().metadata("general.alignment", GgufValue::U32(64));
+        for (i, v) in values.iter().enumerate() {
+            w = w.metadata(&format!("k{i:02}"), v.clone());
+        }
+        let bytes = w
+            .tensor("a", &[3], GgmlType::F32, f32_bytes(&[1.0, 2.0, 3.0]))
+            .tensor("q", &[32], GgmlType::Q8_0, q8.clone())
+            .to_bytes();
+        let g = Gguf::parse(&bytes, "w.gguf").unwrap();
+        assert_eq!((g.version, g.alignment), (3, 64));
+        for (i, v) in values.iter().enumerate() {
+            let got = &g.metadata[&format!("k{i:02}")];
+            // An empty array reads back as an empty array of UINT8.
+            assert_eq!(got, v, "k{i:02}");
+        }
+        assert_eq!(g.tensor("q").unwrap().offset, 64);
+        assert_eq!(g.tensor_f32("a").unwrap(), [1.0, 2.0, 3.0]);
+        assert_eq!(g.tensor_data("q").unwrap(), q8);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 mod checkpoint;
 pub mod family;
 pub mod gguf;
+mod gguf_layer;
 mod gpt_oss;
 mod output;
 
@@ -26,6 +27,7 @@ use checkpoint::InMemory;
 pub use checkpoint::{Checkpoint, TensorSource};
 pub use family::{Family, Routing, RoutingFlags};
 use family::{SharedNames, TensorFacts};
+pub use gguf_layer::{gguf_moe_layers, load_gguf_layer, upload_gguf_layer};
 pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
 
 use crate::context::Context;
