@@ -2,17 +2,28 @@
 // the WebGPU implementation inside Chromium, whose WGSL compiler is Tint: each recorded module
 // and, for each recorded entry point and set of override constants, a compute pipeline.
 //
-//   VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json node check.mjs DIR [--part I/N]
+//   VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json node check.mjs DIR
 //
-// `--part I/N` checks only the records whose index (in name order) is I modulo N: a process
-// keeps every pipeline it compiled, and SwiftShader's code for a quantised expert kernel takes
-// about 1 GB, so CI runs the records in N processes (one process ran out of 24 GiB).
+// A process keeps every pipeline it compiled (neither dropping the objects nor a forced GC
+// gives SwiftShader's code back), and SwiftShader's code for a quantised expert kernel takes
+// about 1 GB. So the records are compiled by worker processes, in name order: a worker stops
+// after the record that takes its resident memory past TINT_WORKER_RSS_MB (default 6144) and
+// the next worker goes on from there. A worker that dies (the OOM killer, a crash in the
+// driver) fails the record it was compiling, and the next worker goes on after it.
+// TINT_TRACE=1 prints each record's time and the worker's resident memory (stderr).
+//
+// Measured (SwiftShader 5.0.0, 2 cores): the expert kernels' register blocks dominate, a
+// quantised window 16 x 8 pipeline 20-60 s and under 0.5 GB since the unpacking is
+// branch-free; with branches, SwiftShader's compile of one FP8 16 x 8 kernel passed 17 GB.
 //
 // Dawn needs a Vulkan driver it accepts (SwiftShader here; it refuses Mesa 22's lavapipe).
 // Modules that enable f16 are reported as skipped where the adapter has no shader-f16.
 // Exit status: 0 when every pipeline compiled, 1 when one failed, 2 when nothing could run.
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import readline from 'node:readline';
+import { fileURLToPath } from 'node:url';
 import { openDawn } from './dawn.mjs';
 
 const dir = process.argv[2];
@@ -20,63 +31,106 @@ if (!dir || !fs.existsSync(dir)) {
   console.error('usage: node check.mjs DIR (a folder written by MOEFLOW_DUMP_PIPELINES)');
   process.exit(2);
 }
-const all = fs.readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
-if (all.length === 0) {
+const records = fs.readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
+if (records.length === 0) {
   console.error(`no pipeline records in ${dir}`);
   process.exit(2);
 }
-const partArg = process.argv.indexOf('--part');
-const [part, parts] = partArg > 0 ? process.argv[partArg + 1].split('/').map(Number) : [0, 1];
-if (!(parts >= 1 && part >= 0 && part < parts)) {
-  console.error('--part takes I/N with 0 <= I < N');
-  process.exit(2);
+const workerArg = process.argv.indexOf('--worker');
+if (workerArg > 0) {
+  await worker(Number(process.argv[workerArg + 1]));
+} else {
+  await parent();
 }
-const records = all.filter((_, i) => i % parts === part);
-const { device, features, description } = await openDawn();
-console.log(`adapter: ${description}`);
-const modules = new Map();
-let ok = 0;
-let failed = 0;
-let skipped = 0;
-for (const file of records) {
-  const rec = JSON.parse(fs.readFileSync(path.join(dir, file), 'utf8'));
-  const code = fs.readFileSync(path.join(dir, rec.module), 'utf8');
-  const name = `${rec.module} ${rec.entry} ${JSON.stringify(rec.constants)}`;
-  if (/^\s*enable f16;/m.test(code) && !features.includes('shader-f16')) {
-    skipped++;
-    console.log(`SKIP ${name} (the adapter has no shader-f16)`);
-    continue;
-  }
-  const errors = [];
-  device.pushErrorScope('validation');
-  let module = modules.get(rec.module);
-  if (!module) {
-    module = device.createShaderModule({ code, label: rec.module });
-    const info = await module.getCompilationInfo();
-    module.errors = info.messages.filter((m) => m.type === 'error')
-      .map((m) => `${m.lineNum}:${m.linePos} ${m.message}`);
-    modules.set(rec.module, module);
-  }
-  errors.push(...module.errors);
-  try {
-    await device.createComputePipelineAsync({
-      layout: 'auto',
-      compute: { module, entryPoint: rec.entry, constants: rec.constants },
+
+/** Runs workers until every record has a verdict; prints them and the totals. */
+async function parent() {
+  const limitMb = Number(process.env.TINT_WORKER_RSS_MB ?? 6144);
+  const counts = { ok: 0, failed: 0, skipped: 0 };
+  let next = 0;
+  let workers = 0;
+  let description = null;
+  while (next < records.length) {
+    workers++;
+    const start = next;
+    const child = spawn(process.execPath, [fileURLToPath(import.meta.url), dir, '--worker', String(start)], {
+      env: { ...process.env, TINT_WORKER_RSS_MB: String(limitMb) },
+      stdio: ['ignore', 'pipe', 'inherit'],
     });
-  } catch (e) {
-    errors.push(String(e.message ?? e));
+    let current = start;
+    const lines = readline.createInterface({ input: child.stdout });
+    for await (const line of lines) {
+      const msg = JSON.parse(line);
+      if (msg.adapter) {
+        description ??= msg.adapter;
+      } else if (msg.start !== undefined) {
+        current = msg.start;
+      } else {
+        counts[msg.verdict]++;
+        if (msg.verdict !== 'ok') console.log(`${msg.verdict === 'failed' ? 'FAIL' : 'SKIP'} ${msg.name}${msg.why}`);
+        next = msg.index + 1;
+      }
+    }
+    const code = await new Promise((resolve) => child.on('close', (c, signal) => resolve(signal ?? c)));
+    if (code === 2) process.exit(2);
+    if (next <= current && current < records.length && code !== 0) {
+      // The worker died while compiling `current`.
+      counts.failed++;
+      console.log(`FAIL ${records[current]}\n    the compiling process ended (${code}) while compiling it`);
+      next = current + 1;
+    }
   }
-  const scope = await device.popErrorScope();
-  if (scope) errors.push(scope.message);
-  if (errors.length) {
-    failed++;
-    console.log(`FAIL ${name}`);
-    for (const e of new Set(errors)) console.log(`    ${e.split('\n').slice(0, 8).join('\n    ')}`);
-  } else {
-    ok++;
-  }
+  console.log(`adapter: ${description}`);
+  console.log(
+    `tint: ${counts.ok} pipelines compiled, ${counts.failed} failed, ${counts.skipped} skipped (of ${records.length}, in ${workers} worker process(es))`,
+  );
+  process.exit(counts.failed ? 1 : 0);
 }
-console.log(
-  `tint: ${ok} pipelines compiled, ${failed} failed, ${skipped} skipped (of ${records.length}; part ${part}/${parts} of ${all.length})`,
-);
-process.exit(failed ? 1 : 0);
+
+/** Compiles records from `from` on, one JSON line per verdict, until the memory limit. */
+async function worker(from) {
+  const limit = Number(process.env.TINT_WORKER_RSS_MB ?? 6144) * 1024 * 1024;
+  const { device, features, description } = await openDawn();
+  const say = (msg) => process.stdout.write(`${JSON.stringify(msg)}\n`);
+  say({ adapter: description });
+  const modules = new Map();
+  for (let index = from; index < records.length; index++) {
+    say({ start: index });
+    const rec = JSON.parse(fs.readFileSync(path.join(dir, records[index]), 'utf8'));
+    const code = fs.readFileSync(path.join(dir, rec.module), 'utf8');
+    const name = `${rec.module} ${rec.entry} ${JSON.stringify(rec.constants)}`;
+    if (/^\s*enable f16;/m.test(code) && !features.includes('shader-f16')) {
+      say({ index, name, verdict: 'skipped', why: ' (the adapter has no shader-f16)' });
+      continue;
+    }
+    const errors = [];
+    device.pushErrorScope('validation');
+    let module = modules.get(rec.module);
+    if (!module) {
+      module = device.createShaderModule({ code, label: rec.module });
+      const info = await module.getCompilationInfo();
+      module.errors = info.messages.filter((m) => m.type === 'error')
+        .map((m) => `${m.lineNum}:${m.linePos} ${m.message}`);
+      modules.set(rec.module, module);
+    }
+    errors.push(...module.errors);
+    try {
+      await device.createComputePipelineAsync({
+        layout: 'auto',
+        compute: { module, entryPoint: rec.entry, constants: rec.constants },
+      });
+    } catch (e) {
+      errors.push(String(e.message ?? e));
+    }
+    const scope = await device.popErrorScope();
+    if (scope) errors.push(scope.message);
+    const why = [...new Set(errors)].map((e) => `\n    ${e.split('\n').slice(0, 8).join('\n    ')}`).join('');
+    say({ index, name, verdict: errors.length ? 'failed' : 'ok', why });
+    if (process.env.TINT_TRACE) {
+      const mb = Math.round(process.memoryUsage().rss / 1048576);
+      console.error(`${new Date().toISOString()} ${index} ${records[index]} rss ${mb} MB`);
+    }
+    if (process.memoryUsage().rss > limit) break;
+  }
+  process.exit(0);
+}

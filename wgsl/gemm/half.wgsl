@@ -6,15 +6,15 @@ fn f16_bits_to_f32(h: u32) -> f32 {
     let sign = (h & 0x8000u) << 16u;
     let exponent = (h >> 10u) & 0x1fu;
     let mantissa = h & 0x3ffu;
-    if exponent == 0u {
-        // Zero or subnormal: mantissa * 2^-24, exact in f32.
-        let magnitude = f32(mantissa) * 5.9604644775390625e-8;
-        return bitcast<f32>(bitcast<u32>(magnitude) | sign);
-    }
-    if exponent == 31u {
-        return bitcast<f32>(sign | 0x7f800000u | (mantissa << 13u));
-    }
-    return bitcast<f32>(sign | ((exponent + 112u) << 23u) | (mantissa << 13u));
+    let normal = sign | ((exponent + 112u) << 23u) | (mantissa << 13u);
+    // Infinity or NaN (payload kept).
+    let special = sign | 0x7f800000u | (mantissa << 13u);
+    // Zero or subnormal: mantissa * 2^-24, exact (and normal or zero) in f32.
+    let subnormal = bitcast<u32>(f32(mantissa) * 5.9604644775390625e-8) | sign;
+    // Selects, not branches: unrolled per value in the kernels (see quant.wgsl).
+    var bits = select(normal, special, exponent == 31u);
+    bits = select(bits, subnormal, exponent == 0u);
+    return bitcast<f32>(bits);
 }
 
 // A 16-bit weight as f32 (DTYPE 1: IEEE half, 2: bfloat16).

@@ -52,47 +52,37 @@ fn quant_row_words(kdim: u32) -> u32 {
 
 // An FP4 e2m1 code (bits 0..3) times 2^(scale - 127), built bit by bit: exact, subnormal
 // results included (no product an adapter could flush); scale 255 is NaN, results past f32's
-// range are infinities.
+// range are infinities. Branch-free (selects): the kernels unroll this per value, and
+// SwiftShader's compile time and memory grow with every branch of the unrolled code.
 fn mxfp4_value(code: u32, scale: u32) -> f32 {
     let sign = (code & 8u) << 28u;
-    if scale == 255u {
-        // A NaN built from a runtime value: a constant NaN is a shader-creation error in WGSL.
-        return bitcast<f32>(sign | 0x7fc00000u);
-    }
     let mag = code & 7u;
-    if mag == 0u {
-        return bitcast<f32>(sign);
-    }
     // mag 1 is 0.5 = 1.0 x 2^-1; mag 2..7 are (1 + m / 2) x 2^(mag / 2 - 1), m = mag & 1.
-    var m = mag & 1u;
-    if mag == 1u {
-        m = 0u;
-    }
+    let m = select(mag & 1u, 0u, mag == 1u);
     let biased = i32(mag >> 1u) - 1 + i32(scale);
-    if biased >= 255 {
-        return bitcast<f32>(sign | 0x7f800000u);
-    }
-    if biased >= 1 {
-        return bitcast<f32>(sign | (u32(biased) << 23u) | (m << 22u));
-    }
+    let normal = sign | (u32(clamp(biased, 1, 254)) << 23u) | (m << 22u);
     // biased 0 or -1: (2 + m) x 2^(biased - 128) = (2 + m) x 2^-149 << (biased + 21).
-    return bitcast<f32>(sign | ((2u + m) << u32(biased + 21)));
+    let subnormal = sign | ((2u + m) << u32(clamp(biased + 21, 0, 31)));
+    var bits = select(subnormal, normal, biased >= 1);
+    bits = select(bits, sign | 0x7f800000u, biased >= 255);
+    bits = select(bits, sign, mag == 0u);
+    // A NaN built from a runtime value: a constant NaN is a shader-creation error in WGSL.
+    bits = select(bits, sign | 0x7fc00000u, scale == 255u);
+    return bitcast<f32>(bits);
 }
 
-// An FP8 e4m3 ("fn") byte as f32 (exact; 0x7f and 0xff are NaN).
+// An FP8 e4m3 ("fn") byte as f32 (exact; 0x7f and 0xff are NaN). Branch-free, as
+// `mxfp4_value`.
 fn fp8_value(byte: u32) -> f32 {
     let sign = (byte & 0x80u) << 24u;
     let exponent = (byte >> 3u) & 0xfu;
     let mantissa = byte & 7u;
-    if exponent == 15u && mantissa == 7u {
-        // A NaN built from a runtime value: a constant NaN is a shader-creation error in WGSL.
-        return bitcast<f32>(sign | 0x7fc00000u);
-    }
-    if exponent == 0u {
-        // m x 2^-9: exact, normal in f32.
-        return bitcast<f32>(bitcast<u32>(f32(mantissa) * 0.001953125) | sign);
-    }
-    return bitcast<f32>(sign | ((exponent + 120u) << 23u) | (mantissa << 20u));
+    let normal = sign | ((exponent + 120u) << 23u) | (mantissa << 20u);
+    // m x 2^-9: exact, normal in f32.
+    let subnormal = bitcast<u32>(f32(mantissa) * 0.001953125) | sign;
+    let bits = select(normal, subnormal, exponent == 0u);
+    // A NaN built from a runtime value: a constant NaN is a shader-creation error in WGSL.
+    return bitcast<f32>(select(bits, sign | 0x7fc00000u, (byte & 0x7fu) == 0x7fu));
 }
 
 // Value i (0 .. 3) of four values given as bytes of `word`, by format: Q8_0 and FP8 take byte
