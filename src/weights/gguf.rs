@@ -512,12 +512,15 @@ impl GgufFile {
         Ok(GgufFile { path: path.to_path_buf(), map })
     }
 
-    /// Whether the file at `path` starts with GGUF's magic.
+    /// Whether `path` is a file that starts with GGUF's magic (false for a directory).
     ///
     /// # Errors
     /// [`Error::Io`] naming the file when it cannot be read.
     pub fn is_gguf(path: &Path) -> Result<bool> {
         use std::io::Read;
+        if path.is_dir() {
+            return Ok(false);
+        }
         let io = |source| Error::Io { path: path.display().to_string(), source };
         let mut magic = [0u8; 4];
         let mut file = std::fs::File::open(path).map_err(io)?;
