@@ -35,11 +35,10 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 
 use super::family::{self, Family, SharedNames, TensorFacts};
-use super::{LoadOptions, LoadedLayer, UploadedLayer, adjusted};
+use super::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{ExpertFfn, ExpertWeights, QuantisedValues, StoredValues, WeightDtype};
-use crate::kernels::routing::RouteConfig;
 use crate::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 use crate::weights::gguf::{GgmlType, Gguf, GgufValue};
 
@@ -410,22 +409,7 @@ fn plan<'g, 'a>(g: &'g Gguf<'a>, opts: &LoadOptions) -> Result<Plan<'g, 'a>> {
     }
     let routing = family::resolve(Some(&config), &opts.routing, &facts)
         .map_err(|e| Error::invalid(format!("{source} (routing from its metadata): {e}")))?;
-    let base = MoeConfig::new(dim(h, "hidden size")?, facts.ffn, facts.experts, routing.k);
-    let cfg = MoeConfig {
-        route: RouteConfig {
-            gating: routing.gating,
-            renormalize: routing.renormalize,
-            scale: routing.scale,
-            bias: bias.is_some(),
-            groups: routing.groups,
-            ..base.route
-        },
-        shared_ffn: facts.shared.map(|(_, fs)| fs),
-        shared_gate: shared_gate.is_some(),
-        weight_dtype,
-        ..base
-    };
-    cfg.validate()?;
+    let cfg = layer_config(dim(h, "hidden size")?, &facts, &routing, weight_dtype)?;
     let router = RouterWeights { router: g.tensor_f32(&name(ROUTER))?, bias, shared_gate, router_bias: None };
     router.check(&cfg)?;
     Ok(Plan { g, prefix, cfg, routing, router })

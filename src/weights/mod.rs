@@ -438,25 +438,37 @@ fn plan_layer<'a>(f: File<'a>, opts: &LoadOptions) -> Result<LayerPlan<'a>> {
         shared_gate: shared_gate.is_some(),
     };
     let routing = family::resolve(opts.config.as_ref(), &opts.routing, &facts)?;
-    let base = MoeConfig::new(dim(h, "hidden size")?, facts.ffn, facts.experts, routing.k);
+    let cfg = layer_config(dim(h, "hidden size")?, &facts, &routing, weight_dtype)?;
+    let router = RouterWeights { router, bias, shared_gate, router_bias: None };
+    router.check(&cfg)?;
+    Ok(LayerPlan { f, scheme, shared_base: shared_names.map(|(b, _)| b), cfg, routing, router })
+}
+
+/// A per-expert layer's configuration: its hidden size, what its tensors hold (sizes,
+/// selection bias, shared expert and gate) and the routing resolved for its family.
+fn layer_config(
+    hidden: u32,
+    facts: &TensorFacts,
+    routing: &Routing,
+    weight_dtype: WeightDtype,
+) -> Result<MoeConfig> {
+    let base = MoeConfig::new(hidden, facts.ffn, facts.experts, routing.k);
     let cfg = MoeConfig {
         route: RouteConfig {
             gating: routing.gating,
             renormalize: routing.renormalize,
             scale: routing.scale,
-            bias: bias.is_some(),
+            bias: facts.bias,
             groups: routing.groups,
             ..base.route
         },
         shared_ffn: facts.shared.map(|(_, fs)| fs),
-        shared_gate: shared_gate.is_some(),
+        shared_gate: facts.shared_gate,
         weight_dtype,
         ..base
     };
     cfg.validate()?;
-    let router = RouterWeights { router, bias, shared_gate, router_bias: None };
-    router.check(&cfg)?;
-    Ok(LayerPlan { f, scheme, shared_base: shared_names.map(|(b, _)| b), cfg, routing, router })
+    Ok(cfg)
 }
 
 fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> {
