@@ -20,6 +20,9 @@
 //!   holds that byte). Products past f32's range overflow to ±inf (`6 × 2^127`).
 //! - Q4_0: byte `j` holds value `j` in its low nibble and `j + 16` in its high nibble (ggml's
 //!   `dequantize_row_q4_0`), unlike MXFP4's interleave.
+//! - ggml's MXFP4 (GGUF type 39, `block_mxfp4`: the E8M0 byte, then 16 code bytes in Q4_0's
+//!   nibble order, code 8 read as +0) converts exactly to gpt-oss's layout
+//!   ([`mxfp4_from_ggml`]), except scale byte 255 (ggml `2^127`, E8M0 NaN), refused.
 //! - FP8 e4m3 ("fn": no infinities): bias 7, subnormals `m × 2^-9`, 448 the largest finite
 //!   value, `0x7f` and `0xff` NaN. `scale_inv` multiplies (DeepSeek-V3's `weight_dequant`).
 
@@ -133,6 +136,64 @@ pub fn mxfp4_dequantize(codes: &[u8], scales: &[u8]) -> Result<Vec<f32>> {
             out.push(FP4_E2M1[usize::from(byte & 0xf)] * s);
             out.push(FP4_E2M1[usize::from(byte >> 4)] * s);
         }
+    }
+    Ok(out)
+}
+
+/// Bytes per ggml MXFP4 block (`block_mxfp4`, GGUF type 39): the E8M0 scale byte, then 16
+/// code bytes.
+pub const GGML_MXFP4_BLOCK_BYTES: usize = 17;
+
+/// ggml's MXFP4 blocks ([`GGML_MXFP4_BLOCK_BYTES`] each) as gpt-oss's (codes, scales) of
+/// [`mxfp4_dequantize`], holding the values ggml decodes (`dequantize_row_mxfp4`): ggml's byte
+/// `j` holds value `j` in its low nibble and `j + 16` in its high nibble (Q4_0's order), and
+/// its code 8 is +0 (`kvalues_mxfp4[8]` is 0), so it becomes code 0; the scale byte is kept.
+///
+/// # Errors
+/// [`Error::Shape`] for bytes that are not whole blocks; [`Error::InvalidArgument`] for a
+/// scale byte 255, which ggml decodes as `2^127` where E8M0 (and [`e8m0`]) has NaN.
+pub fn mxfp4_from_ggml(blocks: &[u8]) -> Result<(Vec<u8>, Vec<u8>)> {
+    let n = blocks_of("ggml MXFP4", blocks.len(), GGML_MXFP4_BLOCK_BYTES)?;
+    let (mut codes, mut scales) = (Vec::with_capacity(n * MXFP4_BLOCK_BYTES), Vec::with_capacity(n));
+    for (b, block) in blocks.chunks_exact(GGML_MXFP4_BLOCK_BYTES).enumerate() {
+        if block[0] == 255 {
+            return Err(Error::invalid(format!(
+                "ggml MXFP4 block {b} has scale byte 255, which ggml reads as 2^127 and E8M0 as NaN"
+            )));
+        }
+        scales.push(block[0]);
+        let qs = &block[1..];
+        let code = |v: usize| {
+            let c = if v < 16 { qs[v] & 0xf } else { qs[v - 16] >> 4 };
+            if c == 8 { 0 } else { c }
+        };
+        codes.extend((0..16).map(|j| code(2 * j) | (code(2 * j + 1) << 4)));
+    }
+    Ok((codes, scales))
+}
+
+/// gpt-oss's MXFP4 (codes, scales) as ggml's blocks (for writing GGUF files): the inverse
+/// of [`mxfp4_from_ggml`] where no code is 8 (-0, which ggml cannot hold; it is written as
+/// +0).
+///
+/// # Errors
+/// [`Error::Shape`] when `codes` is not 16 bytes per scale.
+pub fn mxfp4_to_ggml(codes: &[u8], scales: &[u8]) -> Result<Vec<u8>> {
+    if codes.len() != scales.len() * MXFP4_BLOCK_BYTES {
+        return Err(Error::shape(
+            "MXFP4 blocks",
+            format!("{MXFP4_BLOCK_BYTES} code bytes per scale ({} scales)", scales.len()),
+            format!("{} bytes", codes.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(scales.len() * GGML_MXFP4_BLOCK_BYTES);
+    for (block, &scale) in codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(scales) {
+        let code = |v: usize| {
+            let c = if v.is_multiple_of(2) { block[v / 2] & 0xf } else { block[v / 2] >> 4 };
+            if c == 8 { 0 } else { c }
+        };
+        out.push(scale);
+        out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
     }
     Ok(out)
 }
@@ -360,6 +421,39 @@ pub fn q4_0_quantize(values: &[f32]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ggml's MXFP4 blocks as its own decoder reads them (`dequantize_row_mxfp4`: the doubled
+    /// table `kvalues_mxfp4` times `ggml_e8m0_to_fp32_half`) against [`mxfp4_from_ggml`] and
+    /// [`mxfp4_dequantize`], bit for bit: every code in both nibbles under every scale byte
+    /// but 255 (refused); and [`mxfp4_to_ggml`] inverts it.
+    #[test]
+    fn ggml_mxfp4_blocks_convert_to_the_values_ggml_reads() {
+        const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+        let half = |e: u8| f32::from_bits(if e < 2 { 0x0020_0000 << e } else { u32::from(e - 1) << 23 });
+        for scale in 0..=254u8 {
+            let blocks: Vec<u8> = (0..16u8)
+                .flat_map(|b| [scale].into_iter().chain((0..16u8).map(move |j| (b * 16 + j).wrapping_mul(7))))
+                .collect();
+            let mut want = Vec::new();
+            for block in blocks.chunks_exact(GGML_MXFP4_BLOCK_BYTES) {
+                let d = half(block[0]);
+                let lo = block[1..].iter().map(|q| f32::from(KVALUES[usize::from(q & 0xf)]) * d);
+                let hi = block[1..].iter().map(|q| f32::from(KVALUES[usize::from(q >> 4)]) * d);
+                want.extend(lo.collect::<Vec<_>>());
+                want.extend(hi.collect::<Vec<_>>());
+            }
+            let (codes, scales) = mxfp4_from_ggml(&blocks).unwrap();
+            let got = mxfp4_dequantize(&codes, &scales).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "scale {scale}");
+            // Code 8 (+0 in ggml) became code 0, so writing back gives the same values.
+            let again = mxfp4_to_ggml(&codes, &scales).unwrap();
+            assert_eq!(mxfp4_from_ggml(&again).unwrap(), (codes, scales), "scale {scale}");
+        }
+        let err = mxfp4_from_ggml(&[[255u8; 1].as_slice(), &[0u8; 16]].concat()).unwrap_err().to_string();
+        assert!(err.contains("255"), "{err}");
+        assert!(mxfp4_from_ggml(&[0u8; 18]).is_err());
+    }
 
     /// An FP8 e4m3 byte decoded in f64 from the format's definition, independently of
     /// [`fp8_e4m3`].

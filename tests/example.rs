@@ -62,6 +62,44 @@ fn write(path: &Path, tensors: Vec<NamedTensor>, dtype: Dtype) {
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 
+/// Runs the example on every adapter with `--weights weights`, `extra` arguments and
+/// `dir/x.safetensors` as input: it must succeed and print each of `expect`, route exactly as
+/// `ridx`, and give outputs within the bound of `ry` (rows of `h`).
+fn example_matches_reference(
+    dir: &Path,
+    weights: &Path,
+    extra: &[&std::ffi::OsStr],
+    expect: &[&str],
+    (ry, ridx): (&[f32], &[u32]),
+    h: usize,
+) {
+    for adapter in common::wgpu_adapters() {
+        let backend = format!("{:?}", adapter.get_info().backend).to_lowercase();
+        let out = Command::new(example())
+            .arg("--weights")
+            .arg(weights)
+            .args(extra)
+            .arg("--input")
+            .arg(dir.join("x.safetensors"))
+            .arg("--output")
+            .arg(dir.join("y.safetensors"))
+            .args(["--adapter", &backend])
+            .output()
+            .expect("running the example");
+        let what = format!("{} {backend}", weights.display());
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{what}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        for e in expect {
+            assert!(stdout.contains(e), "{what}: `{e}` not in {stdout}");
+        }
+        let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
+        assert_eq!(words(&st, "topk_indices").collect::<Vec<_>>(), ridx, "{what}: routing");
+        common::assert_rows_close(&what, &y, ry, h);
+    }
+}
+
 /// A tensor to write: name, shape, values.
 type NamedTensor = (String, Vec<usize>, Vec<f32>);
 
@@ -759,6 +797,15 @@ fn streamed_checkpoint_layers_match_host_loaded_ones_bitwise() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Rows of `row` values taken alternately (gpt-oss's interleaved gate/up): (even, odd).
+fn split_rows<T: Copy>(v: &[T], row: usize) -> (Vec<T>, Vec<T>) {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for (i, r) in v.chunks(row).enumerate() {
+        if i % 2 == 0 { a.extend_from_slice(r) } else { b.extend_from_slice(r) }
+    }
+    (a, b)
+}
+
 /// A gpt-oss-shaped layer written as gpt-oss ships it (MXFP4 `gate_up_proj_blocks` with gate and
 /// up rows interleaved, `down_proj_blocks`, their E8M0 scales, bf16 router and biases, and a
 /// config.json with gpt-oss's keys), run through the example CLI and checked against the CPU
@@ -780,6 +827,7 @@ fn example_runs_a_gpt_oss_mxfp4_layer() {
     let (d_codes, d_scales) = moeflow::quant::mxfp4_quantize(&down).unwrap();
     let gate_up = moeflow::quant::mxfp4_dequantize(&gu_codes, &gu_scales).unwrap();
     let down = moeflow::quant::mxfp4_dequantize(&d_codes, &d_scales).unwrap();
+    let stored = (gu_codes.clone(), gu_scales.clone(), d_codes.clone(), d_scales.clone());
     let bf = |v: Vec<f32>| v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect::<Vec<f32>>();
     let router = bf(s.uniform(e * h, 0.2));
     let router_bias = bf(s.uniform(e, 0.5));
@@ -820,15 +868,8 @@ fn example_runs_a_gpt_oss_mxfp4_layer() {
     write(&dir.join("x.safetensors"), vec![("x".into(), vec![tokens, h], x.clone())], Dtype::F32);
 
     // The reference on the decoded values, built here from the blocks.
-    let split = |v: &[f32], row: usize| {
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for (i, r) in v.chunks(row).enumerate() {
-            if i % 2 == 0 { a.extend_from_slice(r) } else { b.extend_from_slice(r) }
-        }
-        (a, b)
-    };
-    let (gate, up) = split(&gate_up, h);
-    let (gate_b, up_b) = split(&gate_up_bias, 1);
+    let (gate, up) = split_rows(&gate_up, h);
+    let (gate_b, up_b) = split_rows(&gate_up_bias, 1);
     let cfg = MoeConfig {
         route: RouteConfig { router_bias: true, ..MoeConfig::new(h as u32, f as u32, e as u32, k).route },
         activation: Activation::GPT_OSS,
@@ -855,29 +896,57 @@ fn example_runs_a_gpt_oss_mxfp4_layer() {
     assert_eq!(loaded.config, cfg);
     assert!(loaded.weights == w, "host load differs from the blocks' decoding");
 
-    for adapter in &adapters {
-        let backend = format!("{:?}", adapter.get_info().backend).to_lowercase();
-        let out = Command::new(example())
-            .arg("--weights")
-            .arg(dir.join("w.safetensors"))
-            .arg("--config")
-            .arg(dir.join("config.json"))
-            .arg("--input")
-            .arg(dir.join("x.safetensors"))
-            .arg("--output")
-            .arg(dir.join("y.safetensors"))
-            .args(["--adapter", &backend])
-            .output()
-            .expect("running the example");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{backend}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        assert!(stdout.contains("gpt_oss") && stdout.contains("Mxfp4"), "{backend}: {stdout}");
-        let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
-        let idx = words(&st, "topk_indices").collect::<Vec<_>>();
-        assert_eq!(idx, ridx, "{backend}: routing");
-        common::assert_rows_close(&format!("gpt-oss {backend}"), &y, &ry, h);
+    let config_path = dir.join("config.json");
+    let with_config: [&std::ffi::OsStr; 2] = ["--config".as_ref(), config_path.as_os_str()];
+    let expect = ["gpt_oss", "Mxfp4"];
+    example_matches_reference(&dir, &dir.join("w.safetensors"), &with_config, &expect, (&ry, &ridx), h);
+
+    // The same layer as llama.cpp converts it to GGUF: gate and up apart, ggml's MXFP4 blocks
+    // (code 8, -0, is +0 there: the reference's values up to the sign of zero).
+    {
+        use moeflow::quant::mxfp4_to_ggml;
+        use moeflow::weights::gguf::{GgmlType, GgufValue, GgufWriter};
+        let (gate_c, up_c) = split_rows(&stored.0, h / 32 * 16);
+        let (gate_s, up_s) = split_rows(&stored.1, h / 32);
+        let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let b = w.expert_bias.as_ref().unwrap();
+        let (hu, fu, eu) = (h as u64, f as u64, e as u64);
+        let file = GgufWriter::default()
+            .metadata("general.architecture", GgufValue::Str("gpt-oss".into()))
+            .metadata("gpt-oss.expert_count", GgufValue::U32(e as u32))
+            .metadata("gpt-oss.expert_used_count", GgufValue::U32(k))
+            .metadata("gpt-oss.expert_feed_forward_length", GgufValue::U32(f as u32))
+            .metadata("gpt-oss.embedding_length", GgufValue::U32(h as u32))
+            .tensor("blk.0.ffn_gate_inp.weight", &[hu, eu], GgmlType::F32, f32_bytes(&w.router))
+            .tensor(
+                "blk.0.ffn_gate_inp.bias",
+                &[eu],
+                GgmlType::F32,
+                f32_bytes(w.router_bias.as_ref().unwrap()),
+            )
+            .tensor(
+                "blk.0.ffn_gate_exps.weight",
+                &[hu, fu, eu],
+                GgmlType::Mxfp4,
+                mxfp4_to_ggml(&gate_c, &gate_s).unwrap(),
+            )
+            .tensor(
+                "blk.0.ffn_up_exps.weight",
+                &[hu, fu, eu],
+                GgmlType::Mxfp4,
+                mxfp4_to_ggml(&up_c, &up_s).unwrap(),
+            )
+            .tensor(
+                "blk.0.ffn_down_exps.weight",
+                &[fu, hu, eu],
+                GgmlType::Mxfp4,
+                mxfp4_to_ggml(&stored.2, &stored.3).unwrap(),
+            )
+            .tensor("blk.0.ffn_gate_exps.bias", &[fu, eu], GgmlType::F32, f32_bytes(&b.gate))
+            .tensor("blk.0.ffn_up_exps.bias", &[fu, eu], GgmlType::F32, f32_bytes(&b.up))
+            .tensor("blk.0.ffn_down_exps.bias", &[hu, eu], GgmlType::F32, f32_bytes(&b.down));
+        std::fs::write(dir.join("model.gguf"), file.to_bytes()).unwrap();
+        example_matches_reference(&dir, &dir.join("model.gguf"), &[], &expect, (&ry, &ridx), h);
     }
 
     // The same layer dense: bf16 `gate_up_proj [E, H, 2F]` and `down_proj [E, F, H]` (in x out).
@@ -1090,34 +1159,182 @@ fn example_runs_gguf_layers_as_stored() {
         assert!(loaded.weights == w, "{arch}: host load differs from the blocks' decoding");
         let (ry, ridx, _) = reference::forward(&cfg, &w, &x).unwrap();
 
-        for adapter in &adapters {
-            let backend = format!("{:?}", adapter.get_info().backend).to_lowercase();
-            let out = Command::new(example())
-                .arg("--weights")
-                .arg(dir.join("model.gguf"))
-                .arg("--input")
-                .arg(dir.join("x.safetensors"))
-                .arg("--output")
-                .arg(dir.join("y.safetensors"))
-                .args(["--adapter", &backend])
-                .output()
-                .expect("running the example");
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{arch} {backend}: {stdout}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(
-                stdout.contains(&format!("{dtype:?}")) && stdout.contains("blk.1."),
-                "{arch} {backend}: {stdout}"
-            );
-            let bytes = std::fs::read(dir.join("y.safetensors")).unwrap();
-            let st = SafeTensors::deserialize(&bytes).unwrap();
-            let y = words(&st, "output").map(f32::from_bits).collect::<Vec<_>>();
-            assert_eq!(words(&st, "topk_indices").collect::<Vec<_>>(), ridx, "{arch} {backend}: routing");
-            common::assert_rows_close(&format!("gguf {arch} {backend}"), &y, &ry, h);
-        }
+        let expect = [format!("{dtype:?}"), "blk.1.".to_string()];
+        let expect: Vec<&str> = expect.iter().map(String::as_str).collect();
+        example_matches_reference(&dir, &dir.join("model.gguf"), &[], &expect, (&ry, &ridx), h);
         std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// A DeepSeek-V3 layer as its FP8 checkpoints ship it: e4m3 routed and shared experts, each
+/// with an f32 `weight_scale_inv` per 128 × 128 tile (H = 160 and F = 136 end mid-tile, so
+/// both edges hold partial tiles), e4m3 subnormal and ±0 codes and an all-zero tile with a zero
+/// scale; f32 router and selection bias. Returns (file bytes, the layer with its decoded
+/// weights, config.json).
+fn fp8_deepseek_file(
+    change: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<u8>, Dtype)>),
+) -> (Vec<u8>, MoeConfig, MoeWeights, serde_json::Value) {
+    use moeflow::quant::{fp8_block_dequantize, fp8_block_quantize};
+    let (h, f, e) = (160usize, 136usize, 8u32);
+    let base = MoeConfig::new(h as u32, f as u32, e, 3);
+    let cfg = MoeConfig {
+        route: RouteConfig {
+            gating: Gating::Sigmoid,
+            bias: true,
+            scale: 2.5,
+            groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+            ..base.route
+        },
+        shared_ffn: Some(f as u32),
+        ..base
+    };
+    let mut w = Synth::new(43).moe_weights(&cfg);
+    let tiles = |n: usize, k: usize| vec![n.div_ceil(128), k.div_ceil(128)];
+    let mut out: Vec<(String, Vec<usize>, Vec<u8>, Dtype)> = Vec::new();
+    // Quantises `v` ([n, k] per matrix) in place to its decoded values; pushes the tensors.
+    let mut fp8 = |names: Vec<String>, v: &mut [f32], [n, k]: [usize; 2], twist: bool| {
+        for (i, name) in names.into_iter().enumerate() {
+            let m = &mut v[i * n * k..(i + 1) * n * k];
+            let (mut bytes, mut scales) = fp8_block_quantize(m, [n, k], [128, 128]).unwrap();
+            if twist && i == 0 {
+                bytes[..8].copy_from_slice(&[0x01, 0x02, 0x07, 0x81, 0x87, 0x00, 0x80, 0x08]);
+                // The last tile all zero codes under a zero scale.
+                let last = scales.len() - 1;
+                scales[last] = 0.0;
+                for (j, b) in bytes.iter_mut().enumerate() {
+                    if j / k >= 128 && j % k >= 128 {
+                        *b = 0;
+                    }
+                }
+            }
+            m.copy_from_slice(&fp8_block_dequantize(&bytes, &scales, [n, k], [128, 128]).unwrap());
+            let scale_name = name.replace(".weight", ".weight_scale_inv");
+            out.push((name, vec![n, k], bytes, Dtype::F8_E4M3));
+            out.push((scale_name, tiles(n, k), encode(&scales, Dtype::F32), Dtype::F32));
+        }
+    };
+    let p = "model.layers.3.mlp.";
+    let experts = |part: &str| (0..e).map(|i| format!("{p}experts.{i}.{part}.weight")).collect::<Vec<_>>();
+    fp8(experts("gate_proj"), &mut w.gate, [f, h], true);
+    fp8(experts("up_proj"), &mut w.up, [f, h], false);
+    fp8(experts("down_proj"), &mut w.down, [h, f], true);
+    let shared = w.shared.as_mut().unwrap();
+    fp8(vec![format!("{p}shared_experts.gate_proj.weight")], &mut shared.0, [f, h], false);
+    fp8(vec![format!("{p}shared_experts.up_proj.weight")], &mut shared.1, [f, h], false);
+    fp8(vec![format!("{p}shared_experts.down_proj.weight")], &mut shared.2, [h, f], true);
+    out.push((format!("{p}gate.weight"), vec![e as usize, h], encode(&w.router, Dtype::F32), Dtype::F32));
+    let bias = w.bias.as_ref().unwrap();
+    out.push((
+        format!("{p}gate.e_score_correction_bias"),
+        vec![e as usize],
+        encode(bias, Dtype::F32),
+        Dtype::F32,
+    ));
+    change(&mut out);
+    let views: Vec<(String, TensorView<'_>)> =
+        out.iter().map(|(n, s, b, d)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let config = serde_json::json!({
+        "model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 3, "scoring_func": "sigmoid",
+        "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+        "hidden_size": h, "moe_intermediate_size": f, "n_shared_experts": 1, "topk_method": "noaux_tc",
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+            "weight_block_size": [128, 128]}
+    });
+    (safetensors::serialize(views, None).unwrap(), cfg, w, config)
+}
+
+/// An FP8 DeepSeek-V3 layer ([`fp8_deepseek_file`]) runs through the example with its experts
+/// as stored, against the CPU reference on the decoded values (routing exactly, outputs within
+/// the bound); the library's host load gives those decoded values, with the tile inferred
+/// when config.json gives none; streamed and converted to f16 it gives the host-loaded layer's
+/// bits.
+#[test]
+fn example_runs_an_fp8_block_scaled_checkpoint() {
+    let (bytes, cfg, w, config) = fp8_deepseek_file(|_| {});
+    let opts = LoadOptions { config: Some(config.clone()), ..LoadOptions::default() };
+    let loaded = load_layer(&bytes, "fp8.safetensors", &opts).unwrap();
+    assert_eq!(loaded.config, MoeConfig { weight_dtype: WeightDtype::Fp8, ..cfg });
+    assert!(loaded.weights == w, "host load differs from the tiles' decoding");
+    let mut plain = config.clone();
+    plain.as_object_mut().unwrap().remove("quantization_config");
+    let inferred =
+        load_layer(&bytes, "fp8.safetensors", &LoadOptions { config: Some(plain), ..opts.clone() });
+    assert!(inferred.unwrap().weights == w, "128 x 128 tiles inferred from the scales' shapes");
+
+    let (tokens, h) = (9usize, cfg.route.hidden as usize);
+    let dir = scratch("fp8");
+    std::fs::write(dir.join("model.safetensors"), &bytes).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let x = Synth::new(44).uniform(tokens * h, 1.0);
+    write(&dir.join("x.safetensors"), vec![("x".into(), vec![tokens, h], x.clone())], Dtype::F32);
+    let (ry, ridx, _) = reference::forward(&cfg, &w, &x).unwrap();
+    let config_path = dir.join("config.json");
+    let with_config: [&std::ffi::OsStr; 2] = ["--config".as_ref(), config_path.as_os_str()];
+    example_matches_reference(&dir, &dir.join("model.safetensors"), &with_config, &["Fp8"], (&ry, &ridx), h);
+    let ckpt = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
+    for ctx in &common::contexts() {
+        let opts = LoadOptions { dtype: Some(WeightDtype::F16), ..opts.clone() };
+        let host = load_checkpoint_layer(&ckpt, &opts).unwrap();
+        let a = MoeLayer::new(ctx, host.config, &host.weights).unwrap();
+        let b = upload_checkpoint_layer(ctx, &ckpt, &opts, |c| c).unwrap();
+        assert_eq!(b.layer.config(), a.config());
+        let (ya, yb) = (a.forward_host(ctx, &x).unwrap(), b.layer.forward_host(ctx, &x).unwrap());
+        assert_eq!(ya.indices, yb.indices);
+        assert_eq!(common::bits(&ya.y), common::bits(&yb.y), "fp8 streamed as f16");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// FP8 checkpoints that cannot be read as written are errors naming the tensor or key.
+#[test]
+fn fp8_checkpoint_errors_name_the_problem() {
+    let scale = "model.layers.3.mlp.experts.2.up_proj.weight_scale_inv";
+    let find = |t: &Vec<(String, Vec<usize>, Vec<u8>, Dtype)>| t.iter().position(|x| x.0 == scale).unwrap();
+    let cases: Vec<(Vec<u8>, serde_json::Value, &str)> = {
+        let config = fp8_deepseek_file(|_| {}).3;
+        let with = |key: &str, v: serde_json::Value| {
+            let mut c = config.clone();
+            c["quantization_config"][key] = v;
+            c
+        };
+        vec![
+            (fp8_deepseek_file(|t| drop(t.remove(find(t)))).0, config.clone(), "has no scale tensor"),
+            (
+                fp8_deepseek_file(|t| {
+                    let i = find(t);
+                    t[i].1 = vec![2, 1];
+                    t[i].2.truncate(8);
+                })
+                .0,
+                config.clone(),
+                scale,
+            ),
+            (fp8_deepseek_file(|_| {}).0, with("fmt", "e5m2".into()), "fmt"),
+            (fp8_deepseek_file(|_| {}).0, with("activation_scheme", "static".into()), "activation_scheme"),
+            (
+                fp8_deepseek_file(|_| {}).0,
+                with("weight_block_size", serde_json::json!([128])),
+                "weight_block_size",
+            ),
+            (
+                fp8_deepseek_file(|_| {}).0,
+                with("weight_block_size", serde_json::json!([64, 64])),
+                "weight_block_size",
+            ),
+            (
+                fp8_deepseek_file(|t| {
+                    let i = find(t);
+                    t[i].3 = Dtype::I32;
+                })
+                .0,
+                config.clone(),
+                scale,
+            ),
+        ]
+    };
+    for (i, (bytes, cfg, needle)) in cases.into_iter().enumerate() {
+        let opts = LoadOptions { config: Some(cfg), ..LoadOptions::default() };
+        let err = load_layer(&bytes, "fp8.safetensors", &opts).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains(needle), "case {i}: `{needle}` not in: {err}");
     }
 }

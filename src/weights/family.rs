@@ -90,7 +90,7 @@ impl Family {
     }
 
     /// Keys that hold the routed expert count, the routed FFN size and the shared FFN size.
-    fn experts_key(self) -> &'static str {
+    pub(super) fn experts_key(self) -> &'static str {
         match self {
             Family::Mixtral | Family::GptOss => "num_local_experts",
             Family::Qwen2Moe | Family::Qwen3Moe | Family::Olmoe => "num_experts",
@@ -98,7 +98,7 @@ impl Family {
         }
     }
 
-    fn ffn_key(self) -> &'static str {
+    pub(super) fn ffn_key(self) -> &'static str {
         match self {
             Family::Mixtral | Family::Olmoe | Family::GptOss => "intermediate_size",
             _ => "moe_intermediate_size",

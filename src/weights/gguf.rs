@@ -11,8 +11,8 @@
 //! A tensor with dimensions `[d0, d1, ..]` holds `d0` contiguous values per row, so its values
 //! read row-major are those of a PyTorch tensor of shape `[.., d1, d0]` (GGUF's
 //! `ffn_gate_inp.weight` `[H, E]` is the router `[E, H]`). [`Gguf::tensor_f32`] decodes F32,
-//! F16, BF16, Q8_0 and Q4_0 ([`crate::quant`]); other types are listed with their ggml type
-//! number and refused by name there.
+//! F16, BF16, Q8_0, Q4_0 and MXFP4 ([`crate::quant`]); other types are listed with their ggml
+//! type number and refused by name there.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -152,7 +152,9 @@ pub enum GgmlType {
     Q8_0,
     /// `GGML_TYPE_BF16` (30).
     Bf16,
-    /// Any other type, by its ggml number (k-quants, i-quants, MXFP4 = 39, ...).
+    /// `GGML_TYPE_MXFP4` (39): [`quant::mxfp4_from_ggml`]'s blocks.
+    Mxfp4,
+    /// Any other type, by its ggml number (k-quants, i-quants, ...).
     Other(u32),
 }
 
@@ -165,6 +167,7 @@ impl GgmlType {
             GgmlType::Q4_0 => 2,
             GgmlType::Q8_0 => 8,
             GgmlType::Bf16 => 30,
+            GgmlType::Mxfp4 => 39,
             GgmlType::Other(id) => id,
         }
     }
@@ -176,6 +179,7 @@ impl GgmlType {
             2 => GgmlType::Q4_0,
             8 => GgmlType::Q8_0,
             30 => GgmlType::Bf16,
+            39 => GgmlType::Mxfp4,
             other => GgmlType::Other(other),
         }
     }
@@ -187,6 +191,7 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::Bf16 => Some((1, 2)),
             GgmlType::Q4_0 => Some((quant::BLOCK_VALUES as u64, quant::Q4_0_BLOCK_BYTES as u64)),
             GgmlType::Q8_0 => Some((quant::BLOCK_VALUES as u64, quant::Q8_0_BLOCK_BYTES as u64)),
+            GgmlType::Mxfp4 => Some((quant::BLOCK_VALUES as u64, quant::GGML_MXFP4_BLOCK_BYTES as u64)),
             GgmlType::Other(_) => None,
         }
     }
@@ -459,7 +464,7 @@ impl<'a> Gguf<'a> {
 
     fn unsupported(&self, t: &GgufTensor) -> Error {
         Error::invalid(format!(
-            "tensor `{}` in {} is ggml type {:?}; F32, F16, BF16, Q8_0 and Q4_0 are read",
+            "tensor `{}` in {} is ggml type {:?}; F32, F16, BF16, Q8_0, Q4_0 and MXFP4 are read",
             t.name, self.source, t.ty
         ))
     }
@@ -484,6 +489,11 @@ impl<'a> Gguf<'a> {
             }
             GgmlType::Q8_0 => quant::q8_0_dequantize(d),
             GgmlType::Q4_0 => quant::q4_0_dequantize(d),
+            GgmlType::Mxfp4 => {
+                let (codes, scales) = quant::mxfp4_from_ggml(d)
+                    .map_err(|e| Error::invalid(format!("tensor `{name}` in {}: {e}", self.source)))?;
+                quant::mxfp4_dequantize(&codes, &scales)
+            }
             GgmlType::Other(_) => Err(self.unsupported(t)),
         }
     }

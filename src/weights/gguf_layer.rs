@@ -9,6 +9,8 @@
 //! | `exp_probs_b.bias` | `[E]` | DeepSeek-V3's selection bias |
 //! | `ffn_gate_shexp.weight`, `ffn_up_shexp.weight`, `ffn_down_shexp.weight` | `[H, Fs]`, `[H, Fs]`, `[Fs, H]` | shared expert |
 //! | `ffn_gate_inp_shexp.weight` | `[H]` | Qwen2-MoE's shared-expert gate |
+//! | `ffn_gate_inp.bias` | `[E]` | gpt-oss's router bias |
+//! | `ffn_gate_exps.bias`, `ffn_up_exps.bias`, `ffn_down_exps.bias` | `[F, E]`, `[F, E]`, `[H, E]` | gpt-oss's expert biases |
 //!
 //! | `general.architecture` | family | routing as llama.cpp runs it |
 //! |---|---|---|
@@ -17,6 +19,7 @@
 //! | `qwen3moe` | `qwen3_moe` | softmax top-k, renormalised |
 //! | `olmoe` | `olmoe` | softmax top-k, not renormalised |
 //! | `deepseek2` | `deepseek_v2` (`expert_gating_func` 1 or absent), `deepseek_v3` (2: sigmoid) | renormalised if `expert_weights_norm`, × `expert_weights_scale`, groups from `expert_group_count` / `expert_group_used_count` |
+//! | `gpt-oss` | `gpt_oss` | softmax over the top-k logits of the biased router (`SOFTMAX_WEIGHT`); `swiglu_oai` (alpha 1.702, limit 7.0, fixed in llama.cpp as in the family) with biases |
 //!
 //! The keys read are `{arch}.expert_count`, `expert_used_count`, `expert_feed_forward_length`,
 //! `expert_shared_feed_forward_length` (Qwen2-MoE), `expert_shared_count` (DeepSeek) and the
@@ -25,10 +28,11 @@
 //! A DeepSeek-V3 file without the group keys is refused unless `--n-group` / `--topk-group`
 //! say what to run (transformers would default to 8 and 4, older llama.cpp to no groups).
 //!
-//! Expert tensors may be F32, F16, BF16, Q8_0 or Q4_0, one type for every expert tensor of
-//! the layer (routed and shared) unless a dtype is asked for. Q8_0 and Q4_0 are uploaded as
-//! stored ([`ExpertWeights::from_quantised`]); the host load gives their exact decoded values.
-//! Other ggml types (k-quants, MXFP4) are refused by name.
+//! Expert tensors may be F32, F16, BF16, Q8_0, Q4_0 or MXFP4, one type for every expert tensor
+//! of the layer (routed and shared) unless a dtype is asked for. The quantised ones are
+//! uploaded as stored, one expert at a time ([`ExpertWeights::stream`]; ggml's MXFP4 blocks
+//! regrouped by [`quant::mxfp4_from_ggml`]); the host load gives their exact decoded values.
+//! Other ggml types (k-quants, i-quants) are refused by name.
 
 use std::collections::BTreeMap;
 
@@ -38,8 +42,12 @@ use super::family::{self, Family, SharedNames, TensorFacts};
 use super::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::gemm::{ExpertFfn, ExpertWeights, QuantisedValues, StoredValues, WeightDtype};
-use crate::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
+use crate::kernels::gemm::{
+    ExpertBias, ExpertFfn, ExpertWeights, QuantisedValues, StoredValues, WeightDtype,
+};
+use crate::kernels::routing::RouteConfig;
+use crate::layer::{ExpertBiasValues, MoeConfig, MoeLayer, MoeWeights, RouterWeights};
+use crate::quant;
 use crate::weights::gguf::{GgmlType, Gguf, GgufValue};
 
 const ROUTER: &str = "ffn_gate_inp.weight";
@@ -47,6 +55,9 @@ const EXPERTS: [&str; 3] = ["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_d
 const SHARED: [&str; 3] = ["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"];
 const SHARED_GATE: &str = "ffn_gate_inp_shexp.weight";
 const SELECTION_BIAS: &str = "exp_probs_b.bias";
+/// gpt-oss's router bias and expert biases (gate, up `[F, E]`, down `[H, E]` in ggml dims).
+const ROUTER_BIAS: &str = "ffn_gate_inp.bias";
+const EXPERT_BIASES: [&str; 3] = ["ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"];
 
 /// The MoE layers of a GGUF file: block index to tensor prefix (`blk.3.`), for every block
 /// with a router (`blk.N.ffn_gate_inp.weight`).
@@ -133,8 +144,9 @@ fn stored_dtype(name: &str, ty: GgmlType) -> Result<WeightDtype> {
         GgmlType::Bf16 => Ok(WeightDtype::Bf16),
         GgmlType::Q8_0 => Ok(WeightDtype::Q8_0),
         GgmlType::Q4_0 => Ok(WeightDtype::Q4_0),
+        GgmlType::Mxfp4 => Ok(WeightDtype::Mxfp4),
         GgmlType::Other(id) => Err(Error::invalid(format!(
-            "tensor `{name}` is ggml type {id}; expert tensors of F32, F16, BF16, Q8_0 and Q4_0 are read"
+            "tensor `{name}` is ggml type {id}; expert tensors of F32, F16, BF16, Q8_0, Q4_0 and MXFP4 are read"
         ))),
     }
 }
@@ -159,6 +171,7 @@ fn config_of(g: &Gguf<'_>) -> Result<(Family, Value)> {
         "qwen2moe" => Family::Qwen2Moe,
         "qwen3moe" => Family::Qwen3Moe,
         "olmoe" => Family::Olmoe,
+        "gpt-oss" => Family::GptOss,
         "deepseek2" => match uint("expert_gating_func")? {
             None | Some(1) => Family::DeepseekV2,
             Some(2) => Family::DeepseekV3,
@@ -170,7 +183,7 @@ fn config_of(g: &Gguf<'_>) -> Result<(Family, Value)> {
         },
         other => {
             return Err(Error::invalid(format!(
-                "{source} is a `{other}` model; the MoE architectures read from GGUF are llama (Mixtral), qwen2moe, qwen3moe, olmoe and deepseek2"
+                "{source} is a `{other}` model; the MoE architectures read from GGUF are llama (Mixtral), qwen2moe, qwen3moe, olmoe, deepseek2 and gpt-oss"
             )));
         }
     };
@@ -179,25 +192,12 @@ fn config_of(g: &Gguf<'_>) -> Result<(Family, Value)> {
     let experts = uint("expert_count")?.filter(|&n| n > 0).ok_or_else(|| {
         Error::invalid(format!("{source} has no `{arch}.expert_count`: it is not a MoE model"))
     })?;
-    c.insert(
-        match family {
-            Family::Mixtral => "num_local_experts",
-            Family::DeepseekV2 | Family::DeepseekV3 => "n_routed_experts",
-            _ => "num_experts",
-        }
-        .into(),
-        json!(experts),
-    );
+    c.insert(family.experts_key().into(), json!(experts));
     if let Some(k) = uint("expert_used_count")? {
         c.insert("num_experts_per_tok".into(), json!(k));
     }
     if let Some(f) = uint("expert_feed_forward_length")? {
-        let key = if matches!(family, Family::Mixtral | Family::Olmoe) {
-            "intermediate_size"
-        } else {
-            "moe_intermediate_size"
-        };
-        c.insert(key.into(), json!(f));
+        c.insert(family.ffn_key().into(), json!(f));
     }
     match family {
         Family::Qwen2Moe => {
@@ -258,6 +258,8 @@ struct Plan<'g, 'a> {
     cfg: MoeConfig,
     routing: super::Routing,
     router: RouterWeights,
+    /// gpt-oss's expert biases.
+    expert_bias: Option<ExpertBiasValues>,
 }
 
 impl<'a> Plan<'_, 'a> {
@@ -389,7 +391,7 @@ fn plan<'g, 'a>(g: &'g Gguf<'a>, opts: &LoadOptions) -> Result<Plan<'g, 'a>> {
     };
     let facts = TensorFacts {
         mixtral_names: family == Family::Mixtral,
-        gpt_oss_names: false,
+        gpt_oss_names: family == Family::GptOss,
         experts: dim(e, "experts")?,
         ffn: dim(f, "expert FFN size")?,
         bias: bias.is_some(),
@@ -410,9 +412,32 @@ fn plan<'g, 'a>(g: &'g Gguf<'a>, opts: &LoadOptions) -> Result<Plan<'g, 'a>> {
     let routing = family::resolve(Some(&config), &opts.routing, &facts)
         .map_err(|e| Error::invalid(format!("{source} (routing from its metadata): {e}")))?;
     let cfg = layer_config(dim(h, "hidden size")?, &facts, &routing, weight_dtype)?;
-    let router = RouterWeights { router: g.tensor_f32(&name(ROUTER))?, bias, shared_gate, router_bias: None };
+    // gpt-oss: the affine router, biases on every expert projection, the clamped SwiGLU.
+    let (cfg, router_bias, expert_bias) = if family == Family::GptOss {
+        let read = |rest: &str, dims: &[u64]| -> Result<Vec<f32>> {
+            check_dims(g, &name(rest), dims)?;
+            g.tensor_f32(&name(rest))
+        };
+        let router_bias = read(ROUTER_BIAS, &[e])?;
+        let bias = ExpertBiasValues {
+            gate: read(EXPERT_BIASES[0], &[f, e])?,
+            up: read(EXPERT_BIASES[1], &[f, e])?,
+            down: read(EXPERT_BIASES[2], &[h, e])?,
+        };
+        let cfg = MoeConfig {
+            route: RouteConfig { router_bias: true, ..cfg.route },
+            activation: routing.activation,
+            expert_bias: true,
+            ..cfg
+        };
+        cfg.validate()?;
+        (cfg, Some(router_bias), Some(bias))
+    } else {
+        (cfg, None, None)
+    };
+    let router = RouterWeights { router: g.tensor_f32(&name(ROUTER))?, bias, shared_gate, router_bias };
     router.check(&cfg)?;
-    Ok(Plan { g, prefix, cfg, routing, router })
+    Ok(Plan { g, prefix, cfg, routing, router, expert_bias })
 }
 
 /// Loads one MoE layer of a parsed GGUF file to host f32: its
@@ -437,17 +462,26 @@ pub fn load_gguf_layer(g: &Gguf<'_>, opts: &LoadOptions) -> Result<LoadedLayer> 
         None => None,
     };
     let RouterWeights { router, bias, shared_gate, router_bias } = p.router;
-    let weights =
-        MoeWeights { router, bias, gate, up, down, shared, shared_gate, router_bias, expert_bias: None };
+    let weights = MoeWeights {
+        router,
+        bias,
+        gate,
+        up,
+        down,
+        shared,
+        shared_gate,
+        router_bias,
+        expert_bias: p.expert_bias,
+    };
     weights.check(&p.cfg)?;
     Ok(LoadedLayer { config: p.cfg, weights, routing: p.routing, prefix: p.prefix })
 }
 
 /// Loads one MoE layer of a parsed GGUF file straight to the device: the checks of
-/// [`load_gguf_layer`] first, then each projection tensor from the file's bytes: Q8_0 and
-/// Q4_0 as stored when the layer keeps that type, float types in their stored dtype or
-/// converted one expert at a time, quantised ones kept in another dtype decoded to f32 first
-/// (one tensor at a time). `adjust` may change the configuration's modes as in
+/// [`load_gguf_layer`] first, then each projection tensor from the file's bytes, one expert at
+/// a time ([`ExpertWeights::stream`]): as stored when the layer keeps its type (Q8_0 and Q4_0
+/// blocks regrouped into the device layout), else converted (quantised blocks decoded to f32
+/// first). `adjust` may change the configuration's modes as in
 /// [`super::upload_checkpoint_layer`].
 ///
 /// # Errors
@@ -465,35 +499,46 @@ pub fn upload_gguf_layer(
         let [a, b, c] = p.projections(shared).map(|(name, [n, k])| -> Result<ExpertWeights> {
             let (bytes, ty) = p.stored(&name)?;
             let stored = stored_dtype(&name, ty)?;
-            let (n, k) = (n as u32, k as u32);
-            match (ty, stored == cfg.weight_dtype) {
-                (GgmlType::Q8_0, true) => {
-                    ExpertWeights::from_quantised(ctx, QuantisedValues::Q8_0(bytes), e, n, k)
-                }
-                (GgmlType::Q4_0, true) => {
-                    ExpertWeights::from_quantised(ctx, QuantisedValues::Q4_0(bytes), e, n, k)
-                }
-                (GgmlType::Q8_0 | GgmlType::Q4_0, false) => {
-                    ExpertWeights::from_f32(ctx, &g.tensor_f32(&name)?, cfg.weight_dtype, e, n, k)
-                }
-                _ => {
-                    let per = bytes.len() / e as usize;
-                    ExpertWeights::stream(
-                        ctx,
-                        cfg.weight_dtype,
-                        [e, n, k],
-                        |i| {
-                            Ok(StoredValues {
-                                dtype: stored,
-                                bytes: &bytes[i as usize * per..(i as usize + 1) * per],
-                            })
-                        },
-                        |_| {},
-                    )
-                }
-            }
+            // ggml's MXFP4 blocks regrouped as gpt-oss's codes and scales (the same values).
+            let mxfp4 = match ty {
+                GgmlType::Mxfp4 => Some(
+                    quant::mxfp4_from_ggml(bytes)
+                        .map_err(|err| Error::invalid(format!("tensor `{name}`: {err}")))?,
+                ),
+                _ => None,
+            };
+            let per = bytes.len() / e as usize;
+            ExpertWeights::stream(
+                ctx,
+                cfg.weight_dtype,
+                [e, n as u32, k as u32],
+                |i| {
+                    let i = i as usize;
+                    let bytes = &bytes[i * per..(i + 1) * per];
+                    Ok(match (stored, &mxfp4) {
+                        (WeightDtype::Q8_0, _) => StoredValues::Quantised(QuantisedValues::Q8_0(bytes)),
+                        (WeightDtype::Q4_0, _) => StoredValues::Quantised(QuantisedValues::Q4_0(bytes)),
+                        (_, Some((codes, scales))) => {
+                            let blocks = n * k / quant::BLOCK_VALUES;
+                            let codes = &codes[i * blocks * quant::MXFP4_BLOCK_BYTES..]
+                                [..blocks * quant::MXFP4_BLOCK_BYTES];
+                            let scales = &scales[i * blocks..][..blocks];
+                            StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales })
+                        }
+                        (dtype, None) => StoredValues::Float { dtype, bytes },
+                    })
+                },
+                |_| {},
+            )
         });
-        ExpertFfn::new(a?, b?, c?)
+        let ffn = ExpertFfn::new(a?, b?, c?)?;
+        match (&p.expert_bias, shared) {
+            (Some(b), false) => {
+                let (f, h) = (cfg.ffn, cfg.route.hidden);
+                ffn.with_bias(ExpertBias::new(ctx, &b.gate, &b.up, &b.down, [e, f, h])?)
+            }
+            _ => Ok(ffn),
+        }
     };
     let experts = device(false)?;
     let shared = match cfg.shared_ffn {
@@ -507,6 +552,7 @@ pub fn upload_gguf_layer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::gemm::Activation;
     use crate::kernels::routing::{Gating, GroupLimit};
     use crate::weights::RoutingFlags;
     use crate::weights::gguf::GgufWriter;
@@ -582,6 +628,49 @@ mod tests {
         let r = l.config.route;
         assert_eq!((r.gating, r.renormalize, r.scale, r.bias), (Gating::Sigmoid, true, 2.5, true));
         assert_eq!(r.groups, Some(GroupLimit { n_group: 2, topk_group: 1 }));
+        // gpt-oss: the affine router, biased experts, the clamped SwiGLU; MXFP4 as stored
+        // (F = 32: MXFP4 rows are whole blocks).
+        const F: u64 = 32;
+        let mxfp4 = |scale: u8| {
+            let blocks = (H * F * E) as usize / quant::BLOCK_VALUES;
+            (0..blocks)
+                .flat_map(|b| [scale].into_iter().chain((0..16).map(move |j| (b * 16 + j) as u8)))
+                .collect()
+        };
+        let oss = |scale: u8| {
+            GgufWriter::default()
+                .metadata("general.architecture", GgufValue::Str("gpt-oss".into()))
+                .metadata("gpt-oss.expert_count", GgufValue::U32(E as u32))
+                .metadata("gpt-oss.expert_used_count", GgufValue::U32(2))
+                .metadata("gpt-oss.expert_feed_forward_length", GgufValue::U32(F as u32))
+                .tensor("blk.0.ffn_gate_inp.weight", &[H, E], GgmlType::F32, f32_bytes(H * E, 0.1))
+                .tensor("blk.0.ffn_gate_inp.bias", &[E], GgmlType::F32, f32_bytes(E, 0.2))
+                .tensor("blk.0.ffn_gate_exps.weight", &[H, F, E], GgmlType::Mxfp4, mxfp4(scale))
+                .tensor("blk.0.ffn_up_exps.weight", &[H, F, E], GgmlType::Mxfp4, mxfp4(127))
+                .tensor("blk.0.ffn_down_exps.weight", &[F, H, E], GgmlType::Mxfp4, mxfp4(120))
+                .tensor("blk.0.ffn_gate_exps.bias", &[F, E], GgmlType::F32, f32_bytes(F * E, 0.3))
+                .tensor("blk.0.ffn_up_exps.bias", &[F, E], GgmlType::F32, f32_bytes(F * E, 0.4))
+                .tensor("blk.0.ffn_down_exps.bias", &[H, E], GgmlType::F32, f32_bytes(H * E, 0.5))
+        };
+        let l = load(&oss(130), &none).unwrap();
+        assert_eq!(l.routing.family, Family::GptOss);
+        let (c, r) = (l.config, l.config.route);
+        assert_eq!(
+            (c.weight_dtype, c.activation, c.expert_bias),
+            (WeightDtype::Mxfp4, Activation::GPT_OSS, true)
+        );
+        assert_eq!((r.gating, r.renormalize, r.router_bias), (Gating::Softmax, true, true));
+        let b = l.weights.expert_bias.as_ref().unwrap();
+        assert_eq!((b.gate.len(), b.down.len()), ((F * E) as usize, (H * E) as usize));
+        let (codes, scales) = quant::mxfp4_from_ggml(&mxfp4(130)).unwrap();
+        assert!(l.weights.gate == quant::mxfp4_dequantize(&codes, &scales).unwrap());
+        let e = err(&oss(255), &none);
+        assert!(e.contains("blk.0.ffn_gate_exps.weight") && e.contains("255"), "{e}");
+        let e = err(
+            &oss(130).tensor("blk.0.ffn_up_exps.bias", &[F, 2], GgmlType::F32, f32_bytes(F * 2, 0.4)),
+            &none,
+        );
+        assert!(e.contains("ffn_up_exps.bias"), "{e}");
         // Quantised expert tensors keep their type; an explicit dtype converts them.
         let l =
             load(&file("qwen3moe", &[]), &LoadOptions { dtype: Some(WeightDtype::Bf16), ..none }).unwrap();

@@ -2,8 +2,10 @@
 //! (`block_sparse_moe.gate`, `experts.N.w1/w2/w3`), Qwen2-MoE / Qwen3-MoE / OLMoE / DeepSeek
 //! (`mlp.gate`, `mlp.experts.N.gate_proj/up_proj/down_proj`, `shared_expert(s)`,
 //! `shared_expert_gate`, `mlp.gate.e_score_correction_bias`). Tensors may be f32, f16 or
-//! bf16. The routing comes from the family's semantics ([`family`]): a Hugging Face
-//! `config.json` names the family and its keys, or flags supply what the family needs.
+//! bf16; expert weights also FP8 e4m3 with `weight_scale_inv` block scales (DeepSeek-V3,
+//! Qwen3-FP8; docs/quant.md). The routing comes from the family's semantics ([`family`]): a
+//! Hugging Face `config.json` names the family and its keys, or flags supply what the family
+//! needs.
 //!
 //! A [`Checkpoint`] maps one file or a sharded checkpoint; [`load_checkpoint_layer`] reads a
 //! layer to host f32 ([`LoadedLayer`]), [`upload_checkpoint_layer`] streams it to the device in
@@ -33,9 +35,10 @@ pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::WeightDtype;
-use crate::kernels::gemm::{ExpertFfn, ExpertWeights, StoredValues};
+use crate::kernels::gemm::{ExpertFfn, ExpertWeights, QuantisedValues, StoredValues};
 use crate::kernels::routing::RouteConfig;
 use crate::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
+use crate::quant;
 
 /// Reads a whole file.
 ///
@@ -67,15 +70,17 @@ pub fn to_f32(name: &str, t: &TensorView<'_>) -> Result<Vec<f32>> {
     })
 }
 
-/// The device dtype that holds a file dtype exactly: f32, f16 and bf16 are read.
+/// The device dtype that holds a file dtype exactly: f32, f16 and bf16 are read, and FP8
+/// e4m3 (a weight with block scales, checked by [`File::checked`]).
 fn stored_dtype(name: &str, d: Dtype) -> Result<WeightDtype> {
     match d {
         Dtype::F32 => Ok(WeightDtype::F32),
         Dtype::F16 => Ok(WeightDtype::F16),
         Dtype::BF16 => Ok(WeightDtype::Bf16),
-        other => {
-            Err(Error::invalid(format!("tensor `{name}` is {other:?}; f32, f16 and bf16 are supported")))
-        }
+        Dtype::F8_E4M3 => Ok(WeightDtype::Fp8),
+        other => Err(Error::invalid(format!(
+            "tensor `{name}` is {other:?}; f32, f16, bf16 and FP8 e4m3 weights (with block scales) are supported"
+        ))),
     }
 }
 
@@ -116,6 +121,9 @@ impl Scheme {
 struct File<'a> {
     src: &'a dyn TensorSource,
     prefix: String,
+    /// The FP8 scale tile `config.json` gives (`quantization_config.weight_block_size`);
+    /// None: inferred from each scale tensor's shape ([`File::fp8_scales`]).
+    fp8_block: Option<[usize; 2]>,
 }
 
 impl File<'_> {
@@ -148,7 +156,8 @@ impl File<'_> {
     }
 
     /// The tensor `prefix + rest`, checked against `shape` exactly and for a dtype moeflow
-    /// reads (f32, f16, bf16); its bytes are not read.
+    /// reads (f32, f16, bf16, or FP8 e4m3 with its scale tensor, [`File::fp8_scales`]); its
+    /// bytes are not read.
     fn checked(&self, rest: &str, shape: &[usize]) -> Result<(String, TensorView<'_>)> {
         let name = self.name(rest);
         let t = self.view(rest, &format!("{shape:?}"))?;
@@ -159,7 +168,14 @@ impl File<'_> {
                 format!("{:?}", t.shape()),
             ));
         }
-        stored_dtype(&name, t.dtype())?;
+        match (t.dtype(), shape) {
+            (Dtype::F8_E4M3, &[n, k]) => {
+                self.fp8_scales(rest, [n, k])?;
+            }
+            (d, _) => {
+                stored_dtype(&name, d)?;
+            }
+        }
         Ok((name, t))
     }
 
@@ -167,6 +183,127 @@ impl File<'_> {
     fn get(&self, rest: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let (name, t) = self.checked(rest, shape)?;
         to_f32(&name, &t)
+    }
+
+    /// The weight matrix `prefix + rest` (`[n, k]`) as f32: float values widened, FP8 e4m3
+    /// decoded with its scales ([`quant::fp8_block_dequantize`], what the kernels read).
+    fn matrix(&self, rest: &str, [n, k]: [usize; 2]) -> Result<Vec<f32>> {
+        let (name, t) = self.checked(rest, &[n, k])?;
+        match t.dtype() {
+            Dtype::F8_E4M3 => {
+                let (scale_inv, block) = self.fp8_scales(rest, [n, k])?;
+                quant::fp8_block_dequantize(t.data(), &scale_inv, [n, k], block)
+            }
+            _ => to_f32(&name, &t),
+        }
+    }
+
+    /// The weight matrix `prefix + rest` (`[n, k]`) as stored, for [`ExpertWeights::stream`]:
+    /// float elements, or FP8 bytes with `scales` (from [`File::fp8_scales`]).
+    fn stored<'s>(
+        &'s self,
+        rest: &str,
+        [n, k]: [usize; 2],
+        scales: Option<&'s (Vec<f32>, [usize; 2])>,
+    ) -> Result<StoredValues<'s>> {
+        let (name, t) = self.checked(rest, &[n, k])?;
+        Ok(match (t.dtype(), scales) {
+            (Dtype::F8_E4M3, Some((scale_inv, block))) => {
+                StoredValues::Quantised(QuantisedValues::Fp8 { weight: t.data(), scale_inv, block: *block })
+            }
+            (Dtype::F8_E4M3, None) => {
+                return Err(Error::invalid(format!("FP8 tensor `{name}` was given no scales")));
+            }
+            (d, _) => StoredValues::Float { dtype: stored_dtype(&name, d)?, bytes: t.data() },
+        })
+    }
+
+    /// The scales of the FP8 e4m3 weight `prefix + rest` (`[n, k]`, its name ending in
+    /// `weight`): the `weight_scale_inv` tensor beside it (f32, f16 or bf16), one value per
+    /// tile of the weight, `[ceil(n / t0), ceil(k / t1)]` for the tile `[t0, t1]`, with the
+    /// tile. The tile is config.json's `quantization_config.weight_block_size`; without one,
+    /// 128 × 128 (DeepSeek-V3's and Qwen3-FP8's) when the shape fits it, or the whole matrix
+    /// for a single scale (shape `[]`, `[1]` or `[1, 1]`). Values are `e4m3(byte) ×
+    /// scale_inv` (DeepSeek-V3's `weight_dequant`).
+    fn fp8_scales(&self, rest: &str, [n, k]: [usize; 2]) -> Result<(Vec<f32>, [usize; 2])> {
+        let name = self.name(rest);
+        let scale_rest = match rest.strip_suffix("weight") {
+            Some(stem) => format!("{stem}weight_scale_inv"),
+            None => return Err(Error::invalid(format!("FP8 tensor `{name}` is not a `weight`: no scales"))),
+        };
+        let scale_name = self.name(&scale_rest);
+        let t = self.src.tensor(&scale_name).ok_or_else(|| {
+            Error::invalid(format!(
+                "FP8 tensor `{name}` has no scale tensor `{scale_name}` in {}: FP8 weights are read \
+                 with their block scales (DeepSeek-V3 / Qwen3-FP8 layout)",
+                self.src.describe()
+            ))
+        })?;
+        let shape = t.shape().to_vec();
+        let tiles = |[t0, t1]: [usize; 2]| vec![n.div_ceil(t0), k.div_ceil(t1)];
+        let block = match (self.fp8_block, shape.as_slice()) {
+            (Some(b), s) if s == tiles(b) => b,
+            (Some(b), s) => {
+                return Err(Error::shape(
+                    format!(
+                        "tensor {scale_name} (FP8 scales of [{n}, {k}] in {b:?} tiles, the config's weight_block_size)"
+                    ),
+                    format!("{:?}", tiles(b)),
+                    format!("{s:?}"),
+                ));
+            }
+            (None, [] | [1] | [1, 1]) => [n, k],
+            (None, s) if s == tiles([128, 128]) => [128, 128],
+            (None, s) => {
+                return Err(Error::invalid(format!(
+                    "tensor `{scale_name}` has shape {s:?}, which is no 128 x 128 tiling of [{n}, {k}] \
+                     ({:?}) and no single scale: give config.json with \
+                     quantization_config.weight_block_size",
+                    tiles([128, 128])
+                )));
+            }
+        };
+        let scale_inv = to_f32(&scale_name, &t)?;
+        Ok((scale_inv, block))
+    }
+}
+
+/// The FP8 scale tile of a config.json whose `quantization_config` is `fp8` (the
+/// DeepSeek-V3 / Qwen3-FP8 / transformers `FineGrainedFP8Config` keys): its
+/// `weight_block_size`, None without one (or without an FP8 quantisation config). moeflow
+/// runs the weights' exact values against f32 activations: `activation_scheme: dynamic` (the
+/// model's code quantises activations per 128 values on the fly) is run without that step;
+/// another scheme, or an `fmt` other than e4m3, is refused.
+///
+/// # Errors
+/// A `weight_block_size` that is not two positive integers; `fmt` not `e4m3`;
+/// `activation_scheme` not `dynamic`.
+fn fp8_block_size(config: Option<&Value>) -> Result<Option<[usize; 2]>> {
+    let Some(q) = config.and_then(|c| c.get("quantization_config")) else {
+        return Ok(None);
+    };
+    if q.get("quant_method").and_then(Value::as_str) != Some("fp8") {
+        return Ok(None);
+    }
+    if let Some(fmt) = q.get("fmt").filter(|f| f.as_str() != Some("e4m3")) {
+        return Err(Error::invalid(format!(
+            "config.json quantization_config.fmt is {fmt}; FP8 weights are read as e4m3"
+        )));
+    }
+    if let Some(a) = q.get("activation_scheme").filter(|a| a.as_str() != Some("dynamic")) {
+        return Err(Error::invalid(format!(
+            "config.json quantization_config.activation_scheme is {a}; FP8 checkpoints with \
+             dynamic activation scaling are read (moeflow runs f32 activations)"
+        )));
+    }
+    match q.get("weight_block_size") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_array().map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>()).as_deref() {
+            Some(&[Some(a), Some(b)]) if a > 0 && b > 0 => Ok(Some([a as usize, b as usize])),
+            _ => Err(Error::invalid(format!(
+                "config.json quantization_config.weight_block_size is {v}; expected two positive integers"
+            ))),
+        },
     }
 }
 
@@ -334,7 +471,7 @@ fn layer_file<'a>(src: &'a dyn TensorSource, opts: &LoadOptions) -> Result<File<
         }
         (None, None) => detect_prefix(&names)?,
     };
-    Ok(File { src, prefix })
+    Ok(File { src, prefix, fp8_block: fp8_block_size(opts.config.as_ref())? })
 }
 
 fn plan_layer<'a>(f: File<'a>, opts: &LoadOptions) -> Result<LayerPlan<'a>> {
@@ -496,7 +633,7 @@ fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<LoadedLayer> 
         let parts = plan.projections(shared).map(|(names, shape)| -> Result<Vec<f32>> {
             let mut out = Vec::new();
             for n in names {
-                out.extend(plan.f.get(&n, &shape)?);
+                out.extend(plan.f.matrix(&n, shape)?);
             }
             Ok(out)
         });
@@ -565,15 +702,19 @@ fn upload_from(
     let cfg = adjusted(&plan.cfg, adjust)?;
     let device = |shared: bool| -> Result<ExpertFfn> {
         let parts = plan.projections(shared).map(|(names, [n, k])| -> Result<ExpertWeights> {
-            let shape = [names.len() as u32, n as u32, k as u32];
+            // FP8 experts' scales (1/16384 of their values for 128 x 128 tiles), read first.
+            let scales = names
+                .iter()
+                .map(|name| match plan.f.checked(name, &[n, k])?.1.dtype() {
+                    Dtype::F8_E4M3 => plan.f.fp8_scales(name, [n, k]).map(Some),
+                    _ => Ok(None),
+                })
+                .collect::<Result<Vec<_>>>()?;
             ExpertWeights::stream(
                 ctx,
                 cfg.weight_dtype,
-                shape,
-                |i| {
-                    let (name, t) = plan.f.checked(&names[i as usize], &[n, k])?;
-                    Ok(StoredValues { dtype: stored_dtype(&name, t.dtype())?, bytes: t.data() })
-                },
+                [names.len() as u32, n as u32, k as u32],
+                |i| plan.f.stored(&names[i as usize], [n, k], scales[i as usize].as_ref()),
                 |i| src.release(&plan.f.name(&names[i as usize])),
             )
         });

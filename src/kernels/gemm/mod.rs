@@ -389,38 +389,94 @@ pub struct ExpertWeights {
     texture: Mutex<Option<Option<Arc<TextureWeights>>>>,
 }
 
-/// One expert's `[n, k]` values as a file stores them: little-endian `dtype` elements of a
-/// float dtype (f32, f16 or bf16).
+/// One expert's `[n, k]` values as a file stores them.
 #[derive(Clone, Copy, Debug)]
-pub struct StoredValues<'a> {
-    /// The element type of `bytes`.
-    pub dtype: WeightDtype,
-    /// `n * k` elements, little-endian.
-    pub bytes: &'a [u8],
+pub enum StoredValues<'a> {
+    /// Little-endian elements of a float dtype (f32, f16 or bf16), `n * k` of them.
+    Float {
+        /// The element type of `bytes`.
+        dtype: WeightDtype,
+        /// `n * k` elements, little-endian.
+        bytes: &'a [u8],
+    },
+    /// Quantised blocks of one expert (`[1, n, k]` in [`QuantisedValues`]' terms).
+    Quantised(QuantisedValues<'a>),
 }
 
 impl StoredValues<'_> {
-    /// Appends these values (whole rows of `k`) to `out` as `to` lays them out on the device
-    /// (f32 words, halves low half first, or quantised groups), rounding to nearest even when
-    /// `to` is a narrower float, exactly as [`WeightDtype::pack`] does from f32.
-    fn append_as(&self, to: WeightDtype, k: usize, out: &mut Vec<u8>) -> Result<()> {
-        if self.dtype == to {
-            out.extend_from_slice(self.bytes);
-            return Ok(());
+    /// The dtype the values are stored in.
+    pub fn dtype(&self) -> WeightDtype {
+        match self {
+            StoredValues::Float { dtype, .. } => *dtype,
+            StoredValues::Quantised(q) => q.dtype(),
         }
-        let eb = stored_element_bytes(self.dtype)?;
-        let values = self.bytes.chunks_exact(eb).map(|b| match self.dtype {
-            WeightDtype::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            WeightDtype::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        });
+    }
+
+    /// Checks that these are the `n * k` values of expert `e` of `[experts, n, k]`.
+    fn check(&self, e: u32, [experts, n, k]: [u32; 3]) -> Result<()> {
+        let StoredValues::Float { dtype, bytes } = *self else {
+            return Ok(()); // `QuantisedValues` checks its own lengths when it is read.
+        };
+        let per_expert = u64::from(n) * u64::from(k);
+        let want = per_expert * stored_element_bytes(dtype)? as u64;
+        if bytes.len() as u64 != want {
+            return Err(Error::shape(
+                format!("expert {e} of [{experts}, {n}, {k}]"),
+                format!("{per_expert} {dtype:?} elements ({want} bytes)"),
+                format!("{} bytes", bytes.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends rows `rows` of these `[n, k]` values to `out` as `to` lays them out on the
+    /// device (f32 words, halves low half first, or quantised groups): as stored when `to` is
+    /// their dtype, else rounded to nearest even for a narrower float and quantised for a
+    /// quantised `to`, exactly as [`WeightDtype::pack`] does from f32 (quantised values are
+    /// decoded to f32 first, by [`QuantisedValues::dequantise`]).
+    fn append_as(
+        &self,
+        to: WeightDtype,
+        [n, k]: [usize; 2],
+        rows: Range<usize>,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let values: Vec<f32> = match *self {
+            StoredValues::Float { dtype, bytes } => {
+                let eb = stored_element_bytes(dtype)?;
+                let bytes = &bytes[rows.start * k * eb..rows.end * k * eb];
+                if dtype == to {
+                    out.extend_from_slice(bytes);
+                    return Ok(());
+                }
+                bytes
+                    .chunks_exact(eb)
+                    .map(|b| match dtype {
+                        WeightDtype::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                        WeightDtype::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+                        _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                    })
+                    .collect()
+            }
+            StoredValues::Quantised(q) if q.dtype() == to => {
+                let words = q.device_words([1, n, k])?;
+                let row = quantised::row_words(to, k as u64) as usize;
+                out.extend_from_slice(bytemuck::cast_slice(&words[rows.start * row..rows.end * row]));
+                return Ok(());
+            }
+            StoredValues::Quantised(q) => q.dequantise([1, n, k])?[rows.start * k..rows.end * k].to_vec(),
+        };
         match to {
-            WeightDtype::F32 => values.for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            WeightDtype::F16 => values.for_each(|v| out.extend_from_slice(&f16::from_f32(v).to_le_bytes())),
-            WeightDtype::Bf16 => values.for_each(|v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes())),
+            // Element by element: a row of odd length leaves half a word for the next.
+            WeightDtype::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            WeightDtype::F16 => {
+                values.iter().for_each(|&v| out.extend_from_slice(&f16::from_f32(v).to_le_bytes()))
+            }
+            WeightDtype::Bf16 => {
+                values.iter().for_each(|&v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()))
+            }
             WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
-                let words = to.pack(&values.collect::<Vec<f32>>(), k)?;
-                out.extend_from_slice(bytemuck::cast_slice(&words));
+                out.extend_from_slice(bytemuck::cast_slice(&to.pack(&values, k)?));
             }
         }
         Ok(())
@@ -625,18 +681,21 @@ impl ExpertWeights {
     }
 
     /// Uploads `[experts, n, k]` expert by expert without a host copy of the whole tensor:
-    /// `values(e)` gives expert `e`'s `[n, k]` values as stored (for example a memory-mapped
-    /// checkpoint tensor), converted to `dtype` one expert at a time; values already in
-    /// `dtype` reach the device as they are. Host memory beyond the caller's is one expert's
-    /// converted values plus a 16 MiB staging chunk, which is flushed to the device (and
-    /// waited for) as it fills. `released(e)` is called once expert `e` is on its way, so a
-    /// caller can drop its pages. The weights are split across buffers as
-    /// [`ExpertWeights::from_f32`] splits them, and are bit-identical to its on the same
-    /// values.
+    /// `values(e)` gives expert `e`'s `[n, k]` values as stored (float elements or quantised
+    /// blocks, for example from a memory-mapped checkpoint tensor), converted to `dtype` one
+    /// expert at a time; values already in `dtype` reach the device as they are (quantised
+    /// blocks regrouped into the device layout, bit for bit as
+    /// [`ExpertWeights::from_quantised`] lays them out). Values converted to another dtype are
+    /// decoded to f32 first. Host memory beyond the caller's is one expert's converted values
+    /// plus a 16 MiB staging chunk, which is flushed to the device (and waited for) as it
+    /// fills. `released(e)` is called once expert `e` is on its way, so a caller can drop its
+    /// pages. The weights are split across buffers as [`ExpertWeights::from_f32`] splits
+    /// them, and are bit-identical to its on the same values.
     ///
     /// # Errors
     /// An empty dimension, a size past the device's limits, an expert whose byte length is
-    /// not `n * k` elements of its dtype, an error from `values`, or a device error.
+    /// not `n * k` elements of its dtype (or whose blocks do not match `[1, n, k]`), an error
+    /// from `values`, or a device error.
     pub fn stream<'a>(
         ctx: &Context,
         dtype: WeightDtype,
@@ -656,9 +715,8 @@ impl ExpertWeights {
         mut released: impl FnMut(u32),
         staging: usize,
     ) -> Result<Self> {
-        let [experts, n, k] = shape;
+        let [_, n, k] = shape;
         let plan = Self::chunks_for(ctx, dtype, shape)?;
-        let per_expert = u64::from(n) * u64::from(k);
         let mut pending: Vec<u8> = Vec::with_capacity(staging + 4);
         let mut chunks = Vec::with_capacity(plan.len());
         for (es, cs) in plan {
@@ -681,21 +739,13 @@ impl ExpertWeights {
             };
             for e in es.clone() {
                 let v = values(e)?;
-                let eb = stored_element_bytes(v.dtype)?;
-                let want = per_expert * eb as u64;
-                if v.bytes.len() as u64 != want {
-                    return Err(Error::shape(
-                        format!("expert {e} of [{experts}, {n}, {k}]"),
-                        format!("{per_expert} {:?} elements ({want} bytes)", v.dtype),
-                        format!("{} bytes", v.bytes.len()),
-                    ));
-                }
-                let row = k as usize * eb;
-                let part = StoredValues {
-                    dtype: v.dtype,
-                    bytes: &v.bytes[cs.start as usize * row..cs.end as usize * row],
-                };
-                part.append_as(dtype, k as usize, &mut pending)?;
+                v.check(e, shape)?;
+                v.append_as(
+                    dtype,
+                    [n as usize, k as usize],
+                    cs.start as usize..cs.end as usize,
+                    &mut pending,
+                )?;
                 if cs.end == n {
                     released(e);
                 }
@@ -1882,6 +1932,7 @@ pub fn plan_dense<'b>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant;
 
     /// The workgroup memory the planner checks against the device's limit
     /// (`GemmVariant::workgroup_bytes`) is what the generated WGSL declares.
@@ -1903,6 +1954,101 @@ mod tests {
             .copied()
             .take(values.len() * eb)
             .collect()
+    }
+
+    /// Quantised blocks streamed one expert at a time hold `from_quantised`'s words when kept
+    /// in their format (through a staging chunk of a few bytes), and `from_f32`'s words of
+    /// their decoded values when converted.
+    #[test]
+    fn streamed_quantised_blocks_are_the_words_of_from_quantised() {
+        let ctxs = Context::all().expect("devices");
+        if ctxs.is_empty() {
+            assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
+            eprintln!("skipped: no adapter");
+            return;
+        }
+        let (e, n, k) = (3usize, 5usize, 160usize);
+        let values: Vec<f32> = (0..e * n * k).map(|i| (i as f32 * 0.391).sin() * 2.0 - 0.25).collect();
+        let q8 = quant::q8_0_quantize(&values).expect("q8_0");
+        let q4 = quant::q4_0_quantize(&values).expect("q4_0");
+        let (codes, scales) = quant::mxfp4_quantize(&values).expect("mxfp4");
+        let block = [2, 128];
+        let per_expert: Vec<(Vec<u8>, Vec<f32>)> = (0..e)
+            .map(|i| {
+                quant::fp8_block_quantize(&values[i * n * k..(i + 1) * n * k], [n, k], block).expect("fp8")
+            })
+            .collect();
+        let fp8_bytes: Vec<u8> = per_expert.iter().flat_map(|(w, _)| w.clone()).collect();
+        let fp8_scales: Vec<f32> = per_expert.iter().flat_map(|(_, s)| s.clone()).collect();
+        let whole = [
+            QuantisedValues::Q8_0(&q8),
+            QuantisedValues::Q4_0(&q4),
+            QuantisedValues::Mxfp4 { codes: &codes, scales: &scales },
+            QuantisedValues::Fp8 { weight: &fp8_bytes, scale_inv: &fp8_scales, block },
+        ];
+        /// Expert `i` of `q`, `[1, n, k]` (`rows` blocks of 32 values).
+        fn expert<'a>(
+            q: QuantisedValues<'a>,
+            fp8: &'a [(Vec<u8>, Vec<f32>)],
+            rows: usize,
+            i: usize,
+        ) -> StoredValues<'a> {
+            let part = |b: &'a [u8], per: usize| &b[i * per..(i + 1) * per];
+            StoredValues::Quantised(match q {
+                QuantisedValues::Q8_0(b) => QuantisedValues::Q8_0(part(b, rows * quant::Q8_0_BLOCK_BYTES)),
+                QuantisedValues::Q4_0(b) => QuantisedValues::Q4_0(part(b, rows * quant::Q4_0_BLOCK_BYTES)),
+                QuantisedValues::Mxfp4 { codes, scales } => QuantisedValues::Mxfp4 {
+                    codes: part(codes, rows * quant::MXFP4_BLOCK_BYTES),
+                    scales: part(scales, rows),
+                },
+                QuantisedValues::Fp8 { block, .. } => {
+                    QuantisedValues::Fp8 { weight: &fp8[i].0, scale_inv: &fp8[i].1, block }
+                }
+            })
+        }
+        let shape = [e as u32, n as u32, k as u32];
+        for ctx in &ctxs {
+            let words = |w: &ExpertWeights| -> Vec<Vec<u32>> {
+                w.chunks
+                    .iter()
+                    .map(|c| ctx.read_back::<u32>(&c.buffer, c.bytes as usize / 4).expect("read"))
+                    .collect()
+            };
+            for q in &whole {
+                let stored: Vec<StoredValues<'_>> =
+                    (0..e).map(|i| expert(*q, &per_expert, n * k / quant::BLOCK_VALUES, i)).collect();
+                let want =
+                    ExpertWeights::from_quantised(ctx, *q, shape[0], shape[1], shape[2]).expect("whole");
+                let got = ExpertWeights::stream_in_chunks(
+                    ctx,
+                    q.dtype(),
+                    shape,
+                    |i| Ok(stored[i as usize]),
+                    |_| {},
+                    6,
+                )
+                .expect("streamed");
+                assert_eq!(words(&got), words(&want), "{:?} as stored", q.dtype());
+                let decoded = q.dequantise([e, n, k]).expect("decode");
+                let want =
+                    ExpertWeights::from_f32(ctx, &decoded, WeightDtype::F16, shape[0], shape[1], shape[2])
+                        .expect("from_f32");
+                let got =
+                    ExpertWeights::stream(ctx, WeightDtype::F16, shape, |i| Ok(stored[i as usize]), |_| {})
+                        .expect("converted");
+                assert_eq!(words(&got), words(&want), "{:?} to f16", q.dtype());
+            }
+            // Blocks that do not match one expert's [n, k] are an error.
+            let err = ExpertWeights::stream(
+                ctx,
+                WeightDtype::Q8_0,
+                shape,
+                |_| Ok(StoredValues::Quantised(QuantisedValues::Q8_0(&q8))),
+                |_| {},
+            )
+            .expect_err("three experts' blocks as one");
+            assert!(err.to_string().contains("Q8_0 bytes"), "{err}");
+        }
     }
 
     /// Streamed uploads hold the same words as `from_f32`, whatever the staging chunk (down to
@@ -1954,7 +2100,7 @@ mod tests {
                                 to,
                                 shape,
                                 |i| {
-                                    Ok(StoredValues {
+                                    Ok(StoredValues::Float {
                                         dtype: from,
                                         bytes: &file[i as usize * per..(i as usize + 1) * per],
                                     })
@@ -1976,7 +2122,7 @@ mod tests {
                     ctx,
                     WeightDtype::F16,
                     shape,
-                    |_| Ok(StoredValues { dtype: WeightDtype::F16, bytes: &[0u8; 2] }),
+                    |_| Ok(StoredValues::Float { dtype: WeightDtype::F16, bytes: &[0u8; 2] }),
                     |_| {},
                 );
                 if len > 1 {
