@@ -22,7 +22,7 @@ fn fixtures() -> Vec<PathBuf> {
         .filter(|p| p.is_dir())
         .collect();
     dirs.sort();
-    assert!(dirs.len() >= 12, "expected the committed fixtures, found {}", dirs.len());
+    assert!(dirs.len() >= 14, "expected the committed fixtures, found {}", dirs.len());
     dirs
 }
 

@@ -15,14 +15,18 @@ writes what it computed:
                                                    topk_weights [tokens, k] f32
 
 A bf16 or f16 case runs the block on the saved (rounded) weights widened to float32, which is
-what moeflow sees. Expert ids are listed in moeflow's slot order (descending selection value,
+what moeflow sees. The MXFP4 gpt-oss case writes the experts as gpt-oss ships them
+(`*_blocks`, `*_scales`) and runs the block transformers builds when it reads them back
+(`Mxfp4Config(dequantize=True)`). Expert ids are listed in moeflow's slot order (descending selection value,
 lower index first on ties): transformers' own order is not specified (`sorted=False` in the
 DeepSeek routers), the set is.
 
 Run by hand (tests/parity.rs reads the committed output; CI does not run this):
 
     python3 -m venv /tmp/hf && /tmp/hf/bin/pip install -r tools/hf_fixtures.requirements.txt
-    /tmp/hf/bin/python tools/hf_fixtures.py
+    /tmp/hf/bin/python tools/hf_fixtures.py [case ...]   # every case, or the named ones
+
+(The CUDA wheels torch pulls in are not used; the script runs on the CPU.)
 """
 
 import json
@@ -94,7 +98,19 @@ CASES = [
           topk_method="greedy", routed_scaling_factor=16.0, n_shared_experts=2, first_k_dense_replace=0,
           kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=4),
      torch.float32, 37),
+    ("gpt_oss_bf16_t301", "GptOssConfig", "GptOssForCausalLM",
+     dict(intermediate_size=F, num_local_experts=E, num_experts_per_tok=2, head_dim=20), torch.bfloat16, 301),
 ]
+
+# gpt-oss as it ships: experts in MXFP4 (`*_blocks`, `*_scales`), read back by transformers'
+# own MXFP4 integration (dequantised on the CPU). K runs along blocks of 32: H and F multiples
+# of 32.
+MXFP4_CASES = [
+    ("gpt_oss_mxfp4_t37", dict(hidden_size=64, intermediate_size=32, num_local_experts=E,
+                                num_experts_per_tok=4, head_dim=32), 37),
+]
+
+FP4_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
 def moe_block(model):
@@ -112,7 +128,7 @@ def order(indices, values):
 
 def route(block, family, x):
     """(ids in moeflow's slot order, their weights) from transformers' own router."""
-    logits, weights, ids = block.gate(x)
+    logits, weights, ids = (block.router if family == "gpt_oss" else block.gate)(x)
     if family == "deepseek_v3":
         scores = logits.float().sigmoid() + block.gate.e_score_correction_bias
         ordered = order(ids, scores)
@@ -154,21 +170,93 @@ def build(name, config_cls, model_cls, extra, dtype, tokens, seed):
         reloaded = getattr(transformers, model_cls).from_pretrained(tmp, dtype=torch.float32).eval()
     block = moe_block(reloaded)
     x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(seed + 1)) * 1.5
+    k = run_block(out_dir, block, family, x)
+    print(f"{name}: {family} {str(dtype).removeprefix('torch.')} tokens={tokens} k={k}")
+
+
+def run_block(out_dir, block, family, x):
+    """Runs the MoE block on `x` in float32; writes x and what it computed."""
     with torch.no_grad():
-        y = block(x.unsqueeze(0)).squeeze(0).float()
+        y = block(x.unsqueeze(0))
+        y = (y[0] if isinstance(y, tuple) else y).squeeze(0).float()
         ids, w = route(block, family, x)
     save_file({"x": x.contiguous()}, out_dir / "x.safetensors")
     save_file(
         {"output": y.contiguous(), "topk_indices": ids.contiguous(), "topk_weights": w.contiguous()},
         out_dir / "expected.safetensors",
     )
-    print(f"{name}: {family} {str(dtype).removeprefix('torch.')} tokens={tokens} k={ids.shape[1]}")
+    return ids.shape[1]
+
+
+def mxfp4_pack(w):
+    """`w` [..., K] (K a multiple of 32) as gpt-oss's MXFP4: blocks [..., K/32, 16] u8 (byte j:
+    value 2j low nibble, 2j + 1 high) and E8M0 scales [..., K/32] u8, each block's scale putting
+    its largest magnitude in [4, 8), each value the nearest FP4 code."""
+    table = torch.tensor(FP4_E2M1)
+    blocks = w.float().reshape(*w.shape[:-1], -1, 32)
+    amax = blocks.abs().amax(-1)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2, torch.zeros_like(amax)).clamp(-127, 127)
+    codes = (blocks / torch.exp2(e)[..., None]).unsqueeze(-1).sub(table).abs().argmin(-1).to(torch.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.contiguous(), (e + 127).to(torch.uint8).contiguous()
+
+
+def build_mxfp4(name, extra, tokens, seed):
+    """A gpt-oss model whose experts are written in MXFP4 as the published checkpoints hold
+    them, loaded back by transformers (`Mxfp4Config(dequantize=True)`), its block run in float32."""
+    torch.manual_seed(seed)
+    common = dict(COMMON, hidden_size=extra["hidden_size"])
+    config = transformers.GptOssConfig(**{**common, **extra})
+    model = transformers.GptOssForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for p in moe_block(model).parameters():
+            p.normal_(0.0, 0.3)
+    out_dir = ROOT / name
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        tensors = {}
+        with safe_open(Path(tmp) / "model.safetensors", "pt") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+        experts = moe_block(model).experts
+        for layer in range(config.num_hidden_layers):
+            p = f"model.layers.{layer}.mlp.experts."
+            # In x out as the module holds them; the checkpoint holds out x in.
+            for proj, param in [("gate_up_proj", experts.gate_up_proj), ("down_proj", experts.down_proj)]:
+                tensors.pop(p + proj)
+                blocks, scales = mxfp4_pack(param.detach().transpose(1, 2))
+                tensors[p + proj + "_blocks"] = blocks
+                tensors[p + proj + "_scales"] = scales
+        save_file(tensors, Path(tmp) / "model.safetensors", metadata={"format": "pt"})
+        cfg = json.loads((Path(tmp) / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+        (Path(tmp) / "config.json").write_text(json.dumps(cfg, indent=2))
+        shutil.copy(Path(tmp) / "config.json", out_dir / "config.json")
+        kept = {k: v for k, v in tensors.items() if k.startswith("model.layers.0.mlp.")}
+        save_file(kept, out_dir / "weights.safetensors")
+        reloaded = transformers.GptOssForCausalLM.from_pretrained(
+            tmp, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32
+        ).float().eval()
+    block = moe_block(reloaded)
+    x = torch.randn(tokens, extra["hidden_size"], generator=torch.Generator().manual_seed(seed + 1)) * 1.5
+    k = run_block(out_dir, block, "gpt_oss", x)
+    print(f"{name}: gpt_oss mxfp4 tokens={tokens} k={k}")
 
 
 def main():
+    """Builds every case, or only those named on the command line (each keeps its seed)."""
     print(f"torch {torch.__version__}, transformers {transformers.__version__}", file=sys.stderr)
+    only = set(sys.argv[1:])
     for seed, case in enumerate(CASES):
-        build(*case, seed=100 + seed)
+        if not only or case[0] in only:
+            build(*case, seed=100 + seed)
+    for seed, case in enumerate(MXFP4_CASES):
+        if not only or case[0] in only:
+            build_mxfp4(*case, seed=200 + seed)
     (ROOT / "VERSIONS.json").write_text(
         json.dumps({"torch": torch.__version__, "transformers": transformers.__version__}, indent=1) + "\n"
     )
