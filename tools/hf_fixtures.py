@@ -15,9 +15,11 @@ writes what it computed:
                                                    topk_weights [tokens, k] f32
 
 A bf16 or f16 case runs the block on the saved (rounded) weights widened to float32, which is
-what moeflow sees. The MXFP4 gpt-oss case writes the experts as gpt-oss ships them
-(`*_blocks`, `*_scales`) and runs the block transformers builds when it reads them back
-(`Mxfp4Config(dequantize=True)`). Expert ids are listed in moeflow's slot order (descending selection value,
+what moeflow sees. The quantised cases write the experts as the published checkpoints hold
+them (gpt-oss's MXFP4 `*_blocks` / `*_scales`; Qwen3-FP8's e4m3 `weight` with
+`weight_scale_inv` tiles) and run the block transformers builds when it reads them back
+(`Mxfp4Config(dequantize=True)`, `FineGrainedFP8Config(dequantize=True)`; the FP8 one needs
+`accelerate`). Expert ids are listed in moeflow's slot order (descending selection value,
 lower index first on ties): transformers' own order is not specified (`sorted=False` in the
 DeepSeek routers), the set is.
 
@@ -102,12 +104,19 @@ CASES = [
      dict(intermediate_size=F, num_local_experts=E, num_experts_per_tok=2, head_dim=20), torch.bfloat16, 301),
 ]
 
-# gpt-oss as it ships: experts in MXFP4 (`*_blocks`, `*_scales`), read back by transformers'
-# own MXFP4 integration (dequantised on the CPU). K runs along blocks of 32: H and F multiples
-# of 32.
-MXFP4_CASES = [
-    ("gpt_oss_mxfp4_t37", dict(hidden_size=64, intermediate_size=32, num_local_experts=E,
-                                num_experts_per_tok=4, head_dim=32), 37),
+# Checkpoints as they ship quantised, read back by transformers' own integration (dequantised
+# on the CPU): (case, config class, model class, family config, format, tokens).
+# - gpt-oss with MXFP4 experts (`*_blocks`, `*_scales`); K runs along blocks of 32, so H and F
+#   are multiples of 32.
+# - Qwen3-MoE with FP8 e4m3 experts and 128 x 128 `weight_scale_inv` tiles (Qwen3-FP8's
+#   layout); H = 256 is two tiles wide (transformers wants whole tiles or one per side).
+QUANTISED_CASES = [
+    ("gpt_oss_mxfp4_t37", "GptOssConfig", "GptOssForCausalLM",
+     dict(hidden_size=64, intermediate_size=32, num_local_experts=E, num_experts_per_tok=4, head_dim=32),
+     "mxfp4", 37),
+    ("qwen3_moe_fp8_t37", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+     dict(hidden_size=256, intermediate_size=F, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=4,
+          norm_topk_prob=True, head_dim=32), "fp8", 37),
 ]
 
 FP4_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
@@ -201,13 +210,56 @@ def mxfp4_pack(w):
     return packed.contiguous(), (e + 127).to(torch.uint8).contiguous()
 
 
-def build_mxfp4(name, extra, tokens, seed):
-    """A gpt-oss model whose experts are written in MXFP4 as the published checkpoints hold
-    them, loaded back by transformers (`Mxfp4Config(dequantize=True)`), its block run in float32."""
+def fp8_pack(w, tile=128):
+    """`w` [n, k] as FP8 e4m3 with one f32 `scale_inv` per `tile` x `tile` block (`amax / 448`,
+    1 for an all-zero block): (weight, scale_inv [ceil(n / tile), ceil(k / tile)])."""
+    n, k = w.shape
+    scales = torch.ones((n + tile - 1) // tile, (k + tile - 1) // tile)
+    for i in range(scales.shape[0]):
+        for j in range(scales.shape[1]):
+            amax = w[i * tile:(i + 1) * tile, j * tile:(j + 1) * tile].abs().max()
+            if amax > 0:
+                scales[i, j] = amax / 448.0
+    full = scales.repeat_interleave(tile, 0)[:n].repeat_interleave(tile, 1)[:, :k]
+    return (w.float() / full).to(torch.float8_e4m3fn).contiguous(), scales.float().contiguous()
+
+
+def quantise_mxfp4(tensors, model, config):
+    """gpt-oss's fused experts as MXFP4 blocks and scales, in place; the quantization_config."""
+    experts = moe_block(model).experts
+    for layer in range(config.num_hidden_layers):
+        p = f"model.layers.{layer}.mlp.experts."
+        # In x out as the module holds them; the checkpoint holds out x in.
+        for proj, param in [("gate_up_proj", experts.gate_up_proj), ("down_proj", experts.down_proj)]:
+            tensors.pop(p + proj)
+            tensors[p + proj + "_blocks"], tensors[p + proj + "_scales"] = mxfp4_pack(
+                param.detach().transpose(1, 2))
+    quant = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    return quant, transformers.Mxfp4Config(dequantize=True)
+
+
+def quantise_fp8(tensors, model, config):
+    """Every routed expert's projections as FP8 with their scales, in place (the rest as
+    saved); the quantization_config."""
+    for key in [k for k in tensors if ".mlp.experts." in k and k.endswith("_proj.weight")]:
+        tensors[key], tensors[key.replace(".weight", ".weight_scale_inv")] = fp8_pack(tensors[key])
+    keep = [f"model.layers.{i}.{m}" for i in range(config.num_hidden_layers)
+            for m in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate"]]
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128], "modules_to_not_convert": keep + ["lm_head"]}
+    return quant, transformers.FineGrainedFP8Config(dequantize=True)
+
+
+QUANTISERS = {"mxfp4": quantise_mxfp4, "fp8": quantise_fp8}
+
+
+def build_quantised(name, config_cls, model_cls, extra, fmt, tokens, seed):
+    """A model whose experts are written quantised as the published checkpoints hold them,
+    loaded back by transformers (dequantised), its block run in float32."""
     torch.manual_seed(seed)
-    common = dict(COMMON, hidden_size=extra["hidden_size"])
-    config = transformers.GptOssConfig(**{**common, **extra})
-    model = transformers.GptOssForCausalLM(config).float().eval()
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra})
+    model = getattr(transformers, model_cls)(config).float().eval()
     with torch.no_grad():
         for p in moe_block(model).parameters():
             p.normal_(0.0, 0.3)
@@ -221,30 +273,20 @@ def build_mxfp4(name, extra, tokens, seed):
         with safe_open(Path(tmp) / "model.safetensors", "pt") as f:
             for key in f.keys():
                 tensors[key] = f.get_tensor(key)
-        experts = moe_block(model).experts
-        for layer in range(config.num_hidden_layers):
-            p = f"model.layers.{layer}.mlp.experts."
-            # In x out as the module holds them; the checkpoint holds out x in.
-            for proj, param in [("gate_up_proj", experts.gate_up_proj), ("down_proj", experts.down_proj)]:
-                tensors.pop(p + proj)
-                blocks, scales = mxfp4_pack(param.detach().transpose(1, 2))
-                tensors[p + proj + "_blocks"] = blocks
-                tensors[p + proj + "_scales"] = scales
+        quant, load_config = QUANTISERS[fmt](tensors, model, config)
         save_file(tensors, Path(tmp) / "model.safetensors", metadata={"format": "pt"})
         cfg = json.loads((Path(tmp) / "config.json").read_text())
-        cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+        cfg["quantization_config"] = quant
         (Path(tmp) / "config.json").write_text(json.dumps(cfg, indent=2))
         shutil.copy(Path(tmp) / "config.json", out_dir / "config.json")
         kept = {k: v for k, v in tensors.items() if k.startswith("model.layers.0.mlp.")}
         save_file(kept, out_dir / "weights.safetensors")
-        reloaded = transformers.GptOssForCausalLM.from_pretrained(
-            tmp, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32
-        ).float().eval()
+        reloaded = getattr(transformers, model_cls).from_pretrained(
+            tmp, quantization_config=load_config, dtype=torch.float32).float().eval()
     block = moe_block(reloaded)
     x = torch.randn(tokens, extra["hidden_size"], generator=torch.Generator().manual_seed(seed + 1)) * 1.5
-    k = run_block(out_dir, block, "gpt_oss", x)
-    print(f"{name}: gpt_oss mxfp4 tokens={tokens} k={k}")
+    k = run_block(out_dir, block, config.model_type, x)
+    print(f"{name}: {config.model_type} {fmt} tokens={tokens} k={k}")
 
 
 def main():
@@ -254,9 +296,9 @@ def main():
     for seed, case in enumerate(CASES):
         if not only or case[0] in only:
             build(*case, seed=100 + seed)
-    for seed, case in enumerate(MXFP4_CASES):
+    for seed, case in enumerate(QUANTISED_CASES):
         if not only or case[0] in only:
-            build_mxfp4(*case, seed=200 + seed)
+            build_quantised(*case, seed=200 + seed)
     (ROOT / "VERSIONS.json").write_text(
         json.dumps({"torch": torch.__version__, "transformers": transformers.__version__}, indent=1) + "\n"
     )

@@ -382,9 +382,14 @@ pub struct LoadOptions {
 /// One MoE layer read from a file.
 #[derive(Clone, Debug)]
 pub struct LoadedLayer {
-    /// Shapes, routing and dtypes.
+    /// Shapes, routing and dtypes; `weight_dtype` is the checkpoint's (or the one asked for).
     pub config: MoeConfig,
-    /// Host weights (f32).
+    /// Host weights (f32): quantised experts as their exact decoded values. To run exactly
+    /// these values, give [`MoeLayer::new`] or the CPU reference `MoeConfig { weight_dtype:
+    /// F32, .. }`: with a quantised `weight_dtype` they quantise them again by moeflow's own
+    /// rules, which is not guaranteed to give the checkpoint's values back (FP8 tiles share one
+    /// scale per 128 × 128 tile, where moeflow's FP8 quantiser takes one per row and 128
+    /// values). [`upload_checkpoint_layer`] uploads the stored blocks themselves.
     pub weights: MoeWeights,
     /// The routing as the family runs it.
     pub routing: Routing,
