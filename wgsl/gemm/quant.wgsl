@@ -128,11 +128,26 @@ fn quant_group4(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
         word_index = block * 4u + j / 8u;
         shift = 4u * (j % 8u);
     }
-    let word = weight_word(buf_is_up, at + 1u + word_index);
+    return quant_vec4(weight_word(buf_is_up, at + 1u + word_index), shift, head, block, k, kdim);
+}
+
+// Values k .. k + 3 of a row from their code word (with the nibble `shift` of Q4_0 and MXFP4)
+// and their group's header, 0.0 at k + j >= kdim.
+fn quant_vec4(word: u32, shift: u32, head: u32, block: u32, k: u32, kdim: u32) -> vec4<f32> {
     return vec4<f32>(
         quant_lane(word, 0u, shift, head, block),
         select(0.0, quant_lane(word, 1u, shift, head, block), k + 1u < kdim),
         select(0.0, quant_lane(word, 2u, shift, head, block), k + 2u < kdim),
         select(0.0, quant_lane(word, 3u, shift, head, block), k + 3u < kdim),
+    );
+}
+
+// Words i .. i + 3 of the weights.
+fn quant_words4(buf_is_up: bool, i: u32) -> vec4<u32> {
+    return vec4<u32>(
+        weight_word(buf_is_up, i),
+        weight_word(buf_is_up, i + 1u),
+        weight_word(buf_is_up, i + 2u),
+        weight_word(buf_is_up, i + 3u),
     );
 }

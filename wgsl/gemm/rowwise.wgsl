@@ -1,7 +1,9 @@
 // Row-wise expert projection: one invocation per (row, column of the bound chunk) output, dot
 // products read straight from memory (x through x_base / x_vec: rowwise_x.wgsl reads storage,
 // rowwise_x_window.wgsl a uniform window; the weights through weight_at / weight_vec:
-// rowwise_w_packed.wgsl reads the weight buffers, rowwise_w_texture.wgsl their texture copies). A dispatch computes rows win_row0 ..
+// rowwise_w_packed.wgsl reads the weight buffers, rowwise_w_texture.wgsl their texture copies;
+// the loop is row_dots: rowwise_dots.wgsl, or rowwise_dots_quant.wgsl, which reads quantised
+// weights block by block). A dispatch computes rows win_row0 ..
 // win_row0 + win_rows. Used for decode (few tokens: rows are entries, no dispatch needed)
 // and for the overflow pass of the bucketed path. The expert of a row is indices[entry]
 // (or params.fixed_expert without FLAG_EXPERT_FROM_INDICES). Same accumulation order as
@@ -33,17 +35,28 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     if !in_chunk(expert) {
         return;
     }
+    let dots = row_dots(x_base(row, entry), weight_at(expert, col));
+    store(row, entry, col, epilogue(expert, col, order_value(dots.gate), order_value(dots.up)));
+}
+
+// A row's accumulators (order.wgsl): the projection's, and the up projection's under SWIGLU.
+struct RowDots {
+    gate: vec4<f32>,
+    up: vec4<f32>,
+}
+
+// The row's dot products, one group of four K values at a time in K order (order_step), x
+// through x_vec and the weights through weight_vec. row_dots (rowwise_dots.wgsl, or
+// rowwise_dots_quant.wgsl for the packed weights) runs this or an equivalent loop.
+fn row_dots_by_group(xr: u32, wr: WeightAt) -> RowDots {
     let kdim = params.kdim;
-    let xr = x_base(row, entry);
-    let wr = weight_at(expert, col);
-    var acc = vec4<f32>(0.0);
-    var acc_up = vec4<f32>(0.0);
+    var dots = RowDots(vec4<f32>(0.0), vec4<f32>(0.0));
     for (var k = 0u; k < kdim; k += 4u) {
         let xv = x_vec(xr, k);
-        acc = order_step(acc, xv, weight_vec(false, wr, k));
+        dots.gate = order_step(dots.gate, xv, weight_vec(false, wr, k));
         if SWIGLU {
-            acc_up = order_step(acc_up, xv, weight_vec(true, wr, k));
+            dots.up = order_step(dots.up, xv, weight_vec(true, wr, k));
         }
     }
-    store(row, entry, col, epilogue(expert, col, order_value(acc), order_value(acc_up)));
+    return dots;
 }

@@ -56,6 +56,7 @@ macro_rules! rowwise_shader {
             "gemm/half.wgsl",
             "gemm/quant.wgsl",
             "gemm/rowwise_w_packed.wgsl",
+            "gemm/rowwise_dots_quant.wgsl",
             "gemm/epilogue.wgsl"
         )
     };
@@ -68,6 +69,7 @@ macro_rules! rowwise_shader {
             "gemm/order.wgsl",
             "gemm/weights_f16.wgsl",
             "gemm/rowwise_w_packed.wgsl",
+            "gemm/rowwise_dots.wgsl",
             "gemm/epilogue.wgsl"
         )
     };
@@ -80,6 +82,7 @@ macro_rules! rowwise_shader {
             "gemm/half.wgsl",
             "gemm/weights_texture.wgsl",
             "gemm/rowwise_w_texture.wgsl",
+            "gemm/rowwise_dots.wgsl",
             "gemm/epilogue.wgsl"
         )
     };
