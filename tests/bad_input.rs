@@ -302,7 +302,7 @@ fn inconsistent_weights_are_errors() {
         expect_err(
             &format!("{dtype:?} expert"),
             load(&ts, None, flags.clone()),
-            &["block_sparse_moe.experts.0.w3.weight", "f32, f16 and bf16"],
+            &["block_sparse_moe.experts.0.w3.weight", "f32, f16, bf16 and FP8 e4m3"],
         );
     }
     let two_layers: Vec<T> = mixtral()
