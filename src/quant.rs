@@ -115,13 +115,8 @@ fn whole_blocks(what: &str, len: usize) -> Result<()> {
     Ok(())
 }
 
-/// MXFP4 blocks as values: `codes` holds [`MXFP4_BLOCK_BYTES`] bytes per block, `scales` one
-/// E8M0 byte per block; value `32b + 2j` is block `b`'s byte `j` low nibble, `32b + 2j + 1`
-/// its high nibble, each `FP4_E2M1[code] × e8m0(scale)`.
-///
-/// # Errors
-/// [`Error::Shape`] when `codes` is not 16 bytes per scale.
-pub fn mxfp4_dequantize(codes: &[u8], scales: &[u8]) -> Result<Vec<f32>> {
+/// Checks that `codes` holds [`MXFP4_BLOCK_BYTES`] bytes per scale.
+fn mxfp4_blocks(codes: &[u8], scales: &[u8]) -> Result<()> {
     if codes.len() != scales.len() * MXFP4_BLOCK_BYTES {
         return Err(Error::shape(
             "MXFP4 blocks",
@@ -129,6 +124,17 @@ pub fn mxfp4_dequantize(codes: &[u8], scales: &[u8]) -> Result<Vec<f32>> {
             format!("{} bytes", codes.len()),
         ));
     }
+    Ok(())
+}
+
+/// MXFP4 blocks as values: `codes` holds [`MXFP4_BLOCK_BYTES`] bytes per block, `scales` one
+/// E8M0 byte per block; value `32b + 2j` is block `b`'s byte `j` low nibble, `32b + 2j + 1`
+/// its high nibble, each `FP4_E2M1[code] × e8m0(scale)`.
+///
+/// # Errors
+/// [`Error::Shape`] when `codes` is not 16 bytes per scale.
+pub fn mxfp4_dequantize(codes: &[u8], scales: &[u8]) -> Result<Vec<f32>> {
+    mxfp4_blocks(codes, scales)?;
     let mut out = Vec::with_capacity(codes.len() * 2);
     for (block, &scale) in codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(scales) {
         let s = e8m0(scale);
@@ -179,13 +185,7 @@ pub fn mxfp4_from_ggml(blocks: &[u8]) -> Result<(Vec<u8>, Vec<u8>)> {
 /// # Errors
 /// [`Error::Shape`] when `codes` is not 16 bytes per scale.
 pub fn mxfp4_to_ggml(codes: &[u8], scales: &[u8]) -> Result<Vec<u8>> {
-    if codes.len() != scales.len() * MXFP4_BLOCK_BYTES {
-        return Err(Error::shape(
-            "MXFP4 blocks",
-            format!("{MXFP4_BLOCK_BYTES} code bytes per scale ({} scales)", scales.len()),
-            format!("{} bytes", codes.len()),
-        ));
-    }
+    mxfp4_blocks(codes, scales)?;
     let mut out = Vec::with_capacity(scales.len() * GGML_MXFP4_BLOCK_BYTES);
     for (block, &scale) in codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(scales) {
         let code = |v: usize| {

@@ -100,6 +100,22 @@ fn example_matches_reference(
     }
 }
 
+/// `base` routed as DeepSeek-V3 (sigmoid scores, a selection bias, 4 groups of which 2 are
+/// kept, renormalised, × 2.5) with one shared expert of `base.ffn`.
+fn deepseek_v3(base: MoeConfig) -> MoeConfig {
+    MoeConfig {
+        route: RouteConfig {
+            gating: Gating::Sigmoid,
+            bias: true,
+            scale: 2.5,
+            groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
+            ..base.route
+        },
+        shared_ffn: Some(base.ffn),
+        ..base
+    }
+}
+
 /// A tensor to write: name, shape, values.
 type NamedTensor = (String, Vec<usize>, Vec<f32>);
 
@@ -1074,17 +1090,7 @@ fn example_runs_gguf_layers_as_stored() {
                 shared_gate: true,
                 ..base
             },
-            _ => MoeConfig {
-                route: RouteConfig {
-                    gating: Gating::Sigmoid,
-                    bias: true,
-                    scale: 2.5,
-                    groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
-                    ..base.route
-                },
-                shared_ffn: Some(f as u32),
-                ..base
-            },
+            _ => deepseek_v3(base),
         };
         let mut w = Synth::new(41).moe_weights(&cfg);
         // The blocks as stored; the weights become their decoded values.
@@ -1176,18 +1182,7 @@ fn fp8_deepseek_file(
 ) -> (Vec<u8>, MoeConfig, MoeWeights, serde_json::Value) {
     use moeflow::quant::{fp8_block_dequantize, fp8_block_quantize};
     let (h, f, e) = (160usize, 136usize, 8u32);
-    let base = MoeConfig::new(h as u32, f as u32, e, 3);
-    let cfg = MoeConfig {
-        route: RouteConfig {
-            gating: Gating::Sigmoid,
-            bias: true,
-            scale: 2.5,
-            groups: Some(GroupLimit { n_group: 4, topk_group: 2 }),
-            ..base.route
-        },
-        shared_ffn: Some(f as u32),
-        ..base
-    };
+    let cfg = deepseek_v3(MoeConfig::new(h as u32, f as u32, e, 3));
     let mut w = Synth::new(43).moe_weights(&cfg);
     let tiles = |n: usize, k: usize| vec![n.div_ceil(128), k.div_ceil(128)];
     let mut out: Vec<(String, Vec<usize>, Vec<u8>, Dtype)> = Vec::new();

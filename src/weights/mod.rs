@@ -170,7 +170,7 @@ impl File<'_> {
         }
         match (t.dtype(), shape) {
             (Dtype::F8_E4M3, &[n, k]) => {
-                self.fp8_scales(rest, [n, k])?;
+                self.fp8_tile(rest, [n, k])?;
             }
             (d, _) => {
                 stored_dtype(&name, d)?;
@@ -226,6 +226,13 @@ impl File<'_> {
     /// for a single scale (shape `[]`, `[1]` or `[1, 1]`). Values are `e4m3(byte) ×
     /// scale_inv` (DeepSeek-V3's `weight_dequant`).
     fn fp8_scales(&self, rest: &str, [n, k]: [usize; 2]) -> Result<(Vec<f32>, [usize; 2])> {
+        let (scale_name, t, block) = self.fp8_tile(rest, [n, k])?;
+        Ok((to_f32(&scale_name, &t)?, block))
+    }
+
+    /// [`File::fp8_scales`]' checks on the headers alone: the scale tensor's name, view and
+    /// tile, its shape and dtype checked, its values not read.
+    fn fp8_tile(&self, rest: &str, [n, k]: [usize; 2]) -> Result<(String, TensorView<'_>, [usize; 2])> {
         let name = self.name(rest);
         let scale_rest = match rest.strip_suffix("weight") {
             Some(stem) => format!("{stem}weight_scale_inv"),
@@ -263,8 +270,13 @@ impl File<'_> {
                 )));
             }
         };
-        let scale_inv = to_f32(&scale_name, &t)?;
-        Ok((scale_inv, block))
+        if !matches!(t.dtype(), Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+            return Err(Error::invalid(format!(
+                "tensor `{scale_name}` is {:?}; FP8 scales are f32, f16 or bf16",
+                t.dtype()
+            )));
+        }
+        Ok((scale_name, t, block))
     }
 }
 
