@@ -85,7 +85,7 @@ fn weight_row_index(expert: u32, col: u32) -> u32 {
 
 // The inner loops' choices stay pipeline constants.
 // 0: f32 (one per word); 1: f16 (two per word, low half first); 2: bf16 (two per word);
-// 3..6: Q8_0, Q4_0, MXFP4, FP8 in groups of a header and code words (quant.wgsl).
+// 3..6: Q8_0, Q4_0, MXFP4, FP8 in rows of group headers and code words (quant.wgsl).
 override DTYPE: u32 = 0u;
 // silu(x . w) * (x . w_up) instead of x . w.
 override SWIGLU: bool = false;

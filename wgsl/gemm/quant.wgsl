@@ -1,17 +1,20 @@
 // Quantised expert weights (DTYPE 3..6), unpacked with integer operations and at most one f32
 // product per value, so every adapter sees exactly the values of moeflow::quant's CPU
-// decoders. Composed after weights_packed.wgsl (weight_word) and half.wgsl (f16_bits_to_f32).
+// decoders. Composed after a weights module (weights_packed.wgsl or weights_quant.wgsl:
+// weight_word) and half.wgsl (f16_bits_to_f32).
 //
-// A weight row (one output column of one expert, K values) is ceil(K / G) groups of G values,
-// each a header word followed by the group's code words (docs/quant.md); values past K are
-// zero codes under a zero-scale header.
+// A weight row (one output column of one expert, K values) holds groups = ceil(K / G) groups
+// of G values (docs/quant.md): first the groups' header words, zero words up to a multiple of
+// four (quant_codes_at), then the groups' code words, block b (values 32b .. 32b + 31) at code
+// word b * B. Rows are whole vec4s of words. Values past K are zero codes; blocks wholly past K
+// have a zero scale.
 //
-// | DTYPE | format | G   | header                          | codes                          |
-// |-------|--------|-----|---------------------------------|--------------------------------|
-// | 3     | Q8_0   | 64  | two f16 d (block 0 low half)    | 16 words, one i8 per byte      |
-// | 4     | Q4_0   | 64  | two f16 d (block 0 low half)    | 8 words, ggml's nibble order   |
-// | 5     | MXFP4  | 128 | four E8M0 bytes (block 0 low)   | 16 words, gpt-oss nibble order |
-// | 6     | FP8    | 128 | f32 scale_inv of the group      | 32 words, one e4m3 per byte    |
+// | DTYPE | format | G   | header                          | codes per group                | B |
+// |-------|--------|-----|---------------------------------|--------------------------------|---|
+// | 3     | Q8_0   | 64  | two f16 d (block 0 low half)    | 16 words, one i8 per byte      | 8 |
+// | 4     | Q4_0   | 64  | two f16 d (block 0 low half)    | 8 words, ggml's nibble order   | 4 |
+// | 5     | MXFP4  | 128 | four E8M0 bytes (block 0 low)   | 16 words, gpt-oss nibble order | 4 |
+// | 6     | FP8    | 128 | f32 scale_inv of the group      | 32 words, one e4m3 per byte    | 8 |
 
 const DTYPE_Q8_0: u32 = 3u;
 const DTYPE_Q4_0: u32 = 4u;
@@ -26,28 +29,25 @@ fn quant_group_values() -> u32 {
     return 128u;
 }
 
-// Words per group: the header and the codes.
-fn quant_group_words() -> u32 {
-    switch DTYPE {
-        case 3u: {
-            return 17u;
-        }
-        case 4u: {
-            return 9u;
-        }
-        case 5u: {
-            return 17u;
-        }
-        default: {
-            return 33u;
-        }
+// Code words per block of 32 values (B).
+fn quant_block_words() -> u32 {
+    if DTYPE == DTYPE_Q4_0 || DTYPE == DTYPE_MXFP4 {
+        return 4u;
     }
+    return 8u;
+}
+
+// The first code word of a row of `kdim` values, from the row's first word: past the headers
+// and their padding to a multiple of four.
+fn quant_codes_at(kdim: u32) -> u32 {
+    let g = quant_group_values();
+    return ((kdim + g - 1u) / g + 3u) / 4u * 4u;
 }
 
 // Words of a weight row of `kdim` values.
 fn quant_row_words(kdim: u32) -> u32 {
     let g = quant_group_values();
-    return (kdim + g - 1u) / g * quant_group_words();
+    return quant_codes_at(kdim) + (kdim + g - 1u) / g * (g / 32u) * quant_block_words();
 }
 
 // An FP4 e2m1 code (bits 0..3) times 2^(scale - 127), built bit by bit: exact, subnormal
@@ -85,25 +85,41 @@ fn fp8_value(byte: u32) -> f32 {
     return bitcast<f32>(select(bits, sign | 0x7fc00000u, (byte & 0x7fu) == 0x7fu));
 }
 
-// Value i (0 .. 3) of four values given as bytes of `word`, by format: Q8_0 and FP8 take byte
-// i; Q4_0 takes byte i's nibble at `shift`; MXFP4 takes nibble i of the half word at `shift`.
-fn quant_lane(word: u32, i: u32, shift: u32, head: u32, block: u32) -> f32 {
+// The scale of block `block` (0 .. G / 32 - 1) of a group from the group's header word, as
+// quant_lane takes it: f32 bits of d (Q8_0, Q4_0; f16 in the header) or of scale_inv (FP8),
+// the E8M0 byte (MXFP4).
+fn quant_scale(head: u32, block: u32) -> u32 {
     switch DTYPE {
-        case 3u: {
-            let d = f16_bits_to_f32((head >> (16u * block)) & 0xffffu);
-            let q = bitcast<i32>(((word >> (8u * i)) & 0xffu) << 24u) >> 24u;
-            return f32(q) * d;
-        }
-        case 4u: {
-            let d = f16_bits_to_f32((head >> (16u * block)) & 0xffffu);
-            let q = i32((word >> (8u * i + shift)) & 0xfu) - 8;
-            return f32(q) * d;
+        case 3u, 4u: {
+            return bitcast<u32>(f16_bits_to_f32((head >> (16u * block)) & 0xffffu));
         }
         case 5u: {
-            return mxfp4_value((word >> (shift + 4u * i)) & 0xfu, (head >> (8u * block)) & 0xffu);
+            return (head >> (8u * block)) & 0xffu;
         }
         default: {
-            return fp8_value((word >> (8u * i)) & 0xffu) * bitcast<f32>(head);
+            return head;
+        }
+    }
+}
+
+// Value i (0 .. 3) of four values given as bytes of `word`, by format, under its block's
+// `scale` (quant_scale): Q8_0 and FP8 take byte i; Q4_0 takes byte i's nibble at `shift`;
+// MXFP4 takes nibble i of the half word at `shift`.
+fn quant_lane(word: u32, i: u32, shift: u32, scale: u32) -> f32 {
+    switch DTYPE {
+        case 3u: {
+            let q = bitcast<i32>(((word >> (8u * i)) & 0xffu) << 24u) >> 24u;
+            return f32(q) * bitcast<f32>(scale);
+        }
+        case 4u: {
+            let q = i32((word >> (8u * i + shift)) & 0xfu) - 8;
+            return f32(q) * bitcast<f32>(scale);
+        }
+        case 5u: {
+            return mxfp4_value((word >> (shift + 4u * i)) & 0xfu, scale);
+        }
+        default: {
+            return fp8_value((word >> (8u * i)) & 0xffu) * bitcast<f32>(scale);
         }
     }
 }
@@ -112,42 +128,35 @@ fn quant_lane(word: u32, i: u32, shift: u32, head: u32, block: u32) -> f32 {
 // 0.0 at k + j >= kdim: the group's header and one code word.
 fn quant_group4(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
     let g = quant_group_values();
-    let at = base + k / g * quant_group_words();
-    let i = k % g;
-    let block = i / 32u;
-    let j = i % 32u;
-    let head = weight_word(buf_is_up, at);
-    var word_index = i / 4u;
+    let scale = quant_scale(weight_word(buf_is_up, base + k / g), (k % g) / 32u);
+    let j = k % 32u;
+    var word_index = j / 4u;
     var shift = 0u;
     if DTYPE == DTYPE_Q4_0 {
         // Byte j of a block holds value j (low nibble) and j + 16 (high nibble).
-        word_index = block * 4u + (j % 16u) / 4u;
+        word_index = (j % 16u) / 4u;
         shift = select(0u, 4u, j >= 16u);
     } else if DTYPE == DTYPE_MXFP4 {
         // Byte b of a block holds values 2b (low nibble) and 2b + 1 (high nibble).
-        word_index = block * 4u + j / 8u;
+        word_index = j / 8u;
         shift = 4u * (j % 8u);
     }
-    return quant_vec4(weight_word(buf_is_up, at + 1u + word_index), shift, head, block, k, kdim);
+    let at = base + quant_codes_at(kdim) + k / 32u * quant_block_words() + word_index;
+    return quant_vec4(weight_word(buf_is_up, at), shift, scale, k, kdim);
 }
 
-// Values k .. k + 3 of a row from their code word (with the nibble `shift` of Q4_0 and MXFP4)
-// and their group's header, 0.0 at k + j >= kdim.
-fn quant_vec4(word: u32, shift: u32, head: u32, block: u32, k: u32, kdim: u32) -> vec4<f32> {
+// The four values of a code word (with the nibble `shift` of Q4_0 and MXFP4) under `scale`.
+fn quant_full4(word: u32, shift: u32, scale: u32) -> vec4<f32> {
     return vec4<f32>(
-        quant_lane(word, 0u, shift, head, block),
-        select(0.0, quant_lane(word, 1u, shift, head, block), k + 1u < kdim),
-        select(0.0, quant_lane(word, 2u, shift, head, block), k + 2u < kdim),
-        select(0.0, quant_lane(word, 3u, shift, head, block), k + 3u < kdim),
+        quant_lane(word, 0u, shift, scale),
+        quant_lane(word, 1u, shift, scale),
+        quant_lane(word, 2u, shift, scale),
+        quant_lane(word, 3u, shift, scale),
     );
 }
 
-// Words i .. i + 3 of the weights.
-fn quant_words4(buf_is_up: bool, i: u32) -> vec4<u32> {
-    return vec4<u32>(
-        weight_word(buf_is_up, i),
-        weight_word(buf_is_up, i + 1u),
-        weight_word(buf_is_up, i + 2u),
-        weight_word(buf_is_up, i + 3u),
-    );
+// quant_full4 for values k .. k + 3 of a row, 0.0 at k + j >= kdim.
+fn quant_vec4(word: u32, shift: u32, scale: u32, k: u32, kdim: u32) -> vec4<f32> {
+    let live = vec4<bool>(true, k + 1u < kdim, k + 2u < kdim, k + 3u < kdim);
+    return select(vec4<f32>(0.0), quant_full4(word, shift, scale), live);
 }

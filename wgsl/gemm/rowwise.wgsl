@@ -47,7 +47,7 @@ struct RowDots {
 
 // The row's dot products, one group of four K values at a time in K order (order_step), x
 // through x_vec and the weights through weight_vec. row_dots (rowwise_dots.wgsl, or
-// rowwise_dots_quant.wgsl for the packed weights) runs this or an equivalent loop.
+// rowwise_dots_quant.wgsl for quantised weights) runs this or an equivalent loop.
 fn row_dots_by_group(xr: u32, wr: WeightAt) -> RowDots {
     let kdim = params.kdim;
     var dots = RowDots(vec4<f32>(0.0), vec4<f32>(0.0));

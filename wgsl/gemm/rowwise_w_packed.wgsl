@@ -1,6 +1,7 @@
-// Weights for the row-wise kernel, read from the weight buffers (weights_packed.wgsl or
-// weights_f16.wgsl): a row is found by weight_row, and each group of four is read by
-// weight4_tail (element by element, or a quantised group's header and code word), 0.0 past K.
+// Weights for the row-wise kernel, read from the weight buffers (weights_packed.wgsl,
+// weights_f16.wgsl or weights_quant.wgsl): a row is found by weight_row, and each group of four
+// is read by weight4_tail (element by element, or a quantised block's header and code word),
+// 0.0 past K.
 alias WeightAt = u32;
 
 fn weight_at(expert: u32, col: u32) -> WeightAt {

@@ -36,8 +36,8 @@ pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
 /// automatically (see [`uses_decode_path`]).
 pub const DECODE_MAX_TOKENS: u32 = 8;
 
-/// The row-wise kernel's module: x from storage or from uniform windows; packed or native f16
-/// weights from their buffers, or their texture copies.
+/// The row-wise kernel's module: x from storage or from uniform windows; packed float, native
+/// f16 or quantised weights from their buffers, or their texture copies.
 macro_rules! rowwise_shader {
     ($name:literal, $x:literal, $($weights:literal),+) => {
         ShaderSource {
@@ -53,6 +53,20 @@ macro_rules! rowwise_shader {
             "gemm/common.wgsl",
             "gemm/order.wgsl",
             "gemm/weights_packed.wgsl",
+            "gemm/half.wgsl",
+            "gemm/quant.wgsl",
+            "gemm/rowwise_w_packed.wgsl",
+            "gemm/rowwise_dots.wgsl",
+            "gemm/epilogue.wgsl"
+        )
+    };
+    ($name:literal, $x:literal, quant) => {
+        rowwise_shader!(
+            $name,
+            $x,
+            "gemm/common.wgsl",
+            "gemm/order.wgsl",
+            "gemm/weights_quant.wgsl",
             "gemm/half.wgsl",
             "gemm/quant.wgsl",
             "gemm/rowwise_w_packed.wgsl",
@@ -89,12 +103,15 @@ macro_rules! rowwise_shader {
 }
 static ROWWISE_SHADER: ShaderSource = rowwise_shader!("rowwise", "gemm/rowwise_x.wgsl", packed);
 static ROWWISE_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_f16", "gemm/rowwise_x.wgsl", f16);
+static ROWWISE_QUANT_SHADER: ShaderSource = rowwise_shader!("rowwise_quant", "gemm/rowwise_x.wgsl", quant);
 static ROWWISE_TEXTURE_SHADER: ShaderSource =
     rowwise_shader!("rowwise_texture", "gemm/rowwise_x.wgsl", texture);
 static ROWWISE_WINDOW_SHADER: ShaderSource =
     rowwise_shader!("rowwise_window", "gemm/rowwise_x_window.wgsl", packed);
 static ROWWISE_WINDOW_F16_SHADER: ShaderSource =
     rowwise_shader!("rowwise_window_f16", "gemm/rowwise_x_window.wgsl", f16);
+static ROWWISE_WINDOW_QUANT_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_window_quant", "gemm/rowwise_x_window.wgsl", quant);
 static ROWWISE_WINDOW_TEXTURE_SHADER: ShaderSource =
     rowwise_shader!("rowwise_window_texture", "gemm/rowwise_x_window.wgsl", texture);
 
@@ -104,8 +121,10 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
     let mut all = vec![
         &ROWWISE_SHADER,
         &ROWWISE_F16_SHADER,
+        &ROWWISE_QUANT_SHADER,
         &ROWWISE_WINDOW_SHADER,
         &ROWWISE_WINDOW_F16_SHADER,
+        &ROWWISE_WINDOW_QUANT_SHADER,
         &ROWWISE_TEXTURE_SHADER,
         &ROWWISE_WINDOW_TEXTURE_SHADER,
         &STAGE_SHADER,
@@ -138,9 +157,11 @@ pub(crate) fn specs_for(
         &texture::PACK,
         &ROWWISE,
         &ROWWISE_F16,
+        &ROWWISE_QUANT,
         &ROWWISE_TEXTURE,
         &ROWWISE_WINDOW,
         &ROWWISE_WINDOW_F16,
+        &ROWWISE_WINDOW_QUANT,
         &ROWWISE_WINDOW_TEXTURE,
     ];
     for &v in variants {
@@ -267,9 +288,11 @@ const fn rowwise(shader: &'static ShaderSource, bindings: &'static [(u32, Access
 }
 static ROWWISE: KernelSpec = rowwise(&ROWWISE_SHADER, ROWWISE_BINDINGS);
 static ROWWISE_F16: KernelSpec = rowwise(&ROWWISE_F16_SHADER, ROWWISE_BINDINGS);
+static ROWWISE_QUANT: KernelSpec = rowwise(&ROWWISE_QUANT_SHADER, ROWWISE_BINDINGS);
 static ROWWISE_TEXTURE: KernelSpec = rowwise(&ROWWISE_TEXTURE_SHADER, ROWWISE_TEXTURE_BINDINGS);
 static ROWWISE_WINDOW: KernelSpec = rowwise(&ROWWISE_WINDOW_SHADER, ROWWISE_WINDOW_BINDINGS);
 static ROWWISE_WINDOW_F16: KernelSpec = rowwise(&ROWWISE_WINDOW_F16_SHADER, ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_WINDOW_QUANT: KernelSpec = rowwise(&ROWWISE_WINDOW_QUANT_SHADER, ROWWISE_WINDOW_BINDINGS);
 static ROWWISE_WINDOW_TEXTURE: KernelSpec =
     rowwise(&ROWWISE_WINDOW_TEXTURE_SHADER, ROWWISE_WINDOW_TEXTURE_BINDINGS);
 
@@ -1359,13 +1382,16 @@ impl Pass<'_> {
         };
         let mut constants = self.constants();
         constants.push(("FAST_ORDER", f64::from(u8::from(self.order == GemmOrder::Fast))));
-        let spec = match (windows.is_some(), textures.is_some(), self.w.native_f16) {
-            (false, true, _) => &ROWWISE_TEXTURE,
-            (true, true, _) => &ROWWISE_WINDOW_TEXTURE,
-            (false, false, false) => &ROWWISE,
-            (false, false, true) => &ROWWISE_F16,
-            (true, false, false) => &ROWWISE_WINDOW,
-            (true, false, true) => &ROWWISE_WINDOW_F16,
+        let quantised = self.w.dtype.is_quantised();
+        let spec = match (windows.is_some(), textures.is_some(), self.w.native_f16, quantised) {
+            (false, true, _, _) => &ROWWISE_TEXTURE,
+            (true, true, _, _) => &ROWWISE_WINDOW_TEXTURE,
+            (false, false, _, true) => &ROWWISE_QUANT,
+            (true, false, _, true) => &ROWWISE_WINDOW_QUANT,
+            (false, false, false, false) => &ROWWISE,
+            (false, false, true, false) => &ROWWISE_F16,
+            (true, false, false, false) => &ROWWISE_WINDOW,
+            (true, false, true, false) => &ROWWISE_WINDOW_F16,
         };
         let kernel = ctx.kernel(spec, &constants)?;
         let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };

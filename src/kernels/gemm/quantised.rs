@@ -1,19 +1,23 @@
-//! Quantised expert weights on the device: the group layout `wgsl/gemm/quant.wgsl` reads, and
+//! Quantised expert weights on the device: the row layout `wgsl/gemm/quant.wgsl` reads, and
 //! the words of weight rows, quantised from f32 with [`crate::quant`]'s quantisers.
 //!
-//! A weight row (one output column of one expert, K values along the input) is
-//! `ceil(K / G)` groups of `G` values, each one header word and the group's code words:
+//! A weight row (one output column of one expert, K values along the input) holds
+//! `groups = ceil(K / G)` groups of `G` values: first the groups' header words in order, zero
+//! words up to a multiple of four, then the groups' code words in order (block `b` of the row,
+//! values `32b .. 32b + 31`, at code word `b * B`). Rows are whole 16-byte units, so the
+//! row-wise kernel reads a block's code words as one or two `vec4<u32>` loads.
 //!
-//! | format | G | header | codes | bits per value |
-//! |---|---|---|---|---|
-//! | Q8_0 | 64 | the two blocks' f16 `d`, block 0 in the low half | 16 words: 64 × i8 | 8.5 (as GGUF) |
-//! | Q4_0 | 64 | the two blocks' f16 `d` | 8 words: two blocks of 16 bytes in ggml's nibble order | 4.5 (as GGUF) |
-//! | MXFP4 | 128 | the four blocks' E8M0 bytes, block 0 in the low byte | 16 words: four blocks of 16 bytes, gpt-oss nibble order | 4.25 (as gpt-oss) |
-//! | FP8 e4m3 | 128 | the group's f32 `scale_inv` | 32 words: 128 bytes | 8.25 |
+//! | format | G | header | codes per group | B | bits per value |
+//! |---|---|---|---|---|---|
+//! | Q8_0 | 64 | the two blocks' f16 `d`, block 0 in the low half | 16 words: 64 × i8 | 8 | 8.5 (as GGUF) |
+//! | Q4_0 | 64 | the two blocks' f16 `d` | 8 words: two blocks of 16 bytes in ggml's nibble order | 4 | 4.5 (as GGUF) |
+//! | MXFP4 | 128 | the four blocks' E8M0 bytes, block 0 in the low byte | 16 words: four blocks of 16 bytes, gpt-oss nibble order | 4 | 4.25 (as gpt-oss) |
+//! | FP8 e4m3 | 128 | the group's f32 `scale_inv` | 32 words: 128 bytes | 8 | 8.25 |
 //!
-//! Bytes are little-endian within words, so a group's code bytes are the checkpoint's bytes in
-//! order. Values past K (the last group of a row whose K is not a multiple of `G`) are zero
-//! codes; blocks wholly past K have a zero header.
+//! (Bits per value as listed where `groups` is a multiple of four; else up to three padding
+//! words more per row.) Bytes are little-endian within words, so a block's code bytes are the
+//! checkpoint's bytes in order. Values past K (the last group of a row whose K is not a
+//! multiple of `G`) are zero codes; blocks wholly past K have a zero scale in their header.
 //!
 //! Rows quantised here use ggml's and the OCP spec's rules per block of 32 along K (padded with
 //! zeros to a whole block), and FP8 one `scale_inv` per group of 128 along K (a `[1, 128]`
@@ -37,9 +41,13 @@ pub(crate) fn group(dtype: WeightDtype) -> Option<(usize, usize)> {
     }
 }
 
-/// u32 words of one weight row of `k` values of a quantised `dtype` (0 for float dtypes).
+/// u32 words of one weight row of `k` values of a quantised `dtype` (0 for float dtypes): the
+/// headers padded to a multiple of four words, then the codes (module docs).
 pub(crate) fn row_words(dtype: WeightDtype, k: u64) -> u64 {
-    group(dtype).map_or(0, |(values, words)| k.div_ceil(values as u64) * words as u64)
+    group(dtype).map_or(0, |(values, words)| {
+        let groups = k.div_ceil(values as u64);
+        groups.next_multiple_of(4) + groups * (words as u64 - 1)
+    })
 }
 
 /// Rows of `k` values (`values.len() / k` of them) quantised to `dtype`: the device words
@@ -60,38 +68,42 @@ pub(crate) fn quantise_rows(dtype: WeightDtype, values: &[f32], k: usize) -> Res
         )));
     }
     let rows = values.len() / k;
-    let mut out = Vec::with_capacity(rows * row_words(dtype, k as u64) as usize);
+    let row_len = row_words(dtype, k as u64) as usize;
+    let mut out = Vec::with_capacity(rows * row_len);
     let mut seen = Vec::with_capacity(values.len());
     let padded = k.next_multiple_of(BLOCK);
     let mut row_buf = vec![0.0f32; padded];
+    let mut words = RowWords::default();
     for row in values.chunks_exact(k) {
         row_buf[..k].copy_from_slice(row);
-        let start = out.len();
         match dtype {
             WeightDtype::Q8_0 => {
                 let blocks = quant::q8_0_quantize(&row_buf)?;
                 seen.extend_from_slice(&quant::q8_0_dequantize(&blocks)?[..k]);
-                encode_ggml(&blocks, quant::Q8_0_BLOCK_BYTES, &mut out);
+                encode_ggml(&blocks, quant::Q8_0_BLOCK_BYTES, &mut words);
             }
             WeightDtype::Q4_0 => {
                 let blocks = quant::q4_0_quantize(&row_buf)?;
                 seen.extend_from_slice(&quant::q4_0_dequantize(&blocks)?[..k]);
-                encode_ggml(&blocks, quant::Q4_0_BLOCK_BYTES, &mut out);
+                encode_ggml(&blocks, quant::Q4_0_BLOCK_BYTES, &mut words);
             }
             WeightDtype::Mxfp4 => {
                 let (codes, scales) = quant::mxfp4_quantize(&row_buf)?;
                 seen.extend_from_slice(&quant::mxfp4_dequantize(&codes, &scales)?[..k]);
-                encode_mxfp4(&codes, &scales, &mut out);
+                encode_mxfp4(&codes, &scales, &mut words);
             }
             WeightDtype::Fp8 => {
                 let (bytes, scales) = quant::fp8_block_quantize(row, [1, k], [1, 128])?;
                 seen.extend(quant::fp8_block_dequantize(&bytes, &scales, [1, k], [1, 128])?);
-                encode_fp8(&bytes, &scales, &mut out);
+                encode_fp8(&bytes, &scales, &mut words);
             }
             WeightDtype::F32 | WeightDtype::F16 | WeightDtype::Bf16 => return Err(not_quantised(dtype)),
         }
         // Every encoder writes whole groups of this format.
-        debug_assert_eq!(out.len() - start, k.div_ceil(group_values) * group_words);
+        debug_assert_eq!(words.heads.len(), k.div_ceil(group_values));
+        debug_assert_eq!(words.codes.len(), k.div_ceil(group_values) * (group_words - 1));
+        words.finish(&mut out);
+        debug_assert_eq!(out.len() % row_len, 0);
     }
     Ok((out, seen))
 }
@@ -100,45 +112,66 @@ fn not_quantised(dtype: WeightDtype) -> Error {
     Error::invalid(format!("{dtype:?} is not a quantised weight format"))
 }
 
-/// Appends `bytes` as little-endian u32 words, zero-padded to `words` words.
-fn push_words(bytes: &[u8], words: usize, out: &mut Vec<u32>) {
-    let mut padded = [0u8; 128];
-    padded[..bytes.len()].copy_from_slice(bytes);
-    out.extend(padded[..words * 4].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+/// One weight row as it is written: its groups' header words and code words, appended to the
+/// device words in the row layout (module docs) by [`RowWords::finish`].
+#[derive(Default)]
+struct RowWords {
+    heads: Vec<u32>,
+    codes: Vec<u32>,
+}
+
+impl RowWords {
+    /// A group: its header word and its code `bytes` as little-endian u32 words, zero-padded
+    /// to `words` words.
+    fn group(&mut self, head: u32, bytes: &[u8], words: usize) {
+        let mut padded = [0u8; 128];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        self.heads.push(head);
+        self.codes.extend(
+            padded[..words * 4].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+    }
+
+    /// Appends the row to `out` (headers, zero words to a multiple of four, codes) and empties
+    /// it for the next.
+    fn finish(&mut self, out: &mut Vec<u32>) {
+        out.extend_from_slice(&self.heads);
+        out.resize(out.len() + self.heads.len().next_multiple_of(4) - self.heads.len(), 0);
+        out.extend_from_slice(&self.codes);
+        self.heads.clear();
+        self.codes.clear();
+    }
 }
 
 /// A row of ggml Q8_0 or Q4_0 blocks (`block_bytes` each: f16 `d`, then codes) as groups of
-/// two blocks: the two `d` in a header word, then both blocks' codes.
-fn encode_ggml(blocks: &[u8], block_bytes: usize, out: &mut Vec<u32>) {
+/// two blocks: the two `d` in a header word, and both blocks' codes.
+fn encode_ggml(blocks: &[u8], block_bytes: usize, out: &mut RowWords) {
     let code_bytes = block_bytes - 2;
     for pair in blocks.chunks(2 * block_bytes) {
         let d = |b: usize| {
             pair.get(b * block_bytes..b * block_bytes + 2).map_or(0, |s| u16::from_le_bytes([s[0], s[1]]))
         };
-        out.push(u32::from(d(0)) | (u32::from(d(1)) << 16));
         let mut codes = Vec::with_capacity(2 * code_bytes);
         for block in pair.chunks(block_bytes) {
             codes.extend_from_slice(&block[2..]);
         }
-        push_words(&codes, 2 * code_bytes / 4, out);
+        out.group(u32::from(d(0)) | (u32::from(d(1)) << 16), &codes, 2 * code_bytes / 4);
     }
 }
 
 /// A row of MXFP4 blocks (16 code bytes and one E8M0 byte each) as groups of four blocks.
-fn encode_mxfp4(codes: &[u8], scales: &[u8], out: &mut Vec<u32>) {
+fn encode_mxfp4(codes: &[u8], scales: &[u8], out: &mut RowWords) {
     for (group_codes, group_scales) in codes.chunks(4 * quant::MXFP4_BLOCK_BYTES).zip(scales.chunks(4)) {
         let mut head = [0u8; 4];
         head[..group_scales.len()].copy_from_slice(group_scales);
-        out.push(u32::from_le_bytes(head));
-        push_words(group_codes, 16, out);
+        out.group(u32::from_le_bytes(head), group_codes, 16);
     }
 }
 
 /// A row of FP8 bytes with one `scale_inv` per 128 values as groups of 128.
-fn encode_fp8(bytes: &[u8], scales: &[f32], out: &mut Vec<u32>) {
+fn encode_fp8(bytes: &[u8], scales: &[f32], out: &mut RowWords) {
     for (group_bytes, scale) in bytes.chunks(128).zip(scales) {
-        out.push(scale.to_bits());
-        push_words(group_bytes, 32, out);
+        out.group(scale.to_bits(), group_bytes, 32);
     }
 }
 
@@ -254,7 +287,7 @@ impl QuantisedValues<'_> {
         }
     }
 
-    /// The device words of `[experts, n, k]` rows in the group layout (module docs).
+    /// The device words of `[experts, n, k]` rows in the row layout (module docs).
     ///
     /// # Errors
     /// [`Error::Shape`] when a length does not match the shape; [`Error::InvalidArgument`] for
@@ -264,22 +297,23 @@ impl QuantisedValues<'_> {
         let rows = experts * n;
         let nb = k / BLOCK;
         let mut out = Vec::with_capacity(rows * row_words(self.dtype(), k as u64) as usize);
+        let mut words = RowWords::default();
         for r in 0..rows {
             match *self {
                 QuantisedValues::Q8_0(b) => {
                     let bb = quant::Q8_0_BLOCK_BYTES;
-                    encode_ggml(&b[r * nb * bb..(r + 1) * nb * bb], bb, &mut out);
+                    encode_ggml(&b[r * nb * bb..(r + 1) * nb * bb], bb, &mut words);
                 }
                 QuantisedValues::Q4_0(b) => {
                     let bb = quant::Q4_0_BLOCK_BYTES;
-                    encode_ggml(&b[r * nb * bb..(r + 1) * nb * bb], bb, &mut out);
+                    encode_ggml(&b[r * nb * bb..(r + 1) * nb * bb], bb, &mut words);
                 }
                 QuantisedValues::Mxfp4 { codes, scales } => {
                     let cb = quant::MXFP4_BLOCK_BYTES;
                     encode_mxfp4(
                         &codes[r * nb * cb..(r + 1) * nb * cb],
                         &scales[r * nb..(r + 1) * nb],
-                        &mut out,
+                        &mut words,
                     );
                 }
                 QuantisedValues::Fp8 { weight, scale_inv, block } => {
@@ -288,9 +322,10 @@ impl QuantisedValues<'_> {
                     let tile0 = (e * n.div_ceil(block[0]) + row / block[0]) * per_row;
                     let scales: Vec<f32> =
                         (0..k.div_ceil(128)).map(|g| scale_inv[tile0 + g * 128 / block[1]]).collect();
-                    encode_fp8(&weight[r * k..(r + 1) * k], &scales, &mut out);
+                    encode_fp8(&weight[r * k..(r + 1) * k], &scales, &mut words);
                 }
             }
+            words.finish(&mut out);
         }
         Ok(out)
     }
