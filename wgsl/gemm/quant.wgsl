@@ -53,22 +53,27 @@ fn quant_row_words(kdim: u32) -> u32 {
 // An FP4 e2m1 code (bits 0..3) times 2^(scale - 127), built bit by bit: exact, subnormal
 // results included (no product an adapter could flush); scale 255 is NaN, results past f32's
 // range are infinities. Branch-free (selects): the kernels unroll this per value, and
-// SwiftShader's compile time and memory grow with every branch of the unrolled code.
+// SwiftShader's compile time and memory grow with every branch of the unrolled code; the
+// terms of `scale` alone are the same for the values of a block, so the compilers compute
+// them once per block.
 fn mxfp4_value(code: u32, scale: u32) -> f32 {
     let sign = (code & 8u) << 28u;
     let mag = code & 7u;
-    // mag 1 is 0.5 = 1.0 x 2^-1; mag 2..7 are (1 + m / 2) x 2^(mag / 2 - 1), m = mag & 1.
-    let m = select(mag & 1u, 0u, mag == 1u);
-    let biased = i32(mag >> 1u) - 1 + i32(scale);
-    let normal = sign | (u32(clamp(biased, 1, 254)) << 23u) | (m << 22u);
-    // biased 0 or -1: (2 + m) x 2^(biased - 128) = (2 + m) x 2^-149 << (biased + 21).
-    let subnormal = sign | ((2u + m) << u32(clamp(biased + 21, 0, 31)));
-    var bits = select(subnormal, normal, biased >= 1);
-    bits = select(bits, sign | 0x7f800000u, biased >= 255);
-    bits = select(bits, sign, mag == 0u);
+    // mag 2..7 are (1 + m / 2) x 2^(mag / 2 - 1), m = mag & 1: exponent field
+    // scale - 1 + mag / 2 and mantissa bit m, together (scale - 1) << 23 + mag << 22. mag 1
+    // (0.5 = 2^-1) is the same with mag 0. In u32, wrapping below zero at scale 0.
+    let t = select(mag, 0u, mag == 1u);
+    let normal = ((scale - 1u) << 23u) + (t << 22u);
+    // Exponent field e - 1 <= 0 (scale 0 or 1 only): a subnormal, the significand shifted
+    // right by 2 - e, exact (two significant bits).
+    let e = scale + (t >> 1u);
+    let subnormal = (0x800000u | (normal & 0x7fffffu)) >> (2u - min(e, 1u));
+    // Past 254 the exponent field is infinity's.
+    var bits = select(min(normal, 0x7f800000u), subnormal, e <= 1u);
+    bits = select(bits, 0u, mag == 0u);
     // A NaN built from a runtime value: a constant NaN is a shader-creation error in WGSL.
-    bits = select(bits, sign | 0x7fc00000u, scale == 255u);
-    return bitcast<f32>(bits);
+    bits = select(bits, 0x7fc00000u, scale == 255u);
+    return bitcast<f32>(sign | bits);
 }
 
 // An FP8 e4m3 ("fn") byte as f32 (exact; 0x7f and 0xff are NaN). Branch-free, as
