@@ -330,3 +330,73 @@ impl QuantisedValues<'_> {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le_words(bytes: &[u8]) -> Vec<u32> {
+        bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+
+    /// Two Q4_0 rows of K = 70 (two groups of 64, the second holding 6 values): each row is
+    /// the two header words, two zero words, then blocks 0 .. 3's codes at code words 4b
+    /// (block 3, wholly past K, zero codes under a zero `d`): 20 words, whole vec4s.
+    #[test]
+    fn q4_0_rows_hold_their_headers_then_their_codes() {
+        let k = 70;
+        let values: Vec<f32> = (0..2 * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0).collect();
+        let (words, _) = quantise_rows(WeightDtype::Q4_0, &values, k).unwrap();
+        assert_eq!(row_words(WeightDtype::Q4_0, k as u64), 20);
+        assert_eq!(words.len(), 40);
+        for (row, got) in values.chunks_exact(k).zip(words.chunks_exact(20)) {
+            let mut padded = row.to_vec();
+            padded.resize(96, 0.0);
+            let blocks = quant::q4_0_quantize(&padded).unwrap();
+            let bb = quant::Q4_0_BLOCK_BYTES;
+            let d = |b: usize| {
+                blocks.get(b * bb..b * bb + 2).map_or(0, |s| u32::from(u16::from_le_bytes([s[0], s[1]])))
+            };
+            assert_eq!(got[..4], [d(0) | d(1) << 16, d(2), 0, 0]);
+            for b in 0..3 {
+                assert_eq!(
+                    got[4 + 4 * b..8 + 4 * b],
+                    le_words(&blocks[b * bb + 2..(b + 1) * bb]),
+                    "block {b}"
+                );
+            }
+            assert_eq!(got[16..], [0; 4]);
+        }
+    }
+
+    /// An FP8 row of K = 300 (three groups of 128): three scale words, one zero word, then the
+    /// bytes as 96 code words (8 per block), the last group's past K zero: 100 words.
+    #[test]
+    fn fp8_rows_hold_their_scales_then_their_bytes() {
+        let k = 300;
+        let values: Vec<f32> = (0..k).map(|i| (i as f32 - 150.0) * 0.75).collect();
+        let (words, _) = quantise_rows(WeightDtype::Fp8, &values, k).unwrap();
+        assert_eq!(row_words(WeightDtype::Fp8, k as u64), 100);
+        let (bytes, scales) = quant::fp8_block_quantize(&values, [1, k], [1, 128]).unwrap();
+        let heads: Vec<u32> = scales.iter().map(|s| s.to_bits()).collect();
+        assert_eq!(words[..3], heads[..]);
+        assert_eq!(words[3], 0);
+        let mut codes = bytes.clone();
+        codes.resize(384, 0);
+        assert_eq!(words[4..], le_words(&codes)[..]);
+    }
+
+    #[test]
+    fn every_row_is_whole_vec4s() {
+        for dtype in [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8] {
+            for k in [1u64, 31, 32, 64, 65, 200, 256, 511, 2880] {
+                assert_eq!(row_words(dtype, k) % 4, 0, "{dtype:?} K = {k}");
+            }
+        }
+        // No padding where the group count is a multiple of four.
+        assert_eq!(row_words(WeightDtype::Q4_0, 2048), 32 * 9);
+        assert_eq!(row_words(WeightDtype::Mxfp4, 2048), 16 * 17);
+        // gpt-oss's K = 2880 in MXFP4: 23 groups, one padding word.
+        assert_eq!(row_words(WeightDtype::Mxfp4, 2880), 23 * 17 + 1);
+    }
+}
