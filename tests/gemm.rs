@@ -452,7 +452,7 @@ fn every_variant_is_bit_identical_within_an_order() {
 
 /// Quantised weights on every path and kernel family: the grouped (the adapter's defaults,
 /// where texture variants run as window blocks, and a tiled block), bucketed with
-/// overflow and row-wise decode passes give the
+/// overflow and row-wise decode passes (x from windows and from storage) give the
 /// same bits, within the bound of the reference on the quantised values. K = 70 and F = 45 end
 /// in partial blocks and groups; one expert takes most tokens and odd experts past 2 stay empty.
 #[test]
@@ -482,6 +482,10 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
             let first = variants[0];
             let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
             assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, h as usize);
+            // Beside tiled blocks the row-wise kernel reads x from storage, not from windows.
+            let tiled = GemmVariant::Tiled { bk4: 1 };
+            let from_storage = run(&ctx, &ffn_with(tiled, tiled), &x, &idx, k, Path::Decode);
+            assert_eq!(bits(&from_storage), bits(&decode), "{what}: row-wise from storage vs the defaults");
             let bucketed = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Bucketed(4));
             assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
             for v in variants {
@@ -523,6 +527,10 @@ fn clamped_swiglu_with_biases_gives_the_same_bits_on_every_path() {
             let first = variants[0];
             let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
             assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, h as usize);
+            // Beside tiled blocks the row-wise kernel reads x from storage, not from windows.
+            let tiled = GemmVariant::Tiled { bk4: 1 };
+            let from_storage = run(&ctx, &ffn_with(tiled, tiled), &x, &idx, k, Path::Decode);
+            assert_eq!(bits(&from_storage), bits(&decode), "{what}: row-wise from storage vs the defaults");
             let bucketed = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Bucketed(4));
             assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
             for v in variants {

@@ -6,8 +6,8 @@
 // and 2s + 1) or two (Q8_0 and FP8: word s holds step s), where weight_vec reads a header and a
 // code word and decodes the scale for every step. The blocks wholly inside K run their eight
 // steps written out (block_step with constant steps: constant word choice and shifts, no test
-// against K; llvmpipe keeps a loop of them as a loop, 1.2x slower); a last block cut by K runs
-// them in a loop that stops at K.
+// against K; llvmpipe runs a loop of them as a loop, up to 1.2x slower); a last block cut by K
+// runs them in a loop that stops at K.
 fn row_dots(xr: u32, wr: u32) -> RowDots {
     let kdim = params.kdim;
     let whole = kdim / 32u * 32u;
