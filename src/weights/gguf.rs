@@ -596,12 +596,15 @@ fn encode_file(version: u32, kv: &[RawPair], tensors: &[RawTensor], alignment: u
 ///
 /// ```
 /// use moeflow::weights::gguf::{GgmlType, Gguf, GgufValue, GgufWriter};
+/// # fn main() -> moeflow::Result<()> {
 /// let bytes = GgufWriter::default()
 ///     .metadata("general.architecture", GgufValue::Str("qwen3moe".into()))
 ///     .tensor("t", &[2], GgmlType::F32, [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect())
 ///     .to_bytes();
-/// let g = Gguf::parse(&bytes, "t.gguf").unwrap();
-/// assert_eq!(g.tensor_f32("t").unwrap(), [1.0, 2.0]);
+/// let g = Gguf::parse(&bytes, "t.gguf")?;
+/// assert_eq!(g.tensor_f32("t")?, [1.0, 2.0]);
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct GgufWriter {
