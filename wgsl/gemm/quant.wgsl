@@ -129,25 +129,36 @@ fn quant_lane(word: u32, i: u32, shift: u32, scale: u32) -> f32 {
     }
 }
 
+// The header word of the group holding value k of the row whose first word is `base`.
+fn quant_head_at(base: u32, k: u32) -> u32 {
+    return base + k / quant_group_values();
+}
+
+// The first code word of the block holding value k of the row whose first word is `base`.
+fn quant_codes_of(base: u32, k: u32, kdim: u32) -> u32 {
+    return base + quant_codes_at(kdim) + k / 32u * quant_block_words();
+}
+
+// Where values j .. j + 3 of a block (j a multiple of four) are: (the code word in the block,
+// the shift of their first bits in it).
+fn quant_word_shift(j: u32) -> vec2<u32> {
+    if DTYPE == DTYPE_Q4_0 {
+        // Byte j of a block holds value j (low nibble) and j + 16 (high nibble).
+        return vec2<u32>((j % 16u) / 4u, select(0u, 4u, j >= 16u));
+    }
+    if DTYPE == DTYPE_MXFP4 {
+        // Byte b of a block holds values 2b (low nibble) and 2b + 1 (high nibble).
+        return vec2<u32>(j / 8u, 4u * (j % 8u));
+    }
+    return vec2<u32>(j / 4u, 0u);
+}
+
 // Values k .. k + 3 (k a multiple of four, k < kdim) of the row whose first word is `base`,
 // 0.0 at k + j >= kdim: the group's header and one code word.
 fn quant_group4(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
-    let g = quant_group_values();
-    let scale = quant_scale(weight_word(buf_is_up, base + k / g), (k % g) / 32u);
-    let j = k % 32u;
-    var word_index = j / 4u;
-    var shift = 0u;
-    if DTYPE == DTYPE_Q4_0 {
-        // Byte j of a block holds value j (low nibble) and j + 16 (high nibble).
-        word_index = (j % 16u) / 4u;
-        shift = select(0u, 4u, j >= 16u);
-    } else if DTYPE == DTYPE_MXFP4 {
-        // Byte b of a block holds values 2b (low nibble) and 2b + 1 (high nibble).
-        word_index = j / 8u;
-        shift = 4u * (j % 8u);
-    }
-    let at = base + quant_codes_at(kdim) + k / 32u * quant_block_words() + word_index;
-    return quant_vec4(weight_word(buf_is_up, at), shift, scale, k, kdim);
+    let scale = quant_scale(weight_word(buf_is_up, quant_head_at(base, k)), (k % quant_group_values()) / 32u);
+    let at = quant_word_shift(k % 32u);
+    return quant_vec4(weight_word(buf_is_up, quant_codes_of(base, k, kdim) + at.x), at.y, scale, k, kdim);
 }
 
 // The four values of a code word (with the nibble `shift` of Q4_0 and MXFP4) under `scale`.

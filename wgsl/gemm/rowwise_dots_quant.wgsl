@@ -49,11 +49,10 @@ struct RowBlock {
 // The block of the row at word `wr` that starts at value k0 (a multiple of 32 below K; a group
 // is whole in the row, so every word of a block that starts before K is there).
 fn row_block(wr: u32, k0: u32) -> RowBlock {
-    let g = quant_group_values();
     let nibbles = DTYPE == DTYPE_Q4_0 || DTYPE == DTYPE_MXFP4;
-    let head = wr + k0 / g;
-    let block = (k0 % g) / 32u;
-    let codes = wr + quant_codes_at(params.kdim) + k0 / 32u * quant_block_words();
+    let head = quant_head_at(wr, k0);
+    let block = (k0 % quant_group_values()) / 32u;
+    let codes = quant_codes_of(wr, k0, params.kdim);
     var b = RowBlock(vec4<u32>(0u), vec4<u32>(0u), 0u, vec4<u32>(0u), vec4<u32>(0u), 0u);
     b.lo = weight_words4(false, codes);
     b.scale = quant_scale(weight_word(false, head), block);
@@ -73,23 +72,17 @@ fn row_block(wr: u32, k0: u32) -> RowBlock {
 // Step s (0 .. 7: values k = k0 + 4s .. k + 3, k below K) of block b; with `cut`, the values
 // at K and past it are 0.0 (quant_vec4), else all four are below K.
 fn block_step(dots: RowDots, xr: u32, k0: u32, s: u32, b: RowBlock, cut: bool) -> RowDots {
-    // Step s's word and nibble shift (quant_group4's word_index and shift at i = 4s).
-    var i = s % 4u;
-    var shift = 0u;
-    if DTYPE == DTYPE_Q4_0 {
-        shift = select(0u, 4u, s >= 4u);
-    } else if DTYPE == DTYPE_MXFP4 {
-        i = s / 2u;
-        shift = 16u * (s % 2u);
-    }
-    let high = DTYPE != DTYPE_Q4_0 && DTYPE != DTYPE_MXFP4 && s >= 4u;
+    // Step s's code word (lo or hi, word i) and nibble shift.
+    let at = quant_word_shift(4u * s);
+    let i = at.x % 4u;
+    let high = at.x >= 4u;
     let k = k0 + 4u * s;
     let xv = x_vec(xr, k);
     var out = dots;
-    out.gate = order_step(dots.gate, xv, block_values(select(b.lo[i], b.hi[i], high), shift, b.scale, k, cut));
+    out.gate = order_step(dots.gate, xv, block_values(select(b.lo[i], b.hi[i], high), at.y, b.scale, k, cut));
     if SWIGLU {
         let word_up = select(b.lo_up[i], b.hi_up[i], high);
-        out.up = order_step(dots.up, xv, block_values(word_up, shift, b.scale_up, k, cut));
+        out.up = order_step(dots.up, xv, block_values(word_up, at.y, b.scale_up, k, cut));
     }
     return out;
 }
