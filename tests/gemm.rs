@@ -455,18 +455,34 @@ fn every_variant_is_bit_identical_within_an_order() {
 /// overflow and row-wise decode passes (x from windows and from storage) give the
 /// same bits, within the bound of the reference on the quantised values. K = 70 and F = 45 end
 /// in partial blocks and groups; one expert takes most tokens and odd experts past 2 stay empty.
+/// MXFP4 runs twice: with every scale narrow (the one-product decoding), and with one gate
+/// block of values near 1e-38 under the E8M0 scale 2^-127 (the gate and up pass decode bit by
+/// bit, the down pass with the product).
 #[test]
 fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
     for ctx in contexts() {
         let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
-        for dtype in [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8] {
+        let cases = [
+            (WeightDtype::Q8_0, false),
+            (WeightDtype::Q4_0, false),
+            (WeightDtype::Mxfp4, false),
+            (WeightDtype::Mxfp4, true),
+            (WeightDtype::Fp8, false),
+        ];
+        for (dtype, wide) in cases {
             let mut m = Model::new(80, e, h, f, dtype);
             let mut r = rng(81);
             m.gate = adversarial(&mut r, m.gate.len(), 0.1);
             m.down = adversarial(&mut r, m.down.len(), 0.1);
+            if wide {
+                m.gate[..32].fill(1e-38);
+            }
+            let gate = ExpertWeights::from_f32(&ctx, &m.gate, dtype, e, f, h).unwrap();
+            assert_eq!(gate.narrow_scales(), dtype == WeightDtype::Mxfp4 && !wide, "{dtype:?}");
             let x = adversarial(&mut r, (tokens * h) as usize, 1.0);
             let idx = routes(82, tokens, e, k, true);
-            let what = format!("{} {dtype:?}", ctx.adapter().slug());
+            let what =
+                format!("{} {dtype:?}{}", ctx.adapter().slug(), if wide { " (wide scales)" } else { "" });
             let want = m.reference(&x, &idx, k);
             let ffn_with = |up, down| {
                 m.upload(&ctx).with_kernels(FfnKernels { order: GemmOrder::Strict, up, down }).unwrap()

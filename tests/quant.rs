@@ -17,8 +17,8 @@ const F16_SCALES: [u16; 10] =
     [0x0000, 0x0001, 0x0155, 0x0400, 0x3c00, 0xb800, 0x2e66, 0x7bff, 0x7c00, 0x7e00];
 
 /// Uploads `values` as stored, reads back what the kernels load, and checks it against the CPU
-/// decoding under the NaN contract.
-fn check(ctx: &Context, what: &str, values: QuantisedValues<'_>, [e, n, k]: [u32; 3]) {
+/// decoding under the NaN contract; returns the weights.
+fn check(ctx: &Context, what: &str, values: QuantisedValues<'_>, [e, n, k]: [u32; 3]) -> ExpertWeights {
     let want = values.dequantise([e as usize, n as usize, k as usize]).expect("CPU decoding");
     let w = ExpertWeights::from_quantised(ctx, values, e, n, k).expect("upload");
     assert_eq!(w.dtype(), values.dtype());
@@ -31,6 +31,7 @@ fn check(ctx: &Context, what: &str, values: QuantisedValues<'_>, [e, n, k]: [u32
         first_difference(&got, &want).map_or(0.0, |i| got[i]),
         first_difference(&got, &want).map_or(0.0, |i| want[i]),
     );
+    w
 }
 
 /// Q8_0 or Q4_0 blocks whose code bytes run through all 256 values and whose scales run
@@ -71,7 +72,13 @@ fn every_mxfp4_code_and_e8m0_scale_loads_as_the_cpu_decodes_it() {
         let blocks = (e * n * k / 32) as usize;
         let codes: Vec<u8> = (0..blocks * 16).map(|i| (i * 7 % 256) as u8).collect();
         let scales: Vec<u8> = (0..blocks).map(|i| (i % 256) as u8).collect();
-        check(&ctx, "MXFP4", QuantisedValues::Mxfp4 { codes: &codes, scales: &scales }, [e, n, k]);
+        let w = check(&ctx, "MXFP4", QuantisedValues::Mxfp4 { codes: &codes, scales: &scales }, [e, n, k]);
+        assert!(!w.narrow_scales());
+        // Every narrow scale (2 ..= 252): the kernels' one-product decoding, the same bits.
+        let scales: Vec<u8> = (0..blocks).map(|i| (2 + i % 251) as u8).collect();
+        let stored = QuantisedValues::Mxfp4 { codes: &codes, scales: &scales };
+        let w = check(&ctx, "MXFP4 with narrow scales", stored, [e, n, k]);
+        assert!(w.narrow_scales());
     }
 }
 

@@ -87,6 +87,10 @@ fn weight_row_index(expert: u32, col: u32) -> u32 {
 // 0: f32 (one per word); 1: f16 (two per word, low half first); 2: bf16 (two per word);
 // 3..6: Q8_0, Q4_0, MXFP4, FP8 in rows of group headers and code words (quant.wgsl).
 override DTYPE: u32 = 0u;
+// MXFP4 (DTYPE 5) only: every block scale of the bound weights below K is an E8M0 byte in
+// 2 ..= 252, so quant.wgsl decodes each value as one exact product of normal f32 numbers
+// (mxfp4_narrow_value); else bit by bit, exact under every scale (mxfp4_value).
+override NARROW_SCALES: bool = false;
 // silu(x . w) * (x . w_up) instead of x . w.
 override SWIGLU: bool = false;
 

@@ -76,6 +76,19 @@ fn mxfp4_value(code: u32, scale: u32) -> f32 {
     return bitcast<f32>(sign | bits);
 }
 
+// Twice the magnitudes of FP4 e2m1 codes 0 .. 7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), nibble by nibble.
+const E2M1_TWICE: u32 = 0xc8643210u;
+
+// mxfp4_value for a scale byte s in 2 ..= 252 (NARROW_SCALES), given as `half_scale` =
+// 2^(s - 128): twice the code's magnitude (an integer up to 12) times half_scale, one product
+// that is exact and normal (2^-126 .. 1.5 x 2^127), so no adapter can round or flush it; the
+// sign bit set after it (code 8 is -0.0). The same bits as mxfp4_value in about 10 operations
+// instead of 21.
+fn mxfp4_narrow_value(code: u32, half_scale: f32) -> f32 {
+    let twice = (E2M1_TWICE >> ((code & 7u) << 2u)) & 0xfu;
+    return bitcast<f32>(bitcast<u32>(f32(twice) * half_scale) | ((code & 8u) << 28u));
+}
+
 // An FP8 e4m3 ("fn") byte as f32 (exact; 0x7f and 0xff are NaN). Branch-free, as
 // `mxfp4_value`.
 fn fp8_value(byte: u32) -> f32 {
@@ -92,14 +105,19 @@ fn fp8_value(byte: u32) -> f32 {
 
 // The scale of block `block` (0 .. G / 32 - 1) of a group from the group's header word, as
 // quant_lane takes it: f32 bits of d (Q8_0, Q4_0; f16 in the header) or of scale_inv (FP8),
-// the E8M0 byte (MXFP4).
+// the E8M0 byte s (MXFP4), or under NARROW_SCALES f32 bits of 2^(s - 128) (mxfp4_narrow_value).
 fn quant_scale(head: u32, block: u32) -> u32 {
     switch DTYPE {
         case 3u, 4u: {
             return bitcast<u32>(f16_bits_to_f32((head >> (16u * block)) & 0xffffu));
         }
         case 5u: {
-            return (head >> (8u * block)) & 0xffu;
+            let s = (head >> (8u * block)) & 0xffu;
+            if NARROW_SCALES {
+                // Exponent field s - 1, mantissa 0: 2^(s - 128), normal for s >= 2.
+                return (s - 1u) << 23u;
+            }
+            return s;
         }
         default: {
             return head;
@@ -121,7 +139,11 @@ fn quant_lane(word: u32, i: u32, shift: u32, scale: u32) -> f32 {
             return f32(q) * bitcast<f32>(scale);
         }
         case 5u: {
-            return mxfp4_value((word >> (shift + 4u * i)) & 0xfu, scale);
+            let code = (word >> (shift + 4u * i)) & 0xfu;
+            if NARROW_SCALES {
+                return mxfp4_narrow_value(code, bitcast<f32>(scale));
+            }
+            return mxfp4_value(code, scale);
         }
         default: {
             return fp8_value((word >> (8u * i)) & 0xffu) * bitcast<f32>(scale);

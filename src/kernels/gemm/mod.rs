@@ -25,6 +25,7 @@ mod texture;
 mod tune;
 mod variant;
 
+use quantised::NarrowScales;
 pub use quantised::QuantisedValues;
 use texture::TextureWeights;
 
@@ -410,6 +411,10 @@ pub struct ExpertWeights {
     n: u32,
     k: u32,
     native_f16: bool,
+    /// MXFP4 weights whose every block scale below K is in [`quantised::MXFP4_NARROW_SCALES`]:
+    /// the kernels decode them with one product per value (`NARROW_SCALES` in
+    /// wgsl/gemm/common.wgsl). False for every other dtype.
+    narrow_scales: bool,
     /// The texture copy texture variants read, made on first use: None until then, then
     /// Some(None) where the weights are past the device's texture limits.
     texture: Mutex<Option<Option<Arc<TextureWeights>>>>,
@@ -593,7 +598,14 @@ impl ExpertWeights {
         chunking(dtype, shape, limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) / 4 * 4)
     }
 
-    fn on_device(ctx: &Context, chunks: Vec<WeightChunk>, dtype: WeightDtype, shape: [u32; 3]) -> Self {
+    /// `narrow_scales`: whether every MXFP4 block scale of the uploaded words is narrow.
+    fn on_device(
+        ctx: &Context,
+        chunks: Vec<WeightChunk>,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        narrow_scales: NarrowScales,
+    ) -> Self {
         let [experts, n, k] = shape;
         ExpertWeights {
             chunks,
@@ -602,6 +614,7 @@ impl ExpertWeights {
             n,
             k,
             native_f16: dtype == WeightDtype::F16 && ctx.capabilities().shader_f16,
+            narrow_scales: dtype == WeightDtype::Mxfp4 && narrow_scales.all,
             texture: Mutex::new(None),
         }
     }
@@ -649,6 +662,7 @@ impl ExpertWeights {
         }
         let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
         let (n64, k64) = (n as usize, k as usize);
+        let mut narrow = NarrowScales::new(dtype, k);
         let mut chunks = Vec::with_capacity(plan.len());
         for (es, cs) in plan {
             let mut words = Vec::new();
@@ -658,6 +672,7 @@ impl ExpertWeights {
                 values.extend_from_slice(&data[row0..row0 + cs.len() * k64]);
             }
             words.extend(dtype.pack(&values, k64)?);
+            narrow.see(&words);
             let bytes = words.len() as u64 * 4;
             chunks.push(WeightChunk {
                 buffer: ctx.upload("expert weights", &words)?,
@@ -666,7 +681,7 @@ impl ExpertWeights {
                 bytes,
             });
         }
-        Ok(Self::on_device(ctx, chunks, dtype, [experts, n, k]))
+        Ok(Self::on_device(ctx, chunks, dtype, [experts, n, k], narrow))
     }
 
     /// Uploads `[experts, n, k]` weights a checkpoint stores quantised, as they are (no
@@ -687,6 +702,8 @@ impl ExpertWeights {
         let dtype = values.dtype();
         let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
         let words = values.device_words([experts as usize, n as usize, k as usize])?;
+        let mut narrow = NarrowScales::new(dtype, k);
+        narrow.see(&words);
         let row = quantised::row_words(dtype, u64::from(k)) as usize;
         let mut chunks = Vec::with_capacity(plan.len());
         for (es, cs) in plan {
@@ -703,7 +720,7 @@ impl ExpertWeights {
                 bytes,
             });
         }
-        Ok(Self::on_device(ctx, chunks, dtype, [experts, n, k]))
+        Ok(Self::on_device(ctx, chunks, dtype, [experts, n, k], narrow))
     }
 
     /// Uploads `[experts, n, k]` expert by expert without a host copy of the whole tensor:
@@ -744,6 +761,7 @@ impl ExpertWeights {
         let [_, n, k] = shape;
         let plan = Self::chunks_for(ctx, dtype, shape)?;
         let mut pending: Vec<u8> = Vec::with_capacity(staging + 4);
+        let mut narrow = NarrowScales::new(dtype, k);
         let mut chunks = Vec::with_capacity(plan.len());
         for (es, cs) in plan {
             let rows = u64::from(es.end - es.start) * cs.len() as u64;
@@ -766,12 +784,15 @@ impl ExpertWeights {
             for e in es.clone() {
                 let v = values(e)?;
                 v.check(e, shape)?;
+                let from = pending.len();
                 v.append_as(
                     dtype,
                     [n as usize, k as usize],
                     cs.start as usize..cs.end as usize,
                     &mut pending,
                 )?;
+                // Quantised rows are whole words: `pending` holds no half word before them.
+                narrow.see_bytes(&pending[from..]);
                 if cs.end == n {
                     released(e);
                 }
@@ -782,7 +803,17 @@ impl ExpertWeights {
             flush(&mut pending, &mut offset, true)?;
             chunks.push(WeightChunk { buffer, experts: es, cols: cs, bytes });
         }
-        Ok(Self::on_device(ctx, chunks, dtype, shape))
+        Ok(Self::on_device(ctx, chunks, dtype, shape, narrow))
+    }
+
+    /// Whether these are MXFP4 weights whose every block scale (below K) is 2^-125 ..= 2^125
+    /// (E8M0 bytes 2 ..= 252; what [`crate::quant::mxfp4_quantize`] gives every block whose
+    /// largest magnitude is 2^-123 or more), which the kernels decode with one exact f32 product
+    /// per value: twice the FP4 magnitude, an integer up to 12, times 2^(s - 128). Other MXFP4
+    /// weights take the bit-by-bit decoding that is exact under every scale. Both give
+    /// [`crate::quant::mxfp4_dequantize`]'s values bit for bit. False for other dtypes.
+    pub fn narrow_scales(&self) -> bool {
+        self.narrow_scales
     }
 
     /// How many buffers (storage bindings) hold these weights: 1 unless they are past the
@@ -851,7 +882,10 @@ impl ExpertWeights {
             ));
         }
         let out = ctx.zeroed("unpacked expert weights", bytes)?;
-        let kernel = ctx.kernel(&UNPACK, &[("DTYPE", self.dtype.code())])?;
+        let kernel = ctx.kernel(
+            &UNPACK,
+            &[("DTYPE", self.dtype.code()), ("NARROW_SCALES", f64::from(u8::from(self.narrow_scales)))],
+        )?;
         let mut params = Vec::with_capacity(self.chunks.len());
         for chunk in &self.chunks {
             let p = Params {
@@ -1171,8 +1205,11 @@ impl Pass<'_> {
             (Some(_), false) => 1.0,
             (Some(_), true) => 2.0,
         };
+        // One constant for both bound weights (w_up is w outside SwiGLU): narrow when both are.
+        let narrow = self.w.narrow_scales && self.w_up.narrow_scales;
         let mut c = vec![
             ("DTYPE", self.w.dtype.code()),
+            ("NARROW_SCALES", f64::from(u8::from(narrow))),
             ("SWIGLU", f64::from(u8::from(self.swiglu))),
             ("BIAS", bias),
         ];
@@ -2058,6 +2095,8 @@ mod tests {
                 )
                 .expect("streamed");
                 assert_eq!(words(&got), words(&want), "{:?} as stored", q.dtype());
+                assert_eq!(got.narrow_scales(), q.dtype() == WeightDtype::Mxfp4, "{:?}", q.dtype());
+                assert_eq!(want.narrow_scales(), got.narrow_scales(), "{:?}", q.dtype());
                 let decoded = q.dequantise([e, n, k]).expect("decode");
                 let want =
                     ExpertWeights::from_f32(ctx, &decoded, WeightDtype::F16, shape[0], shape[1], shape[2])
@@ -2067,6 +2106,18 @@ mod tests {
                         .expect("converted");
                 assert_eq!(words(&got), words(&want), "{:?} to f16", q.dtype());
             }
+            // One scale outside 2 ..= 252, in the last expert's last block: neither upload
+            // decodes these weights with the narrow product.
+            let mut wide = scales.clone();
+            *wide.last_mut().expect("scales") = 1;
+            let q = QuantisedValues::Mxfp4 { codes: &codes, scales: &wide };
+            let stored: Vec<StoredValues<'_>> =
+                (0..e).map(|i| expert(q, &per_expert, n * k / quant::BLOCK_VALUES, i)).collect();
+            let streamed =
+                ExpertWeights::stream_in_chunks(ctx, q.dtype(), shape, |i| Ok(stored[i as usize]), |_| {}, 6)
+                    .expect("streamed");
+            let whole = ExpertWeights::from_quantised(ctx, q, shape[0], shape[1], shape[2]).expect("whole");
+            assert!(!streamed.narrow_scales() && !whole.narrow_scales());
             // Blocks that do not match one expert's [n, k] are an error.
             let err = ExpertWeights::stream(
                 ctx,

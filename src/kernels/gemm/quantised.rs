@@ -50,6 +50,54 @@ pub(crate) fn row_words(dtype: WeightDtype, k: u64) -> u64 {
     })
 }
 
+/// The E8M0 scale bytes under which every MXFP4 value is one exact product of normal f32
+/// numbers, twice the code's magnitude (0 ..= 12) times 2^(s - 128): from 2 (the smallest
+/// product 2^-126) to 252 (the largest 12 x 2^124 = 1.5 x 2^127). [`quant::mxfp4_quantize`]
+/// gives such a scale to every block whose largest magnitude is 2^-123 or more, and to
+/// all-zero blocks (2^0).
+pub(crate) const MXFP4_NARROW_SCALES: std::ops::RangeInclusive<u8> = 2..=252;
+
+/// Whether every scale byte of the blocks below K in these whole MXFP4 rows of `k` values
+/// (device words, [`row_words`] per row) is in [`MXFP4_NARROW_SCALES`]; the zero scales of
+/// blocks wholly past K are not read by any kernel and do not count.
+pub(crate) fn mxfp4_narrow_scales(k: u64, words: &[u32]) -> bool {
+    let row = row_words(WeightDtype::Mxfp4, k) as usize;
+    let blocks = k.div_ceil(BLOCK as u64) as usize;
+    words
+        .chunks_exact(row.max(1))
+        .all(|r| (0..blocks).all(|b| MXFP4_NARROW_SCALES.contains(&r[b / 4].to_le_bytes()[b % 4])))
+}
+
+/// Whether every MXFP4 block scale of an upload is narrow, over its device words as they are
+/// made (whole rows of `k` values); always true for the other dtypes, which do not use it.
+pub(crate) struct NarrowScales {
+    k: u64,
+    mxfp4: bool,
+    pub(crate) all: bool,
+}
+
+impl NarrowScales {
+    pub(crate) fn new(dtype: WeightDtype, k: u32) -> Self {
+        NarrowScales { k: u64::from(k), mxfp4: dtype == WeightDtype::Mxfp4, all: true }
+    }
+
+    /// Takes whole rows of device words.
+    pub(crate) fn see(&mut self, words: &[u32]) {
+        if self.mxfp4 && self.all {
+            self.all = mxfp4_narrow_scales(self.k, words);
+        }
+    }
+
+    /// Takes whole rows of device words as little-endian bytes.
+    pub(crate) fn see_bytes(&mut self, bytes: &[u8]) {
+        if self.mxfp4 && self.all {
+            let words: Vec<u32> =
+                bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            self.see(&words);
+        }
+    }
+}
+
 /// Rows of `k` values (`values.len() / k` of them) quantised to `dtype`: the device words
 /// ([`row_words`] per row) and the values the shader reads from them (exactly what
 /// [`crate::quant`]'s decoders give for the quantised blocks).
@@ -337,6 +385,29 @@ mod tests {
 
     fn le_words(bytes: &[u8]) -> Vec<u32> {
         bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+
+    /// Narrow MXFP4 scales: 2 and 252 are in, 0, 1, 253 and 255 out, in either group of a row;
+    /// the zero scale of a block wholly past K does not count.
+    #[test]
+    fn mxfp4_narrow_scales_are_2_to_252_below_k() {
+        // K = 160: blocks 0 .. 3 in the first group, block 4 in the second; two rows.
+        let codes = vec![0x21u8; 2 * 5 * quant::MXFP4_BLOCK_BYTES];
+        let rows = |scales: &[u8]| {
+            QuantisedValues::Mxfp4 { codes: &codes, scales }.device_words([1, 2, 160]).expect("words")
+        };
+        assert!(mxfp4_narrow_scales(160, &rows(&[2, 252, 127, 100, 3, 127, 127, 127, 127, 2])));
+        for bad in [0u8, 1, 253, 255] {
+            for at in [0, 3, 4, 9] {
+                let mut scales = [127u8; 10];
+                scales[at] = bad;
+                assert!(!mxfp4_narrow_scales(160, &rows(&scales)), "scale {bad} at block {at}");
+            }
+        }
+        // K = 70: block 3 of each row is wholly past K, under a zero scale.
+        let (words, _) = quantise_rows(WeightDtype::Mxfp4, &[1.0; 140], 70).expect("quantise");
+        assert_eq!(words[0] >> 24, 0);
+        assert!(mxfp4_narrow_scales(70, &words));
     }
 
     /// Two Q4_0 rows of K = 70 (two groups of 64, the second holding 6 values): each row is
