@@ -11,8 +11,8 @@
 use crate::context::{AdapterDescription, Capabilities};
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{
-    AdapterKind, GemmVariant, WINDOW_BYTES, WeightDtype, candidates, specs_for, uses_decode_path,
-    window_staging_bytes,
+    AdapterKind, GemmVariant, WINDOW_BYTES, WeightDtype, WeightLoads, candidates, specs_for,
+    uses_decode_path, window_staging_bytes,
 };
 use crate::layer::{Capacity, KernelChoice, MoeConfig};
 use crate::pipeline::KernelSpec;
@@ -63,7 +63,7 @@ impl MoeConfig {
         specs.extend_from_slice(crate::kernels::routing::SPECS);
         specs.extend_from_slice(crate::kernels::dispatch::SPECS);
         specs.extend_from_slice(crate::kernels::combine::SPECS);
-        specs.extend(specs_for(&variants, self.gemm_order, native_f16));
+        specs.extend(specs_for(&variants, self.gemm_order, WeightLoads::of(self.weight_dtype, native_f16)));
 
         let mut limits = wgpu::Limits {
             // The adapter's own alignments (smaller is better): the window strides follow them.

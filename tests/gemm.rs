@@ -489,11 +489,15 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
             };
             // Each way the kernels load weights once (the loads are the same functions in every
             // variant): the adapter's defaults (texture ones run as window blocks, which load
-            // as the direct blocks do), a tiled block (weight4_tail) and the row-wise kernel;
+            // as the direct blocks do), a tiled block (weight4_tail), a direct block and the
+            // row-wise kernel;
             // compiling all of variants_under_test per format takes minutes on the CPU
             // adapters and in CI's Tint check.
             let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-            let mut variants = vec![d.up, d.down, GemmVariant::Tiled { bk4: 1 }];
+            // A direct block too: with the window ones, the blocks that read quantised rows
+            // block by block (x from storage there, from windows in window blocks).
+            let direct = GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 };
+            let mut variants = vec![d.up, d.down, GemmVariant::Tiled { bk4: 1 }, direct];
             variants.dedup();
             let first = variants[0];
             let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);

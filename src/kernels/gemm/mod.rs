@@ -30,8 +30,8 @@ pub use quantised::QuantisedValues;
 use texture::TextureWeights;
 
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune};
-pub(crate) use variant::WINDOW_BYTES;
 pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
+pub(crate) use variant::{WINDOW_BYTES, WeightLoads};
 
 /// Token counts past this never use the row-wise decode path when the path is chosen
 /// automatically (see [`uses_decode_path`]).
@@ -70,6 +70,7 @@ macro_rules! rowwise_shader {
             "gemm/weights_quant.wgsl",
             "gemm/half.wgsl",
             "gemm/quant.wgsl",
+            "gemm/quant_blocks.wgsl",
             "gemm/rowwise_w_packed.wgsl",
             "gemm/rowwise_dots_quant.wgsl",
             "gemm/epilogue.wgsl"
@@ -137,21 +138,21 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
     variants.dedup();
     for v in variants {
         for order in [GemmOrder::Strict, GemmOrder::Fast] {
-            for native in [false, true] {
-                all.push(variant::spec(v, order, native).shader);
+            for loads in WeightLoads::ALL {
+                all.push(variant::spec(v, order, loads).shader);
             }
         }
     }
     all
 }
 
-/// The kernels an FFN with `variants` as its block kernels can run, in `order`, with packed
-/// or native f16 weights: the blocks, their window and direct fallbacks, the staging, packing
+/// The kernels an FFN with `variants` as its block kernels can run, in `order`, reading the
+/// weights with `loads`: the blocks, their window and direct fallbacks, the staging, packing
 /// and row-wise kernels (for the requirements of a configuration).
 pub(crate) fn specs_for(
     variants: &[GemmVariant],
     order: GemmOrder,
-    native_f16: bool,
+    loads: WeightLoads,
 ) -> Vec<&'static KernelSpec> {
     let mut all: Vec<&'static KernelSpec> = vec![
         &STAGE,
@@ -167,14 +168,14 @@ pub(crate) fn specs_for(
     ];
     for &v in variants {
         for v in [v, v.without_texture(), v.without_window()] {
-            all.push(variant::spec(v, order, native_f16));
+            all.push(variant::spec(v, order, loads));
         }
     }
     all
 }
 
 /// Every gemm kernel (for the contract test, `src/contract.rs`): the unpack kernel and
-/// [`specs_for`] every candidate variant in both orders, with packed and native f16 weights.
+/// [`specs_for`] every candidate variant in both orders, with every way of loading weights.
 #[cfg(test)]
 pub(crate) fn specs() -> Vec<&'static KernelSpec> {
     let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
@@ -182,8 +183,8 @@ pub(crate) fn specs() -> Vec<&'static KernelSpec> {
     variants.dedup();
     let mut all: Vec<&'static KernelSpec> = vec![&UNPACK];
     for order in [GemmOrder::Strict, GemmOrder::Fast] {
-        for native in [false, true] {
-            for spec in specs_for(&variants, order, native) {
+        for loads in WeightLoads::ALL {
+            for spec in specs_for(&variants, order, loads) {
                 if !all.iter().any(|s| std::ptr::eq(*s, spec)) {
                     all.push(spec);
                 }
@@ -1322,7 +1323,7 @@ impl Pass<'_> {
                 "max_compute_invocations_per_workgroup",
             ));
         }
-        let spec = variant::spec(variant, self.order, self.w.native_f16);
+        let spec = variant::spec(variant, self.order, WeightLoads::of(self.w.dtype, self.w.native_f16));
         let kernel = ctx.kernel(spec, &constants)?;
         let from_tiles = if tiles.is_some() { FLAG_EXPERT_FROM_TILES } else { 0 };
         let placeholder = ctx.storage_scratch("no tile map", 4)?;
@@ -2006,7 +2007,7 @@ mod tests {
     fn workgroup_bytes_match_the_generated_wgsl() {
         for v in AdapterKind::ALL.into_iter().flat_map(candidates) {
             for order in [GemmOrder::Strict, GemmOrder::Fast] {
-                let reflected = variant::spec(v, order, false).reflect().unwrap();
+                let reflected = variant::spec(v, order, WeightLoads::Packed).reflect().unwrap();
                 assert_eq!(reflected.workgroup_bytes, v.workgroup_bytes(), "{} {order:?}", v.name());
                 assert_eq!(reflected.invocations, v.invocations(), "{} {order:?}", v.name());
             }

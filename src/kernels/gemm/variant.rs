@@ -48,6 +48,8 @@ use crate::error::{Error, Result};
 use crate::pipeline::{Access, KernelSpec, Workgroup};
 use crate::shader::{ShaderPart, ShaderSource, wgsl};
 
+use super::WeightDtype;
+
 /// The accumulation order of every expert projection: the numeric contract of a mode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -376,15 +378,43 @@ pub(crate) const TEXTURE_BINDINGS: &[(u32, Access)] = &[
 /// default `max_uniform_buffer_binding_size`.
 pub(crate) const WINDOW_BYTES: u64 = 65536;
 
-/// The kernel spec for `variant` in `order` (native f16 weight loads or packed words; texture
-/// variants unpack their texels' words whatever `native_f16` says), generated and built once
-/// per process.
-pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> &'static KernelSpec {
-    type Key = (GemmVariant, GemmOrder, bool);
-    let native_f16 = native_f16 && !matches!(variant, GemmVariant::Texture { .. });
+/// How a generated block kernel reads the weight buffers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum WeightLoads {
+    /// Packed u32 words, any dtype (quantised ones a header and a code word per step of four).
+    Packed,
+    /// Native f16 loads (f16 weights on a device with shader-f16).
+    NativeF16,
+    /// Quantised rows bound as `vec4<u32>` (weights_quant.wgsl): direct and window blocks read
+    /// them block by block (quant_blocks.wgsl), tiled blocks step by step.
+    Quantised,
+}
+
+impl WeightLoads {
+    /// The loads for weights of `dtype`, with native f16 loads chosen or not.
+    pub(crate) fn of(dtype: WeightDtype, native_f16: bool) -> Self {
+        if dtype.is_quantised() {
+            WeightLoads::Quantised
+        } else if native_f16 {
+            WeightLoads::NativeF16
+        } else {
+            WeightLoads::Packed
+        }
+    }
+
+    pub(crate) const ALL: [WeightLoads; 3] =
+        [WeightLoads::Packed, WeightLoads::NativeF16, WeightLoads::Quantised];
+}
+
+/// The kernel spec for `variant` in `order` reading the weights with `loads` (texture variants
+/// unpack their texels' words whatever `loads` says: no weights but f32, f16 and bf16 have
+/// texture copies), generated and built once per process.
+pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -> &'static KernelSpec {
+    type Key = (GemmVariant, GemmOrder, WeightLoads);
+    let loads = if matches!(variant, GemmVariant::Texture { .. }) { WeightLoads::Packed } else { loads };
     static SPECS: OnceLock<Mutex<HashMap<Key, &'static KernelSpec>>> = OnceLock::new();
     let mut specs = lock(SPECS.get_or_init(Default::default));
-    specs.entry((variant, order, native_f16)).or_insert_with(|| {
+    specs.entry((variant, order, loads)).or_insert_with(|| {
         let name = format!(
             "gemm/{}-{}{}",
             variant.name(),
@@ -392,9 +422,14 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
                 GemmOrder::Strict => "strict",
                 GemmOrder::Fast => "fast",
             },
-            if native_f16 { "-f16" } else { "" }
+            match loads {
+                WeightLoads::Packed => "",
+                WeightLoads::NativeF16 => "-f16",
+                WeightLoads::Quantised => "-quant",
+            }
         );
-        let body = ShaderPart { path: "gemm (generated)", text: leak(generate(variant, order)) };
+        let quantised = loads == WeightLoads::Quantised;
+        let body = ShaderPart { path: "gemm (generated)", text: leak(generate(variant, order, quantised)) };
         let parts: Vec<ShaderPart> = if matches!(variant, GemmVariant::Texture { .. }) {
             vec![
                 wgsl!("gemm/common.wgsl"),
@@ -404,12 +439,23 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, native_f16: bool) -> 
                 wgsl!("gemm/epilogue.wgsl"),
                 body,
             ]
-        } else if native_f16 {
+        } else if loads == WeightLoads::NativeF16 {
             vec![
                 wgsl!("gemm/enable_f16.wgsl"),
                 wgsl!("gemm/common.wgsl"),
                 wgsl!("gemm/order.wgsl"),
                 wgsl!("gemm/weights_f16.wgsl"),
+                wgsl!("gemm/epilogue.wgsl"),
+                body,
+            ]
+        } else if quantised {
+            vec![
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/order.wgsl"),
+                wgsl!("gemm/weights_quant.wgsl"),
+                wgsl!("gemm/half.wgsl"),
+                wgsl!("gemm/quant.wgsl"),
+                wgsl!("gemm/quant_blocks.wgsl"),
                 wgsl!("gemm/epilogue.wgsl"),
                 body,
             ]
@@ -517,12 +563,14 @@ fn zero(order: GemmOrder) -> &'static str {
 }
 
 /// The WGSL body (after common.wgsl and a weights file) of `variant` in `order`; entry
-/// point `gemm`.
-pub(crate) fn generate(variant: GemmVariant, order: GemmOrder) -> String {
+/// point `gemm`. With `quantised`, direct and window blocks read the weights block by block
+/// (after weights_quant.wgsl, quant.wgsl and quant_blocks.wgsl).
+pub(crate) fn generate(variant: GemmVariant, order: GemmOrder, quantised: bool) -> String {
+    let direct = |rows, cols, lanes, source| direct(rows, cols, lanes, order, source, quantised);
     match variant {
-        GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Storage),
-        GemmVariant::Window { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Window),
-        GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, order, Source::Texture),
+        GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, Source::Storage),
+        GemmVariant::Window { rows, cols, lanes } => direct(rows, cols, lanes, Source::Window),
+        GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, Source::Texture),
         GemmVariant::Tiled { bk4 } => tiled(32, 4, bk4, order),
         GemmVariant::TiledWide { cols, tn, bk4 } => tiled(cols, tn, bk4, order),
     }
@@ -550,8 +598,9 @@ enum Source {
     Texture,
 }
 
-/// The direct block, reading its operands from `source`.
-fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder, source: Source) -> String {
+/// The direct block, reading its operands from `source` (quantised weights block by block
+/// with `quantised`).
+fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder, source: Source, quantised: bool) -> String {
     let mut s = String::new();
     let window = source != Source::Storage;
     let (what, from, first_row) = match source {
@@ -656,7 +705,11 @@ fn gemm(
             None if c > 0 => s.push_str("    } else {\n"),
             None => {}
         }
-        k_loop(&mut s, n, cols, order, source);
+        if quantised {
+            k_loop_quantised(&mut s, n, cols, order, source);
+        } else {
+            k_loop(&mut s, n, cols, order, source);
+        }
     }
     if copies.len() > 1 {
         s.push_str("    }\n");
@@ -727,6 +780,62 @@ fn k_loop(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source
     let _ = writeln!(s, "        if SWIGLU {{");
     half(s, "u", "v", true, "            ");
     let _ = writeln!(s, "        }}\n    }}");
+}
+
+/// [`k_loop`] for quantised weights (rows at `w{j}b`): block by block of 32 values, each
+/// column's block read once (row_block: header word, scale, code words as vec4s), then its
+/// steps of four in K order, each with the same values as weight_group's (quant_vec4: 0.0 at K
+/// and past it), so the same bits. The steps run as a loop that stops at K (a branch the same
+/// for every invocation).
+fn k_loop_quantised(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source) {
+    let _ = writeln!(s, "    for (var k0 = 0u; k0 < kdim; k0 += 32u) {{");
+    for j in 0..cols {
+        let _ = writeln!(s, "        let b{j} = row_block(w{j}b, k0);");
+    }
+    s.push_str(
+        "        for (var s = 0u; s < 8u; s++) {
+            let k = k0 + 4u * s;
+            if k >= kdim {
+                break;
+            }
+",
+    );
+    for i in 0..rows {
+        match source {
+            Source::Storage => {
+                let _ = writeln!(s, "            let x{i} = x_group(x{i}b, k, kdim);");
+            }
+            Source::Window | Source::Texture => {
+                let _ = writeln!(s, "            let x{i} = xw[x{i}b + k / 4u];");
+            }
+        }
+    }
+    // One projection's values and FMAs: the block's words (gate or plain) into accumulators
+    // `acc`, or the up projection's into `u` (under SWIGLU).
+    let half = |s: &mut String, acc: &str, w: &str, up: bool, indent: &str| {
+        let scale = if up { "scale_up" } else { "scale" };
+        for j in 0..cols {
+            let _ = writeln!(
+                s,
+                "{indent}let {w}{j}s = block_word(b{j}, {up}, s);
+{indent}let {w}{j} = quant_vec4({w}{j}s.x, {w}{j}s.y, b{j}.{scale}, k, kdim);"
+            );
+        }
+        for i in 0..rows {
+            for j in 0..cols {
+                step(s, order, &format!("{acc}{i}_{j}"), &format!("x{i}"), &format!("{w}{j}"), indent);
+            }
+        }
+    };
+    half(s, "a", "w", false, "            ");
+    let _ = writeln!(s, "            if SWIGLU {{");
+    half(s, "u", "v", true, "                ");
+    let _ = writeln!(
+        s,
+        "            }}
+        }}
+    }}"
+    );
 }
 
 /// The tiled kernel on 32 × `cols` tiles, `tn` columns per invocation (see
