@@ -52,3 +52,10 @@ fn block_word(b: RowBlock, up: bool, s: u32) -> vec2<u32> {
     }
     return vec2<u32>(select(b.lo[i], b.hi[i], high), at.y);
 }
+
+// Values k .. k + 3 (step s of block b, k = the block's first value + 4s, below K) of the
+// row, of the up projection's row with `up`: quant_vec4, so 0.0 at K and past it.
+fn block_vec4(b: RowBlock, up: bool, s: u32, k: u32) -> vec4<f32> {
+    let at = block_word(b, up, s);
+    return quant_vec4(at.x, at.y, select(b.scale, b.scale_up, up), k, params.kdim);
+}

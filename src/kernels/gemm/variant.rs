@@ -753,40 +753,19 @@ fn live_copies(rows: u32) -> Vec<u32> {
 /// zeros past K: their loads need no bound.
 fn k_loop(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source) {
     let _ = writeln!(s, "    for (var k = 0u; k < kdim; k += 4u) {{");
-    for i in 0..rows {
-        if source == Source::Storage {
-            let _ = writeln!(s, "        let x{i} = x_group(x{i}b, k, kdim);");
-        } else {
-            let _ = writeln!(s, "        let x{i} = xw[x{i}b + k / 4u];");
-        }
-    }
-    let load = |j: u32, up: bool| match source {
+    x_loads(s, rows, source, "        ");
+    k_step(s, rows, cols, order, "        ", |j, up| match source {
         Source::Texture => format!("weight_texel({up}, w{j}t, k / 4u)"),
         Source::Storage | Source::Window => format!("weight_group({up}, w{j}b, k, kdim)"),
-    };
-    // One projection's loads and FMAs: weights `w` into accumulators `acc` (gate or plain),
-    // or `v` into `u` (up, under SWIGLU).
-    let half = |s: &mut String, acc: &str, w: &str, up: bool, indent: &str| {
-        for j in 0..cols {
-            let _ = writeln!(s, "{indent}let {w}{j} = {};", load(j, up));
-        }
-        for i in 0..rows {
-            for j in 0..cols {
-                step(s, order, &format!("{acc}{i}_{j}"), &format!("x{i}"), &format!("{w}{j}"), indent);
-            }
-        }
-    };
-    half(s, "a", "w", false, "        ");
-    let _ = writeln!(s, "        if SWIGLU {{");
-    half(s, "u", "v", true, "            ");
-    let _ = writeln!(s, "        }}\n    }}");
+    });
+    s.push_str("    }\n");
 }
 
 /// [`k_loop`] for quantised weights (rows at `w{j}b`): block by block of 32 values, each
 /// column's block read once (row_block: header word, scale, code words as vec4s), then its
-/// steps of four in K order, each with the same values as weight_group's (quant_vec4: 0.0 at K
-/// and past it), so the same bits. The steps run as a loop that stops at K (a branch the same
-/// for every invocation).
+/// steps of four in K order, each with the same values as weight_group's (block_vec4: 0.0 at
+/// K and past it), so the same bits. The steps run as a loop that stops at K (a branch the
+/// same for every invocation).
 fn k_loop_quantised(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source) {
     let _ = writeln!(s, "    for (var k0 = 0u; k0 < kdim; k0 += 32u) {{");
     for j in 0..cols {
@@ -800,26 +779,39 @@ fn k_loop_quantised(s: &mut String, rows: u32, cols: u32, order: GemmOrder, sour
             }
 ",
     );
+    x_loads(s, rows, source, "            ");
+    k_step(s, rows, cols, order, "            ", |j, up| format!("block_vec4(b{j}, {up}, s, k)"));
+    s.push_str("        }\n    }\n");
+}
+
+/// The step's x of rows 0 .. `rows` (`x{i}`, values k .. k + 3), from storage or the window.
+fn x_loads(s: &mut String, rows: u32, source: Source, indent: &str) {
     for i in 0..rows {
         match source {
             Source::Storage => {
-                let _ = writeln!(s, "            let x{i} = x_group(x{i}b, k, kdim);");
+                let _ = writeln!(s, "{indent}let x{i} = x_group(x{i}b, k, kdim);");
             }
             Source::Window | Source::Texture => {
-                let _ = writeln!(s, "            let x{i} = xw[x{i}b + k / 4u];");
+                let _ = writeln!(s, "{indent}let x{i} = xw[x{i}b + k / 4u];");
             }
         }
     }
-    // One projection's values and FMAs: the block's words (gate or plain) into accumulators
-    // `acc`, or the up projection's into `u` (under SWIGLU).
+}
+
+/// One step of four K values of a direct block: each column's weights (`w{j}`, the expression
+/// `load(j, false)`) and the FMAs of every row into accumulators `a{i}_{j}`; under SWIGLU the
+/// up projection's (`v{j}`, `load(j, true)`) into `u{i}_{j}`.
+fn k_step(
+    s: &mut String,
+    rows: u32,
+    cols: u32,
+    order: GemmOrder,
+    indent: &str,
+    load: impl Fn(u32, bool) -> String,
+) {
     let half = |s: &mut String, acc: &str, w: &str, up: bool, indent: &str| {
-        let scale = if up { "scale_up" } else { "scale" };
         for j in 0..cols {
-            let _ = writeln!(
-                s,
-                "{indent}let {w}{j}s = block_word(b{j}, {up}, s);
-{indent}let {w}{j} = quant_vec4({w}{j}s.x, {w}{j}s.y, b{j}.{scale}, k, kdim);"
-            );
+            let _ = writeln!(s, "{indent}let {w}{j} = {};", load(j, up));
         }
         for i in 0..rows {
             for j in 0..cols {
@@ -827,15 +819,10 @@ fn k_loop_quantised(s: &mut String, rows: u32, cols: u32, order: GemmOrder, sour
             }
         }
     };
-    half(s, "a", "w", false, "            ");
-    let _ = writeln!(s, "            if SWIGLU {{");
-    half(s, "u", "v", true, "                ");
-    let _ = writeln!(
-        s,
-        "            }}
-        }}
-    }}"
-    );
+    half(s, "a", "w", false, indent);
+    let _ = writeln!(s, "{indent}if SWIGLU {{");
+    half(s, "u", "v", true, &format!("{indent}    "));
+    let _ = writeln!(s, "{indent}}}");
 }
 
 /// The tiled kernel on 32 × `cols` tiles, `tn` columns per invocation (see
