@@ -615,7 +615,7 @@ impl ExpertWeights {
             n,
             k,
             native_f16: dtype == WeightDtype::F16 && ctx.capabilities().shader_f16,
-            narrow_scales: dtype == WeightDtype::Mxfp4 && narrow_scales.all,
+            narrow_scales: narrow_scales.hold(),
             texture: Mutex::new(None),
         }
     }

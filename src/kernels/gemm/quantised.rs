@@ -68,17 +68,22 @@ pub(crate) fn mxfp4_narrow_scales(k: u64, words: &[u32]) -> bool {
         .all(|r| (0..blocks).all(|b| MXFP4_NARROW_SCALES.contains(&r[b / 4].to_le_bytes()[b % 4])))
 }
 
-/// Whether every MXFP4 block scale of an upload is narrow, over its device words as they are
-/// made (whole rows of `k` values); always true for the other dtypes, which do not use it.
+/// Whether an upload is MXFP4 with every block scale narrow, over its device words as they
+/// are made (whole rows of `k` values).
 pub(crate) struct NarrowScales {
     k: u64,
     mxfp4: bool,
-    pub(crate) all: bool,
+    all: bool,
 }
 
 impl NarrowScales {
     pub(crate) fn new(dtype: WeightDtype, k: u32) -> Self {
         NarrowScales { k: u64::from(k), mxfp4: dtype == WeightDtype::Mxfp4, all: true }
+    }
+
+    /// MXFP4 weights whose every scale seen is narrow (false for other dtypes).
+    pub(crate) fn hold(&self) -> bool {
+        self.mxfp4 && self.all
     }
 
     /// Takes whole rows of device words.
