@@ -661,28 +661,39 @@ impl ExpertWeights {
                 data.len(),
             ));
         }
-        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
         let (n64, k64) = (n as usize, k as usize);
-        let mut narrow = NarrowScales::new(dtype, k);
-        let mut chunks = Vec::with_capacity(plan.len());
-        for (es, cs) in plan {
-            let mut words = Vec::new();
+        Self::upload_chunks(ctx, dtype, [experts, n, k], |es, cs| {
             let mut values = Vec::new();
-            for e in es.clone() {
+            for e in es {
                 let row0 = (e as usize * n64 + cs.start as usize) * k64;
                 values.extend_from_slice(&data[row0..row0 + cs.len() * k64]);
             }
-            words.extend(dtype.pack(&values, k64)?);
-            narrow.see(&words);
-            let bytes = words.len() as u64 * 4;
+            dtype.pack(&values, k64)
+        })
+    }
+
+    /// Uploads `[experts, n, k]` weights of `dtype` in this device's chunks, each chunk's
+    /// device words from `words(experts, cols)`.
+    fn upload_chunks(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        mut words: impl FnMut(Range<u32>, Range<u32>) -> Result<Vec<u32>>,
+    ) -> Result<Self> {
+        let plan = Self::chunks_for(ctx, dtype, shape)?;
+        let mut narrow = NarrowScales::new(dtype, shape[2]);
+        let mut chunks = Vec::with_capacity(plan.len());
+        for (es, cs) in plan {
+            let chunk = words(es.clone(), cs.clone())?;
+            narrow.see(&chunk);
             chunks.push(WeightChunk {
-                buffer: ctx.upload("expert weights", &words)?,
+                buffer: ctx.upload("expert weights", &chunk)?,
                 experts: es,
                 cols: cs,
-                bytes,
+                bytes: chunk.len() as u64 * 4,
             });
         }
-        Ok(Self::on_device(ctx, chunks, dtype, [experts, n, k], narrow))
+        Ok(Self::on_device(ctx, chunks, dtype, shape, narrow))
     }
 
     /// Uploads `[experts, n, k]` weights a checkpoint stores quantised, as they are (no
@@ -701,27 +712,18 @@ impl ExpertWeights {
         k: u32,
     ) -> Result<Self> {
         let dtype = values.dtype();
-        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        // The shape's own errors (an empty dimension, sizes past the device) before the blocks'.
+        Self::chunks_for(ctx, dtype, [experts, n, k])?;
         let words = values.device_words([experts as usize, n as usize, k as usize])?;
-        let mut narrow = NarrowScales::new(dtype, k);
-        narrow.see(&words);
         let row = quantised::row_words(dtype, u64::from(k)) as usize;
-        let mut chunks = Vec::with_capacity(plan.len());
-        for (es, cs) in plan {
+        Self::upload_chunks(ctx, dtype, [experts, n, k], |es, cs| {
             let mut chunk = Vec::with_capacity(es.len() * cs.len() * row);
-            for e in es.clone() {
+            for e in es {
                 let first = e as usize * n as usize + cs.start as usize;
                 chunk.extend_from_slice(&words[first * row..(first + cs.len()) * row]);
             }
-            let bytes = chunk.len() as u64 * 4;
-            chunks.push(WeightChunk {
-                buffer: ctx.upload("expert weights", &chunk)?,
-                experts: es,
-                cols: cs,
-                bytes,
-            });
-        }
-        Ok(Self::on_device(ctx, chunks, dtype, [experts, n, k], narrow))
+            Ok(chunk)
+        })
     }
 
     /// Uploads `[experts, n, k]` expert by expert without a host copy of the whole tensor:
