@@ -483,36 +483,48 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
             let idx = routes(82, tokens, e, k, true);
             let what =
                 format!("{} {dtype:?}{}", ctx.adapter().slug(), if wide { " (wide scales)" } else { "" });
-            let want = m.reference(&x, &idx, k);
-            let ffn_with = |up, down| {
-                m.upload(&ctx).with_kernels(FfnKernels { order: GemmOrder::Strict, up, down }).unwrap()
-            };
             // Each way the kernels load weights once (the loads are the same functions in every
-            // variant): the adapter's defaults (texture ones run as window blocks, which load
-            // as the direct blocks do), a tiled block (weight4_tail), a direct block and the
-            // row-wise kernel;
-            // compiling all of variants_under_test per format takes minutes on the CPU
-            // adapters and in CI's Tint check.
-            let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-            // A direct block too: with the window ones, the blocks that read quantised rows
-            // block by block (x from storage there, from windows in window blocks).
+            // variant; compiling all of variants_under_test per format takes minutes on the CPU
+            // adapters and in CI's Tint check), with a direct block: with the window ones, the
+            // blocks that read quantised rows block by block (x from storage there).
             let direct = GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 };
-            let mut variants = vec![d.up, d.down, GemmVariant::Tiled { bk4: 1 }, direct];
-            variants.dedup();
-            let first = variants[0];
-            let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
-            assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, h as usize);
-            // Beside tiled blocks the row-wise kernel reads x from storage, not from windows.
-            let tiled = GemmVariant::Tiled { bk4: 1 };
-            let from_storage = run(&ctx, &ffn_with(tiled, tiled), &x, &idx, k, Path::Decode);
-            assert_eq!(bits(&from_storage), bits(&decode), "{what}: row-wise from storage vs the defaults");
-            let bucketed = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Bucketed(4));
-            assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
-            for v in variants {
-                let grouped = run(&ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
-                assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped {} vs row-wise", v.name());
-            }
+            assert_every_path_agrees(&ctx, &m, &x, &idx, k, &[direct], &what);
         }
+    }
+}
+
+/// `m` on every path gives the bits of the row-wise decode with the adapter's default kernels,
+/// which is within the bound of the reference: the row-wise kernel beside tiled blocks (x from
+/// storage, not windows), bucketed with overflow, and grouped through the defaults (texture
+/// ones run as window blocks for weights without texture copies), a tiled block (weight4_tail)
+/// and `extra`.
+fn assert_every_path_agrees(
+    ctx: &Context,
+    m: &Model,
+    x: &[f32],
+    idx: &[u32],
+    k: u32,
+    extra: &[GemmVariant],
+    what: &str,
+) {
+    let want = m.reference(x, idx, k);
+    let ffn_with =
+        |up, down| m.upload(ctx).with_kernels(FfnKernels { order: GemmOrder::Strict, up, down }).unwrap();
+    let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
+    let tiled = GemmVariant::Tiled { bk4: 1 };
+    let mut variants = vec![d.up, d.down, tiled];
+    variants.extend_from_slice(extra);
+    variants.dedup();
+    let first = variants[0];
+    let decode = run(ctx, &ffn_with(first, first), x, idx, k, Path::Decode);
+    assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, m.h as usize);
+    let from_storage = run(ctx, &ffn_with(tiled, tiled), x, idx, k, Path::Decode);
+    assert_eq!(bits(&from_storage), bits(&decode), "{what}: row-wise from storage vs the defaults");
+    let bucketed = run(ctx, &ffn_with(first, first), x, idx, k, Path::Bucketed(4));
+    assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
+    for v in variants {
+        let grouped = run(ctx, &ffn_with(v, v), x, idx, k, Path::Grouped);
+        assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped {} vs row-wise", v.name());
     }
 }
 
@@ -537,26 +549,7 @@ fn clamped_swiglu_with_biases_gives_the_same_bits_on_every_path() {
             let x = adversarial(&mut r, (tokens * h) as usize, 1.0);
             let idx = routes(92, tokens, e, k, true);
             let what = format!("{} {dtype:?}", ctx.adapter().slug());
-            let want = m.reference(&x, &idx, k);
-            let ffn_with = |up, down| {
-                m.upload(&ctx).with_kernels(FfnKernels { order: GemmOrder::Strict, up, down }).unwrap()
-            };
-            let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-            let mut variants = vec![d.up, d.down, GemmVariant::Tiled { bk4: 1 }];
-            variants.dedup();
-            let first = variants[0];
-            let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
-            assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, h as usize);
-            // Beside tiled blocks the row-wise kernel reads x from storage, not from windows.
-            let tiled = GemmVariant::Tiled { bk4: 1 };
-            let from_storage = run(&ctx, &ffn_with(tiled, tiled), &x, &idx, k, Path::Decode);
-            assert_eq!(bits(&from_storage), bits(&decode), "{what}: row-wise from storage vs the defaults");
-            let bucketed = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Bucketed(4));
-            assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
-            for v in variants {
-                let grouped = run(&ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
-                assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped {} vs row-wise", v.name());
-            }
+            assert_every_path_agrees(&ctx, &m, &x, &idx, k, &[], &what);
             // Biases this large put gate and up values past the clamp on both sides.
             let g_bias = &m.bias.as_ref().unwrap()[0];
             assert!(g_bias.iter().any(|&b| b > 8.0) && g_bias.iter().any(|&b| b < -8.0));
