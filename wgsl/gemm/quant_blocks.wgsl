@@ -20,20 +20,21 @@ struct RowBlock {
 // The block of the row at word `wr` that starts at value k0 (a multiple of 32 below K; a group
 // is whole in the row, so every word of a block that starts before K is there).
 fn row_block(wr: u32, k0: u32) -> RowBlock {
-    let nibbles = DTYPE == DTYPE_Q4_0 || DTYPE == DTYPE_MXFP4;
+    // Eight code words a block (Q8_0, FP8): a second vec4.
+    let two = quant_block_words() == 8u;
     let head = quant_head_at(wr, k0);
     let block = (k0 % quant_group_values()) / 32u;
     let codes = quant_codes_of(wr, k0, params.kdim);
     var b = RowBlock(vec4<u32>(0u), vec4<u32>(0u), 0u, vec4<u32>(0u), vec4<u32>(0u), 0u);
     b.lo = weight_words4(false, codes);
     b.scale = quant_scale(weight_word(false, head), block);
-    if !nibbles {
+    if two {
         b.hi = weight_words4(false, codes + 4u);
     }
     if SWIGLU {
         b.lo_up = weight_words4(true, codes);
         b.scale_up = quant_scale(weight_word(true, head), block);
-        if !nibbles {
+        if two {
             b.hi_up = weight_words4(true, codes + 4u);
         }
     }

@@ -661,8 +661,9 @@ impl ExpertWeights {
                 data.len(),
             ));
         }
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
         let (n64, k64) = (n as usize, k as usize);
-        Self::upload_chunks(ctx, dtype, [experts, n, k], |es, cs| {
+        Self::upload_chunks(ctx, dtype, [experts, n, k], plan, |es, cs| {
             let mut values = Vec::new();
             for e in es {
                 let row0 = (e as usize * n64 + cs.start as usize) * k64;
@@ -672,15 +673,15 @@ impl ExpertWeights {
         })
     }
 
-    /// Uploads `[experts, n, k]` weights of `dtype` in this device's chunks, each chunk's
-    /// device words from `words(experts, cols)`.
+    /// Uploads `[experts, n, k]` weights of `dtype` in the chunks of `plan` ([`Self::chunks_for`]),
+    /// each chunk's device words from `words(experts, cols)`.
     fn upload_chunks(
         ctx: &Context,
         dtype: WeightDtype,
         shape: [u32; 3],
+        plan: Vec<(Range<u32>, Range<u32>)>,
         mut words: impl FnMut(Range<u32>, Range<u32>) -> Result<Vec<u32>>,
     ) -> Result<Self> {
-        let plan = Self::chunks_for(ctx, dtype, shape)?;
         let mut narrow = NarrowScales::new(dtype, shape[2]);
         let mut chunks = Vec::with_capacity(plan.len());
         for (es, cs) in plan {
@@ -712,11 +713,10 @@ impl ExpertWeights {
         k: u32,
     ) -> Result<Self> {
         let dtype = values.dtype();
-        // The shape's own errors (an empty dimension, sizes past the device) before the blocks'.
-        Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
         let words = values.device_words([experts as usize, n as usize, k as usize])?;
         let row = quantised::row_words(dtype, u64::from(k)) as usize;
-        Self::upload_chunks(ctx, dtype, [experts, n, k], |es, cs| {
+        Self::upload_chunks(ctx, dtype, [experts, n, k], plan, |es, cs| {
             let mut chunk = Vec::with_capacity(es.len() * cs.len() * row);
             for e in es {
                 let first = e as usize * n as usize + cs.start as usize;
