@@ -201,6 +201,7 @@ fn shared_constants() -> Vec<(&'static str, &'static str, f64)> {
         ("gemm/", "FLAG_IDENTITY_ROWS", f64::from(g::FLAG_IDENTITY_ROWS)),
         ("gemm/", "FLAG_EXPERT_FROM_TILES", f64::from(g::FLAG_EXPERT_FROM_TILES)),
         ("gemm/", "FLAG_EXPERT_FROM_INDICES", f64::from(g::FLAG_EXPERT_FROM_INDICES)),
+        ("gemm/rowwise_subgroup", "ROW_ALIGN", f64::from(g::ROWWISE_SUBGROUP_ROW_ALIGN)),
     ];
     all.extend(dag_constants());
     all
@@ -319,16 +320,27 @@ fn needs_f16(source: &ShaderSource) -> bool {
     source.parts.first().is_some_and(|p| p.text.contains("enable f16;"))
 }
 
+/// Modules that read a subgroup builtin need subgroups (never on GL adapters).
+fn needs_subgroups(source: &ShaderSource) -> bool {
+    source.parts.iter().any(|p| p.text.contains("@builtin(subgroup_invocation_id)"))
+}
+
 fn validate(source: &ShaderSource) -> (naga::Module, naga::valid::ModuleInfo) {
     let text = source.compose();
     let module = naga::front::wgsl::parse_str(&text)
         .unwrap_or_else(|e| panic!("{}: {}", source.name, e.emit_to_string(&text)));
-    let caps = if needs_f16(source) {
-        Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_FLOAT16_IN_FLOAT32
-    } else {
-        Capabilities::default()
-    };
+    let mut caps = Capabilities::default();
+    if needs_f16(source) {
+        caps |= Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+    }
+    if needs_subgroups(source) {
+        caps |= Capabilities::SUBGROUP;
+    }
     let info = Validator::new(ValidationFlags::all(), caps)
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(
+            naga::valid::SubgroupOperationSet::BASIC | naga::valid::SubgroupOperationSet::BALLOT,
+        )
         .validate(&module)
         .unwrap_or_else(|e| panic!("{}: {}", source.name, e.emit_to_string(&text)));
     (module, info)
@@ -367,6 +379,8 @@ fn every_module_validates_and_translates_to_every_backend() {
                 hlsl::PipelineOptions { entry_point: Some((naga::ShaderStage::Compute, entry.to_string())) };
             let hlsl_options = if needs_f16(source) {
                 hlsl::Options { shader_model: hlsl::ShaderModel::V6_2, ..Default::default() }
+            } else if needs_subgroups(source) {
+                hlsl::Options { shader_model: hlsl::ShaderModel::V6_0, ..Default::default() }
             } else {
                 hlsl::Options::default()
             };
@@ -374,8 +388,9 @@ fn every_module_validates_and_translates_to_every_backend() {
                 .write(&module, &info, None)
                 .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
             assert!(text.contains("numthreads"), "{what}: HLSL has no numthreads");
-            // GL adapters never offer shader-f16, so f16 modules have no GLSL target.
-            let glsl_versions = if needs_f16(source) {
+            // GL adapters never offer shader-f16 or subgroups, so those modules have no GLSL
+            // target.
+            let glsl_versions = if needs_f16(source) || needs_subgroups(source) {
                 vec![]
             } else {
                 vec![glsl::Version::new_gles(310), glsl::Version::Desktop(430)]

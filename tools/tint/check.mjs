@@ -17,7 +17,9 @@
 // branch-free; with branches, SwiftShader's compile of one FP8 16 x 8 kernel passed 17 GB.
 //
 // Dawn needs a Vulkan driver it accepts (SwiftShader here; it refuses Mesa 22's lavapipe).
-// Modules that enable f16 are reported as skipped where the adapter has no shader-f16.
+// Modules that enable f16 are reported as skipped where the adapter has no shader-f16, and
+// modules that read subgroup builtins where it has no subgroups (they get the
+// `enable subgroups;` that naga refuses and Tint asks for).
 // Exit status: 0 when every pipeline compiled, 1 when one failed, 2 when nothing could run.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -97,11 +99,20 @@ async function worker(from) {
   for (let index = from; index < records.length; index++) {
     say({ start: index });
     const rec = JSON.parse(fs.readFileSync(path.join(dir, records[index]), 'utf8'));
-    const code = fs.readFileSync(path.join(dir, rec.module), 'utf8');
+    let code = fs.readFileSync(path.join(dir, rec.module), 'utf8');
     const name = `${rec.module} ${rec.entry} ${JSON.stringify(rec.constants)}`;
     if (/^\s*enable f16;/m.test(code) && !features.includes('shader-f16')) {
       say({ index, name, verdict: 'skipped', why: ' (the adapter has no shader-f16)' });
       continue;
+    }
+    if (/@builtin\(subgroup_/.test(code)) {
+      if (!features.includes('subgroups')) {
+        say({ index, name, verdict: 'skipped', why: ' (the adapter has no subgroups)' });
+        continue;
+      }
+      // WGSL asks for the directive; naga (wgpu 30) refuses it and takes the builtins
+      // from the device's SUBGROUP feature, so moeflow's modules leave it out.
+      code = `enable subgroups;\n${code}`;
     }
     const errors = [];
     device.pushErrorScope('validation');

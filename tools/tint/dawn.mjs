@@ -1,6 +1,6 @@
 // Opens Dawn (the npm package `webgpu`: Dawn's Node bindings, with Tint as WGSL compiler) on
 // the first adapter it finds, with every limit moeflow's kernels may need raised to the
-// adapter's own and shader-f16 where the adapter has it.
+// adapter's own, and shader-f16 and subgroups where the adapter has them.
 //
 // Dawn needs a Vulkan driver it accepts: SwiftShader here (point VK_ICD_FILENAMES at its ICD);
 // it refuses Mesa 22's lavapipe.
@@ -27,7 +27,7 @@ export async function openDawn() {
   }
   const info = adapter.info ?? {};
   const description = `${info.vendor} ${info.architecture} ${info.description}`.trim();
-  const features = adapter.features.has('shader-f16') ? ['shader-f16'] : [];
+  const features = ['shader-f16', 'subgroups'].filter((f) => adapter.features.has(f));
   const requiredLimits = {};
   for (const key of LIMITS) requiredLimits[key] = adapter.limits[key];
   const device = await adapter.requestDevice({ requiredFeatures: features, requiredLimits });

@@ -1,6 +1,8 @@
 // Row-wise expert projection: one invocation per (row, column of the bound chunk) output, dot
-// products read straight from memory (x through x_base / x_vec: rowwise_x.wgsl reads storage,
-// rowwise_x_window.wgsl a uniform window; the weights through weight_at / weight_vec:
+// products read straight from memory (x through x_base / x_vec / x_block: rowwise_x.wgsl reads
+// storage, rowwise_x_window.wgsl a uniform window, and x_block is eight x_vec loads
+// (rowwise_entry.wgsl) or one load per invocation shared through subgroup broadcasts
+// (rowwise_x_subgroup.wgsl); the weights through weight_at / weight_vec:
 // rowwise_w_packed.wgsl reads the weight buffers, rowwise_w_texture.wgsl their texture copies;
 // the loop is row_dots: rowwise_dots.wgsl, or rowwise_dots_quant.wgsl, which reads quantised
 // weights block by block). A dispatch computes rows win_row0 ..
@@ -14,16 +16,22 @@
 @group(0) @binding(7) var<storage, read> row_count: array<u32>;
 @group(0) @binding(8) var<storage, read> expert_of_entry: array<u32>;
 
-@compute @workgroup_size(64)
-fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.x + gid.y * nwg.x * 64u;
+// Invocation i of a dispatch (the entry points are rowwise_entry.wgsl and
+// rowwise_x_subgroup.wgsl): output row i / row_lanes, column i % row_lanes of the chunk, where
+// row_lanes is the chunk's column count rounded up to ROW_ALIGN. Lanes at columns past the
+// chunk's compute a clamped column and store nothing; every other early exit depends on the row
+// alone, so with ROW_ALIGN a multiple of the workgroup size a workgroup (and each of its
+// subgroups) exits or runs the dot products as a whole.
+fn rowwise_at(i: u32) {
     let rows = min(params.rows, row_count[params.count_word]);
-    let local = i / params.cols;
+    let row_lanes = (params.cols + ROW_ALIGN - 1u) / ROW_ALIGN * ROW_ALIGN;
+    let local = i / row_lanes;
     let row = params.win_row0 + local;
     if local >= params.win_rows || row >= rows {
         return;
     }
-    let col = params.col_base + i % params.cols;
+    let lane = i % row_lanes;
+    let col = params.col_base + min(lane, params.cols - 1u);
     let entry = entry_of(row);
     if entry == NONE {
         return;
@@ -36,7 +44,9 @@ fn rowwise(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
         return;
     }
     let dots = row_dots(x_base(row, entry), weight_at(expert, col));
-    store(row, entry, col, epilogue(expert, col, order_value(dots.gate), order_value(dots.up)));
+    if lane < params.cols {
+        store(row, entry, col, epilogue(expert, col, order_value(dots.gate), order_value(dots.up)));
+    }
 }
 
 // A row's accumulators (order.wgsl): the projection's, and the up projection's under SWIGLU.
@@ -45,18 +55,15 @@ struct RowDots {
     up: vec4<f32>,
 }
 
-// The row's dot products, one group of four K values at a time in K order (order_step), x
-// through x_vec and the weights through weight_vec. row_dots (rowwise_dots.wgsl, or
-// rowwise_dots_quant.wgsl for quantised weights) runs this or an equivalent loop.
-fn row_dots_by_group(xr: u32, wr: WeightAt) -> RowDots {
-    let kdim = params.kdim;
-    var dots = RowDots(vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var k = 0u; k < kdim; k += 4u) {
-        let xv = x_vec(xr, k);
-        dots.gate = order_step(dots.gate, xv, weight_vec(false, wr, k));
-        if SWIGLU {
-            dots.up = order_step(dots.up, xv, weight_vec(true, wr, k));
-        }
-    }
-    return dots;
+// x at k0 .. k0 + 31 of the row at xr (from x_base), s0 the group k0 .. k0 + 3 and so on (a
+// block of 32 K values wholly below K).
+struct XBlock {
+    s0: vec4<f32>,
+    s1: vec4<f32>,
+    s2: vec4<f32>,
+    s3: vec4<f32>,
+    s4: vec4<f32>,
+    s5: vec4<f32>,
+    s6: vec4<f32>,
+    s7: vec4<f32>,
 }

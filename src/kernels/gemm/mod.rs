@@ -37,20 +37,23 @@ pub(crate) use variant::{WINDOW_BYTES, WeightLoads};
 /// automatically (see [`uses_decode_path`]).
 pub const DECODE_MAX_TOKENS: u32 = 8;
 
-/// The row-wise kernel's module: x from storage or from uniform windows; packed float, native
-/// f16 or quantised weights from their buffers, or their texture copies.
+/// The row-wise kernel's module: x from storage or from uniform windows, each invocation
+/// loading its own (`gemm/rowwise_entry.wgsl`) or a subgroup sharing its loads of a window
+/// (`gemm/rowwise_x_subgroup.wgsl`); packed float, native f16 or quantised weights from their
+/// buffers, or their texture copies.
 macro_rules! rowwise_shader {
-    ($name:literal, $x:literal, $($weights:literal),+) => {
+    ($name:literal, $x:literal, $entry:literal, $($weights:literal),+) => {
         ShaderSource {
             name: concat!("gemm/", $name),
-            parts: &[$(wgsl!($weights),)+ wgsl!($x), wgsl!("gemm/rowwise.wgsl")],
+            parts: &[$(wgsl!($weights),)+ wgsl!($x), wgsl!("gemm/rowwise.wgsl"), wgsl!($entry)],
             entry_points: &["rowwise"],
         }
     };
-    ($name:literal, $x:literal, packed) => {
+    ($name:literal, $x:literal, $entry:literal, packed) => {
         rowwise_shader!(
             $name,
             $x,
+            $entry,
             "gemm/common.wgsl",
             "gemm/order.wgsl",
             "gemm/weights_packed.wgsl",
@@ -61,10 +64,11 @@ macro_rules! rowwise_shader {
             "gemm/epilogue.wgsl"
         )
     };
-    ($name:literal, $x:literal, quant) => {
+    ($name:literal, $x:literal, $entry:literal, quant) => {
         rowwise_shader!(
             $name,
             $x,
+            $entry,
             "gemm/common.wgsl",
             "gemm/order.wgsl",
             "gemm/weights_quant.wgsl",
@@ -76,10 +80,11 @@ macro_rules! rowwise_shader {
             "gemm/epilogue.wgsl"
         )
     };
-    ($name:literal, $x:literal, f16) => {
+    ($name:literal, $x:literal, $entry:literal, f16) => {
         rowwise_shader!(
             $name,
             $x,
+            $entry,
             "gemm/enable_f16.wgsl",
             "gemm/common.wgsl",
             "gemm/order.wgsl",
@@ -89,10 +94,11 @@ macro_rules! rowwise_shader {
             "gemm/epilogue.wgsl"
         )
     };
-    ($name:literal, $x:literal, texture) => {
+    ($name:literal, $x:literal, $entry:literal, texture) => {
         rowwise_shader!(
             $name,
             $x,
+            $entry,
             "gemm/common.wgsl",
             "gemm/order.wgsl",
             "gemm/half.wgsl",
@@ -103,19 +109,47 @@ macro_rules! rowwise_shader {
         )
     };
 }
-static ROWWISE_SHADER: ShaderSource = rowwise_shader!("rowwise", "gemm/rowwise_x.wgsl", packed);
-static ROWWISE_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_f16", "gemm/rowwise_x.wgsl", f16);
-static ROWWISE_QUANT_SHADER: ShaderSource = rowwise_shader!("rowwise_quant", "gemm/rowwise_x.wgsl", quant);
+static ROWWISE_SHADER: ShaderSource =
+    rowwise_shader!("rowwise", "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", packed);
+static ROWWISE_F16_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_f16", "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", f16);
+static ROWWISE_QUANT_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_quant", "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", quant);
 static ROWWISE_TEXTURE_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_texture", "gemm/rowwise_x.wgsl", texture);
+    rowwise_shader!("rowwise_texture", "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", texture);
 static ROWWISE_WINDOW_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_window", "gemm/rowwise_x_window.wgsl", packed);
+    rowwise_shader!("rowwise_window", "gemm/rowwise_x_window.wgsl", "gemm/rowwise_entry.wgsl", packed);
 static ROWWISE_WINDOW_F16_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_window_f16", "gemm/rowwise_x_window.wgsl", f16);
+    rowwise_shader!("rowwise_window_f16", "gemm/rowwise_x_window.wgsl", "gemm/rowwise_entry.wgsl", f16);
 static ROWWISE_WINDOW_QUANT_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_window_quant", "gemm/rowwise_x_window.wgsl", quant);
-static ROWWISE_WINDOW_TEXTURE_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_window_texture", "gemm/rowwise_x_window.wgsl", texture);
+    rowwise_shader!("rowwise_window_quant", "gemm/rowwise_x_window.wgsl", "gemm/rowwise_entry.wgsl", quant);
+static ROWWISE_WINDOW_TEXTURE_SHADER: ShaderSource = rowwise_shader!(
+    "rowwise_window_texture",
+    "gemm/rowwise_x_window.wgsl",
+    "gemm/rowwise_entry.wgsl",
+    texture
+);
+
+static ROWWISE_SUBGROUP_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_subgroup", "gemm/rowwise_x_window.wgsl", "gemm/rowwise_x_subgroup.wgsl", packed);
+static ROWWISE_SUBGROUP_F16_SHADER: ShaderSource = rowwise_shader!(
+    "rowwise_subgroup_f16",
+    "gemm/rowwise_x_window.wgsl",
+    "gemm/rowwise_x_subgroup.wgsl",
+    f16
+);
+static ROWWISE_SUBGROUP_QUANT_SHADER: ShaderSource = rowwise_shader!(
+    "rowwise_subgroup_quant",
+    "gemm/rowwise_x_window.wgsl",
+    "gemm/rowwise_x_subgroup.wgsl",
+    quant
+);
+static ROWWISE_SUBGROUP_TEXTURE_SHADER: ShaderSource = rowwise_shader!(
+    "rowwise_subgroup_texture",
+    "gemm/rowwise_x_window.wgsl",
+    "gemm/rowwise_x_subgroup.wgsl",
+    texture
+);
 
 /// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature): the
 /// row-wise kernel and the generated block kernels of every candidate variant in both orders.
@@ -129,6 +163,10 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
         &ROWWISE_WINDOW_QUANT_SHADER,
         &ROWWISE_TEXTURE_SHADER,
         &ROWWISE_WINDOW_TEXTURE_SHADER,
+        &ROWWISE_SUBGROUP_SHADER,
+        &ROWWISE_SUBGROUP_F16_SHADER,
+        &ROWWISE_SUBGROUP_QUANT_SHADER,
+        &ROWWISE_SUBGROUP_TEXTURE_SHADER,
         &STAGE_SHADER,
         &UNPACK_SHADER,
         &texture::PACK_SHADER,
@@ -165,6 +203,10 @@ pub(crate) fn specs_for(
         &ROWWISE_WINDOW_F16,
         &ROWWISE_WINDOW_QUANT,
         &ROWWISE_WINDOW_TEXTURE,
+        &ROWWISE_SUBGROUP,
+        &ROWWISE_SUBGROUP_F16,
+        &ROWWISE_SUBGROUP_QUANT,
+        &ROWWISE_SUBGROUP_TEXTURE,
     ];
     for &v in variants {
         for v in [v, v.without_texture(), v.without_window()] {
@@ -297,6 +339,11 @@ static ROWWISE_WINDOW_F16: KernelSpec = rowwise(&ROWWISE_WINDOW_F16_SHADER, ROWW
 static ROWWISE_WINDOW_QUANT: KernelSpec = rowwise(&ROWWISE_WINDOW_QUANT_SHADER, ROWWISE_WINDOW_BINDINGS);
 static ROWWISE_WINDOW_TEXTURE: KernelSpec =
     rowwise(&ROWWISE_WINDOW_TEXTURE_SHADER, ROWWISE_WINDOW_TEXTURE_BINDINGS);
+static ROWWISE_SUBGROUP: KernelSpec = rowwise(&ROWWISE_SUBGROUP_SHADER, ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_SUBGROUP_F16: KernelSpec = rowwise(&ROWWISE_SUBGROUP_F16_SHADER, ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_SUBGROUP_QUANT: KernelSpec = rowwise(&ROWWISE_SUBGROUP_QUANT_SHADER, ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_SUBGROUP_TEXTURE: KernelSpec =
+    rowwise(&ROWWISE_SUBGROUP_TEXTURE_SHADER, ROWWISE_WINDOW_TEXTURE_BINDINGS);
 
 /// Storage type of expert weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -1422,17 +1469,12 @@ impl Pass<'_> {
         };
         let mut constants = self.constants();
         constants.push(("FAST_ORDER", f64::from(u8::from(self.order == GemmOrder::Fast))));
-        let quantised = self.w.dtype.is_quantised();
-        let spec = match (windows.is_some(), textures.is_some(), self.w.native_f16, quantised) {
-            (false, true, _, _) => &ROWWISE_TEXTURE,
-            (true, true, _, _) => &ROWWISE_WINDOW_TEXTURE,
-            (false, false, _, true) => &ROWWISE_QUANT,
-            (true, false, _, true) => &ROWWISE_WINDOW_QUANT,
-            (false, false, false, false) => &ROWWISE,
-            (false, false, true, false) => &ROWWISE_F16,
-            (true, false, false, false) => &ROWWISE_WINDOW,
-            (true, false, true, false) => &ROWWISE_WINDOW_F16,
+        let x = match windows {
+            None => RowX::Storage,
+            Some(_) if ctx.capabilities().subgroups => RowX::WindowShared,
+            Some(_) => RowX::Window,
         };
+        let spec = rowwise_spec(x, textures.is_some(), self.w.native_f16, self.w.dtype.is_quantised());
         let kernel = ctx.kernel(spec, &constants)?;
         let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };
         let placeholder = ctx.storage_scratch("no indices", 4)?;
@@ -1448,12 +1490,58 @@ impl Pass<'_> {
                 bindings.push(Binding::new(7, count, count.size()));
                 bindings.push(Binding::new(8, indices, indices.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
-                let threads = u64::from(span.rows) * u64::from(p.cols);
+                let threads = u64::from(span.rows) * x.row_lanes(p.cols);
                 let grid = ctx.grid(spec.groups(threads)?, "row-wise GEMM")?;
                 out.push(ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?);
             }
         }
         Ok(out)
+    }
+}
+
+/// How the row-wise kernel reads x.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowX {
+    /// Each invocation from storage.
+    Storage,
+    /// Each invocation from the dispatch's uniform window.
+    Window,
+    /// From the uniform window, each load shared by a subgroup (`gemm/rowwise_x_subgroup.wgsl`;
+    /// needs subgroups, and pads every row's columns to whole workgroups).
+    WindowShared,
+}
+
+impl RowX {
+    /// Invocations a row of `cols` output columns takes (`row_lanes` in `gemm/rowwise.wgsl`:
+    /// `cols` rounded up to the module's `ROW_ALIGN`).
+    fn row_lanes(self, cols: u32) -> u64 {
+        let align = match self {
+            RowX::Storage | RowX::Window => 1,
+            RowX::WindowShared => u64::from(ROWWISE_SUBGROUP_ROW_ALIGN),
+        };
+        u64::from(cols).div_ceil(align) * align
+    }
+}
+
+/// `ROW_ALIGN` of `gemm/rowwise_x_subgroup.wgsl`: a row's invocations fill whole workgroups.
+pub(crate) const ROWWISE_SUBGROUP_ROW_ALIGN: u32 = 64;
+
+/// The row-wise kernel reading x as `x` says, the weights from texture copies (`texture`) or
+/// from buffers as native f16 (`native_f16`), quantised blocks (`quantised`) or packed words.
+fn rowwise_spec(x: RowX, texture: bool, native_f16: bool, quantised: bool) -> &'static KernelSpec {
+    match (x, texture, native_f16, quantised) {
+        (RowX::Storage, true, _, _) => &ROWWISE_TEXTURE,
+        (RowX::Window, true, _, _) => &ROWWISE_WINDOW_TEXTURE,
+        (RowX::WindowShared, true, _, _) => &ROWWISE_SUBGROUP_TEXTURE,
+        (RowX::Storage, false, _, true) => &ROWWISE_QUANT,
+        (RowX::Window, false, _, true) => &ROWWISE_WINDOW_QUANT,
+        (RowX::WindowShared, false, _, true) => &ROWWISE_SUBGROUP_QUANT,
+        (RowX::Storage, false, false, false) => &ROWWISE,
+        (RowX::Storage, false, true, false) => &ROWWISE_F16,
+        (RowX::Window, false, false, false) => &ROWWISE_WINDOW,
+        (RowX::Window, false, true, false) => &ROWWISE_WINDOW_F16,
+        (RowX::WindowShared, false, false, false) => &ROWWISE_SUBGROUP,
+        (RowX::WindowShared, false, true, false) => &ROWWISE_SUBGROUP_F16,
     }
 }
 
