@@ -1,7 +1,8 @@
 // Copies packed expert-weight words (weights_packed.wgsl's layout: [rows, K] elements, f32 one
 // per word, halves two per word low half first) into the row-pitched layout of a texture upload
-// (weights_texture.wgsl's layout): row r's K elements as ceil(K / 4) texels of four elements,
-// zeros past K, rows `pitch_words` words apart. Copies bits only; nothing is converted.
+// (weights_texture.wgsl's layout): row r's K elements as texels of four words (four f32
+// elements, or eight halves), zeros past K, rows `pitch_words` words apart. Copies bits only;
+// nothing is converted.
 
 struct PackParams {
     // Rows to pack.
@@ -10,7 +11,8 @@ struct PackParams {
     src_row0: u32,
     // Elements per row (K).
     kdim: u32,
-    // Words a packed row holds in the destination: ceil(K / 4) texels of 4 (f32) or 2 words.
+    // Words a packed row holds in the destination: 4 per texel, ceil(K / 4) (f32) or
+    // ceil(K / 8) (16-bit) texels.
     row_words: u32,
     // Words from one destination row to the next (a multiple of 64: 256-byte copy rows).
     pitch_words: u32,

@@ -67,3 +67,9 @@ struct XBlock {
     s6: vec4<f32>,
     s7: vec4<f32>,
 }
+
+// Weights k .. k + 3 (a) and k + 4 .. k + 7 (b) of a row (weight_pair).
+struct WeightPair {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}

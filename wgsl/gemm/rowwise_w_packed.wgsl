@@ -12,3 +12,8 @@ fn weight_at(expert: u32, col: u32) -> WeightAt {
 fn weight_vec(buf_is_up: bool, at: WeightAt, k: u32) -> vec4<f32> {
     return weight4_tail(buf_is_up, at, k, params.kdim);
 }
+
+// Weights k .. k + 7 (k + 7 below K) of the row at `at`: weight_vec at k and k + 4.
+fn weight_pair(buf_is_up: bool, at: WeightAt, k: u32) -> WeightPair {
+    return WeightPair(weight_vec(buf_is_up, at, k), weight_vec(buf_is_up, at, k + 4u));
+}

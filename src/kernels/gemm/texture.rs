@@ -2,8 +2,9 @@
 //! ([`GemmVariant::Texture`](super::GemmVariant::Texture), `wgsl/gemm/weights_texture.wgsl`).
 //!
 //! Layout: one texture row per weight row (row `r = expert * N + column` of `[E, N, K]`), its K
-//! elements as `ceil(K / 4)` texels of four, zeros past K: `Rgba32Uint` texels of four f32 words,
-//! or `Rg32Uint` texels of two words of two halves each (low half first) for f16 and bf16. Rows
+//! elements in `Rgba32Uint` texels of four words, zeros past K: `ceil(K / 4)` texels of four f32
+//! words, or for f16 and bf16 `ceil(K / 8)` texels of eight halves (two per word, low half
+//! first), so a 16-bit row takes half the texel loads of an f32 one. Rows
 //! fill `layers = max(2, ceil(E * N / max_texture_dimension_2d))` layers of
 //! `height = ceil(E * N / layers)` rows, row `r` at `y = r % height` in layer `r / height`. The words are the packed buffers' words, copied on
 //! the device (`wgsl/gemm/pack_texture.wgsl`, then a buffer-to-texture copy), so a kernel sees
@@ -54,14 +55,12 @@ const COPY_ROW_ALIGN: u64 = wgpu::COPY_BYTES_PER_ROW_ALIGNMENT as u64;
 /// The extent of the texture copy of `[experts, n, k]` weights of `dtype`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TextureLayout {
-    /// Texels per row: `ceil(K / 4)`.
+    /// Texels per row: `ceil(K / 4)` (f32) or `ceil(K / 8)` (16-bit).
     pub width: u32,
     /// Rows per layer.
     pub height: u32,
     /// Array layers.
     pub layers: u32,
-    /// `Rgba32Uint` (f32) or `Rg32Uint` (16-bit).
-    pub format: wgpu::TextureFormat,
 }
 
 impl TextureLayout {
@@ -69,7 +68,12 @@ impl TextureLayout {
     /// is wider than a texture, the rows need more layers than a texture array has, or the
     /// weights are quantised.
     pub fn of(dtype: WeightDtype, [experts, n, k]: [u32; 3], limits: &KeyLimits) -> Option<Self> {
-        let width = k.div_ceil(4);
+        let width = match dtype {
+            WeightDtype::F32 => k.div_ceil(4),
+            WeightDtype::F16 | WeightDtype::Bf16 => k.div_ceil(8),
+            // Quantised groups have no texel layout yet: texture variants run as window blocks.
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => return None,
+        };
         let max = limits.max_texture_dimension_2d;
         let rows = u64::from(experts) * u64::from(n);
         if width == 0 || width > max || rows == 0 {
@@ -82,21 +86,15 @@ impl TextureLayout {
         if layers > u64::from(limits.max_texture_array_layers) {
             return None;
         }
-        let format = match dtype {
-            WeightDtype::F32 => wgpu::TextureFormat::Rgba32Uint,
-            WeightDtype::F16 | WeightDtype::Bf16 => wgpu::TextureFormat::Rg32Uint,
-            // Quantised groups have no texel layout yet: texture variants run as window blocks.
-            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => return None,
-        };
         // Both fit in u32: height <= max, layers <= max_texture_array_layers.
-        Some(TextureLayout { width, height: height as u32, layers: layers as u32, format })
-    }
-
-    /// u32 words per texel.
-    fn texel_words(self) -> u32 {
-        if self.format == wgpu::TextureFormat::Rgba32Uint { 4 } else { 2 }
+        Some(TextureLayout { width, height: height as u32, layers: layers as u32 })
     }
 }
+
+/// The texel format of every weight texture: four u32 words.
+const FORMAT: wgpu::TextureFormat = wgpu::TextureFormat::Rgba32Uint;
+/// u32 words per texel of [`FORMAT`].
+const TEXEL_WORDS: u32 = 4;
 
 /// The texture copy of one projection's weights.
 #[derive(Debug)]
@@ -123,14 +121,14 @@ impl TextureWeights {
                 mip_level_count: 1,
                 sample_count: 1,
                 dimension: wgpu::TextureDimension::D2,
-                format: layout.format,
+                format: FORMAT,
                 usage: wgpu::TextureUsages::TEXTURE_BINDING
                     | wgpu::TextureUsages::COPY_DST
                     | wgpu::TextureUsages::COPY_SRC,
                 view_formats: &[],
             })
         })?;
-        let row_words = layout.width * layout.texel_words();
+        let row_words = layout.width * TEXEL_WORDS;
         let pitch = (u64::from(row_words) * 4).next_multiple_of(COPY_ROW_ALIGN);
         // Rows packed per copy: a layer's, at most as many as one storage binding holds.
         let batch = (ctx.limits().max_storage_buffer_binding_size.min(ctx.limits().max_buffer_size) / pitch)
@@ -222,17 +220,18 @@ mod tests {
         ] {
             let l = TextureLayout::of(WeightDtype::Bf16, shape, &limits(dim, layers)).unwrap();
             let rows = u64::from(shape[0]) * u64::from(shape[1]);
-            assert_eq!(l.width, shape[2].div_ceil(4), "{shape:?}");
+            assert_eq!(l.width, shape[2].div_ceil(8), "{shape:?}");
             assert!(l.layers >= 2 && l.layers <= layers, "{shape:?}: {l:?}");
             assert!(l.height <= dim, "{shape:?}: {l:?}");
             assert!(u64::from(l.height) * u64::from(l.layers) >= rows, "{shape:?}: {l:?}");
             // No layer is left empty (but for one row, which still gets two layers): the rows
             // are spread evenly.
             assert!(rows == 1 || u64::from(l.height) * u64::from(l.layers - 1) < rows, "{shape:?}: {l:?}");
-            assert_eq!(l.format, wgpu::TextureFormat::Rg32Uint);
         }
         let f32 = TextureLayout::of(WeightDtype::F32, [2, 3, 5], &limits(8192, 256)).unwrap();
-        assert_eq!(f32.format, wgpu::TextureFormat::Rgba32Uint);
+        assert_eq!(f32.width, 2);
+        assert_eq!(TextureLayout::of(WeightDtype::F16, [2, 3, 17], &limits(8192, 256)).unwrap().width, 3);
+        assert!(TextureLayout::of(WeightDtype::Q4_0, [2, 3, 64], &limits(8192, 256)).is_none());
     }
 
     #[test]
