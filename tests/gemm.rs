@@ -6,12 +6,14 @@ mod common;
 
 use common::{assert_rows_close, bits, contexts, rng, routes, uniform};
 use moeflow::Context;
+use moeflow::bits::{bit_identical, first_difference};
 use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
 };
 use moeflow::kernels::gemm::{
     Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
-    FfnRouting, GemmOrder, GemmVariant, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
+    FfnRouting, GemmOrder, GemmVariant, StoredValues, WeightDtype, plan_dense, plan_ffn,
+    plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use rand::Rng;
@@ -322,6 +324,54 @@ fn bad_input_is_an_error() {
             err.to_string().contains("one output column") && err.to_string().contains("never along K"),
             "{err}"
         );
+    }
+}
+
+/// Every f16 bit pattern (±0, subnormals, normals, ±infinity, NaNs with their payloads) and
+/// every bf16 one loads as the IEEE conversion to f32 gives it, bit for bit: through the packed
+/// words (what the kernels' integer widening reads) and, where the adapter has shader-f16, the
+/// native f16 loads (under the NaN contract).
+#[test]
+fn every_16_bit_pattern_loads_exactly() {
+    let halves: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+    for ctx in contexts() {
+        for dtype in [WeightDtype::F16, WeightDtype::Bf16] {
+            let values = StoredValues::Float { dtype, bytes: &halves };
+            let upload = |native| {
+                ExpertWeights::stream(&ctx, dtype, [1, 256, 256], |_| Ok(values), |_| {})
+                    .and_then(|w| w.with_native_f16(&ctx, native))
+                    .unwrap()
+            };
+            let w = upload(false);
+            let want: Vec<f32> = (0..=u16::MAX)
+                .map(|b| match dtype {
+                    WeightDtype::F16 => half::f16::from_bits(b).to_f32(),
+                    _ => f32::from_bits(u32::from(b) << 16),
+                })
+                .collect();
+            let got = w.unpack(&ctx).unwrap();
+            let slug = ctx.adapter().slug();
+            assert!(
+                bit_identical(&got, &want),
+                "{slug} {dtype:?}: pattern {:?}",
+                first_difference(&got, &want)
+            );
+            // Payloads kept exactly by the integer widening: every NaN's mantissa, shifted.
+            for (b, g) in (0..=u16::MAX).zip(&got) {
+                let (exp, mant) = match dtype {
+                    WeightDtype::F16 => ((b >> 10) & 0x1f == 0x1f, u32::from(b & 0x3ff) << 13),
+                    _ => ((b >> 7) & 0xff == 0xff, u32::from(b & 0x7f) << 16),
+                };
+                if exp {
+                    assert_eq!(g.to_bits() & 0x007f_ffff, mant, "{slug} {dtype:?}: {b:#06x}");
+                }
+            }
+            if dtype == WeightDtype::F16 && ctx.capabilities().shader_f16 {
+                let native = upload(true);
+                let got = native.unpack(&ctx).unwrap();
+                assert!(bit_identical(&got, &want), "{slug} native f16: {:?}", first_difference(&got, &want));
+            }
+        }
     }
 }
 
