@@ -272,11 +272,16 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
             "H_ROW_ENTRY" => row_entry,
             "H_TILE_EXPERT" => tile_expert,
             "H_CHUNKS" => chunks,
+            "H_INDICES" => indices,
             "H_ROWS_H" => rows_h,
             "H_PARTIAL" => partial,
+            "H_WEIGHTS" => weights,
+            "H_BIAS" => bias,
             "H_SHARED_FFN" => shared_ffn,
             "H_SHARED_UP_TILES" => shared_up_tiles,
             "H_SHARED_GATE" => shared_gate,
+            "H_SHARED_UP_OFF" => shared_up_off,
+            "H_SHARED_DOWN_OFF" => shared_down_off,
             "H_SHARED_H" => shared_h,
             "H_SHARED_OUT" => shared_out,
             "H_COMBINE_RULE" => combine_rule,
@@ -289,9 +294,10 @@ fn dag_constants() -> Vec<(&'static str, &'static str, f64)> {
     Vec::new()
 }
 
-#[test]
-fn shared_constants_agree() {
-    let table = shared_constants();
+/// Where `table` and the WGSL disagree: a constant whose value differs, one that is not a
+/// literal, or a table entry no module of its prefix declares; one line each.
+fn constant_disagreements(table: &[(&str, &str, f64)]) -> Vec<String> {
+    let mut out = Vec::new();
     let mut seen = vec![false; table.len()];
     for source in all_shaders() {
         let (module, _) = validate(source);
@@ -301,16 +307,65 @@ fn shared_constants_agree() {
                 if n != name || !source.name.starts_with(prefix) {
                     continue;
                 }
-                let wgsl = constant_value(&module, c)
-                    .unwrap_or_else(|| panic!("{}: `{name}` is not a literal", source.name));
-                assert_eq!(wgsl, value, "{}: `{name}` is {wgsl} in WGSL and {value} in Rust", source.name);
                 seen[i] = true;
+                match constant_value(&module, c) {
+                    Some(wgsl) if wgsl == value => {}
+                    Some(wgsl) => {
+                        out.push(format!("{}: `{name}` is {wgsl} in WGSL and {value} in Rust", source.name))
+                    }
+                    None => out.push(format!("{}: `{name}` is not a literal", source.name)),
+                }
             }
         }
     }
     for (i, &(prefix, name, _)) in table.iter().enumerate() {
-        assert!(seen[i], "no {prefix}* module declares `{name}`");
+        if !seen[i] {
+            out.push(format!("no {prefix}* module declares `{name}`"));
+        }
     }
+    out
+}
+
+#[test]
+fn shared_constants_agree() {
+    let wrong = constant_disagreements(&shared_constants());
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every word of the MoE program's header is in the table (each `H_*` constant of
+/// `wgsl/dag/moe.wgsl` and each field of `dag::moe::Header`), and a table whose Rust side had
+/// two fields swapped disagrees with the WGSL on both.
+#[test]
+#[cfg(feature = "dag")]
+fn every_moe_header_word_is_checked() {
+    let table = shared_constants();
+    let header: Vec<(&str, f64)> = table
+        .iter()
+        .filter(|(p, n, _)| *p == "dag/moe" && n.starts_with("H_"))
+        .map(|&(_, n, v)| (n, v))
+        .collect();
+    assert_eq!(header.len() as u32, crate::dag::moe::HEADER_WORDS, "a header field has no table entry");
+    let mut words: Vec<f64> = header.iter().map(|&(_, v)| v).collect();
+    words.sort_by(f64::total_cmp);
+    words.dedup();
+    assert_eq!(words.len(), header.len(), "two header constants share a word");
+    let source = all_shaders().into_iter().find(|s| s.name == "dag/moe").expect("the MoE program's module");
+    let (module, _) = validate(source);
+    for (_, c) in module.constants.iter() {
+        if let Some(name) = c.name.as_deref().filter(|n| n.starts_with("H_")) {
+            assert!(header.iter().any(|&(n, _)| n == name), "`{name}` of dag/moe is not in the table");
+        }
+    }
+    let mut swapped = table.clone();
+    let at =
+        |name: &str| swapped.iter().position(|&(p, n, _)| p == "dag/moe" && n == name).expect("in the table");
+    let (i, j) = (at("H_INDICES"), at("H_WEIGHTS"));
+    let (vi, vj) = (swapped[i].2, swapped[j].2);
+    swapped[i].2 = vj;
+    swapped[j].2 = vi;
+    let wrong = constant_disagreements(&swapped);
+    assert_eq!(wrong.len(), 2, "{wrong:?}");
+    assert!(wrong.iter().any(|w| w.contains("H_INDICES")) && wrong.iter().any(|w| w.contains("H_WEIGHTS")));
 }
 
 // ---- every module through naga's back ends ----
