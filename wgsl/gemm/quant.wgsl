@@ -131,14 +131,11 @@ fn quant_scale(head: u32, block: u32) -> u32 {
 fn quant_lane(word: u32, i: u32, shift: u32, scale: u32) -> f32 {
     switch DTYPE {
         case 3u: {
-            // Byte i moved to the top and shifted back with its sign: the signed byte.
-            let q = bitcast<i32>(word << (24u - 8u * i)) >> 24u;
+            let q = bitcast<i32>(((word >> (8u * i)) & 0xffu) << 24u) >> 24u;
             return f32(q) * bitcast<f32>(scale);
         }
         case 4u: {
-            // n - 8 for the nibble n at bit p = 8i + shift: n ^ 8 read as a signed 4-bit value
-            // (the top nibble after the left shift, shifted back with its sign).
-            let q = bitcast<i32>((word ^ 0x88888888u) << (28u - 8u * i - shift)) >> 28u;
+            let q = i32((word >> (8u * i + shift)) & 0xfu) - 8;
             return f32(q) * bitcast<f32>(scale);
         }
         case 5u: {
