@@ -42,6 +42,16 @@ pub const DECODE_MAX_TOKENS: u32 = 8;
 /// (`gemm/rowwise_x_subgroup.wgsl`); packed float, native f16 or quantised weights from their
 /// buffers, or their texture copies.
 macro_rules! rowwise_shader {
+    // How x is read (RowX): from storage, from a window, from a window shared by a subgroup.
+    ($name:literal, storage, $weights:ident) => {
+        rowwise_shader!($name, "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", $weights)
+    };
+    ($name:literal, window, $weights:ident) => {
+        rowwise_shader!($name, "gemm/rowwise_x_window.wgsl", "gemm/rowwise_entry.wgsl", $weights)
+    };
+    ($name:literal, subgroup, $weights:ident) => {
+        rowwise_shader!($name, "gemm/rowwise_x_window.wgsl", "gemm/rowwise_x_subgroup.wgsl", $weights)
+    };
     ($name:literal, $x:literal, $entry:literal, $($weights:literal),+) => {
         ShaderSource {
             name: concat!("gemm/", $name),
@@ -109,47 +119,21 @@ macro_rules! rowwise_shader {
         )
     };
 }
-static ROWWISE_SHADER: ShaderSource =
-    rowwise_shader!("rowwise", "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", packed);
-static ROWWISE_F16_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_f16", "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", f16);
-static ROWWISE_QUANT_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_quant", "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", quant);
-static ROWWISE_TEXTURE_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_texture", "gemm/rowwise_x.wgsl", "gemm/rowwise_entry.wgsl", texture);
-static ROWWISE_WINDOW_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_window", "gemm/rowwise_x_window.wgsl", "gemm/rowwise_entry.wgsl", packed);
-static ROWWISE_WINDOW_F16_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_window_f16", "gemm/rowwise_x_window.wgsl", "gemm/rowwise_entry.wgsl", f16);
-static ROWWISE_WINDOW_QUANT_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_window_quant", "gemm/rowwise_x_window.wgsl", "gemm/rowwise_entry.wgsl", quant);
-static ROWWISE_WINDOW_TEXTURE_SHADER: ShaderSource = rowwise_shader!(
-    "rowwise_window_texture",
-    "gemm/rowwise_x_window.wgsl",
-    "gemm/rowwise_entry.wgsl",
-    texture
-);
-
-static ROWWISE_SUBGROUP_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_subgroup", "gemm/rowwise_x_window.wgsl", "gemm/rowwise_x_subgroup.wgsl", packed);
-static ROWWISE_SUBGROUP_F16_SHADER: ShaderSource = rowwise_shader!(
-    "rowwise_subgroup_f16",
-    "gemm/rowwise_x_window.wgsl",
-    "gemm/rowwise_x_subgroup.wgsl",
-    f16
-);
-static ROWWISE_SUBGROUP_QUANT_SHADER: ShaderSource = rowwise_shader!(
-    "rowwise_subgroup_quant",
-    "gemm/rowwise_x_window.wgsl",
-    "gemm/rowwise_x_subgroup.wgsl",
-    quant
-);
-static ROWWISE_SUBGROUP_TEXTURE_SHADER: ShaderSource = rowwise_shader!(
-    "rowwise_subgroup_texture",
-    "gemm/rowwise_x_window.wgsl",
-    "gemm/rowwise_x_subgroup.wgsl",
-    texture
-);
+static ROWWISE_SHADER: ShaderSource = rowwise_shader!("rowwise", storage, packed);
+static ROWWISE_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_f16", storage, f16);
+static ROWWISE_QUANT_SHADER: ShaderSource = rowwise_shader!("rowwise_quant", storage, quant);
+static ROWWISE_TEXTURE_SHADER: ShaderSource = rowwise_shader!("rowwise_texture", storage, texture);
+static ROWWISE_WINDOW_SHADER: ShaderSource = rowwise_shader!("rowwise_window", window, packed);
+static ROWWISE_WINDOW_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_window_f16", window, f16);
+static ROWWISE_WINDOW_QUANT_SHADER: ShaderSource = rowwise_shader!("rowwise_window_quant", window, quant);
+static ROWWISE_WINDOW_TEXTURE_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_window_texture", window, texture);
+static ROWWISE_SUBGROUP_SHADER: ShaderSource = rowwise_shader!("rowwise_subgroup", subgroup, packed);
+static ROWWISE_SUBGROUP_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_subgroup_f16", subgroup, f16);
+static ROWWISE_SUBGROUP_QUANT_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_subgroup_quant", subgroup, quant);
+static ROWWISE_SUBGROUP_TEXTURE_SHADER: ShaderSource =
+    rowwise_shader!("rowwise_subgroup_texture", subgroup, texture);
 
 /// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature): the
 /// row-wise kernel and the generated block kernels of every candidate variant in both orders.
