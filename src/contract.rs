@@ -419,9 +419,23 @@ fn every_module_validates_and_translates_to_every_backend() {
                 shader_stage: naga::ShaderStage::Compute,
                 entry_point: entry.to_string(),
             };
-            let words = spv::write_vec(&module, &info, &spv::Options::default(), Some(&spv_opts))
-                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
-            assert!(words.len() > 5, "{what}: empty SPIR-V");
+            // With the checks wgpu builds by default (every index clamped) and without (the
+            // build of Indexing::Proven modules, naga's default).
+            for policy in [naga::proc::BoundsCheckPolicy::Restrict, naga::proc::BoundsCheckPolicy::Unchecked]
+            {
+                let options = spv::Options {
+                    bounds_check_policies: naga::proc::BoundsCheckPolicies {
+                        index: policy,
+                        buffer: policy,
+                        image_load: policy,
+                        binding_array: policy,
+                    },
+                    ..Default::default()
+                };
+                let words = spv::write_vec(&module, &info, &options, Some(&spv_opts))
+                    .unwrap_or_else(|e| panic!("{what}: SPIR-V ({policy:?}): {e}"));
+                assert!(words.len() > 5, "{what}: empty SPIR-V");
+            }
             let msl_opts = msl::PipelineOptions {
                 entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
                 ..Default::default()

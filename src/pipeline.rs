@@ -188,6 +188,8 @@ pub struct Kernel {
     pub(crate) constants: Vec<(&'static str, f64)>,
     pub(crate) pipeline: wgpu::ComputePipeline,
     pub(crate) layout: wgpu::BindGroupLayout,
+    /// Whether its module was built with runtime bounds checks.
+    pub(crate) bounds_checked: bool,
 }
 
 /// Pipeline-constant values, as wgpu takes them.
@@ -198,13 +200,15 @@ pub(crate) struct PipelineKey {
     pub(crate) shader: &'static str,
     pub(crate) entry: &'static str,
     pub(crate) constants: Vec<(&'static str, u64)>,
+    pub(crate) bounds_checked: bool,
 }
 
 /// Shader modules and pipelines built so far, keyed by module, entry point and constants, and
 /// the driver's pipeline cache where one was loaded ([`Context::load_pipeline_cache`](crate::Context::load_pipeline_cache)).
 #[derive(Debug, Default)]
 pub(crate) struct PipelineCache {
-    pub(crate) modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
+    /// Modules by name and whether they were built with bounds checks.
+    pub(crate) modules: Mutex<HashMap<(&'static str, bool), wgpu::ShaderModule>>,
     pub(crate) pipelines: Mutex<HashMap<PipelineKey, Arc<Kernel>>>,
     pub(crate) driver: Mutex<Option<wgpu::PipelineCache>>,
 }
@@ -348,6 +352,12 @@ impl Dispatch {
     /// The textures bound (none but for kernels that read their weights from textures).
     pub fn textures(&self) -> &[BoundTexture] {
         &self.textures
+    }
+
+    /// Whether the kernel's module was built with runtime bounds checks (see
+    /// [`BoundsChecks`](crate::BoundsChecks)).
+    pub fn bounds_checked(&self) -> bool {
+        self.kernel.bounds_checked
     }
 }
 

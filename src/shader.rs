@@ -24,6 +24,30 @@ pub struct ShaderSource {
     pub parts: &'static [ShaderPart],
     /// Compute entry points the module defines.
     pub entry_points: &'static [&'static str],
+    /// Whether every index the module makes is in range by its contract, so that it may be
+    /// built without runtime bounds checks (see [`Indexing`]).
+    pub indexing: Indexing,
+}
+
+/// Whether a module's indices are in range by its contract.
+///
+/// wgpu builds a module with runtime bounds checks unless told otherwise: on Vulkan every
+/// dynamic index into a fixed-size array (workgroup tiles, private arrays, vector lanes) is
+/// clamped, and on back ends without robust buffer access every buffer index too. A module
+/// marked [`Indexing::Proven`] is built without them under
+/// [`BoundsChecks::WhereUnproven`](crate::BoundsChecks::WhereUnproven) (the default); its
+/// declaration states why each index is in range, which is a safety argument, not a hint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Indexing {
+    /// Some index is not bounded by the module itself (a value read from data no check
+    /// covers): always built with bounds checks.
+    Checked,
+    /// Every index is in range: fixed-size arrays are indexed by invocation ids and loop
+    /// counters below their length; buffers by rows, columns and K below the sizes the host
+    /// checked against the bound views, by entries and rows that moeflow's own dispatch stage
+    /// wrote (below the views' row counts by its contract), and by experts only after
+    /// `in_chunk` (or the host-set fixed expert) bounds them.
+    Proven,
 }
 
 impl ShaderSource {

@@ -5,7 +5,6 @@
 mod common;
 
 use common::{assert_rows_close, bits, contexts, rng, routes, uniform};
-use moeflow::Context;
 use moeflow::bits::{bit_identical, first_difference};
 use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
@@ -16,6 +15,8 @@ use moeflow::kernels::gemm::{
     plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
+use moeflow::shader::Indexing;
+use moeflow::{BoundsChecks, Context};
 use rand::Rng;
 
 struct Model {
@@ -910,6 +911,62 @@ fn split_weights_give_the_unsplit_results_bitwise() {
                     };
                     assert_eq!(bits(&dense(&whole, &a.gate)), bits(&dense(&split, &b.gate)), "{slug} dense");
                 }
+            }
+        }
+    }
+}
+
+/// The GEMM modules, whose indices their contract proves in range, built without runtime
+/// bounds checks (the default) give the bits of the checked build on every path: grouped
+/// through the adapter's defaults and a tiled block, bucketed with overflow, row-wise decode,
+/// on adversarial values at sizes that are no multiple of any block. Each dispatch says which
+/// build ran: GEMM kernels unchecked unless every module is asked to be checked, the others
+/// always checked.
+#[test]
+fn kernels_without_bounds_checks_give_the_checked_bits() {
+    for adapter in common::wgpu_adapters() {
+        let [checked, unchecked] = [BoundsChecks::Everywhere, BoundsChecks::WhereUnproven].map(|c| {
+            let ctx = Context::from_adapter(&adapter).unwrap();
+            ctx.set_bounds_checks(c);
+            ctx
+        });
+        let what = checked.adapter().slug();
+        let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
+        let mut m = Model::new(90, e, h, f, WeightDtype::Bf16);
+        let mut r = rng(91);
+        m.gate = m.dtype.round(&adversarial(&mut r, m.gate.len(), 0.1), h as usize).unwrap();
+        m.down = m.dtype.round(&adversarial(&mut r, m.down.len(), 0.1), f as usize).unwrap();
+        let x = adversarial(&mut r, (tokens * h) as usize, 1.0);
+        let idx = routes(92, tokens, e, k, true);
+        let d = FfnKernels::default_for(AdapterKind::of(checked.adapter()), GemmOrder::Strict);
+        let tiled = GemmVariant::Tiled { bk4: 3 };
+        for (up, path) in
+            [(d.up, Path::Grouped), (tiled, Path::Grouped), (d.up, Path::Bucketed(3)), (d.up, Path::Decode)]
+        {
+            let [a, b] = [&checked, &unchecked].map(|ctx| {
+                let ffn = m.upload(ctx).with_kernels(FfnKernels { up, ..d }).unwrap();
+                run(ctx, &ffn, &x, &idx, k, path)
+            });
+            assert_eq!(bits(&a), bits(&b), "{what}: {} on {path:?}, checked vs unchecked", up.name());
+        }
+        for (ctx, everywhere) in [(&checked, true), (&unchecked, false)] {
+            let ffn = m.upload(ctx).with_kernels(FfnKernels { up: tiled, ..d }).unwrap();
+            let (xb, ib) = (ctx.upload("x", &x).unwrap(), ctx.upload("indices", &idx).unwrap());
+            let partial = ctx.zeroed("partial", u64::from(tokens * k * h) * 4).unwrap();
+            let layout =
+                DispatchLayout::new(ctx, DispatchConfig { experts: e, k, tile: 32 }, tokens, 0).unwrap();
+            let mut ds = layout.plan(ctx, &ib).unwrap();
+            let bufs = FfnBuffers { x: (&xb).into(), indices: &ib, partial: &partial };
+            ds.extend(
+                plan_ffn(ctx, &ffn, tokens, k, &bufs, FfnRouting::Grouped(&layout))
+                    .unwrap()
+                    .into_dispatches(),
+            );
+            let proven = ds.iter().filter(|d| d.shader().indexing == Indexing::Proven).count();
+            assert!(proven >= 2 && proven < ds.len(), "{what}: {proven} of {} dispatches proven", ds.len());
+            for d in &ds {
+                let want = everywhere || d.shader().indexing == Indexing::Checked;
+                assert_eq!(d.bounds_checked(), want, "{what}: {} ({})", d.shader().name, d.entry());
             }
         }
     }

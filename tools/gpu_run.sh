@@ -44,7 +44,7 @@ export B && export -f layer # `step` runs commands under `timeout`, which needs 
 for k in 2 8; do step layer-k$k 40 bash -c "layer $k"; done
 # The GEMM comparisons that concern GPUs, most wanted first (the window and texture ones compare
 # CPU adapters' blocks: on an H200 `gemm/window-vs-direct` did not finish a size in 55 s).
-GEMM=(--comparison tuned-vs-default --comparison grouped-vs-dense --comparison fast-vs-strict
+GEMM=(--comparison tuned-vs-default --comparison grouped-vs-dense --comparison unchecked-vs-checked --comparison fast-vs-strict
     --comparison decode-vs-grouped --comparison dense-wide --comparison block-vs-rowwise
     --comparison grouped-vs-bucketed --comparison direct-vs-tiled)
 step matrix-gemm 200 $B/bench_matrix --adapter vulkan "${GEMM[@]}" --out "$M/gemm"

@@ -11,12 +11,20 @@ use super::verdict::median;
 use crate::context::Context;
 use crate::error::Result;
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 
-static COPY_SHADER: ShaderSource =
-    ShaderSource { name: "probe/copy", parts: &[wgsl!("probe/copy.wgsl")], entry_points: &["copy"] };
-static FMA_SHADER: ShaderSource =
-    ShaderSource { name: "probe/fma", parts: &[wgsl!("probe/fma.wgsl")], entry_points: &["fma_probe"] };
+static COPY_SHADER: ShaderSource = ShaderSource {
+    name: "probe/copy",
+    parts: &[wgsl!("probe/copy.wgsl")],
+    entry_points: &["copy"],
+    indexing: Indexing::Checked,
+};
+static FMA_SHADER: ShaderSource = ShaderSource {
+    name: "probe/fma",
+    parts: &[wgsl!("probe/fma.wgsl")],
+    entry_points: &["fma_probe"],
+    indexing: Indexing::Checked,
+};
 
 /// The probe family's shader modules.
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use super::dispatch::skewed_indices;
 use crate::bits::bit_identical;
-use crate::context::Context;
+use crate::context::{BoundsChecks, Context};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
 use crate::kernels::gemm::{
@@ -522,6 +522,55 @@ impl Comparison for FastVsStrict {
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let a = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
         grouped_pair(ctx, size, seed, a, FfnKernels { order: GemmOrder::Fast, ..a })
+    }
+}
+
+/// The grouped FFN with the GEMM modules built without runtime bounds checks (B, the default)
+/// against the same kernels built with them (A): what the checks cost.
+pub struct UncheckedVsChecked;
+
+impl Comparison for UncheckedVsChecked {
+    fn name(&self) -> &'static str {
+        "gemm/unchecked-vs-checked"
+    }
+    fn description(&self) -> &'static str {
+        "grouped expert FFN, the adapter's default variants, strict order, built without runtime bounds \
+         checks (B, BoundsChecks::WhereUnproven) against every module built with them (A, \
+         BoundsChecks::Everywhere); bitwise equal"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("checked", "unchecked")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        layer_shape_sizes(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let kernels = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
+        let p = Problem::new(size, seed);
+        let ffn = p.ffn_with(ctx, kernels)?;
+        let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
+        let bytes = u64::from(p.entries() * p.h) * 4;
+        let (pa, pb) = (ctx.zeroed("partial A", bytes)?, ctx.zeroed("partial B", bytes)?);
+        // The context's choice applies to the pipelines built while it holds.
+        let before = ctx.bounds_checks();
+        ctx.set_bounds_checks(BoundsChecks::Everywhere);
+        let wa = grouped(ctx, &p, &ffn, &x, &idx, &pa);
+        ctx.set_bounds_checks(BoundsChecks::WhereUnproven);
+        let wb = grouped(ctx, &p, &ffn, &x, &idx, &pb);
+        ctx.set_bounds_checks(before);
+        let (wa, wb) = (wa?, wb?);
+        let (flops, tokens) = (p.flops(), p.tokens);
+        let note = Some(format!("{} / {} {:?}", kernels.up.name(), kernels.down.name(), kernels.order));
+        let validate = move |ctx: &Context| p.check_pair(ctx, (&pa, "checked"), (&pb, "unchecked"));
+        Ok(Case {
+            a: Work::Gpu(wa),
+            b: Work::Gpu(wb),
+            flops,
+            bytes: 0.0,
+            tokens,
+            validate: Box::new(validate),
+            note,
+        })
     }
 }
 

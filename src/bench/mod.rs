@@ -36,6 +36,7 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(gemm::DecodeVsGrouped),
         Box::new(gemm::TiledVsRowwise),
         Box::new(gemm::FastVsStrict),
+        Box::new(gemm::UncheckedVsChecked),
         Box::new(gemm::DirectVsTiled),
         Box::new(gemm::WindowVsDirect),
         Box::new(gemm::DenseWideVsDefault),

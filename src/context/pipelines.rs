@@ -6,12 +6,13 @@ use std::num::NonZeroU64;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{Context, lock};
+use super::{BoundsChecks, Context, lock};
 use crate::error::{Error, Result};
 use crate::pipeline::{
     Access, Binding, BoundBuffer, BoundTexture, BufferView, Constants, DUMP_PIPELINES, Dispatch, Kernel,
     KernelSpec, PipelineKey, TextureBinding, dump_pipeline,
 };
+use crate::shader::Indexing;
 
 impl Context {
     /// Pipelines built on this context so far (each specialisation of an entry point once).
@@ -85,7 +86,10 @@ impl Context {
     pub(crate) fn kernel(&self, spec: &'static KernelSpec, constants: &Constants) -> Result<Arc<Kernel>> {
         let mut sorted: Vec<(&'static str, u64)> = constants.iter().map(|&(k, v)| (k, v.to_bits())).collect();
         sorted.sort_unstable();
-        let key = PipelineKey { shader: spec.shader.name, entry: spec.entry, constants: sorted };
+        let bounds_checked =
+            spec.shader.indexing == Indexing::Checked || self.bounds_checks() == BoundsChecks::Everywhere;
+        let key =
+            PipelineKey { shader: spec.shader.name, entry: spec.entry, constants: sorted, bounds_checked };
         if let Some(k) = lock(&self.pipelines().pipelines).get(&key) {
             return Ok(k.clone());
         }
@@ -113,17 +117,30 @@ impl Context {
         let device = self.device();
         let module = {
             let mut modules = lock(&self.pipelines().modules);
-            match modules.get(spec.shader.name) {
+            match modules.get(&(spec.shader.name, bounds_checked)) {
                 Some(m) => m.clone(),
                 None => {
-                    let source = spec.shader.compose();
+                    let desc = wgpu::ShaderModuleDescriptor {
+                        label: Some(spec.shader.name),
+                        source: wgpu::ShaderSource::Wgsl(spec.shader.compose().into()),
+                    };
                     let m = self.checked(spec.shader.name, || {
-                        device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some(spec.shader.name),
-                            source: wgpu::ShaderSource::Wgsl(source.into()),
-                        })
+                        if bounds_checked {
+                            device.create_shader_module(desc)
+                        } else {
+                            let checks = wgpu::ShaderRuntimeChecks {
+                                bounds_checks: false,
+                                ..wgpu::ShaderRuntimeChecks::checked()
+                            };
+                            // SAFETY: only bounds checks are left out (loops stay bounded,
+                            // divisions guarded), and only for a module marked
+                            // Indexing::Proven: its contract keeps every index in range (see
+                            // Indexing and the module's declaration), and the views it is
+                            // bound to were checked against the sizes its indices assume.
+                            unsafe { device.create_shader_module_trusted(desc, checks) }
+                        }
                     })?;
-                    modules.insert(spec.shader.name, m.clone());
+                    modules.insert((spec.shader.name, bounds_checked), m.clone());
                     m
                 }
             }
@@ -150,7 +167,7 @@ impl Context {
                 },
                 cache: driver_cache.as_ref(),
             });
-            Kernel { spec, constants: constants.to_vec(), pipeline, layout }
+            Kernel { spec, constants: constants.to_vec(), pipeline, layout, bounds_checked }
         })?;
         let kernel = Arc::new(kernel);
         lock(&self.pipelines().pipelines).insert(key, kernel.clone());

@@ -32,7 +32,7 @@ use crate::kernels::gemm::{Activation, ExpertWeights};
 use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
 use crate::layer::{Capacity, MoeLayer};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 
 /// Rows per expert tile of the queue (`MOE_TILE` in wgsl/dag/moe.wgsl).
 pub const MOE_TILE: u32 = 8;
@@ -179,6 +179,7 @@ static MOE_SHADER: ShaderSource = ShaderSource {
         wgsl!("dag/moe_static.wgsl"),
     ],
     entry_points: &["reset_queue", "persistent", "moe_pass"],
+    indexing: Indexing::Checked,
 };
 
 /// The MoE queue's shader module.

@@ -16,13 +16,14 @@ use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 use crate::synth::Synth;
 
 static MP_SHADER: ShaderSource = ShaderSource {
     name: "probe/message_passing",
     parts: &[wgsl!("probe/message_passing.wgsl")],
     entry_points: &["message_passing"],
+    indexing: Indexing::Checked,
 };
 
 /// The probe's shader modules.

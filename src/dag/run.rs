@@ -15,17 +15,19 @@ use super::queue::{
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 
 static STATIC_SHADER: ShaderSource = ShaderSource {
     name: "dag/static",
     parts: &[wgsl!("dag/program.wgsl"), wgsl!("dag/static.wgsl")],
     entry_points: &["static_pass"],
+    indexing: Indexing::Checked,
 };
 static QUEUE_SHADER: ShaderSource = ShaderSource {
     name: "dag/queue",
     parts: &[wgsl!("dag/program.wgsl"), wgsl!("dag/row_queue.wgsl"), wgsl!("dag/queue.wgsl")],
     entry_points: &["reset_queue", "persistent"],
+    indexing: Indexing::Checked,
 };
 
 /// The DAG family's shader modules.

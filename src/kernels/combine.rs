@@ -9,12 +9,13 @@ use bytemuck::{Pod, Zeroable};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 
 static COMBINE_SHADER: ShaderSource = ShaderSource {
     name: "combine/combine",
     parts: &[wgsl!("combine/combine.wgsl")],
     entry_points: &["combine", "clear_row", "add_scaled", "add_shared", "fill_zero"],
+    indexing: Indexing::Checked,
 };
 
 /// The combine family's shader modules.

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 
 /// Invocations per top-k workgroup. The softmax sum's reduction tree depends on it, so it is
 /// part of the numeric contract.
@@ -44,6 +44,7 @@ static GATE_MATVEC_SHADER: ShaderSource = ShaderSource {
     name: "routing/gate_matvec",
     parts: &[wgsl!("routing/params.wgsl"), wgsl!("routing/gate.wgsl"), wgsl!("routing/gate_matvec.wgsl")],
     entry_points: &["gate_matvec"],
+    indexing: Indexing::Checked,
 };
 static TOPK_SHADER: ShaderSource = ShaderSource {
     name: "routing/topk",
@@ -54,6 +55,7 @@ static TOPK_SHADER: ShaderSource = ShaderSource {
         wgsl!("routing/topk.wgsl"),
     ],
     entry_points: &["topk"],
+    indexing: Indexing::Checked,
 };
 static FUSED_SHADER: ShaderSource = ShaderSource {
     name: "routing/route_fused",
@@ -65,6 +67,7 @@ static FUSED_SHADER: ShaderSource = ShaderSource {
         wgsl!("routing/route_fused.wgsl"),
     ],
     entry_points: &["route_fused"],
+    indexing: Indexing::Checked,
 };
 
 /// The routing family's shader modules.

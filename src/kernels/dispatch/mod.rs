@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 use host::{Layout, Meta};
 
 pub mod host;
@@ -42,11 +42,13 @@ static LAYOUT_SHADER: ShaderSource = ShaderSource {
     name: "dispatch/layout",
     parts: &[wgsl!("dispatch/params.wgsl"), wgsl!("dispatch/layout.wgsl")],
     entry_points: &["block_hist", "expert_base", "scan", "scatter"],
+    indexing: Indexing::Checked,
 };
 static BUCKET_SHADER: ShaderSource = ShaderSource {
     name: "dispatch/bucket",
     parts: &[wgsl!("dispatch/params.wgsl"), wgsl!("dispatch/bucket.wgsl")],
     entry_points: &["bucket_slots", "bucket_overflow"],
+    indexing: Indexing::Checked,
 };
 
 /// The dispatch family's shader modules.

@@ -18,7 +18,7 @@ use crate::context::{Context, lock};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, TextureBinding, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 
 mod quantised;
 mod texture;
@@ -57,6 +57,7 @@ macro_rules! rowwise_shader {
             name: concat!("gemm/", $name),
             parts: &[$(wgsl!($weights),)+ wgsl!($x), wgsl!("gemm/rowwise.wgsl"), wgsl!($entry)],
             entry_points: &["rowwise"],
+            indexing: Indexing::Proven,
         }
     };
     ($name:literal, $x:literal, $entry:literal, packed) => {
@@ -224,6 +225,7 @@ static STAGE_SHADER: ShaderSource = ShaderSource {
     name: "gemm/stage",
     parts: &[wgsl!("gemm/common.wgsl"), wgsl!("gemm/stage.wgsl")],
     entry_points: &["stage"],
+    indexing: Indexing::Checked,
 };
 
 /// The weights' values as the kernels load them (`ExpertWeights::unpack`).
@@ -237,6 +239,7 @@ static UNPACK_SHADER: ShaderSource = ShaderSource {
         wgsl!("gemm/unpack.wgsl"),
     ],
     entry_points: &["unpack"],
+    indexing: Indexing::Checked,
 };
 
 use Access::{Read, ReadWrite, TextureU32, Uniform};

@@ -21,12 +21,13 @@ use crate::context::{Context, KeyLimits};
 use crate::error::Result;
 use crate::gpu::record;
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
-use crate::shader::{ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderSource, wgsl};
 
 pub(super) static PACK_SHADER: ShaderSource = ShaderSource {
     name: "gemm/pack_texture",
     parts: &[wgsl!("gemm/pack_texture.wgsl")],
     entry_points: &["pack"],
+    indexing: Indexing::Checked,
 };
 
 pub(super) static PACK: KernelSpec = KernelSpec {

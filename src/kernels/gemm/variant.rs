@@ -46,7 +46,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::{AdapterDescription, lock};
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, KernelSpec, Workgroup};
-use crate::shader::{ShaderPart, ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderPart, ShaderSource, wgsl};
 
 use super::WeightDtype;
 
@@ -474,6 +474,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
             name: leak(name),
             parts: Box::leak(parts.into_boxed_slice()),
             entry_points: &["gemm"],
+            indexing: Indexing::Proven,
         }));
         let bindings = match variant {
             GemmVariant::Window { .. } => WINDOW_BINDINGS,
