@@ -107,11 +107,12 @@ fn run(ctx: &Context, ffn: &ExpertFfn, x: &[f32], idx: &[u32], k: u32, path: Pat
     let mut ds = Vec::new();
     let layout;
     let buckets;
+    // Rows padded to 32 per expert, or to the kernels' blocks where those are taller.
+    let tile = ffn.kernels(ctx).block_rows().max(32);
     let routing = match path {
         Path::Grouped => {
-            layout =
-                DispatchLayout::new(ctx, DispatchConfig { experts: ffn.experts(), k, tile: 32 }, tokens, 0)
-                    .unwrap();
+            layout = DispatchLayout::new(ctx, DispatchConfig { experts: ffn.experts(), k, tile }, tokens, 0)
+                .unwrap();
             ds.extend(layout.plan(ctx, &ib).unwrap());
             FfnRouting::Grouped(&layout)
         }
@@ -430,6 +431,8 @@ fn variants_under_test(ctx: &Context) -> Vec<GemmVariant> {
         GemmVariant::Tiled { bk4: 3 },
         GemmVariant::TiledWide { cols: 64, tn: 4, bk4: 1 },
         GemmVariant::TiledWide { cols: 128, tn: 8, bk4: 3 },
+        GemmVariant::Tile { rows: 64, cols: 32, tm: 4, tn: 4, bk4: 2 },
+        GemmVariant::Tile { rows: 128, cols: 64, tm: 8, tn: 8, bk4: 1 },
     ];
     v.dedup();
     v

@@ -1563,9 +1563,10 @@ impl RowSource {
         match variant {
             GemmVariant::Texture { .. } => RowSource::Texture,
             GemmVariant::Window { .. } => RowSource::Window,
-            GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } | GemmVariant::Direct { .. } => {
-                RowSource::Storage
-            }
+            GemmVariant::Tiled { .. }
+            | GemmVariant::TiledWide { .. }
+            | GemmVariant::Tile { .. }
+            | GemmVariant::Direct { .. } => RowSource::Storage,
         }
     }
 }

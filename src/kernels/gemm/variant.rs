@@ -87,6 +87,22 @@ pub enum GemmVariant {
         /// Groups of four K values staged per chunk.
         bk4: u32,
     },
+    /// Workgroup-memory tiles of `rows` × `cols` outputs: `rows / tm` × `cols / tn`
+    /// invocations (64 to 256), each `tm` rows × `tn` columns (rows `tm·ty + i`, columns
+    /// `tx + (cols / tn)·j`), K staged `4·bk4` at a time. `rows` and `cols` are 32, 64 or 128,
+    /// `tm` and `tn` 4 or 8, `bk4` in 1..=16. The dispatch tile is a multiple of `rows`.
+    Tile {
+        /// Output rows per workgroup (entries of one expert's tile).
+        rows: u32,
+        /// Output columns per workgroup.
+        cols: u32,
+        /// Output rows per invocation.
+        tm: u32,
+        /// Output columns per invocation.
+        tn: u32,
+        /// Groups of four K values staged per chunk.
+        bk4: u32,
+    },
     /// No workgroup memory: `lanes` invocations (1..=256) share `rows` rows (1, 2, 4, 8, 16
     /// or 32), each computing `cols` columns (1..=32) spaced `lanes` apart.
     Direct {
@@ -128,6 +144,7 @@ impl GemmVariant {
     pub fn block_rows(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => 32,
+            GemmVariant::Tile { rows, .. } => rows,
             GemmVariant::Direct { rows, .. }
             | GemmVariant::Window { rows, .. }
             | GemmVariant::Texture { rows, .. } => rows,
@@ -138,7 +155,7 @@ impl GemmVariant {
     pub fn block_cols(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 32,
-            GemmVariant::TiledWide { cols, .. } => cols,
+            GemmVariant::TiledWide { cols, .. } | GemmVariant::Tile { cols, .. } => cols,
             GemmVariant::Direct { cols, lanes, .. }
             | GemmVariant::Window { cols, lanes, .. }
             | GemmVariant::Texture { cols, lanes, .. } => cols * lanes,
@@ -154,7 +171,11 @@ impl GemmVariant {
             return GemmVariant::Direct { rows, cols, lanes }.validate();
         }
         match self {
-            GemmVariant::Tiled { bk4 } | GemmVariant::TiledWide { bk4, .. } if !(1..=16).contains(&bk4) => {
+            GemmVariant::Tiled { bk4 }
+            | GemmVariant::TiledWide { bk4, .. }
+            | GemmVariant::Tile { bk4, .. }
+                if !(1..=16).contains(&bk4) =>
+            {
                 Err(Error::invalid(format!("tiled GEMM bk4 = {bk4} must be in 1..=16")))
             }
             GemmVariant::TiledWide { cols, .. } if !matches!(cols, 32 | 64 | 128) => {
@@ -163,6 +184,17 @@ impl GemmVariant {
             GemmVariant::TiledWide { tn, .. } if !matches!(tn, 4 | 8) => {
                 Err(Error::invalid(format!("wide tiled GEMM tn = {tn} must be 4 or 8")))
             }
+            GemmVariant::Tile { rows, cols, .. }
+                if !matches!(rows, 32 | 64 | 128) || !matches!(cols, 32 | 64 | 128) =>
+            {
+                Err(Error::invalid(format!("GEMM tile {rows} x {cols}: rows and cols must be 32, 64 or 128")))
+            }
+            GemmVariant::Tile { tm, tn, .. } if !matches!(tm, 4 | 8) || !matches!(tn, 4 | 8) => {
+                Err(Error::invalid(format!("GEMM tile tm = {tm}, tn = {tn}: each must be 4 or 8")))
+            }
+            GemmVariant::Tile { .. } if !(64..=256).contains(&self.invocations()) => Err(Error::invalid(
+                format!("GEMM tile {}: {} invocations, must be 64 to 256", self.name(), self.invocations()),
+            )),
             GemmVariant::Direct { rows, .. } if !matches!(rows, 1 | 2 | 4 | 8 | 16 | 32) => {
                 Err(Error::invalid(format!("direct GEMM rows = {rows} must be 1, 2, 4, 8, 16 or 32")))
             }
@@ -187,6 +219,9 @@ impl GemmVariant {
         match self {
             GemmVariant::Tiled { bk4 } => format!("tiled-bk{bk4}"),
             GemmVariant::TiledWide { cols, tn, bk4 } => format!("tiledw-c{cols}t{tn}-bk{bk4}"),
+            GemmVariant::Tile { rows, cols, tm, tn, bk4 } => {
+                format!("tile-r{rows}c{cols}-m{tm}n{tn}-bk{bk4}")
+            }
             GemmVariant::Direct { rows, cols, lanes } => format!("direct-r{rows}c{cols}l{lanes}"),
             GemmVariant::Window { rows, cols, lanes } => format!("window-r{rows}c{cols}l{lanes}"),
             GemmVariant::Texture { rows, cols, lanes } => format!("texture-r{rows}c{cols}l{lanes}"),
@@ -195,12 +230,21 @@ impl GemmVariant {
 
     /// Workgroup memory the variant uses, in bytes.
     pub fn workgroup_bytes(self) -> u32 {
+        match self.tile_shape() {
+            // An x tile of `rows` rows, w and up tiles of `cols` rows, each row `tile_stride`
+            // vec4, plus the block's entries.
+            Some(t) => (t.rows + 2 * t.cols) * tile_stride(t.bk4) * 16 + t.rows * 4,
+            None => 0,
+        }
+    }
+
+    /// The workgroup-memory tile of a tiled variant (`Tiled`, `TiledWide`, `Tile`).
+    fn tile_shape(self) -> Option<TileShape> {
         match self {
-            // x, w and up tiles of 32 rows x bk4 vec4, plus the block's 32 entries.
-            GemmVariant::Tiled { bk4 } => 3 * 32 * bk4 * 16 + 32 * 4,
-            // x tile of 32 rows, w and up tiles of `cols` rows, each bk4 vec4, plus 32 entries.
-            GemmVariant::TiledWide { cols, bk4, .. } => (32 + 2 * cols) * bk4 * 16 + 32 * 4,
-            GemmVariant::Direct { .. } | GemmVariant::Window { .. } | GemmVariant::Texture { .. } => 0,
+            GemmVariant::Tiled { bk4 } => Some(TileShape::wide(32, 4, bk4)),
+            GemmVariant::TiledWide { cols, tn, bk4 } => Some(TileShape::wide(cols, tn, bk4)),
+            GemmVariant::Tile { rows, cols, tm, tn, bk4 } => Some(TileShape { rows, cols, tm, tn, bk4 }),
+            GemmVariant::Direct { .. } | GemmVariant::Window { .. } | GemmVariant::Texture { .. } => None,
         }
     }
 
@@ -209,6 +253,7 @@ impl GemmVariant {
         match self {
             GemmVariant::Tiled { .. } => 64,
             GemmVariant::TiledWide { cols, tn, .. } => 8 * cols / tn,
+            GemmVariant::Tile { rows, cols, tm, tn, .. } => (rows / tm) * (cols / tn),
             GemmVariant::Direct { lanes, .. }
             | GemmVariant::Window { lanes, .. }
             | GemmVariant::Texture { lanes, .. } => lanes,
@@ -479,9 +524,10 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
         let bindings = match variant {
             GemmVariant::Window { .. } => WINDOW_BINDINGS,
             GemmVariant::Texture { .. } => TEXTURE_BINDINGS,
-            GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } | GemmVariant::Direct { .. } => {
-                BINDINGS
-            }
+            GemmVariant::Tiled { .. }
+            | GemmVariant::TiledWide { .. }
+            | GemmVariant::Tile { .. }
+            | GemmVariant::Direct { .. } => BINDINGS,
         };
         Box::leak(Box::new(KernelSpec {
             shader: source,
@@ -529,6 +575,15 @@ pub fn candidates(kind: AdapterKind) -> Vec<GemmVariant> {
             GemmVariant::TiledWide { cols: 64, tn: 4, bk4: 4 },
             GemmVariant::TiledWide { cols: 64, tn: 8, bk4: 4 },
             GemmVariant::TiledWide { cols: 128, tn: 4, bk4: 2 },
+            // The GPU tile family (ggml's medium and large warptiles have 64 x 64 and
+            // 128 x 128 outputs of 128 invocations): more outputs per staged value, for
+            // experts with many rows. A tile past the device's workgroup memory is refused and
+            // never chosen.
+            GemmVariant::Tile { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 4 },
+            GemmVariant::Tile { rows: 64, cols: 64, tm: 8, tn: 4, bk4: 4 },
+            GemmVariant::Tile { rows: 64, cols: 128, tm: 4, tn: 8, bk4: 4 },
+            GemmVariant::Tile { rows: 128, cols: 64, tm: 8, tn: 4, bk4: 4 },
+            GemmVariant::Tile { rows: 128, cols: 128, tm: 8, tn: 8, bk4: 2 },
         ],
     }
 }
@@ -572,8 +627,9 @@ pub(crate) fn generate(variant: GemmVariant, order: GemmOrder, quantised: bool) 
         GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, Source::Storage),
         GemmVariant::Window { rows, cols, lanes } => direct(rows, cols, lanes, Source::Window),
         GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, Source::Texture),
-        GemmVariant::Tiled { bk4 } => tiled(32, 4, bk4, order),
-        GemmVariant::TiledWide { cols, tn, bk4 } => tiled(cols, tn, bk4, order),
+        GemmVariant::Tiled { bk4 } => tiled(TileShape::wide(32, 4, bk4), order),
+        GemmVariant::TiledWide { cols, tn, bk4 } => tiled(TileShape::wide(cols, tn, bk4), order),
+        GemmVariant::Tile { rows, cols, tm, tn, bk4 } => tiled(TileShape { rows, cols, tm, tn, bk4 }, order),
     }
 }
 
@@ -826,37 +882,63 @@ fn k_step(
     let _ = writeln!(s, "{indent}}}");
 }
 
-/// The tiled kernel on 32 × `cols` tiles, `tn` columns per invocation (see
-/// [`GemmVariant::TiledWide`]; [`GemmVariant::Tiled`] is `cols` 32, `tn` 4).
-fn tiled(cols: u32, tn: u32, bk4: u32, order: GemmOrder) -> String {
-    let tx_n = cols / tn;
-    let threads = 8 * tx_n;
+/// A tiled variant's workgroup-memory tile (see [`GemmVariant::Tile`]).
+#[derive(Clone, Copy, Debug)]
+struct TileShape {
+    rows: u32,
+    cols: u32,
+    tm: u32,
+    tn: u32,
+    bk4: u32,
+}
+
+impl TileShape {
+    /// 32 rows × `cols`, 4 × `tn` per invocation ([`GemmVariant::Tiled`] is `wide(32, 4, bk4)`).
+    fn wide(cols: u32, tn: u32, bk4: u32) -> Self {
+        TileShape { rows: 32, cols, tm: 4, tn, bk4 }
+    }
+}
+
+/// vec4 per row of a staged tile: `bk4` rounded up to an odd count, so that invocations reading
+/// the rows of consecutive columns at one K group hit different workgroup-memory banks (a row
+/// of `bk4` vec4 with `bk4` even puts every such read in the same banks on a GPU).
+fn tile_stride(bk4: u32) -> u32 {
+    bk4 | 1
+}
+
+/// The tiled kernel on `t.rows` × `t.cols` tiles, `t.tm` × `t.tn` outputs per invocation.
+fn tiled(t: TileShape, order: GemmOrder) -> String {
+    let TileShape { rows, cols, tm, tn, bk4 } = t;
+    let (ty_n, tx_n) = (rows / tm, cols / tn);
+    let threads = ty_n * tx_n;
+    let stride = tile_stride(bk4);
     let mut s = String::new();
     let _ = write!(
         s,
-        "// Tiled GEMM (generated): a workgroup of 8 x {tx_n} invocations computes a 32 x {cols} block, each
-// invocation 4 rows x {tn} columns (rows ty * 4 + i, columns tx + {tx_n} j), streaming K through
-// workgroup memory in chunks of {} ({bk4} groups of four; past K zeros). Order: {order:?}
-// (see variant.rs).
+        "// Tiled GEMM (generated): a workgroup of {ty_n} x {tx_n} invocations computes a {rows} x {cols} block,
+// each invocation {tm} rows x {tn} columns (rows ty * {tm} + i, columns tx + {tx_n} j), streaming K
+// through workgroup memory in chunks of {} ({bk4} groups of four; past K zeros), each staged row
+// {stride} vec4 apart. Order: {order:?} (see variant.rs).
 
 const BK4: u32 = {bk4}u;
+const STRIDE: u32 = {stride}u;
 
 var<workgroup> xs: array<vec4<f32>, {nx}>;
 var<workgroup> ws: array<vec4<f32>, {nw}>;
 var<workgroup> us: array<vec4<f32>, {nw}>;
-var<workgroup> block_entry: array<u32, 32>;
+var<workgroup> block_entry: array<u32, {rows}>;
 
 @compute @workgroup_size({threads})
 fn gemm(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {{
-    let row0 = wid.x * 32u;
+    let row0 = wid.x * {rows}u;
     let col0 = params.col_base + wid.y * {cols}u;
     if row0 >= params.rows {{
         return;
     }}
-{EXPERT}    for (var r = lid; r < 32u; r += {threads}u) {{
+{EXPERT}    for (var r = lid; r < {rows}u; r += {threads}u) {{
         var e = NONE;
         if row0 + r < params.rows {{
             e = entry_of(row0 + r);
@@ -870,10 +952,10 @@ fn gemm(
     let cend = params.col_base + params.cols;
 ",
         4 * bk4,
-        nx = 32 * bk4,
-        nw = cols * bk4
+        nx = rows * stride,
+        nw = cols * stride
     );
-    for i in 0..4 {
+    for i in 0..tm {
         for j in 0..tn {
             let _ = writeln!(s, "    var a{i}_{j} = {z};\n    var u{i}_{j} = {z};", z = zero(order));
         }
@@ -881,7 +963,7 @@ fn gemm(
     let _ = writeln!(
         s,
         "    for (var k0 = 0u; k0 < kdim; k0 += 4u * BK4) {{
-        for (var t = lid; t < 32u * BK4; t += {threads}u) {{
+        for (var t = lid; t < {rows}u * BK4; t += {threads}u) {{
             let r = t / BK4;
             let k = k0 + 4u * (t % BK4);
             var xv = vec4<f32>(0.0);
@@ -889,7 +971,7 @@ fn gemm(
             if e != NONE {{
                 xv = x_tail(input_row(row0 + r, e) * kdim, k, kdim);
             }}
-            xs[t] = xv;
+            xs[r * STRIDE + t % BK4] = xv;
         }}
         for (var t = lid; t < {cols}u * BK4; t += {threads}u) {{
             let k = k0 + 4u * (t % BK4);
@@ -902,29 +984,29 @@ fn gemm(
                     uv = weight4_tail(true, weight_row(expert, c), k, kdim);
                 }}
             }}
-            ws[t] = wv;
-            us[t] = uv;
+            ws[(t / BK4) * STRIDE + t % BK4] = wv;
+            us[(t / BK4) * STRIDE + t % BK4] = uv;
         }}
         workgroupBarrier();
         for (var g = 0u; g < BK4; g++) {{
             if k0 + 4u * g < kdim {{"
     );
-    for i in 0..4 {
-        let _ = writeln!(s, "                let x{i} = xs[(ty * 4u + {i}u) * BK4 + g];");
+    for i in 0..tm {
+        let _ = writeln!(s, "                let x{i} = xs[(ty * {tm}u + {i}u) * STRIDE + g];");
     }
     for j in 0..tn {
-        let _ = writeln!(s, "                let w{j} = ws[(tx + {}u) * BK4 + g];", tx_n * j);
+        let _ = writeln!(s, "                let w{j} = ws[(tx + {}u) * STRIDE + g];", tx_n * j);
     }
-    for i in 0..4 {
+    for i in 0..tm {
         for j in 0..tn {
             step(&mut s, order, &format!("a{i}_{j}"), &format!("x{i}"), &format!("w{j}"), "                ");
         }
     }
     let _ = writeln!(s, "                if SWIGLU {{");
     for j in 0..tn {
-        let _ = writeln!(s, "                    let v{j} = us[(tx + {}u) * BK4 + g];", tx_n * j);
+        let _ = writeln!(s, "                    let v{j} = us[(tx + {}u) * STRIDE + g];", tx_n * j);
     }
-    for i in 0..4 {
+    for i in 0..tm {
         for j in 0..tn {
             step(
                 &mut s,
@@ -938,17 +1020,17 @@ fn gemm(
     }
     let _ =
         writeln!(s, "                }}\n            }}\n        }}\n        workgroupBarrier();\n    }}");
-    for i in 0..4 {
-        let _ = writeln!(s, "    let e{i} = block_entry[ty * 4u + {i}u];");
+    for i in 0..tm {
+        let _ = writeln!(s, "    let e{i} = block_entry[ty * {tm}u + {i}u];");
         for j in 0..tn {
             let _ = writeln!(
                 s,
-                "    if row0 + ty * 4u + {i}u < params.rows && col0 + tx + {jj}u < cend {{
+                "    if row0 + ty * {tm}u + {i}u < params.rows && col0 + tx + {jj}u < cend {{
         var v = epilogue(expert, col0 + tx + {jj}u, {}, {});
         if e{i} == NONE {{
             v = 0.0;
         }}
-        store(row0 + ty * 4u + {i}u, e{i}, col0 + tx + {jj}u, v);
+        store(row0 + ty * {tm}u + {i}u, e{i}, col0 + tx + {jj}u, v);
     }}",
                 result(order, &format!("a{i}_{j}")),
                 result(order, &format!("u{i}_{j}")),
