@@ -120,9 +120,10 @@ struct Args {
     /// Combine: one launch or one dispatch per token and slot (bit-identical).
     #[arg(long, value_enum, default_value_t = Combine::OneLaunch)]
     combine: Combine,
-    /// Synthetic model: tokens.
-    #[arg(long, default_value_t = 512)]
-    tokens: u32,
+    /// Synthetic model: tokens, or several counts separated by commas (`1,8,512`), each
+    /// planned, timed and checked in turn on the one layer.
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    tokens: Vec<u32>,
     /// Synthetic model: hidden size.
     #[arg(long, default_value_t = 1024)]
     hidden: u32,
@@ -376,15 +377,47 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
         args,
     );
     cfg.validate()?;
-    let (m, h) = (args.tokens as usize, args.hidden as usize);
-    println!("synthetic layer: M={m}, {cfg}, seed {}", args.seed);
+    let h = args.hidden as usize;
+    let max = args.tokens.iter().copied().max().unwrap_or(0) as usize;
+    if args.tokens.contains(&0) {
+        return Err(Error::invalid("--tokens: every count must be at least 1"));
+    }
+    println!("synthetic layer: M={}, {cfg}, seed {}", join(&args.tokens), args.seed);
     let mut synth = Synth::new(args.seed);
     let w: MoeWeights = synth.moe_weights(&cfg);
-    let x = synth.uniform(m * h, 1.0);
+    let x = synth.uniform(max * h, 1.0);
     let layer = MoeLayer::new(ctx, cfg, &w)?;
     let xb = ctx.upload("x", &x)?;
-    let yb = ctx.zeroed("y", (m * h) as u64 * 4)?;
-    let plan = layer.plan(ctx, args.tokens, &xb, &yb)?;
+    let yb = ctx.zeroed("y", (max * h) as u64 * 4)?;
+    let mut pass = true;
+    for &tokens in &args.tokens {
+        if args.tokens.len() > 1 {
+            println!("M={tokens}:");
+        }
+        pass &= run_tokens(ctx, &layer, &cfg, &w, &x, (&xb, &yb), tokens)?;
+    }
+    println!("result: {}", if pass { "PASS" } else { "FAIL" });
+    Ok(pass)
+}
+
+/// Counts joined by commas, as `--tokens` takes them.
+fn join(counts: &[u32]) -> String {
+    counts.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Plans, times and checks a forward of the first `tokens` rows of `x` through `layer`;
+/// whether it matched the CPU reference.
+fn run_tokens(
+    ctx: &Context,
+    layer: &MoeLayer,
+    cfg: &MoeConfig,
+    w: &MoeWeights,
+    x: &[f32],
+    (xb, yb): (&wgpu::Buffer, &wgpu::Buffer),
+    tokens: u32,
+) -> Result<bool> {
+    let (m, h) = (tokens as usize, cfg.route.hidden as usize);
+    let plan = layer.plan(ctx, tokens, xb, yb)?;
     let stages = plan.stages();
     let passes: Vec<Vec<&moeflow::Dispatch>> = stages.iter().map(|(_, d)| d.clone()).collect();
     let mut sampler = Sampler::new(ctx, 2 * passes.len() as u32)?;
@@ -420,11 +453,11 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
 
     // Check a sample of tokens against the CPU reference (a token's output depends only on
     // its own row, so a subset is a complete check of those tokens).
-    let y: Vec<f32> = ctx.read_back(&yb, m * h)?;
+    let y: Vec<f32> = ctx.read_back(yb, m * h)?;
     let idx: Vec<u32> = ctx.read_back(plan.indices(), m * cfg.route.k as usize)?;
     let picks: Vec<usize> = (0..m.min(16)).chain(m.saturating_sub(16).max(16)..m).collect();
     let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * h..(t + 1) * h].to_vec()).collect();
-    let (ry, ridx, _) = reference::forward(&cfg, &w, &xs)?;
+    let (ry, ridx, _) = reference::forward(cfg, w, &xs)?;
     let k = cfg.route.k as usize;
     let (mut worst, mut bit_equal, mut idx_equal) = (0.0f32, 0usize, 0usize);
     for (n, &t) in picks.iter().enumerate() {
@@ -452,6 +485,5 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
     for (e, &n) in load.per_expert.iter().enumerate() {
         println!("  {e:>4} {n:>6} {}", "#".repeat((n as usize * 40).div_ceil(max)));
     }
-    println!("result: {}", if pass { "PASS" } else { "FAIL" });
     Ok(pass)
 }

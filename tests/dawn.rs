@@ -421,6 +421,7 @@ fn grouped_gemm_cases() {
                 order: GemmOrder::Strict,
                 activation: Activation::Swiglu,
                 bias: None,
+                f16_operands: false,
             };
             let want = reference::gemm::expert_ffn(&x, &idx, k as usize, &weights);
             cap.check_f32(&ctx, "partial", &partial, &want, Bound::Rows(h as usize));

@@ -304,6 +304,39 @@ fn example_runs_without_arguments() {
     }
 }
 
+/// `--tokens` takes several counts: one layer, each count planned, timed and checked in turn
+/// (decode, a few tokens, a prefill), one PASS over all; a zero count is refused by name.
+#[test]
+fn example_runs_several_token_counts_on_one_layer() {
+    for adapter in common::wgpu_adapters() {
+        let backend = format!("{:?}", adapter.get_info().backend).to_lowercase();
+        let run = |tokens: &str| {
+            Command::new(example())
+                .args(["--adapter", &backend, "--tokens", tokens, "--hidden", "64", "--ffn", "48"])
+                .args(["--experts", "8", "--k", "2", "--shared-ffn", "0", "--dtype", "bf16"])
+                .output()
+                .expect("running the example")
+        };
+        let out = run("1,7,70");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{backend}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("synthetic layer: M=1,7,70,"), "{backend}: {stdout}");
+        for (count, checked) in [(1, 1), (7, 7), (70, 32)] {
+            assert!(stdout.contains(&format!("M={count}:\n")), "{backend}: no block for {count}:\n{stdout}");
+            assert!(
+                stdout.contains(&format!("check against the CPU reference on {checked} tokens")),
+                "{backend}: {count} tokens not checked:\n{stdout}"
+            );
+        }
+        assert_eq!(stdout.matches("routing equal").count(), 3, "{backend}: {stdout}");
+        assert!(stdout.contains("result: PASS"), "{backend}: {stdout}");
+        let out = run("4,0");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{backend}: a zero count ran");
+        assert!(stderr.contains("--tokens: every count must be at least 1"), "{backend}: {stderr}");
+    }
+}
+
 /// `--dtype` takes every quantised format: the synthetic layer quantises its weights and the
 /// check against the CPU reference (on the quantised values) passes, on every adapter.
 #[test]

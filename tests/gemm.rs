@@ -74,6 +74,18 @@ impl Model {
 
     /// The reference on the values the kernels see (`WeightDtype::round` of the model's).
     fn reference_in(&self, order: GemmOrder, x: &[f32], idx: &[u32], k: u32) -> Vec<f32> {
+        self.reference_with(order, false, x, idx, k)
+    }
+
+    /// The reference in `order`, with every dot's operands rounded to f16 where `f16_operands`.
+    fn reference_with(
+        &self,
+        order: GemmOrder,
+        f16_operands: bool,
+        x: &[f32],
+        idx: &[u32],
+        k: u32,
+    ) -> Vec<f32> {
         let round = |v: &[f32], k: u32| self.dtype.round(v, k as usize).unwrap();
         let (gate, up, down) =
             (round(&self.gate, self.h), round(&self.up, self.h), round(&self.down, self.f));
@@ -86,6 +98,7 @@ impl Model {
             order,
             activation: self.activation,
             bias: self.bias.as_ref().map(|[g, u, d]| reference::FfnBias { gate: g, up: u, down: d }),
+            f16_operands,
         };
         reference::expert_ffn(x, idx, k as usize, &w)
     }
@@ -972,5 +985,136 @@ fn kernels_without_bounds_checks_give_the_checked_bits() {
                 assert_eq!(d.bounds_checked(), want, "{what}: {} ({})", d.shader().name, d.entry());
             }
         }
+    }
+}
+
+/// Values that test rounding to f16: ties to even at 1 (1 + 2^-11, 1 + 3·2^-11), around the
+/// least subnormal (2^-25 ties to zero, 3·2^-25 to 2^-23), the least normal and 65504's
+/// neighbours (65519 rounds down), and ±0.
+const F16_EDGES: [f32; 10] = [
+    1.000_488_3,
+    1.001_464_8,
+    2.980_232_2e-8,
+    8.940_697e-8,
+    6.103_515_6e-5,
+    6.103_515e-5,
+    65519.0,
+    -65504.0,
+    0.0,
+    -0.0,
+];
+
+/// f16-staged tiles (`GemmVariant::TileF16`, a precision mode): the grouped FFN gives the
+/// reference's bits on f16-rounded operands (x and the weights for gate and up, the
+/// activations and the weights for down; to nearest, ties to even) in both orders, on
+/// adversarial values with f16 ties, subnormals and 65504's neighbours, and one input past
+/// 65504 (infinity: the reference's infinities and NaNs there too); K and F no multiple of a
+/// tile.
+#[test]
+fn f16_staged_tiles_give_the_bits_of_f16_rounded_operands() {
+    for ctx in contexts() {
+        let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
+        let mut m = Model::new(100, e, h, f, WeightDtype::F32);
+        let mut r = rng(101);
+        m.gate = adversarial(&mut r, m.gate.len(), 0.1);
+        m.down = adversarial(&mut r, m.down.len(), 0.1);
+        let mut x = adversarial(&mut r, (tokens * h) as usize, 1.0);
+        for (i, v) in F16_EDGES.iter().enumerate() {
+            x[i * 37 + 5] = *v;
+            m.gate[i * 101 + 3] = *v * 1e-4;
+            m.up[i * 89 + 1] = *v;
+        }
+        x[(6 * h + 9) as usize] = 65520.0;
+        let idx = routes(102, tokens, e, k, true);
+        for order in [GemmOrder::Strict, GemmOrder::Fast] {
+            let want = m.reference_with(order, true, &x, &idx, k);
+            for (up, down) in [
+                (
+                    GemmVariant::TileF16 { rows: 64, cols: 32, tm: 4, tn: 4, bk4: 2 },
+                    GemmVariant::TileF16 { rows: 64, cols: 64, tm: 8, tn: 4, bk4: 3 },
+                ),
+                (
+                    GemmVariant::TileF16 { rows: 128, cols: 64, tm: 8, tn: 8, bk4: 1 },
+                    GemmVariant::TileF16 { rows: 128, cols: 64, tm: 8, tn: 8, bk4: 1 },
+                ),
+            ] {
+                let ffn = m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+                let got = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
+                let what = format!("{} {order:?} {} / {}", ctx.adapter().slug(), up.name(), down.name());
+                assert!(want.iter().any(|v| v.is_infinite() || v.is_nan()), "{what}: no infinity reached");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let same = if w.is_nan() { g.is_nan() } else { g.to_bits() == w.to_bits() };
+                    assert!(same, "{what}: entry {} column {}: {g} vs {w}", i / h as usize, i % h as usize);
+                }
+            }
+        }
+    }
+}
+
+/// The documented bound of f16-staged tiles against the exact f32 reference: every output of a
+/// dense projection within `2^-10·S + 2^-24·A + (K/2 + 4)·2^-23·S` (S = Σ|x_k·w_k|,
+/// A = Σ(|x_k| + |w_k|)), here on values spread over f16's whole finite range and its
+/// subnormals (and rows of one f16 edge value each, where every rounding shows), and bitwise
+/// the dot of the rounded operands.
+#[test]
+fn f16_staged_tiles_stay_within_their_bound_of_f32() {
+    for ctx in contexts() {
+        let (rows, n, kd) = (70u32, 50u32, 301u32);
+        let mut r = rng(110);
+        // Magnitudes from 2^-26 to 2^8, so products stay well inside f32's normal range.
+        let spread = |r: &mut dyn rand::RngCore, len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| {
+                    let e: i32 = r.random_range(-26..8);
+                    let s = if r.random_bool(0.5) { -1.0 } else { 1.0 };
+                    s * r.random_range(1.0f32..2.0) * 2f32.powi(e)
+                })
+                .collect()
+        };
+        let mut x = spread(&mut r, (rows * kd) as usize);
+        // Rows 0..10 hold one value each, an F16_EDGES value: each output of those rows is one
+        // product, so every rounding of it shows in the bits.
+        for (i, v) in F16_EDGES.iter().enumerate() {
+            let row = &mut x[i * kd as usize..(i + 1) * kd as usize];
+            row.fill(0.0);
+            row[3 * i] = *v;
+        }
+        let w = spread(&mut r, (n * kd) as usize);
+        let wb = ExpertWeights::from_f32(&ctx, &w, WeightDtype::F32, 1, n, kd).unwrap();
+        let xb = ctx.upload("x", &x).unwrap();
+        let y = ctx.zeroed("y", u64::from(rows * n) * 4).unwrap();
+        let tile = GemmVariant::TileF16 { rows: 64, cols: 32, tm: 4, tn: 4, bk4: 4 };
+        let plan = plan_dense(&ctx, &wb, rows, &xb, &y, DenseKernel::Block(tile), GemmOrder::Strict).unwrap();
+        ctx.run(&plan.dispatches()).unwrap();
+        let got: Vec<f32> = ctx.read_back(&y, (rows * n) as usize).unwrap();
+        let (xr, wr) = (reference::round_f16(&x), reference::round_f16(&w));
+        let kd = kd as usize;
+        let mut worst = 0.0f64;
+        for i in 0..rows as usize {
+            for c in 0..n as usize {
+                let (xi, wc) = (&x[i * kd..(i + 1) * kd], &w[c * kd..(c + 1) * kd]);
+                let g = got[i * n as usize + c];
+                let staged = reference::dot(&xr[i * kd..(i + 1) * kd], &wr[c * kd..(c + 1) * kd]);
+                assert_eq!(
+                    g.to_bits(),
+                    staged.to_bits(),
+                    "{}: ({i}, {c}) vs the rounded dot",
+                    ctx.adapter().slug()
+                );
+                let exact = reference::dot(xi, wc);
+                let s: f64 = xi.iter().zip(wc).map(|(a, b)| f64::from(a.abs()) * f64::from(b.abs())).sum();
+                let a: f64 = xi.iter().chain(wc).map(|v| f64::from(v.abs())).sum();
+                let bound =
+                    2f64.powi(-10) * s + 2f64.powi(-24) * a + (kd as f64 / 2.0 + 4.0) * 2f64.powi(-23) * s;
+                let err = (f64::from(g) - f64::from(exact)).abs();
+                assert!(
+                    err <= bound,
+                    "{}: ({i}, {c}): {g} vs {exact}, error {err} past {bound}",
+                    ctx.adapter().slug()
+                );
+                worst = worst.max(err / bound);
+            }
+        }
+        eprintln!("{}: worst error {worst:.3} of the bound", ctx.adapter().slug());
     }
 }

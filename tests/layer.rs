@@ -7,9 +7,9 @@ mod common;
 use common::{assert_rows_close, bits, contexts};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::OverflowPolicy;
-use moeflow::kernels::gemm::{Activation, WeightDtype};
+use moeflow::kernels::gemm::{Activation, GemmVariant, WeightDtype};
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
-use moeflow::layer::{Capacity, MoeConfig, MoeLayer};
+use moeflow::layer::{Capacity, KernelChoice, MoeConfig, MoeLayer};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
 
@@ -78,6 +78,46 @@ fn layer_matches_the_reference_layer() {
                 eprintln!("{what}: {n}/{} outputs bit-equal to the reference", y.len());
             }
         }
+    }
+}
+
+/// A layer with f16-staged tiles (a precision mode the caller chooses): routing exact, the
+/// grouped path (100 tokens, 128-row tiles, shared expert too) within 1% of the row scale of
+/// the exact reference and not its bits; the routed experts' decode path stays
+/// exact f32 (one token), the bits of the layer with the default kernels.
+#[test]
+fn f16_staged_tiles_run_a_layer_within_their_precision() {
+    for ctx in contexts() {
+        let exact = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(48, 40, 8, 2) };
+        let cfg = MoeConfig {
+            kernels: KernelChoice::Fixed {
+                up: GemmVariant::TileF16 { rows: 128, cols: 64, tm: 8, tn: 8, bk4: 1 },
+                down: GemmVariant::TileF16 { rows: 64, cols: 32, tm: 4, tn: 4, bk4: 2 },
+            },
+            ..exact
+        };
+        let w = Synth::new(4).moe_weights(&cfg);
+        let layer = MoeLayer::new(&ctx, cfg, &w).unwrap();
+        let h = cfg.route.hidden as usize;
+        let x = Synth::new(5).uniform(100 * h, 1.0);
+        let got = layer.forward_host(&ctx, &x).unwrap();
+        let (y, idx, _) = reference::forward(&exact, &w, &x).unwrap();
+        let what = ctx.adapter().slug();
+        assert_eq!(got.indices, idx, "{what}: indices");
+        for (t, (g, r)) in got.y.chunks(h).zip(y.chunks(h)).enumerate() {
+            let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (c, (g, r)) in g.iter().zip(r).enumerate() {
+                assert!((g - r).abs() <= 1e-2 * scale, "{what}: token {t} column {c}: {g} vs {r}");
+            }
+        }
+        assert_ne!(bits(&got.y), bits(&y), "{what}: f16-staged outputs are the exact bits");
+        // Without the shared expert (which runs the block kernels at every token count).
+        let (exact, cfg) = (MoeConfig { shared_ffn: None, ..exact }, MoeConfig { shared_ffn: None, ..cfg });
+        let w = Synth::new(4).moe_weights(&cfg);
+        let x1 = &x[..h];
+        let decode = MoeLayer::new(&ctx, cfg, &w).unwrap().forward_host(&ctx, x1).unwrap();
+        let default = MoeLayer::new(&ctx, exact, &w).unwrap().forward_host(&ctx, x1).unwrap();
+        assert_eq!(bits(&decode.y), bits(&default.y), "{what}: decode is not exact");
     }
 }
 

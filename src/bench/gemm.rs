@@ -131,6 +131,7 @@ impl Problem {
             order,
             activation: crate::kernels::gemm::Activation::Swiglu,
             bias: None,
+            f16_operands: false,
         };
         let picks: Vec<usize> =
             (0..n.min(CHECKED_ENTRIES)).chain(n.saturating_sub(CHECKED_ENTRIES)..n).collect();

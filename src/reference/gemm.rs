@@ -86,6 +86,16 @@ pub struct FfnWeights<'a> {
     pub activation: Activation,
     /// Projection biases, added after each dot product.
     pub bias: Option<FfnBias<'a>>,
+    /// Each dot's operands rounded to f16 first (to nearest, ties to even), x and the
+    /// weights for gate and up, the activations and the weights for down: what
+    /// [`GemmVariant::TileF16`](crate::kernels::gemm::GemmVariant::TileF16) kernels stage.
+    pub f16_operands: bool,
+}
+
+/// `v` rounded to f16 (to nearest, ties to even; past ±65504 infinity) and widened back: the
+/// values an f16-staged kernel multiplies.
+pub fn round_f16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
 /// The gated FFN of `expert` on one input row: `down(act(gate x + b_g, up x + b_u)) + b_d`,
@@ -93,19 +103,23 @@ pub struct FfnWeights<'a> {
 pub fn ffn_row(x: &[f32], expert: usize, w: &FfnWeights<'_>) -> Vec<f32> {
     let (hidden, ffn) = (w.hidden, w.ffn);
     let add = |v: f32, b: Option<&[f32]>, i: usize| b.map_or(v, |b| v + b[i]);
+    let operands = |v: &[f32]| if w.f16_operands { round_f16(v) } else { v.to_vec() };
+    let dot = |x: &[f32], row: &[f32]| dot_in(w.order, x, &operands(row));
+    let x = operands(x);
     let act: Vec<f32> = (0..ffn)
         .map(|n| {
             let at = (expert * ffn + n) * hidden;
             let i = expert * ffn + n;
-            let g = add(dot_in(w.order, x, &w.gate[at..at + hidden]), w.bias.map(|b| b.gate), i);
-            let u = add(dot_in(w.order, x, &w.up[at..at + hidden]), w.bias.map(|b| b.up), i);
+            let g = add(dot(&x, &w.gate[at..at + hidden]), w.bias.map(|b| b.gate), i);
+            let u = add(dot(&x, &w.up[at..at + hidden]), w.bias.map(|b| b.up), i);
             epilogue(w.activation, g, u)
         })
         .collect();
+    let act = operands(&act);
     (0..hidden)
         .map(|n| {
             let at = (expert * hidden + n) * ffn;
-            add(dot_in(w.order, &act, &w.down[at..at + ffn]), w.bias.map(|b| b.down), expert * hidden + n)
+            add(dot(&act, &w.down[at..at + ffn]), w.bias.map(|b| b.down), expert * hidden + n)
         })
         .collect()
 }

@@ -34,6 +34,7 @@ pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> Result<(Vec<f32>, 
         order,
         activation: cfg.activation,
         bias: w.expert_bias.as_ref().map(|b| gemm::FfnBias { gate: &b.gate, up: &b.up, down: &b.down }),
+        f16_operands: false,
     };
     let mut partial = gemm::expert_ffn(x, &indices, k, &experts);
     if let Capacity::Bounded { bound, policy: OverflowPolicy::Drop } = cfg.capacity {
@@ -62,6 +63,7 @@ pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> Result<(Vec<f32>, 
                 order,
                 activation: cfg.activation,
                 bias: None,
+                f16_operands: false,
             };
             gemm::ffn_row(xt, 0, &sw)
         });

@@ -137,7 +137,8 @@ static ROWWISE_SUBGROUP_TEXTURE_SHADER: ShaderSource =
     rowwise_shader!("rowwise_subgroup_texture", subgroup, texture);
 
 /// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature): the
-/// row-wise kernel and the generated block kernels of every candidate variant in both orders.
+/// row-wise kernel and the generated block kernels of every [`contract_variants`] variant in
+/// both orders (the contract test checks them; the tuner's cache keys hash them).
 pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
     let mut all = vec![
         &ROWWISE_SHADER,
@@ -156,10 +157,7 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
         &UNPACK_SHADER,
         &texture::PACK_SHADER,
     ];
-    let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
-    variants.sort_by_key(|v| v.name());
-    variants.dedup();
-    for v in variants {
+    for v in contract_variants() {
         for order in [GemmOrder::Strict, GemmOrder::Fast] {
             for loads in WeightLoads::ALL {
                 all.push(variant::spec(v, order, loads).shader);
@@ -201,13 +199,23 @@ pub(crate) fn specs_for(
     all
 }
 
-/// Every gemm kernel (for the contract test, `src/contract.rs`): the unpack kernel and
-/// [`specs_for`] every candidate variant in both orders, with every way of loading weights.
-#[cfg(test)]
-pub(crate) fn specs() -> Vec<&'static KernelSpec> {
+/// Every candidate variant of every kind of adapter, and f16-staged tiles (which are never
+/// candidates), once each: the variants the contract tests build.
+fn contract_variants() -> Vec<GemmVariant> {
     let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
+    variants.push(GemmVariant::TileF16 { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 4 });
+    variants.push(GemmVariant::TileF16 { rows: 128, cols: 128, tm: 8, tn: 8, bk4: 2 });
     variants.sort_by_key(|v| v.name());
     variants.dedup();
+    variants
+}
+
+/// Every gemm kernel (for the contract test, `src/contract.rs`): the unpack kernel and
+/// [`specs_for`] every [`contract_variants`] variant in both orders, with every way of loading
+/// weights.
+#[cfg(test)]
+pub(crate) fn specs() -> Vec<&'static KernelSpec> {
+    let variants = contract_variants();
     let mut all: Vec<&'static KernelSpec> = vec![&UNPACK];
     for order in [GemmOrder::Strict, GemmOrder::Fast] {
         for loads in WeightLoads::ALL {
@@ -1566,6 +1574,7 @@ impl RowSource {
             GemmVariant::Tiled { .. }
             | GemmVariant::TiledWide { .. }
             | GemmVariant::Tile { .. }
+            | GemmVariant::TileF16 { .. }
             | GemmVariant::Direct { .. } => RowSource::Storage,
         }
     }
@@ -2083,7 +2092,7 @@ mod tests {
     /// (`GemmVariant::workgroup_bytes`) is what the generated WGSL declares.
     #[test]
     fn workgroup_bytes_match_the_generated_wgsl() {
-        for v in AdapterKind::ALL.into_iter().flat_map(candidates) {
+        for v in contract_variants() {
             for order in [GemmOrder::Strict, GemmOrder::Fast] {
                 let reflected = variant::spec(v, order, WeightLoads::Packed).reflect().unwrap();
                 assert_eq!(reflected.workgroup_bytes, v.workgroup_bytes(), "{} {order:?}", v.name());

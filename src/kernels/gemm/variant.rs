@@ -103,6 +103,30 @@ pub enum GemmVariant {
         /// Groups of four K values staged per chunk.
         bk4: u32,
     },
+    /// A precision mode, not an exact variant: [`GemmVariant::Tile`] with x and the weights
+    /// (the activations and the weights in the down pass) rounded to f16 as they are staged in
+    /// workgroup memory (to nearest, ties to even, by integer operations: the same bits on every
+    /// adapter; half the workgroup memory and its traffic), products and sums in f32 in the
+    /// variant's order, as ggml's default "f32" Vulkan matmuls run. Its outputs are the bits of
+    /// the reference on f16-rounded operands (`reference::gemm::FfnWeights::f16_operands`), and
+    /// each output of a projection is within `2^-10·S + 2^-24·A + (K/2 + 4)·2^-23·S` of the
+    /// exact f32 reference (`S = Σ|x_k·w_k|`, `A = Σ(|x_k| + |w_k|)`) while the operands stay
+    /// within ±65504 (past it they round to infinity). Chosen only by the caller
+    /// (`KernelChoice::Fixed`, [`FfnKernels`]); never a default or a tuning candidate; the
+    /// row-wise decode path stays exact, so a layer with these tiles is not batch-invariant.
+    /// Same ranges as `Tile`.
+    TileF16 {
+        /// Output rows per workgroup.
+        rows: u32,
+        /// Output columns per workgroup.
+        cols: u32,
+        /// Output rows per invocation.
+        tm: u32,
+        /// Output columns per invocation.
+        tn: u32,
+        /// Groups of four K values staged per chunk.
+        bk4: u32,
+    },
     /// No workgroup memory: `lanes` invocations (1..=256) share `rows` rows (1, 2, 4, 8, 16
     /// or 32), each computing `cols` columns (1..=32) spaced `lanes` apart.
     Direct {
@@ -144,7 +168,7 @@ impl GemmVariant {
     pub fn block_rows(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => 32,
-            GemmVariant::Tile { rows, .. } => rows,
+            GemmVariant::Tile { rows, .. } | GemmVariant::TileF16 { rows, .. } => rows,
             GemmVariant::Direct { rows, .. }
             | GemmVariant::Window { rows, .. }
             | GemmVariant::Texture { rows, .. } => rows,
@@ -155,7 +179,9 @@ impl GemmVariant {
     pub fn block_cols(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 32,
-            GemmVariant::TiledWide { cols, .. } | GemmVariant::Tile { cols, .. } => cols,
+            GemmVariant::TiledWide { cols, .. }
+            | GemmVariant::Tile { cols, .. }
+            | GemmVariant::TileF16 { cols, .. } => cols,
             GemmVariant::Direct { cols, lanes, .. }
             | GemmVariant::Window { cols, lanes, .. }
             | GemmVariant::Texture { cols, lanes, .. } => cols * lanes,
@@ -169,6 +195,9 @@ impl GemmVariant {
     pub fn validate(self) -> Result<()> {
         if let GemmVariant::Window { rows, cols, lanes } | GemmVariant::Texture { rows, cols, lanes } = self {
             return GemmVariant::Direct { rows, cols, lanes }.validate();
+        }
+        if let GemmVariant::TileF16 { rows, cols, tm, tn, bk4 } = self {
+            return GemmVariant::Tile { rows, cols, tm, tn, bk4 }.validate();
         }
         match self {
             GemmVariant::Tiled { bk4 }
@@ -219,6 +248,9 @@ impl GemmVariant {
         match self {
             GemmVariant::Tiled { bk4 } => format!("tiled-bk{bk4}"),
             GemmVariant::TiledWide { cols, tn, bk4 } => format!("tiledw-c{cols}t{tn}-bk{bk4}"),
+            GemmVariant::TileF16 { rows, cols, tm, tn, bk4 } => {
+                format!("tileh-r{rows}c{cols}-m{tm}n{tn}-bk{bk4}")
+            }
             GemmVariant::Tile { rows, cols, tm, tn, bk4 } => {
                 format!("tile-r{rows}c{cols}-m{tm}n{tn}-bk{bk4}")
             }
@@ -232,18 +264,24 @@ impl GemmVariant {
     pub fn workgroup_bytes(self) -> u32 {
         match self.tile_shape() {
             // An x tile of `rows` rows, w and up tiles of `cols` rows, each row `tile_stride`
-            // vec4, plus the block's entries.
-            Some(t) => (t.rows + 2 * t.cols) * tile_stride(t.bk4) * 16 + t.rows * 4,
+            // groups of four (a vec4 of f32, or of f16 packed in a vec2<u32>), plus the block's
+            // entries.
+            Some(t) => (t.rows + 2 * t.cols) * tile_stride(t.bk4) * if t.f16 { 8 } else { 16 } + t.rows * 4,
             None => 0,
         }
     }
 
-    /// The workgroup-memory tile of a tiled variant (`Tiled`, `TiledWide`, `Tile`).
+    /// The workgroup-memory tile of a tiled variant (`Tiled`, `TiledWide`, `Tile`, `TileF16`).
     fn tile_shape(self) -> Option<TileShape> {
         match self {
             GemmVariant::Tiled { bk4 } => Some(TileShape::wide(32, 4, bk4)),
             GemmVariant::TiledWide { cols, tn, bk4 } => Some(TileShape::wide(cols, tn, bk4)),
-            GemmVariant::Tile { rows, cols, tm, tn, bk4 } => Some(TileShape { rows, cols, tm, tn, bk4 }),
+            GemmVariant::Tile { rows, cols, tm, tn, bk4 } => {
+                Some(TileShape { rows, cols, tm, tn, bk4, f16: false })
+            }
+            GemmVariant::TileF16 { rows, cols, tm, tn, bk4 } => {
+                Some(TileShape { rows, cols, tm, tn, bk4, f16: true })
+            }
             GemmVariant::Direct { .. } | GemmVariant::Window { .. } | GemmVariant::Texture { .. } => None,
         }
     }
@@ -253,7 +291,8 @@ impl GemmVariant {
         match self {
             GemmVariant::Tiled { .. } => 64,
             GemmVariant::TiledWide { cols, tn, .. } => 8 * cols / tn,
-            GemmVariant::Tile { rows, cols, tm, tn, .. } => (rows / tm) * (cols / tn),
+            GemmVariant::Tile { rows, cols, tm, tn, .. }
+            | GemmVariant::TileF16 { rows, cols, tm, tn, .. } => (rows / tm) * (cols / tn),
             GemmVariant::Direct { lanes, .. }
             | GemmVariant::Window { lanes, .. }
             | GemmVariant::Texture { lanes, .. } => lanes,
@@ -475,7 +514,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
         );
         let quantised = loads == WeightLoads::Quantised;
         let body = ShaderPart { path: "gemm (generated)", text: leak(generate(variant, order, quantised)) };
-        let parts: Vec<ShaderPart> = if matches!(variant, GemmVariant::Texture { .. }) {
+        let mut parts: Vec<ShaderPart> = if matches!(variant, GemmVariant::Texture { .. }) {
             vec![
                 wgsl!("gemm/common.wgsl"),
                 wgsl!("gemm/order.wgsl"),
@@ -515,6 +554,15 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
                 body,
             ]
         };
+        if matches!(variant, GemmVariant::TileF16 { .. }) {
+            // The exact widening of staged values (already there but for native f16 loads),
+            // then the staging functions, before the generated body.
+            let at = parts.len() - 1;
+            if !parts.iter().any(|p| p.path == "gemm/half.wgsl") {
+                parts.insert(at, wgsl!("gemm/half.wgsl"));
+            }
+            parts.insert(parts.len() - 1, wgsl!("gemm/stage_f16.wgsl"));
+        }
         let source: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
             name: leak(name),
             parts: Box::leak(parts.into_boxed_slice()),
@@ -527,6 +575,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
             GemmVariant::Tiled { .. }
             | GemmVariant::TiledWide { .. }
             | GemmVariant::Tile { .. }
+            | GemmVariant::TileF16 { .. }
             | GemmVariant::Direct { .. } => BINDINGS,
         };
         Box::leak(Box::new(KernelSpec {
@@ -629,7 +678,12 @@ pub(crate) fn generate(variant: GemmVariant, order: GemmOrder, quantised: bool) 
         GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, Source::Texture),
         GemmVariant::Tiled { bk4 } => tiled(TileShape::wide(32, 4, bk4), order),
         GemmVariant::TiledWide { cols, tn, bk4 } => tiled(TileShape::wide(cols, tn, bk4), order),
-        GemmVariant::Tile { rows, cols, tm, tn, bk4 } => tiled(TileShape { rows, cols, tm, tn, bk4 }, order),
+        GemmVariant::Tile { rows, cols, tm, tn, bk4 } => {
+            tiled(TileShape { rows, cols, tm, tn, bk4, f16: false }, order)
+        }
+        GemmVariant::TileF16 { rows, cols, tm, tn, bk4 } => {
+            tiled(TileShape { rows, cols, tm, tn, bk4, f16: true }, order)
+        }
     }
 }
 
@@ -890,12 +944,14 @@ struct TileShape {
     tm: u32,
     tn: u32,
     bk4: u32,
+    /// Staged as f16 (packed by `pack2x16float`) instead of f32.
+    f16: bool,
 }
 
 impl TileShape {
     /// 32 rows × `cols`, 4 × `tn` per invocation ([`GemmVariant::Tiled`] is `wide(32, 4, bk4)`).
     fn wide(cols: u32, tn: u32, bk4: u32) -> Self {
-        TileShape { rows: 32, cols, tm: 4, tn, bk4 }
+        TileShape { rows: 32, cols, tm: 4, tn, bk4, f16: false }
     }
 }
 
@@ -908,7 +964,16 @@ fn tile_stride(bk4: u32) -> u32 {
 
 /// The tiled kernel on `t.rows` × `t.cols` tiles, `t.tm` × `t.tn` outputs per invocation.
 fn tiled(t: TileShape, order: GemmOrder) -> String {
-    let TileShape { rows, cols, tm, tn, bk4 } = t;
+    let TileShape { rows, cols, tm, tn, bk4, f16 } = t;
+    // A staged group of four: a vec4 of f32, or four f16 packed in two words (rounded to nearest
+    // even by stage_f16, widened back exactly by unstage_f16).
+    let (group, staged) = if f16 {
+        ("vec2<u32>", "rounded to f16 as they are staged (stage_f16.wgsl)")
+    } else {
+        ("vec4<f32>", "in f32")
+    };
+    let stage = |v: &str| if f16 { format!("stage_f16({v})") } else { v.to_string() };
+    let load = |p: &str| if f16 { format!("unstage_f16({p})") } else { p.to_string() };
     let (ty_n, tx_n) = (rows / tm, cols / tn);
     let threads = ty_n * tx_n;
     let stride = tile_stride(bk4);
@@ -917,15 +982,15 @@ fn tiled(t: TileShape, order: GemmOrder) -> String {
         s,
         "// Tiled GEMM (generated): a workgroup of {ty_n} x {tx_n} invocations computes a {rows} x {cols} block,
 // each invocation {tm} rows x {tn} columns (rows ty * {tm} + i, columns tx + {tx_n} j), streaming K
-// through workgroup memory in chunks of {} ({bk4} groups of four; past K zeros), each staged row
-// {stride} vec4 apart. Order: {order:?} (see variant.rs).
+// through workgroup memory in chunks of {} ({bk4} groups of four; past K zeros), {staged}, each
+// staged row {stride} groups apart. Order: {order:?} (see variant.rs).
 
 const BK4: u32 = {bk4}u;
 const STRIDE: u32 = {stride}u;
 
-var<workgroup> xs: array<vec4<f32>, {nx}>;
-var<workgroup> ws: array<vec4<f32>, {nw}>;
-var<workgroup> us: array<vec4<f32>, {nw}>;
+var<workgroup> xs: array<{group}, {nx}>;
+var<workgroup> ws: array<{group}, {nw}>;
+var<workgroup> us: array<{group}, {nw}>;
 var<workgroup> block_entry: array<u32, {rows}>;
 
 @compute @workgroup_size({threads})
@@ -971,7 +1036,7 @@ fn gemm(
             if e != NONE {{
                 xv = x_tail(input_row(row0 + r, e) * kdim, k, kdim);
             }}
-            xs[r * STRIDE + t % BK4] = xv;
+            xs[r * STRIDE + t % BK4] = {xs_store};
         }}
         for (var t = lid; t < {cols}u * BK4; t += {threads}u) {{
             let k = k0 + 4u * (t % BK4);
@@ -984,18 +1049,29 @@ fn gemm(
                     uv = weight4_tail(true, weight_row(expert, c), k, kdim);
                 }}
             }}
-            ws[(t / BK4) * STRIDE + t % BK4] = wv;
-            us[(t / BK4) * STRIDE + t % BK4] = uv;
+            ws[(t / BK4) * STRIDE + t % BK4] = {ws_store};
+            us[(t / BK4) * STRIDE + t % BK4] = {us_store};
         }}
         workgroupBarrier();
         for (var g = 0u; g < BK4; g++) {{
-            if k0 + 4u * g < kdim {{"
+            if k0 + 4u * g < kdim {{",
+        xs_store = stage("xv"),
+        ws_store = stage("wv"),
+        us_store = stage("uv"),
     );
     for i in 0..tm {
-        let _ = writeln!(s, "                let x{i} = xs[(ty * {tm}u + {i}u) * STRIDE + g];");
+        let _ = writeln!(
+            s,
+            "                let x{i} = {};",
+            load(&format!("xs[(ty * {tm}u + {i}u) * STRIDE + g]"))
+        );
     }
     for j in 0..tn {
-        let _ = writeln!(s, "                let w{j} = ws[(tx + {}u) * STRIDE + g];", tx_n * j);
+        let _ = writeln!(
+            s,
+            "                let w{j} = {};",
+            load(&format!("ws[(tx + {}u) * STRIDE + g]", tx_n * j))
+        );
     }
     for i in 0..tm {
         for j in 0..tn {
@@ -1004,7 +1080,11 @@ fn gemm(
     }
     let _ = writeln!(s, "                if SWIGLU {{");
     for j in 0..tn {
-        let _ = writeln!(s, "                    let v{j} = us[(tx + {}u) * STRIDE + g];", tx_n * j);
+        let _ = writeln!(
+            s,
+            "                    let v{j} = {};",
+            load(&format!("us[(tx + {}u) * STRIDE + g]", tx_n * j))
+        );
     }
     for i in 0..tm {
         for j in 0..tn {
