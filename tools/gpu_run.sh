@@ -57,7 +57,8 @@ export B ADAPTER && export -f layer qwen3 # `step` runs commands under `timeout`
 for k in 2 8; do step layer-k$k 40 bash -c "layer $k"; done
 # The GEMM comparisons that concern GPUs, most wanted first (the window and texture ones compare
 # CPU adapters' blocks: on an H200 `gemm/window-vs-direct` did not finish a size in 55 s).
-GEMM=(--comparison tuned-vs-default --comparison grouped-vs-dense --comparison unchecked-vs-checked
+GEMM=(--comparison tuned-vs-default --comparison tile64-vs-tiled --comparison tile128-vs-tiled
+    --comparison grouped-vs-dense --comparison unchecked-vs-checked --comparison f16-staged-vs-f32-tile
     --comparison fast-vs-strict --comparison decode-vs-grouped --comparison dense-wide
     --comparison block-vs-rowwise --comparison grouped-vs-bucketed --comparison direct-vs-tiled)
 step matrix-gemm 180 $B/bench_matrix --adapter "$ADAPTER" "${GEMM[@]}" --out "$M/gemm"

@@ -119,6 +119,19 @@ impl Problem {
         what: &str,
         order: GemmOrder,
     ) -> Result<Vec<f32>> {
+        self.check_with(ctx, partial, what, order, false)
+    }
+
+    /// As [`Self::check_in`], against the reference on f16-rounded operands where
+    /// `f16_operands` (the kernels that stage in f16).
+    fn check_with(
+        &self,
+        ctx: &Context,
+        partial: &wgpu::Buffer,
+        what: &str,
+        order: GemmOrder,
+        f16_operands: bool,
+    ) -> Result<Vec<f32>> {
         let h = self.h as usize;
         let n = self.entries() as usize;
         let got: Vec<f32> = ctx.read_back(partial, n * h)?;
@@ -131,7 +144,7 @@ impl Problem {
             order,
             activation: crate::kernels::gemm::Activation::Swiglu,
             bias: None,
-            f16_operands: false,
+            f16_operands,
         };
         let picks: Vec<usize> =
             (0..n.min(CHECKED_ENTRIES)).chain(n.saturating_sub(CHECKED_ENTRIES)..n).collect();
@@ -563,6 +576,102 @@ impl Comparison for UncheckedVsChecked {
         let (flops, tokens) = (p.flops(), p.tokens);
         let note = Some(format!("{} / {} {:?}", kernels.up.name(), kernels.down.name(), kernels.order));
         let validate = move |ctx: &Context| p.check_pair(ctx, (&pa, "checked"), (&pb, "unchecked"));
+        Ok(Case {
+            a: Work::Gpu(wa),
+            b: Work::Gpu(wb),
+            flops,
+            bytes: 0.0,
+            tokens,
+            validate: Box::new(validate),
+            note,
+        })
+    }
+}
+
+/// The grouped FFN on another workgroup-memory tile (B) against the GPU default, `Tiled`'s
+/// 32 × 32 tiles (A), in one order: what a tile of the GPU family does at the layer shapes
+/// (the figures that decide a tile per rows per expert), or what f16 staging does against the
+/// same tile in f32.
+pub struct TileVsTile {
+    name: &'static str,
+    description: &'static str,
+    variants: (&'static str, &'static str),
+    order: GemmOrder,
+    a: GemmVariant,
+    b: GemmVariant,
+}
+
+impl TileVsTile {
+    /// The GPU tile family's comparisons.
+    pub fn all() -> Vec<TileVsTile> {
+        let tiled = GemmVariant::Tiled { bk4: 8 };
+        let tile64 = GemmVariant::Tile { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 4 };
+        vec![
+            TileVsTile {
+                name: "gemm/tile64-vs-tiled",
+                description: "grouped expert FFN on 64x64 tiles of 256 invocations, 4x4 outputs each, K chunks of \
+                              16 (B) against the default 32x32 tiles of 64 invocations (A), strict order; bitwise equal",
+                variants: ("tiled", "tile64"),
+                order: GemmOrder::Strict,
+                a: tiled,
+                b: tile64,
+            },
+            TileVsTile {
+                name: "gemm/tile128-vs-tiled",
+                description: "grouped expert FFN on 128x128 tiles of 256 invocations, 8x8 outputs each, K chunks of \
+                              8 (B) against the default 32x32 tiles (A), fast order (one accumulator per output); \
+                              bitwise equal",
+                variants: ("tiled", "tile128"),
+                order: GemmOrder::Fast,
+                a: tiled,
+                b: GemmVariant::Tile { rows: 128, cols: 128, tm: 8, tn: 8, bk4: 2 },
+            },
+            TileVsTile {
+                name: "gemm/f16-staged-vs-f32-tile",
+                description: "grouped expert FFN on 64x64 tiles staging x and the weights in f16 (B, the \
+                              TileF16 precision mode) against the same tiles in f32 (A), strict order; B checked \
+                              against the reference on f16-rounded operands",
+                variants: ("f32 tiles", "f16 tiles"),
+                order: GemmOrder::Strict,
+                a: tile64,
+                b: GemmVariant::TileF16 { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 4 },
+            },
+        ]
+    }
+}
+
+impl Comparison for TileVsTile {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn description(&self) -> &'static str {
+        self.description
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        self.variants
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        layer_shape_sizes(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let a = FfnKernels { order: self.order, up: self.a, down: self.a };
+        let b = FfnKernels { up: self.b, down: self.b, ..a };
+        if !matches!(self.b, GemmVariant::TileF16 { .. }) {
+            return grouped_pair(ctx, size, seed, a, b);
+        }
+        let p = Problem::new(size, seed);
+        let (fa, fb) = (p.ffn_with(ctx, a)?, p.ffn_with(ctx, b)?);
+        let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
+        let bytes = u64::from(p.entries() * p.h) * 4;
+        let (pa, pb) = (ctx.zeroed("partial A", bytes)?, ctx.zeroed("partial B", bytes)?);
+        let wa = grouped(ctx, &p, &fa, &x, &idx, &pa)?;
+        let wb = grouped(ctx, &p, &fb, &x, &idx, &pb)?;
+        let (flops, tokens, order) = (p.flops(), p.tokens, self.order);
+        let note = Some(format!("A: {}; B: {} {order:?}", self.a.name(), self.b.name()));
+        let validate = move |ctx: &Context| {
+            p.check_with(ctx, &pa, "A", order, false)?;
+            p.check_with(ctx, &pb, "B", order, true).map(|_| ())
+        };
         Ok(Case {
             a: Work::Gpu(wa),
             b: Work::Gpu(wb),

@@ -46,6 +46,7 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(layer::OneLaunchCombine),
         Box::new(layer::LayerRoute),
     ];
+    all.extend(gemm::TileVsTile::all().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
     all.extend(gemm::QuantVsF16::all().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
     all.extend(dag::comparisons().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
     all.extend(dag::moe_comparisons().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
