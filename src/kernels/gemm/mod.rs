@@ -57,6 +57,10 @@ macro_rules! rowwise_shader {
             name: concat!("gemm/", $name),
             parts: &[$(wgsl!($weights),)+ wgsl!($x), wgsl!("gemm/rowwise.wgsl"), wgsl!($entry)],
             entry_points: &["rowwise"],
+            // Rows below the live count and the dispatch's window rows, columns clamped to the
+            // chunk's, entries as the caller's or the layout's row map holds them (below the
+            // bound views' rows), the expert read back only through in_chunk, K below kdim in
+            // every loop, x windows within the WINDOW_BYTES the host sized them to.
             indexing: Indexing::Proven,
         }
     };

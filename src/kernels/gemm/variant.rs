@@ -567,6 +567,12 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
             name: leak(name),
             parts: Box::leak(parts.into_boxed_slice()),
             entry_points: &["gemm"],
+            // Workgroup tiles indexed by the invocation id and loop counters below their
+            // lengths (t < rows·BK4 and cols·BK4, ty·tm + i < rows, tx + (cols/tn)·j < cols,
+            // g < BK4 <= STRIDE), private vectors by counters below 4; rows below params.rows,
+            // columns below the chunk's end, entries from the dispatch layout's row map, the
+            // expert from the tile map or the host only through in_chunk, K bounded by
+            // x_tail / weight4_tail, and texels within the copies' extents.
             indexing: Indexing::Proven,
         }));
         let bindings = match variant {
