@@ -18,7 +18,7 @@ use crate::kernels::dispatch::{
 };
 use crate::kernels::gemm::{
     Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
-    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_ffn, plan_ffn_all_experts,
+    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_dense_ffn, plan_ffn,
     uses_decode_path,
 };
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
@@ -705,7 +705,7 @@ impl MoeLayer {
         let mut shared = None;
         if let Some(s) = &self.shared {
             let rows = scratch("shared expert output", t * h * 4)?;
-            let mut ds = plan_ffn_all_experts(ctx, s, tokens, x, &rows)?.into_dispatches();
+            let mut ds = plan_dense_ffn(ctx, s, tokens, x, &rows)?.into_dispatches();
             let gate_logits = match &self.shared_gate {
                 Some(g) => {
                     let gl = scratch("shared gate logits", t * 4)?;

@@ -11,7 +11,7 @@ use moeflow::kernels::dispatch::{
 };
 use moeflow::kernels::gemm::{
     Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
-    FfnRouting, GemmOrder, GemmVariant, StoredValues, WeightDtype, plan_dense, plan_ffn,
+    FfnRouting, GemmOrder, GemmVariant, StoredValues, WeightDtype, plan_dense, plan_dense_ffn, plan_ffn,
     plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
@@ -318,6 +318,8 @@ fn bad_input_is_an_error() {
         assert!(err.contains("the FFN needs E=2"), "{err}");
         let err = plan_ffn(&ctx, &ffn, 8, 1, &bufs, FfnRouting::Decode).unwrap_err().to_string();
         assert!(err.contains("`x`"), "{err}");
+        let err = plan_dense_ffn(&ctx, &ffn, 4, &x, &out).unwrap_err().to_string();
+        assert!(err.contains("a dense FFN has one expert; this one has 2"), "{err}");
     }
     for adapter in common::wgpu_adapters() {
         let limits =

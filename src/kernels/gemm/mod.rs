@@ -1966,7 +1966,40 @@ pub fn plan_ffn_all_experts<'b>(
     x: impl Into<BufferView<'b>>,
     all: &wgpu::Buffer,
 ) -> Result<FfnPlan> {
-    let x = x.into();
+    every_expert_on_every_token(ctx, ffn, tokens, x.into(), all)
+}
+
+/// (e) A dense FFN: the one expert of `ffn` on every token, `y[tokens, H]` from `x[tokens, H]`
+/// (the layer's shared expert), through the block kernels of `ffn`: the bits of the same
+/// expert on the routed paths.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an FFN of more than one expert; as [`plan_ffn`].
+pub fn plan_dense_ffn<'b>(
+    ctx: &Context,
+    ffn: &ExpertFfn,
+    tokens: u32,
+    x: impl Into<BufferView<'b>>,
+    y: &wgpu::Buffer,
+) -> Result<FfnPlan> {
+    if ffn.experts() != 1 {
+        return Err(Error::invalid(format!(
+            "a dense FFN has one expert; this one has {} (plan_ffn routes tokens over experts)",
+            ffn.experts()
+        )));
+    }
+    every_expert_on_every_token(ctx, ffn, tokens, x.into(), y)
+}
+
+/// `all[E, tokens, H]`: each expert's FFN on every token, expert by expert (see
+/// [`plan_ffn_all_experts`] and [`plan_dense_ffn`]).
+fn every_expert_on_every_token(
+    ctx: &Context,
+    ffn: &ExpertFfn,
+    tokens: u32,
+    x: BufferView<'_>,
+    all: &wgpu::Buffer,
+) -> Result<FfnPlan> {
     let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
     let rows = u64::from(e) * u64::from(tokens);
     ctx.check_view("x", &x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
