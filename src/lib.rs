@@ -31,6 +31,7 @@ pub mod quant;
 pub mod reference;
 pub mod requirements;
 pub mod shader;
+mod sync;
 #[cfg(feature = "synth")]
 pub mod synth;
 pub mod timer;

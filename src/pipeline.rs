@@ -5,9 +5,9 @@ use std::num::NonZeroU64;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::context::lock;
 use crate::error::{Error, Result};
 use crate::shader::ShaderSource;
+use crate::sync::lock;
 
 /// How a kernel binds one resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, GpuErrorKind, Result};
 use crate::pipeline::PipelineCache;
+use crate::sync::lock;
 
 /// The wgpu version moeflow is built against (checked against Cargo.toml by a unit test).
 pub const WGPU_VERSION: &str = "30.0.2";
@@ -632,11 +633,6 @@ impl Context {
     pub(crate) fn pipelines(&self) -> &PipelineCache {
         &self.pipelines
     }
-}
-
-/// Locks `m`, taking the data of a poisoned lock as it is (no state here is left half-made).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

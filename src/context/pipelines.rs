@@ -6,13 +6,14 @@ use std::num::NonZeroU64;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{BoundsChecks, Context, lock};
+use super::{BoundsChecks, Context};
 use crate::error::{Error, Result};
 use crate::pipeline::{
     Access, Binding, BoundBuffer, BoundTexture, BufferView, Constants, DUMP_PIPELINES, Dispatch, Kernel,
     KernelSpec, PipelineKey, TextureBinding, dump_pipeline,
 };
 use crate::shader::Indexing;
+use crate::sync::lock;
 
 impl Context {
     /// Pipelines built on this context so far (each specialisation of an entry point once).

@@ -17,6 +17,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::sync::lock;
 use crate::synth::Synth;
 
 static MP_SHADER: ShaderSource = ShaderSource {
@@ -200,11 +201,11 @@ fn cache() -> &'static Mutex<HashMap<ProbeKey, Arc<ProbeReport>>> {
 /// As [`run_probe`].
 pub fn probe(ctx: &Context) -> Result<Arc<ProbeReport>> {
     let key = ProbeKey::of(ctx);
-    if let Some(r) = cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+    if let Some(r) = lock(cache()).get(&key) {
         return Ok(r.clone());
     }
     let report = Arc::new(run_probe(ctx)?);
-    cache().lock().unwrap_or_else(|p| p.into_inner()).insert(key, report.clone());
+    lock(cache()).insert(key, report.clone());
     Ok(report)
 }
 

@@ -14,11 +14,12 @@ use bytemuck::{Pod, Zeroable};
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 
-use crate::context::{Context, lock};
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, TextureBinding, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::sync::lock;
 
 mod quantised;
 mod texture;

@@ -43,10 +43,11 @@ use std::sync::{Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::context::{AdapterDescription, lock};
+use crate::context::AdapterDescription;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderPart, ShaderSource, wgsl};
+use crate::sync::lock;
 
 use super::WeightDtype;
 
