@@ -49,8 +49,16 @@ pub enum KernelChoice {
     #[default]
     Default,
     /// Chosen by timing the candidates on the device when the layer is made
-    /// ([`crate::kernels::gemm::tune`], cached on disk).
+    /// ([`crate::kernels::gemm::tune`], cached on disk), on 32 rows per expert.
     Tuned,
+    /// As [`KernelChoice::Tuned`], for prefills of about `tokens` tokens: timed on the rows an
+    /// expert gets then (`tokens · k / E`, at least 1), so a layer that sees long prefills gets
+    /// the tile that suits many rows per expert (the GPU candidates hold 32- to 128-row tiles)
+    /// and one that sees short ones the tile that suits few.
+    TunedFor {
+        /// Tokens of the prefills the layer is tuned for (at least 1).
+        tokens: u32,
+    },
     /// These variants for the gate/up and the down projections.
     Fixed {
         /// Gate/up (SwiGLU) projection.
@@ -122,16 +130,25 @@ impl MoeConfig {
     /// else the kind's default.
     pub fn ffn_kernels(&self, kind: AdapterKind) -> FfnKernels {
         match self.kernels {
-            KernelChoice::Default | KernelChoice::Tuned => FfnKernels::default_for(kind, self.gemm_order),
+            KernelChoice::Default | KernelChoice::Tuned | KernelChoice::TunedFor { .. } => {
+                FfnKernels::default_for(kind, self.gemm_order)
+            }
             KernelChoice::Fixed { up, down } => FfnKernels { order: self.gemm_order, up, down },
         }
+    }
+
+    /// An expert's mean share of rows in a forward of `tokens` tokens: `tokens · k / E`, at
+    /// least 1 (what [`KernelChoice::TunedFor`] tunes on).
+    pub fn expected_rows_per_expert(&self, tokens: u32) -> u32 {
+        let rows = u64::from(tokens) * u64::from(self.route.k) / u64::from(self.route.experts.max(1));
+        u32::try_from(rows).unwrap_or(u32::MAX).max(1)
     }
 
     /// Checks every field.
     ///
     /// # Errors
     /// [`RouteConfig::validate`]'s errors; [`Error::InvalidArgument`] for zero FFN sizes, a
-    /// shared gate without a shared expert or a zero capacity bound.
+    /// shared gate without a shared expert, a zero capacity bound or `TunedFor` zero tokens.
     pub fn validate(&self) -> Result<()> {
         self.route.validate()?;
         if self.ffn == 0 || self.shared_ffn == Some(0) {
@@ -142,6 +159,9 @@ impl MoeConfig {
         }
         if let Capacity::Bounded { bound: 0, .. } = self.capacity {
             return Err(Error::invalid("capacity bound must be at least 1"));
+        }
+        if self.kernels == (KernelChoice::TunedFor { tokens: 0 }) {
+            return Err(Error::invalid("KernelChoice::TunedFor needs at least 1 token"));
         }
         self.activation.validate()?;
         self.ffn_kernels(AdapterKind::Gpu).validate()
@@ -565,10 +585,14 @@ impl MoeLayer {
         }
         let experts = experts.with_activation(cfg.activation)?;
         let mut kernels = cfg.ffn_kernels(AdapterKind::of(ctx.adapter()));
-        if cfg.kernels == KernelChoice::Tuned {
-            kernels =
-                crate::kernels::gemm::tune(ctx, &experts, cfg.gemm_order, &TuneOptions::for_context(ctx))?
-                    .kernels;
+        let tuned_rows = match cfg.kernels {
+            KernelChoice::Tuned => Some(TuneOptions::for_context(ctx).rows),
+            KernelChoice::TunedFor { tokens } => Some(cfg.expected_rows_per_expert(tokens)),
+            KernelChoice::Default | KernelChoice::Fixed { .. } => None,
+        };
+        if let Some(rows) = tuned_rows {
+            let opts = TuneOptions { rows, ..TuneOptions::for_context(ctx) };
+            kernels = crate::kernels::gemm::tune(ctx, &experts, cfg.gemm_order, &opts)?.kernels;
         }
         let experts = experts.with_kernels(kernels)?;
         let shared = shared.map(|s| s.with_kernels(kernels)?.with_activation(cfg.activation)).transpose()?;

@@ -51,7 +51,7 @@ impl MoeConfig {
         let description = AdapterDescription::new(&adapter.get_info(), adapter.features(), &have);
         let kind = AdapterKind::of(&description);
         let variants: Vec<GemmVariant> = match self.kernels {
-            KernelChoice::Tuned => candidates(kind),
+            KernelChoice::Tuned | KernelChoice::TunedFor { .. } => candidates(kind),
             _ => {
                 let k = self.ffn_kernels(kind);
                 vec![k.up, k.down]

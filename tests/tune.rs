@@ -100,7 +100,7 @@ fn a_tuned_layer_runs_the_cached_choice_and_gives_the_default_bits() {
     let choice =
         moeflow::kernels::gemm::candidates(moeflow::kernels::gemm::AdapterKind::of(ctx.adapter()))[0];
     let entry = serde_json::json!({"up": choice, "down": choice, "timings": []});
-    std::fs::write(&path, serde_json::json!({"entries": {key: entry}}).to_string()).unwrap();
+    std::fs::write(&path, serde_json::json!({"entries": {key.clone(): entry.clone()}}).to_string()).unwrap();
     // SAFETY: this test binary sets the variable in this one test only, before any tuning reads it.
     unsafe { std::env::set_var("MOEFLOW_TUNE_CACHE", &path) };
     let x = Synth::new(5).uniform(40 * 32, 1.0);
@@ -108,6 +108,27 @@ fn a_tuned_layer_runs_the_cached_choice_and_gives_the_default_bits() {
     let default = MoeLayer::new(ctx, cfg, &w).unwrap();
     let (a, b) = (tuned.forward_host(ctx, &x).unwrap(), default.forward_host(ctx, &x).unwrap());
     assert_eq!(common::bits(&a.y), common::bits(&b.y), "tuned and default kernels give the same bits");
+    assert_eq!(tuned.dispatch_tile(ctx), choice.block_rows(), "the tuned layer runs the cached choice");
+    // TunedFor { tokens: 256 } tunes on 256 * 2 / 4 = 128 rows per expert: its own cache key,
+    // whose entry names the candidate of the most block rows (not the first one's).
+    let rows = cfg.expected_rows_per_expert(256);
+    assert_eq!(rows, 128);
+    let key128 = tune(ctx, &experts, GemmOrder::Fast, &TuneOptions { rows, ..probe }).unwrap().key;
+    assert_ne!(key128, key, "the rows are part of the cache key");
+    let kind = moeflow::kernels::gemm::AdapterKind::of(ctx.adapter());
+    let tallest =
+        moeflow::kernels::gemm::candidates(kind).into_iter().max_by_key(|v| v.block_rows()).unwrap();
+    assert_ne!(tallest.block_rows(), choice.block_rows());
+    let tall = serde_json::json!({"up": tallest, "down": tallest, "timings": []});
+    std::fs::write(&path, serde_json::json!({"entries": {key: entry, key128: tall}}).to_string()).unwrap();
+    let tuned_for = MoeConfig { kernels: KernelChoice::TunedFor { tokens: 256 }, ..cfg };
+    let long = MoeLayer::new(ctx, tuned_for, &w).unwrap();
+    assert_eq!(long.dispatch_tile(ctx), tallest.block_rows(), "TunedFor ran the choice for its rows");
+    let c = long.forward_host(ctx, &x).unwrap();
+    assert_eq!(common::bits(&c.y), common::bits(&b.y), "kernels tuned for long prefills give the same bits");
+    let zero = MoeConfig { kernels: KernelChoice::TunedFor { tokens: 0 }, ..cfg };
+    let err = MoeLayer::new(ctx, zero, &w).unwrap_err().to_string();
+    assert!(err.contains("TunedFor needs at least 1 token"), "{err}");
 }
 
 #[test]
