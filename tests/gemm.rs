@@ -320,6 +320,21 @@ fn bad_input_is_an_error() {
         assert!(err.contains("`x`"), "{err}");
         let err = plan_dense_ffn(&ctx, &ffn, 4, &x, &out).unwrap_err().to_string();
         assert!(err.contains("a dense FFN has one expert; this one has 2"), "{err}");
+        for (bad, says) in [
+            (
+                GemmVariant::Tile { rows: 48, cols: 64, tm: 4, tn: 4, bk4: 4 },
+                "rows and cols must be 32, 64 or 128",
+            ),
+            (GemmVariant::TileF16 { rows: 64, cols: 64, tm: 2, tn: 4, bk4: 4 }, "each must be 4 or 8"),
+            (GemmVariant::Tile { rows: 128, cols: 128, tm: 4, tn: 4, bk4: 4 }, "1024 invocations"),
+            (GemmVariant::Tile { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 0 }, "bk4 = 0"),
+        ] {
+            let err = FfnKernels { order: GemmOrder::Strict, up: bad, down: bad }
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says), "{}: {err}", bad.name());
+        }
     }
     for adapter in common::wgpu_adapters() {
         let limits =

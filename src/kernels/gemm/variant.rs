@@ -10,6 +10,10 @@
 //! - [`GemmVariant::TiledWide`] (GPU candidates): the tiled kernel on 32 × `cols` tiles (64 or
 //!   128 columns), each invocation 4 rows × `tn` columns: each staged x value feeds `cols`
 //!   outputs instead of 32, for GPUs whose tiled kernel waits on workgroup memory.
+//! - [`GemmVariant::Tile`] (GPU candidates): the same kernel on 32- to 128-row and -column
+//!   tiles, 4 × 4 to 8 × 8 outputs per invocation; `Tiled` and `TiledWide` are its 32-row shapes.
+//! - [`GemmVariant::TileF16`] (a precision mode the caller chooses): `Tile` staging its operands
+//!   in f16; not bitwise equal to the exact variants (see its docs).
 //! - [`GemmVariant::Direct`]: no workgroup memory and no barriers. `lanes` invocations share
 //!   one block of `rows` rows and each computes `cols` columns spaced `lanes` apart, reading x
 //!   and the weights straight from memory; every loaded value is reused across the whole
@@ -33,8 +37,8 @@
 //!   device's texture limits the pass runs as the window variant of the same block, and where no
 //!   window fits as the direct one: same operations, same bits.
 //!
-//! Every variant of one [`GemmOrder`] computes every output with the same operations in the
-//! same order, so all variants (and the row-wise decode kernel) are bit-identical within a
+//! Every exact variant (all but `TileF16`) of one [`GemmOrder`] computes every output with the
+//! same operations in the same order, so all variants (and the row-wise decode kernel) are bit-identical within a
 //! mode, and no choice depends on M, the tile or the path (batch invariance in both modes).
 
 use std::collections::HashMap;
