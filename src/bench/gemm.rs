@@ -108,22 +108,11 @@ impl Problem {
 
     /// Checks the first and last entries of `partial` against the CPU reference (strict order).
     fn check(&self, ctx: &Context, partial: &wgpu::Buffer, what: &str) -> Result<Vec<f32>> {
-        self.check_in(ctx, partial, what, GemmOrder::Strict)
+        self.check_with(ctx, partial, what, GemmOrder::Strict, false)
     }
 
-    /// Checks the first and last entries of `partial` against the CPU reference in `order`.
-    fn check_in(
-        &self,
-        ctx: &Context,
-        partial: &wgpu::Buffer,
-        what: &str,
-        order: GemmOrder,
-    ) -> Result<Vec<f32>> {
-        self.check_with(ctx, partial, what, order, false)
-    }
-
-    /// As [`Self::check_in`], against the reference on f16-rounded operands where
-    /// `f16_operands` (the kernels that stage in f16).
+    /// Checks the first and last entries of `partial` against the CPU reference in `order`, on
+    /// f16-rounded operands where `f16_operands` (the kernels that stage in f16).
     fn check_with(
         &self,
         ctx: &Context,
@@ -476,18 +465,65 @@ fn layer_shape_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
         .collect()
 }
 
+/// `p`'s x and indices on the device, and A's and B's zeroed `partial` outputs.
+struct PairBuffers {
+    x: wgpu::Buffer,
+    idx: wgpu::Buffer,
+    a: wgpu::Buffer,
+    b: wgpu::Buffer,
+}
+
+impl PairBuffers {
+    fn new(ctx: &Context, p: &Problem) -> Result<Self> {
+        let bytes = u64::from(p.entries() * p.h) * 4;
+        Ok(PairBuffers {
+            x: ctx.upload("x", &p.x)?,
+            idx: ctx.upload("indices", &p.idx)?,
+            a: ctx.zeroed("partial A", bytes)?,
+            b: ctx.zeroed("partial B", bytes)?,
+        })
+    }
+
+    /// The grouped FFN `ffn` into A's output (`b` false) or B's.
+    fn grouped(&self, ctx: &Context, p: &Problem, ffn: &ExpertFfn, b: bool) -> Result<Vec<Dispatch>> {
+        grouped(ctx, p, ffn, &self.x, &self.idx, if b { &self.b } else { &self.a })
+    }
+
+    /// The case timing `wa` against `wb` on `p`, checked by `validate` after the runs.
+    fn case(
+        self,
+        p: Problem,
+        (wa, wb): (Vec<Dispatch>, Vec<Dispatch>),
+        note: String,
+        validate: impl Fn(&Problem, &PairBuffers, &Context) -> Result<()> + 'static,
+    ) -> Case {
+        Case {
+            a: Work::Gpu(wa),
+            b: Work::Gpu(wb),
+            flops: p.flops(),
+            bytes: 0.0,
+            tokens: p.tokens,
+            validate: Box::new(move |ctx: &Context| validate(&p, &self, ctx)),
+            note: Some(note),
+        }
+    }
+}
+
+/// Whether `k` stages its operands in f16 (both projections [`GemmVariant::TileF16`]): its
+/// outputs are checked against the reference on f16-rounded operands.
+fn stages_f16(k: FfnKernels) -> bool {
+    matches!(k.up, GemmVariant::TileF16 { .. }) && matches!(k.down, GemmVariant::TileF16 { .. })
+}
+
 /// The grouped FFN with kernels `a` (A) and `b` (B): outputs checked against the reference in
-/// each one's order, and bitwise equal when the orders agree.
+/// each one's order (on f16-rounded operands for f16-staged kernels), and bitwise equal when
+/// the orders and the staging agree.
 fn grouped_pair(ctx: &Context, size: &Size, seed: u64, a: FfnKernels, b: FfnKernels) -> Result<Case> {
     let p = Problem::new(size, seed);
     let (fa, fb) = (p.ffn_with(ctx, a)?, p.ffn_with(ctx, b)?);
-    let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
-    let bytes = u64::from(p.entries() * p.h) * 4;
-    let (pa, pb) = (ctx.zeroed("partial A", bytes)?, ctx.zeroed("partial B", bytes)?);
-    let wa = grouped(ctx, &p, &fa, &x, &idx, &pa)?;
-    let wb = grouped(ctx, &p, &fb, &x, &idx, &pb)?;
-    let (flops, tokens) = (p.flops(), p.tokens);
-    let note = Some(format!(
+    let bufs = PairBuffers::new(ctx, &p)?;
+    let runs = (bufs.grouped(ctx, &p, &fa, false)?, bufs.grouped(ctx, &p, &fb, true)?);
+    let note = format!(
         "A: {} / {} {:?}; B: {} / {} {:?}",
         a.up.name(),
         a.down.name(),
@@ -495,24 +531,15 @@ fn grouped_pair(ctx: &Context, size: &Size, seed: u64, a: FfnKernels, b: FfnKern
         b.up.name(),
         b.down.name(),
         b.order
-    ));
-    let validate = move |ctx: &Context| {
-        let got_a = p.check_in(ctx, &pa, "A", a.order)?;
-        let got_b = p.check_in(ctx, &pb, "B", b.order)?;
-        if a.order == b.order && !bit_identical(&got_a, &got_b) {
+    );
+    Ok(bufs.case(p, runs, note, move |p, bufs, ctx| {
+        let got_a = p.check_with(ctx, &bufs.a, "A", a.order, stages_f16(a))?;
+        let got_b = p.check_with(ctx, &bufs.b, "B", b.order, stages_f16(b))?;
+        if a.order == b.order && stages_f16(a) == stages_f16(b) && !bit_identical(&got_a, &got_b) {
             return Err(Error::Validation("variants of one order are not bitwise equal".into()));
         }
         Ok(())
-    };
-    Ok(Case {
-        a: Work::Gpu(wa),
-        b: Work::Gpu(wb),
-        flops,
-        bytes: 0.0,
-        tokens,
-        validate: Box::new(validate),
-        note,
-    })
+    }))
 }
 
 /// The grouped FFN in the fast order (B) against the strict order (A), same variants: what the
@@ -562,29 +589,18 @@ impl Comparison for UncheckedVsChecked {
         let kernels = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
         let p = Problem::new(size, seed);
         let ffn = p.ffn_with(ctx, kernels)?;
-        let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
-        let bytes = u64::from(p.entries() * p.h) * 4;
-        let (pa, pb) = (ctx.zeroed("partial A", bytes)?, ctx.zeroed("partial B", bytes)?);
+        let bufs = PairBuffers::new(ctx, &p)?;
         // The context's choice applies to the pipelines built while it holds.
         let before = ctx.bounds_checks();
         ctx.set_bounds_checks(BoundsChecks::Everywhere);
-        let wa = grouped(ctx, &p, &ffn, &x, &idx, &pa);
+        let wa = bufs.grouped(ctx, &p, &ffn, false);
         ctx.set_bounds_checks(BoundsChecks::WhereUnproven);
-        let wb = grouped(ctx, &p, &ffn, &x, &idx, &pb);
+        let wb = bufs.grouped(ctx, &p, &ffn, true);
         ctx.set_bounds_checks(before);
-        let (wa, wb) = (wa?, wb?);
-        let (flops, tokens) = (p.flops(), p.tokens);
-        let note = Some(format!("{} / {} {:?}", kernels.up.name(), kernels.down.name(), kernels.order));
-        let validate = move |ctx: &Context| p.check_pair(ctx, (&pa, "checked"), (&pb, "unchecked"));
-        Ok(Case {
-            a: Work::Gpu(wa),
-            b: Work::Gpu(wb),
-            flops,
-            bytes: 0.0,
-            tokens,
-            validate: Box::new(validate),
-            note,
-        })
+        let note = format!("{} / {} {:?}", kernels.up.name(), kernels.down.name(), kernels.order);
+        Ok(bufs.case(p, (wa?, wb?), note, |p, bufs, ctx| {
+            p.check_pair(ctx, (&bufs.a, "checked"), (&bufs.b, "unchecked"))
+        }))
     }
 }
 
@@ -655,32 +671,7 @@ impl Comparison for TileVsTile {
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let a = FfnKernels { order: self.order, up: self.a, down: self.a };
-        let b = FfnKernels { up: self.b, down: self.b, ..a };
-        if !matches!(self.b, GemmVariant::TileF16 { .. }) {
-            return grouped_pair(ctx, size, seed, a, b);
-        }
-        let p = Problem::new(size, seed);
-        let (fa, fb) = (p.ffn_with(ctx, a)?, p.ffn_with(ctx, b)?);
-        let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
-        let bytes = u64::from(p.entries() * p.h) * 4;
-        let (pa, pb) = (ctx.zeroed("partial A", bytes)?, ctx.zeroed("partial B", bytes)?);
-        let wa = grouped(ctx, &p, &fa, &x, &idx, &pa)?;
-        let wb = grouped(ctx, &p, &fb, &x, &idx, &pb)?;
-        let (flops, tokens, order) = (p.flops(), p.tokens, self.order);
-        let note = Some(format!("A: {}; B: {} {order:?}", self.a.name(), self.b.name()));
-        let validate = move |ctx: &Context| {
-            p.check_with(ctx, &pa, "A", order, false)?;
-            p.check_with(ctx, &pb, "B", order, true).map(|_| ())
-        };
-        Ok(Case {
-            a: Work::Gpu(wa),
-            b: Work::Gpu(wb),
-            flops,
-            bytes: 0.0,
-            tokens,
-            validate: Box::new(validate),
-            note,
-        })
+        grouped_pair(ctx, size, seed, a, FfnKernels { up: self.b, down: self.b, ..a })
     }
 }
 
