@@ -1,6 +1,7 @@
 //! Reference expert projections in the kernels' K orders (`wgsl/gemm/common.wgsl`).
 
 use crate::kernels::gemm::{Activation, GemmOrder};
+use std::borrow::Cow;
 
 /// `sum_k x[k] * w[k]`: K in groups of four (entries past K read as 0.0), lane j of the
 /// group accumulating with `mul_add` from 0.0, result `(l0 + l1) + (l2 + l3)`.
@@ -92,6 +93,11 @@ pub struct FfnWeights<'a> {
     pub f16_operands: bool,
 }
 
+/// `v` as the kernels multiply it: rounded to f16 where `f16_operands` (copied only then).
+fn multiplied(v: &[f32], f16_operands: bool) -> Cow<'_, [f32]> {
+    if f16_operands { Cow::Owned(round_f16(v)) } else { Cow::Borrowed(v) }
+}
+
 /// `v` rounded to f16 (to nearest, ties to even; past ±65504 infinity) and widened back: the
 /// values an f16-staged kernel multiplies.
 pub fn round_f16(v: &[f32]) -> Vec<f32> {
@@ -103,9 +109,8 @@ pub fn round_f16(v: &[f32]) -> Vec<f32> {
 pub fn ffn_row(x: &[f32], expert: usize, w: &FfnWeights<'_>) -> Vec<f32> {
     let (hidden, ffn) = (w.hidden, w.ffn);
     let add = |v: f32, b: Option<&[f32]>, i: usize| b.map_or(v, |b| v + b[i]);
-    let operands = |v: &[f32]| if w.f16_operands { round_f16(v) } else { v.to_vec() };
-    let dot = |x: &[f32], row: &[f32]| dot_in(w.order, x, &operands(row));
-    let x = operands(x);
+    let dot = |x: &[f32], row: &[f32]| dot_in(w.order, x, &multiplied(row, w.f16_operands));
+    let x = multiplied(x, w.f16_operands);
     let act: Vec<f32> = (0..ffn)
         .map(|n| {
             let at = (expert * ffn + n) * hidden;
@@ -115,7 +120,7 @@ pub fn ffn_row(x: &[f32], expert: usize, w: &FfnWeights<'_>) -> Vec<f32> {
             epilogue(w.activation, g, u)
         })
         .collect();
-    let act = operands(&act);
+    let act = if w.f16_operands { round_f16(&act) } else { act };
     (0..hidden)
         .map(|n| {
             let at = (expert * hidden + n) * ffn;
