@@ -23,6 +23,7 @@ fn all_shaders() -> Vec<&'static ShaderSource> {
     all.extend_from_slice(crate::kernels::dispatch::SHADERS);
     all.extend(crate::kernels::gemm::shaders());
     all.extend_from_slice(crate::kernels::combine::SHADERS);
+    all.extend_from_slice(crate::kernels::sizing::SHADERS);
     #[cfg(feature = "dag")]
     {
         all.extend_from_slice(crate::dag::run::SHADERS);
@@ -41,6 +42,7 @@ fn all_specs() -> Vec<&'static KernelSpec> {
     all.extend_from_slice(crate::kernels::dispatch::SPECS);
     all.extend(crate::kernels::gemm::specs());
     all.extend_from_slice(crate::kernels::combine::SPECS);
+    all.extend_from_slice(crate::kernels::sizing::SPECS);
     #[cfg(feature = "dag")]
     {
         all.extend_from_slice(crate::dag::run::SPECS);

@@ -18,10 +18,11 @@ use crate::kernels::dispatch::{
 };
 use crate::kernels::gemm::{
     Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
-    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_dense_ffn, plan_ffn,
-    uses_decode_path,
+    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, decode_tokens, plan_dense, plan_dense_ffn,
+    plan_ffn,
 };
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
+use crate::kernels::sizing::plan_sizing;
 use crate::pipeline::{BufferView, Dispatch};
 
 /// How expert capacity is handled.
@@ -359,6 +360,9 @@ pub struct MoeLayer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum ForwardStage {
+    /// The live token count's parameters and grids for the dispatches after it (see
+    /// [`ForwardPlan::set_live_tokens`]).
+    Size,
     /// Gate matvec and top-k (or the fused route).
     Route,
     /// The dispatch layout (count, scan, stable placement) or the bucket layout.
@@ -374,17 +378,20 @@ pub enum ForwardStage {
 impl ForwardStage {
     /// The stages whose outputs this one reads.
     pub fn reads(self) -> &'static [ForwardStage] {
+        use ForwardStage::{Combine, Dispatch, Experts, Route, Shared, Size};
         match self {
-            ForwardStage::Route | ForwardStage::Shared => &[],
-            ForwardStage::Dispatch => &[ForwardStage::Route],
-            ForwardStage::Experts => &[ForwardStage::Route, ForwardStage::Dispatch],
-            ForwardStage::Combine => &[ForwardStage::Route, ForwardStage::Experts, ForwardStage::Shared],
+            Size => &[],
+            Route | Shared => &[Size],
+            Dispatch => &[Size, Route],
+            Experts => &[Size, Route, Dispatch],
+            Combine => &[Size, Route, Experts, Shared],
         }
     }
 
-    /// Its name in reports: `route`, `dispatch`, `experts`, `shared` or `combine`.
+    /// Its name in reports: `size`, `route`, `dispatch`, `experts`, `shared` or `combine`.
     pub fn name(self) -> &'static str {
         match self {
+            ForwardStage::Size => "size",
             ForwardStage::Route => "route",
             ForwardStage::Dispatch => "dispatch",
             ForwardStage::Experts => "experts",
@@ -400,16 +407,35 @@ impl std::fmt::Display for ForwardStage {
     }
 }
 
-/// Intermediate buffers and dispatches of a forward for one batch size. Build it once per
-/// shape with [`MoeLayer::plan`] and record it every forward.
+/// Intermediate buffers and dispatches of a forward of up to a maximum token count. Build it
+/// once with [`MoeLayer::plan`], set the live count of each forward
+/// ([`Self::set_live_tokens`], or on the device in [`Self::live_tokens`]) and record it: no
+/// re-planning, no allocation.
 #[derive(Debug)]
 pub struct ForwardPlan {
-    tokens: u32,
+    max_tokens: u32,
+    /// The live token count (one u32), read by the sizing stage.
+    live: wgpu::Buffer,
+    /// A dispatch that runs the same work at every count, where one does (the plan then runs
+    /// at its maximum only).
+    fixed: Option<&'static str>,
+    /// The largest count that takes the decode path (0: none).
+    decode_until: u32,
+    /// Experts per token.
+    k: u32,
     stages: Vec<(ForwardStage, Vec<Dispatch>)>,
     indices: wgpu::Buffer,
     weights: wgpu::Buffer,
     layout: Option<DispatchLayout>,
     buckets: Option<BucketLayout>,
+}
+
+/// `dispatches`, each run only at live counts in `counts` (and where it ran before).
+fn only_for(mut dispatches: Vec<Dispatch>, counts: std::ops::RangeInclusive<u32>) -> Vec<Dispatch> {
+    for d in &mut dispatches {
+        d.run_only_for(counts.clone());
+    }
+    dispatches
 }
 
 impl ForwardPlan {
@@ -438,9 +464,54 @@ impl ForwardPlan {
         crate::gpu::record(encoder, &self.dispatches());
     }
 
-    /// Tokens per forward.
-    pub fn tokens(&self) -> u32 {
-        self.tokens
+    /// The most tokens a forward of this plan can have (the count it was planned for).
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// Sets the token count of the forwards submitted from now on (written to
+    /// [`Self::live_tokens`] by the queue, before the next submission's commands run). Rows
+    /// past the count in x are not read and in y not written.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 or a count past [`Self::max_tokens`], or for a count
+    /// other than the maximum where the plan's path runs at its maximum only (bucketed
+    /// capacity); a lost device.
+    pub fn set_live_tokens(&self, ctx: &Context, tokens: u32) -> Result<()> {
+        self.check_live(tokens)?;
+        ctx.check_alive()?;
+        ctx.queue().write_buffer(&self.live, 0, bytemuck::bytes_of(&tokens));
+        Ok(())
+    }
+
+    /// Checks a live token count for this plan (see [`Self::set_live_tokens`]).
+    ///
+    /// # Errors
+    /// As [`Self::set_live_tokens`].
+    pub fn check_live(&self, tokens: u32) -> Result<()> {
+        if tokens == 0 || tokens > self.max_tokens {
+            return Err(Error::invalid(format!(
+                "live token count {tokens}: this plan runs 1 to {} tokens",
+                self.max_tokens
+            )));
+        }
+        if let Some(entry) = self.fixed
+            && tokens != self.max_tokens
+        {
+            return Err(Error::invalid(format!(
+                "live token count {tokens}: this plan runs its maximum, {}, only (`{entry}` does not follow a live count)",
+                self.max_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// The buffer whose first u32 is the live token count (the maximum until set): written by
+    /// [`Self::set_live_tokens`], or on the device by a copy or a kernel recorded before the
+    /// forward, so that a chain of layers needs no host round trip. A count past the maximum
+    /// written there runs as the maximum.
+    pub fn live_tokens(&self) -> &wgpu::Buffer {
+        &self.live
     }
     /// `indices[tokens, k]` written by the route stage.
     pub fn indices(&self) -> &wgpu::Buffer {
@@ -456,14 +527,18 @@ impl ForwardPlan {
     /// # Errors
     /// A device error while reading back.
     pub fn load(&self, ctx: &Context, experts: u32) -> Result<LoadStats> {
-        if let Some(l) = &self.layout {
-            return l.stats(ctx);
-        }
+        let live = ctx.read_back::<u32>(&self.live, 1)?.first().copied().unwrap_or(self.max_tokens);
+        let live = live.min(self.max_tokens);
         if let Some(b) = &self.buckets {
             return b.layout().stats(ctx);
         }
-        // Decode path: no layout was built; count on the host.
-        let idx: Vec<u32> = ctx.read_back(&self.indices, self.indices.size() as usize / 4)?;
+        if let Some(l) = &self.layout
+            && live > self.decode_until
+        {
+            return l.stats(ctx);
+        }
+        // Decode path: no layout was filled; count on the host.
+        let idx: Vec<u32> = ctx.read_back(&self.indices, live as usize * self.k as usize)?;
         let l = crate::kernels::dispatch::host::layout(&idx, experts, 1, 0);
         Ok(LoadStats::new(l.counts, l.meta))
     }
@@ -640,24 +715,27 @@ impl MoeLayer {
         self.experts.kernels(ctx).block_rows()
     }
 
-    /// Plans a forward of `tokens` tokens from `x[tokens, H]` into `y[tokens, H]`: whole
-    /// buffers, or [`BufferView`]s of an activation arena (x and y may swap roles between
-    /// layers; a view gives the bits of a buffer of its own).
+    /// Plans forwards of up to `max_tokens` tokens from `x[max_tokens, H]` into
+    /// `y[max_tokens, H]`: whole buffers, or [`BufferView`]s of an activation arena (x and y may
+    /// swap roles between layers; a view gives the bits of a buffer of its own). Each forward
+    /// runs the live count of [`ForwardPlan::set_live_tokens`] (the maximum until set) on the
+    /// first rows, with the bits of a plan made for exactly that count.
     ///
     /// # Errors
-    /// [`Error::Shape`] for `x` or `y` smaller than `tokens` rows or a view past its buffer;
-    /// [`Error::InvalidArgument`] for a view at an offset the device cannot bind;
+    /// [`Error::Shape`] for `x` or `y` smaller than `max_tokens` rows or a view past its
+    /// buffer; [`Error::InvalidArgument`] for a view at an offset the device cannot bind;
     /// [`Error::LimitExceeded`] for sizes past u32 indices or the adapter's limits; the
     /// stages' planning errors.
     pub fn plan<'b>(
         &self,
         ctx: &Context,
-        tokens: u32,
+        max_tokens: u32,
         x: impl Into<BufferView<'b>>,
         y: impl Into<BufferView<'b>>,
     ) -> Result<ForwardPlan> {
         let (x, y) = (x.into(), y.into());
         let c = &self.cfg;
+        let tokens = max_tokens;
         let (t, h, k) = (u64::from(tokens), u64::from(c.route.hidden), u64::from(c.route.k));
         let entries = tokens
             .checked_mul(c.route.k)
@@ -687,13 +765,18 @@ impl MoeLayer {
         ));
         let ffn_bufs = FfnBuffers { x, indices: &indices, partial: &partial };
         let (mut layout, mut buckets) = (None, None);
+        // The decode path for the counts that take it, the grouped path past them.
+        let decode_until = match c.capacity {
+            Capacity::Dropless => decode_tokens(c.route.k, c.route.experts).min(tokens),
+            Capacity::Bounded { .. } => 0,
+        };
+        let decode = |counts| -> Result<Vec<Dispatch>> {
+            let ds = plan_ffn(ctx, &self.experts, decode_until, c.route.k, &ffn_bufs, FfnRouting::Decode)?;
+            Ok(only_for(ds.into_dispatches(), counts))
+        };
         match c.capacity {
-            Capacity::Dropless if uses_decode_path(tokens, c.route.k, c.route.experts) => {
-                stages.push((
-                    ForwardStage::Experts,
-                    plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Decode)?
-                        .into_dispatches(),
-                ));
+            Capacity::Dropless if decode_until == tokens => {
+                stages.push((ForwardStage::Experts, decode(0..=u32::MAX)?));
             }
             Capacity::Dropless => {
                 let l = DispatchLayout::new(
@@ -702,12 +785,13 @@ impl MoeLayer {
                     tokens,
                     0,
                 )?;
-                stages.push((ForwardStage::Dispatch, l.plan(ctx, &indices)?));
-                stages.push((
-                    ForwardStage::Experts,
-                    plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Grouped(&l))?
-                        .into_dispatches(),
-                ));
+                let grouped = decode_until + 1..=u32::MAX;
+                stages.push((ForwardStage::Dispatch, only_for(l.plan(ctx, &indices)?, grouped.clone())));
+                let mut ds = decode(0..=decode_until)?;
+                let ffn =
+                    plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Grouped(&l))?;
+                ds.extend(only_for(ffn.into_dispatches(), grouped));
+                stages.push((ForwardStage::Experts, ds));
                 layout = Some(l);
             }
             Capacity::Bounded { bound, policy } => {
@@ -751,7 +835,28 @@ impl MoeLayer {
             ForwardStage::Combine,
             plan_combine(ctx, tokens, c.route.hidden, c.route.k, &combine, c.combine)?,
         ));
-        Ok(ForwardPlan { tokens, stages, indices, weights, layout, buckets })
+        let live = ctx.upload("live tokens", &[tokens])?;
+        let fixed =
+            stages.iter().flat_map(|(_, ds)| ds).find(|d| !d.follows_live_count()).map(Dispatch::entry);
+        if fixed.is_none() {
+            let mut all: Vec<&mut Dispatch> = stages.iter_mut().flat_map(|(_, ds)| ds.iter_mut()).collect();
+            let sizing = plan_sizing(ctx, &live, tokens, &mut all)?;
+            if !sizing.is_empty() {
+                stages.insert(0, (ForwardStage::Size, sizing));
+            }
+        }
+        Ok(ForwardPlan {
+            max_tokens: tokens,
+            live,
+            fixed,
+            decode_until,
+            k: c.route.k,
+            stages,
+            indices,
+            weights,
+            layout,
+            buckets,
+        })
     }
 
     /// Builds, up front, every pipeline a forward of 1 to `max_tokens` tokens can use, so

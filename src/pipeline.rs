@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::kernels::sizing::{LiveCount, LiveValue, Sizing};
 use crate::shader::ShaderSource;
 use crate::sync::lock;
 
@@ -72,6 +73,17 @@ impl KernelSpec {
                 "`{}` has no fixed workgroup size (the constant `{name}` sets it)",
                 self.entry
             ))),
+        }
+    }
+
+    /// Workgroups of a fixed size that cover `invocations` at a plan's live token count.
+    ///
+    /// # Errors
+    /// As [`Self::groups`].
+    pub(crate) fn live_groups(&self, invocations: LiveCount) -> Result<LiveValue> {
+        match self.workgroup {
+            Workgroup::Fixed(n) => Ok(invocations.div_ceil(n.max(1))),
+            Workgroup::Override(_) => self.groups(0).map(|_| invocations.value()),
         }
     }
 
@@ -312,6 +324,18 @@ pub struct Dispatch {
     pub(crate) bindings: Vec<BoundBuffer>,
     pub(crate) textures: Vec<BoundTexture>,
     pub(crate) workgroups: [u32; 3],
+    /// How it follows a plan's live token count (see [`crate::kernels::sizing`]).
+    pub(crate) sizing: Option<Sizing>,
+    /// Where its grid is read from when it follows the live count: three u32 that a sizing
+    /// dispatch before it writes (`workgroups` is the grid at the plan's maximum).
+    pub(crate) indirect: Option<Indirect>,
+}
+
+/// An indirect grid: three u32 (x, y, z) at `offset` in `buffer`.
+#[derive(Clone, Debug)]
+pub(crate) struct Indirect {
+    pub(crate) buffer: wgpu::Buffer,
+    pub(crate) offset: u64,
 }
 
 impl Dispatch {
@@ -319,8 +343,35 @@ impl Dispatch {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
         pass.set_pipeline(&self.kernel.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        let [x, y, z] = self.workgroups;
-        pass.dispatch_workgroups(x, y, z);
+        match &self.indirect {
+            Some(grid) => pass.dispatch_workgroups_indirect(&grid.buffer, grid.offset),
+            None => {
+                let [x, y, z] = self.workgroups;
+                pass.dispatch_workgroups(x, y, z);
+            }
+        }
+    }
+
+    /// The dispatch, saying how it follows a plan's live token count.
+    pub(crate) fn sized(mut self, sizing: Sizing) -> Self {
+        self.sizing = Some(sizing);
+        self
+    }
+
+    /// Whether it says how it follows a plan's live token count.
+    pub(crate) fn follows_live_count(&self) -> bool {
+        self.sizing.is_some()
+    }
+
+    /// Runs only at live counts in `counts` (and where it ran before).
+    pub(crate) fn run_only_for(&mut self, counts: std::ops::RangeInclusive<u32>) {
+        self.sizing = self.sizing.take().map(|s| s.only_for(counts));
+    }
+
+    /// Whether the dispatch reads its grid from the device, where a sizing dispatch before it
+    /// wrote the grid of the plan's live token count.
+    pub fn grid_is_sized(&self) -> bool {
+        self.indirect.is_some()
     }
 
     /// The kernel's entry point name.
@@ -328,7 +379,8 @@ impl Dispatch {
         self.kernel.spec.entry
     }
 
-    /// Workgroups in x, y and z.
+    /// Workgroups in x, y and z: the grid at the plan's maximum token count (a dispatch that
+    /// follows a live count reads its grid from the device, see [`Self::grid_is_sized`]).
     pub fn workgroups(&self) -> [u32; 3] {
         self.workgroups
     }

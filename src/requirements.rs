@@ -63,6 +63,7 @@ impl MoeConfig {
         specs.extend_from_slice(crate::kernels::routing::SPECS);
         specs.extend_from_slice(crate::kernels::dispatch::SPECS);
         specs.extend_from_slice(crate::kernels::combine::SPECS);
+        specs.extend_from_slice(crate::kernels::sizing::SPECS);
         specs.extend(specs_for(&variants, self.gemm_order, WeightLoads::of(self.weight_dtype, native_f16)));
 
         let mut limits = wgpu::Limits {

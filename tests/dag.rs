@@ -407,11 +407,12 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
             assert_eq!(run.program().is_none(), run.staged().is_some(), "{e:?}");
             if let Some((graph, plan)) = run.staged() {
                 let names: Vec<&str> = graph.stages().iter().map(|s| s.name.as_str()).collect();
-                assert_eq!(names, ["route", "dispatch", "experts", "shared", "combine"]);
+                assert_eq!(names, ["size", "route", "dispatch", "experts", "shared", "combine"]);
                 match e {
-                    Executor::Staged => assert_eq!(plan.passes.len(), 5),
-                    // The shared expert reads only the input, so it joins the experts' pass.
-                    _ => assert_eq!(plan.passes.len(), 4, "{:?}", plan.cuts),
+                    Executor::Staged => assert_eq!(plan.passes.len(), 6),
+                    // The shared expert reads only the input and the sizes, so it joins the
+                    // experts' pass.
+                    _ => assert_eq!(plan.passes.len(), 5, "{:?}", plan.cuts),
                 }
             }
             let form = moeflow::dag::moe::unsupported(&ctx, &layer);

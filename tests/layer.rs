@@ -258,3 +258,85 @@ fn views_of_one_arena_give_the_bits_of_separate_buffers() {
         assert!(err.to_string().contains("`x`"), "{slug}: {err}");
     }
 }
+
+/// One plan for 40 tokens runs live counts 1 to 40, up and down, with the bits of a plan made
+/// for exactly each count (routing, weights and y), and leaves y's rows past the count as they
+/// were: the decode path at the counts that take it, the grouped path past them, windows past
+/// the first (H = 256 puts 64 rows in a window), shared experts with and without their gate,
+/// quantised and biased experts, the fused route and the sequential combine. A bucketed plan
+/// runs its maximum only and says so; a count of 0 or past the maximum is refused.
+#[test]
+fn one_plan_runs_every_live_count_with_the_bits_of_an_exact_plan() {
+    let max = 40u32;
+    let lives = [40u32, 1, 3, 4, 17, 2, 40, 5, 39];
+    let mut cases: Vec<(&str, MoeConfig)> =
+        configs().into_iter().filter(|(_, c)| c.capacity == Capacity::Dropless).collect();
+    let wide = MoeConfig::new(256, 64, 8, 2);
+    cases.push(("wide", wide));
+    cases.push((
+        "fused-sequential",
+        MoeConfig {
+            route_mode: RouteMode::Fused { write_logits: true },
+            combine: CombineMode::Sequential,
+            ..configs()[2].1
+        },
+    ));
+    for ctx in contexts() {
+        let slug = ctx.adapter().slug();
+        for (name, cfg) in &cases {
+            let h = cfg.route.hidden as usize;
+            let k = cfg.route.k as usize;
+            let w = Synth::new(31).moe_weights(cfg);
+            let layer = MoeLayer::new(&ctx, *cfg, &w).unwrap();
+            let xb = ctx.zeroed("x", u64::from(max) * h as u64 * 4).unwrap();
+            let yb = ctx.zeroed("y", u64::from(max) * h as u64 * 4).unwrap();
+            let plan = layer.plan(&ctx, max, &xb, &yb).unwrap();
+            for (i, live) in lives.into_iter().enumerate() {
+                let what = format!("{slug} {name} live {live} of {max}");
+                // New inputs every forward: rows past the count would change y if they ran.
+                let x = Synth::new(32 + i as u64).uniform(max as usize * h, 1.0);
+                ctx.queue().write_buffer(&xb, 0, bytemuck::cast_slice(&x));
+                let before: Vec<f32> = ctx.read_back(&yb, max as usize * h).unwrap();
+                plan.set_live_tokens(&ctx, live).unwrap();
+                ctx.run(&plan.dispatches()).unwrap();
+                let n = live as usize;
+                let y: Vec<f32> = ctx.read_back(&yb, max as usize * h).unwrap();
+                let want = layer.forward_host(&ctx, &x[..n * h]).unwrap();
+                assert_eq!(
+                    ctx.read_back::<u32>(plan.indices(), n * k).unwrap(),
+                    want.indices,
+                    "{what}: indices"
+                );
+                assert_eq!(
+                    bits(&ctx.read_back::<f32>(plan.weights(), n * k).unwrap()),
+                    bits(&want.weights),
+                    "{what}: weights"
+                );
+                let differs = |a: &[f32], b: &[f32]| bits(a).iter().zip(bits(b)).position(|(a, b)| *a != b);
+                assert_eq!(differs(&y[..n * h], &want.y), None, "{what}: y differs from the exact plan's at");
+                assert_eq!(
+                    differs(&y[n * h..], &before[n * h..]),
+                    None,
+                    "{what}: y past the live rows changed at"
+                );
+                let load = plan.load(&ctx, cfg.route.experts).unwrap();
+                assert_eq!(load.rows as usize, n * k, "{what}: the load counts the live entries");
+            }
+        }
+        let bounded = configs().into_iter().find(|(_, c)| c.capacity != Capacity::Dropless).unwrap().1;
+        let layer = MoeLayer::new(&ctx, bounded, &Synth::new(33).moe_weights(&bounded)).unwrap();
+        let h = u64::from(bounded.route.hidden);
+        let (xb, yb) = (ctx.zeroed("x", 8 * h * 4).unwrap(), ctx.zeroed("y", 8 * h * 4).unwrap());
+        let plan = layer.plan(&ctx, 8, &xb, &yb).unwrap();
+        plan.set_live_tokens(&ctx, 8).unwrap();
+        let err = plan.set_live_tokens(&ctx, 5).unwrap_err().to_string();
+        assert!(err.contains("runs its maximum, 8, only"), "{slug}: {err}");
+        for bad in [0, 9] {
+            let err = plan.set_live_tokens(&ctx, bad).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("live token count {bad}")) && err.contains("1 to 8"),
+                "{slug}: {err}"
+            );
+        }
+    }
+}

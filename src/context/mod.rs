@@ -350,7 +350,7 @@ pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
         if !ok {
             let i = a.get_info();
             log::warn!(
-                "moeflow: leaving out {} ({}): it has no compute shaders",
+                "moeflow: leaving out {} ({}): it has no compute shaders or no indirect dispatch",
                 i.name,
                 backend_name(i.backend)
             );
@@ -360,9 +360,11 @@ pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
     adapters
 }
 
-/// Whether an adapter with these capabilities runs compute shaders.
+/// Whether an adapter with these capabilities runs compute shaders, with grids read from the
+/// device (a plan for a maximum token count sizes its grids there; every compute back end has
+/// both: GL from 4.3 and ES 3.1, which brought compute shaders).
 fn runs_compute(caps: &wgpu::DownlevelCapabilities) -> bool {
-    caps.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+    caps.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS | wgpu::DownlevelFlags::INDIRECT_EXECUTION)
 }
 
 fn instance_backends() -> wgpu::Backends {
@@ -493,13 +495,14 @@ impl Context {
     /// adapter has, and the adapter's full limits.
     ///
     /// # Errors
-    /// [`Error::MissingFeature`] for an adapter without compute shaders; the device request's
+    /// [`Error::MissingFeature`] for an adapter without compute shaders or indirect dispatch;
+    /// the device request's
     /// error.
     pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
         if !runs_compute(&adapter.get_downlevel_capabilities()) {
             let i = adapter.get_info();
             return Err(Error::MissingFeature(format!(
-                "{} ({}) has no compute shaders (GL needs 4.3 or ES 3.1)",
+                "{} ({}) has no compute shaders or no indirect dispatch (GL needs 4.3 or ES 3.1)",
                 i.name,
                 backend_name(i.backend)
             )));
@@ -645,9 +648,14 @@ mod tests {
         assert!(runs_compute(&full));
         let gl_es3 = wgpu::DownlevelCapabilities {
             flags: full.flags.difference(wgpu::DownlevelFlags::COMPUTE_SHADERS),
-            ..full
+            ..full.clone()
         };
         assert!(!runs_compute(&gl_es3));
+        let no_indirect = wgpu::DownlevelCapabilities {
+            flags: full.flags.difference(wgpu::DownlevelFlags::INDIRECT_EXECUTION),
+            ..full
+        };
+        assert!(!runs_compute(&no_indirect));
         // Every adapter moeflow lists can run compute.
         assert!(super::wgpu_adapters().iter().all(|a| runs_compute(&a.get_downlevel_capabilities())));
     }

@@ -362,6 +362,8 @@ impl Context {
             bindings: bound,
             textures: bound_textures,
             workgroups,
+            sizing: None,
+            indirect: None,
         })
     }
 }

@@ -106,15 +106,26 @@ impl Context {
         self.buffer(label, bytes, usage, false)
     }
 
+    /// A buffer of indirect grids (three u32 each) holding `grids`, which a kernel rewrites as
+    /// storage; copyable out.
+    pub(crate) fn indirect_args(&self, label: &str, grids: &[u32]) -> Result<wgpu::Buffer> {
+        let bytes: &[u8] = bytemuck::cast_slice(grids);
+        let usage = DATA_USAGE | wgpu::BufferUsages::INDIRECT;
+        let buffer = self.buffer(label, bytes.len() as u64, usage, true)?;
+        self.checked(label, || fill_mapped(&buffer, bytes))?;
+        Ok(buffer)
+    }
+
     /// A uniform buffer holding `value` (see [`Context::uniform_bytes`]).
     pub(crate) fn uniform<T: Pod>(&self, label: &str, value: &T) -> Result<wgpu::Buffer> {
         self.uniform_bytes(label, bytemuck::bytes_of(value))
     }
 
     /// A uniform buffer holding `bytes` (copyable both ways: kernels' parameters are rewritten
-    /// in place, and read back when a plan is captured).
+    /// in place, and read back when a plan is captured; bindable as storage, where a sizing
+    /// kernel rewrites the words that follow a live token count).
     pub(crate) fn uniform_bytes(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
-        let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        let usage = wgpu::BufferUsages::UNIFORM | DATA_USAGE;
         let buffer = self.buffer(label, bytes.len() as u64, usage, true)?;
         self.checked(label, || fill_mapped(&buffer, bytes))?;
         Ok(buffer)

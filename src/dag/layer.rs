@@ -23,7 +23,7 @@ pub type DispatchGraph = Graph<Vec<Dispatch>>;
 /// # Errors
 /// [`Graph::add`]'s errors.
 pub fn layer_graph(forward: ForwardPlan) -> Result<DispatchGraph> {
-    let tokens = forward.tokens().max(1);
+    let tokens = forward.max_tokens().max(1);
     let mut graph = Graph::new(tokens, tokens)?;
     let mut added: Vec<ForwardStage> = Vec::new();
     for (stage, dispatches) in forward.into_stages() {

@@ -4,10 +4,13 @@
 //! same operations in the same order (see `wgsl/combine/combine.wgsl`), so they are
 //! bit-identical.
 
+use std::mem::offset_of;
+
 use bytemuck::{Pod, Zeroable};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::sizing::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 
@@ -195,11 +198,11 @@ pub fn plan_combine(
                 k: kk,
             };
             let kernel = ctx.kernel(&COMBINE, &consts)?;
-            Ok(vec![ctx.dispatch(
-                &kernel,
-                &bound.bindings(&COMBINE, 0)?,
-                ctx.grid(COMBINE.groups(t * h)?, "combine")?,
-            )?])
+            let grid = ctx.grid(COMBINE.groups(t * h)?, "combine")?;
+            let live = LiveCount::tokens();
+            let sizing = Sizing::new(LiveGrid::Spilled(COMBINE.live_groups(live.times(hidden))?))
+                .field(offset_of!(Params, tokens), live.value());
+            Ok(vec![ctx.dispatch(&kernel, &bound.bindings(&COMBINE, 0)?, grid)?.sized(sizing)])
         }
         CombineMode::Sequential => {
             // One 256-byte slot of parameters per step, each bound at its own offset.
@@ -228,9 +231,13 @@ pub fn plan_combine(
             steps
                 .iter()
                 .enumerate()
-                .map(|(i, (spec, _))| {
+                .map(|(i, (spec, p))| {
                     let kernel = ctx.kernel(spec, &consts)?;
-                    ctx.dispatch(&kernel, &bound.bindings(spec, i as u64 * stride)?, groups)
+                    // A token's steps run once the live count holds it.
+                    let sizing = Sizing::new(LiveGrid::Fixed).only_for(p.token + 1..=u32::MAX);
+                    Ok(ctx
+                        .dispatch(&kernel, &bound.bindings(spec, i as u64 * stride)?, groups)?
+                        .sized(sizing))
                 })
                 .collect()
         }

@@ -5,3 +5,4 @@ pub mod combine;
 pub mod dispatch;
 pub mod gemm;
 pub mod routing;
+pub(crate) mod sizing;

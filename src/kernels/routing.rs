@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::sizing::{LiveCount, LiveGrid, LiveValue, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 
@@ -482,16 +483,21 @@ pub fn plan_route(
             let matvec = ctx.kernel(&GATE_MATVEC, &[("MATVEC_WG", f64::from(MATVEC_WG))])?;
             let topk = ctx.kernel(&TOPK, &cfg.constants())?;
             let groups = ctx.grid((t * e).div_ceil(u64::from(MATVEC_WG)), "gate matvec")?;
+            let matvec_groups = LiveCount::tokens().times(cfg.experts).div_ceil(MATVEC_WG);
             vec![
-                ctx.dispatch(&matvec, &[params, x, gate, logits], groups)?,
-                ctx.dispatch(&topk, &[params, logits, bias, indices, weights], per_token)?,
+                ctx.dispatch(&matvec, &[params, x, gate, logits], groups)?.sized(sizing(matvec_groups)),
+                ctx.dispatch(&topk, &[params, logits, bias, indices, weights], per_token)?
+                    .sized(sizing(LiveCount::tokens().value())),
             ]
         }
         RouteMode::Fused { write_logits } => {
             let mut constants = cfg.constants().to_vec();
             constants.push(("WRITE_LOGITS", f64::from(u8::from(write_logits))));
             let fused = ctx.kernel(&ROUTE_FUSED, &constants)?;
-            vec![ctx.dispatch(&fused, &[params, x, gate, logits, bias, indices, weights], per_token)?]
+            vec![
+                ctx.dispatch(&fused, &[params, x, gate, logits, bias, indices, weights], per_token)?
+                    .sized(sizing(LiveCount::tokens().value())),
+            ]
         }
     };
     Ok(RoutePlan { dispatches })
@@ -528,7 +534,9 @@ pub fn plan_topk(
         Binding::new(6, weights, t * k * F32),
     ];
     let grid = ctx.grid(t, "top-k (one workgroup per token)")?;
-    Ok(RoutePlan { dispatches: vec![ctx.dispatch(&topk, &bindings, grid)?] })
+    Ok(RoutePlan {
+        dispatches: vec![ctx.dispatch(&topk, &bindings, grid)?.sized(sizing(LiveCount::tokens().value()))],
+    })
 }
 
 /// Plans `winners[t] = argmax_e scores[t, e]` over `scores[tokens, n_caps]` with the routing
@@ -547,6 +555,13 @@ pub fn plan_argmax(
 ) -> Result<RoutePlan> {
     let cfg = RouteConfig { gating: Gating::Raw, ..RouteConfig::new(1, n_caps, 1) };
     plan_topk(ctx, &cfg, tokens, scores, None, winners, values)
+}
+
+/// How a routing dispatch of `groups` workgroups (one dimension) follows the live count:
+/// `RouteParams.tokens` is the count.
+fn sizing(groups: LiveValue) -> Sizing {
+    Sizing::new(LiveGrid::Spilled(groups))
+        .field(std::mem::offset_of!(Params, tokens), LiveCount::tokens().value())
 }
 
 fn bias_binding<'a>(

@@ -3,11 +3,14 @@
 //! bucket routing with a capacity bound and an overflow list. No readback, no atomic
 //! placement cursors, no look-back scans: see `docs/dispatch.md`.
 
+use std::mem::offset_of;
+
 use bytemuck::{Pod, Zeroable};
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::sizing::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 use host::{Layout, Meta};
@@ -342,12 +345,25 @@ impl DispatchLayout {
         ctx.check_binding("indices", indices, u64::from(self.entries) * U32, Access::Read)?;
         let blocks = ctx.grid(u64::from(self.blocks), "dispatch blocks")?;
         let experts = ctx.grid(EXPERT_BASE.groups(self.cfg.experts.into())?, "dispatch experts")?;
+        let entries = LiveCount::tokens().times(self.cfg.k);
+        let live_blocks = entries.div_ceil(DISPATCH_WG);
+        let sized = |grid| {
+            Sizing::new(grid)
+                .field(offset_of!(Params, entries), entries.value())
+                .field(offset_of!(Params, blocks), live_blocks)
+                .field(offset_of!(Params, max_tiles), self.live_padded_rows(entries).div_ceil(self.cfg.tile))
+        };
         Ok(vec![
-            self.dispatch(ctx, &BLOCK_HIST, indices, blocks)?,
-            self.dispatch(ctx, &EXPERT_BASE, indices, experts)?,
-            self.dispatch(ctx, &SCAN, indices, [1, 1, 1])?,
-            self.dispatch(ctx, &SCATTER, indices, blocks)?,
+            self.dispatch(ctx, &BLOCK_HIST, indices, blocks)?.sized(sized(LiveGrid::Spilled(live_blocks))),
+            self.dispatch(ctx, &EXPERT_BASE, indices, experts)?.sized(sized(LiveGrid::Fixed)),
+            self.dispatch(ctx, &SCAN, indices, [1, 1, 1])?.sized(sized(LiveGrid::Fixed)),
+            self.dispatch(ctx, &SCATTER, indices, blocks)?.sized(sized(LiveGrid::Spilled(live_blocks))),
         ])
+    }
+
+    /// The bound on padded rows (`entries + experts * (tile - 1)`) at a live count.
+    pub(crate) fn live_padded_rows(&self, entries: LiveCount) -> LiveCount {
+        entries.plus(self.cfg.experts * (self.cfg.tile - 1))
     }
 
     /// The configuration.
@@ -580,7 +596,12 @@ impl BucketLayout {
     /// # Errors
     /// As [`DispatchLayout::plan`].
     pub fn plan(&self, ctx: &Context, winners: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
+        // The layout underneath counts winners, not tokens: its dispatches do not follow a
+        // plan's live token count (a bucketed plan runs at its maximum).
         let mut ds = self.layout.plan(ctx, winners)?;
+        for d in &mut ds {
+            d.sizing = None;
+        }
         let slots = u64::from(self.cfg.n_caps) * u64::from(self.cfg.bound);
         let extra = |binding: u32| match binding {
             11 => Some(Binding::new(binding, &self.pad_perm, slots * U32)),

@@ -7,6 +7,7 @@
 //! Shapes: `x[tokens, H]`; `gate`, `up` `[E, F, H]`; `down` `[E, H, F]`;
 //! `indices[tokens, k]`; output `partial[tokens * k, H]` indexed by entry `token * k + slot`.
 
+use std::mem::offset_of;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
+use crate::kernels::sizing::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, TextureBinding, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 use crate::sync::lock;
@@ -1242,6 +1244,8 @@ struct Pass<'a> {
     row_entry: &'a wgpu::Buffer,
     out: &'a wgpu::Buffer,
     params: Params,
+    /// `params.rows` and `params.row_offset` as functions of a plan's live token count.
+    live: LiveRows,
     /// The activation of a SwiGLU pass.
     activation: Activation,
     /// Biases: `[E, N, 2]` (gate, up) pairs in a SwiGLU pass, else `[E, N]`.
@@ -1265,6 +1269,18 @@ impl Pass<'_> {
         ];
         c.extend(self.activation.constants());
         c
+    }
+
+    /// How a dispatch of this pass with `grid` follows the live count: its rows and first row
+    /// do; a dispatch over one window (rows from `window_row0` on) runs once there are such rows.
+    fn sizing(&self, grid: LiveGrid, window_row0: Option<u32>) -> Sizing {
+        let s = Sizing::new(grid)
+            .field(offset_of!(Params, rows), self.live.rows.value())
+            .field(offset_of!(Params, row_offset), self.live.row_offset.value());
+        match window_row0 {
+            Some(row0) => s.once_above(self.live.rows, row0),
+            None => s,
+        }
     }
 
     /// The uniform parameters with the FLAG_* bits of this pass and `extra`.
@@ -1390,6 +1406,10 @@ impl Pass<'_> {
                 bindings.push(Binding::new(5, tiles, tiles.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
                 let grid = [span.rows.div_ceil(variant.block_rows()), col_groups, 1];
+                let sizing = match staged {
+                    Some(_) => self.sizing(LiveGrid::Fixed, Some(span.row0)),
+                    None => self.sizing(LiveGrid::X(self.live.rows.div_ceil(variant.block_rows())), None),
+                };
                 if grid[0] > max || grid[1] > max {
                     return Err(Error::limit(
                         "GEMM workgroups per dimension",
@@ -1398,7 +1418,9 @@ impl Pass<'_> {
                         "max_compute_workgroups_per_dimension",
                     ));
                 }
-                out.push(ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?);
+                out.push(
+                    ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?.sized(sizing),
+                );
             }
         }
         Ok(out)
@@ -1490,9 +1512,19 @@ impl Pass<'_> {
                 bindings.push(Binding::new(7, count, count.size()));
                 bindings.push(Binding::new(8, indices, indices.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
-                let threads = u64::from(span.rows) * x.row_lanes(p.cols);
-                let grid = ctx.grid(spec.groups(threads)?, "row-wise GEMM")?;
-                out.push(ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?);
+                let lanes = x.row_lanes(p.cols);
+                let grid = ctx.grid(spec.groups(u64::from(span.rows) * lanes)?, "row-wise GEMM")?;
+                let sizing = match staged {
+                    Some(_) => self.sizing(LiveGrid::Fixed, Some(span.row0)),
+                    None => {
+                        // Lanes per row are at most the columns rounded up to a workgroup.
+                        let lanes = u32::try_from(lanes).unwrap_or(u32::MAX);
+                        self.sizing(LiveGrid::Spilled(spec.live_groups(self.live.rows.times(lanes))?), None)
+                    }
+                };
+                out.push(
+                    ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?.sized(sizing),
+                );
             }
         }
         Ok(out)
@@ -1696,6 +1728,26 @@ pub(crate) fn window_staging_bytes(
     }
 }
 
+/// A pass's rows and first row (`Params::rows`, `Params::row_offset`) as functions of a plan's
+/// live token count.
+#[derive(Clone, Copy, Debug)]
+struct LiveRows {
+    rows: LiveCount,
+    row_offset: LiveCount,
+}
+
+impl LiveRows {
+    /// `rows` rows from row 0.
+    fn new(rows: LiveCount) -> Self {
+        LiveRows { rows, row_offset: LiveCount::constant(0) }
+    }
+
+    /// The same rows from `row_offset` on.
+    fn offset(self, row_offset: LiveCount) -> Self {
+        LiveRows { row_offset, ..self }
+    }
+}
+
 /// The rows one dispatch of a pass computes: `row0 .. row0 + rows`.
 #[derive(Clone, Copy, Debug)]
 struct Span {
@@ -1726,13 +1778,17 @@ impl Staged {
         let params = ctx.uniform("stage params", &p)?;
         let kernel = ctx.kernel(&STAGE, &[])?;
         let groups = STAGE.groups(u64::from(p.rows) * u64::from(p.kdim.div_ceil(4)))?;
+        let live_groups = STAGE.live_groups(pass.live.rows.times(p.kdim.div_ceil(4)))?;
         let bindings = [
             Binding::new(0, &params, PARAMS_BYTES),
             pass.x.bind(1, pass.x.size),
             Binding::new(4, pass.row_entry, pass.row_entry.size()),
             Binding::new(7, &buffer, windows.bytes()),
         ];
-        out.push(ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "GEMM staging")?)?);
+        let grid = ctx.grid(groups, "GEMM staging")?;
+        out.push(
+            ctx.dispatch(&kernel, &bindings, grid)?.sized(pass.sizing(LiveGrid::Spilled(live_groups), None)),
+        );
         Ok(Some(Staged { windows, buffer }))
     }
 
@@ -1766,6 +1822,7 @@ fn up_pass<'a>(
     x: BufferView<'a>,
     rows: &'a wgpu::Buffer,
     act: &'a wgpu::Buffer,
+    live: LiveRows,
 ) -> Pass<'a> {
     Pass {
         order,
@@ -1779,9 +1836,27 @@ fn up_pass<'a>(
         row_entry: rows,
         out: act,
         params: Params { n: ffn.ffn(), kdim: ffn.hidden(), ..base },
+        live,
         activation: ffn.activation,
         bias: ffn.bias.as_ref().map(|b| &b.gate_up),
     }
+}
+
+/// [`up_pass`] over the padded rows of a dispatch layout (its tiles name their experts).
+fn grouped_up_pass<'a>(
+    ffn: &'a ExpertFfn,
+    order: GemmOrder,
+    base: Params,
+    x: BufferView<'a>,
+    layout: &'a DispatchLayout,
+    act: &'a wgpu::Buffer,
+) -> Pass<'a> {
+    let entries = LiveCount::tokens().times(layout.config().k);
+    let live = LiveRows::new(layout.live_padded_rows(entries));
+    let mut p = up_pass(ffn, order, base, x, layout.perm(), act, live);
+    p.params.rows = layout.max_rows();
+    p.params.tile_rows = layout.config().tile;
+    p
 }
 
 /// The down projection over the same rows as `up`: reads `act[row]`, writes `partial[entry]`.
@@ -1831,6 +1906,12 @@ impl FfnPlan {
 /// Either path gives the same bits.
 pub fn uses_decode_path(tokens: u32, k: u32, experts: u32) -> bool {
     tokens == 1 || (tokens <= DECODE_MAX_TOKENS && u64::from(tokens) * u64::from(k) < u64::from(experts))
+}
+
+/// The largest token count that takes the decode path ([`uses_decode_path`]): the counts that
+/// take it are 1 up to this one.
+pub fn decode_tokens(k: u32, experts: u32) -> u32 {
+    (1..=DECODE_MAX_TOKENS).rev().find(|&t| uses_decode_path(t, k, experts)).unwrap_or(1)
 }
 
 /// Device buffers of an expert FFN.
@@ -1906,9 +1987,7 @@ pub fn plan_ffn(
             }
             let rows = layout.max_rows();
             let act = ctx.storage_scratch("ffn activations", u64::from(rows) * u64::from(f) * 4)?;
-            let mut p = up_pass(ffn, order, base, x, layout.perm(), &act);
-            p.params.rows = rows;
-            p.params.tile_rows = cfg.tile;
+            let p = grouped_up_pass(ffn, order, base, x, layout, &act);
             ds.extend(p.gemm(ctx, kernels.up, Some(layout.tile_expert()))?);
             let down = down_pass(&p, ffn, &act, partial);
             ds.extend(down.gemm(ctx, kernels.down, Some(layout.tile_expert()))?);
@@ -1926,7 +2005,9 @@ pub fn plan_ffn(
             let act = ctx
                 .storage_scratch("bucket activations", u64::from(e) * u64::from(bound) * u64::from(f) * 4)?;
             for expert in 0..e {
-                let mut p = up_pass(ffn, order, base, x, buckets.pad_perm(), &act);
+                let live =
+                    LiveRows::new(LiveCount::constant(bound)).offset(LiveCount::constant(expert * bound));
+                let mut p = up_pass(ffn, order, base, x, buckets.pad_perm(), &act, live);
                 p.params.rows = bound;
                 p.params.row_offset = expert * bound;
                 p.params.fixed_expert = expert;
@@ -1934,7 +2015,8 @@ pub fn plan_ffn(
                 ds.extend(down_pass(&p, ffn, &act, partial).gemm(ctx, kernels.down, None)?);
             }
             let over_act = ctx.storage_scratch("overflow activations", entries * u64::from(f) * 4)?;
-            let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act);
+            let live = LiveRows::new(LiveCount::tokens().times(k));
+            let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act, live);
             p.params.rows = entries32;
             p.params.count_word = META_OVERFLOW;
             ds.extend(p.rowwise(ctx, Some(indices), inner.meta(), source)?);
@@ -1944,7 +2026,8 @@ pub fn plan_ffn(
         FfnRouting::Decode => {
             let act = ctx.storage_scratch("decode activations", entries * u64::from(f) * 4)?;
             let count = ctx.upload("decode rows", &[entries32])?;
-            let mut p = up_pass(ffn, order, base, x, &count, &act);
+            let live = LiveRows::new(LiveCount::tokens().times(k));
+            let mut p = up_pass(ffn, order, base, x, &count, &act, live);
             p.identity_rows = true;
             p.params.rows = entries32;
             ds.extend(p.rowwise(ctx, Some(indices), &count, source)?);
@@ -2033,6 +2116,7 @@ fn every_expert_on_every_token(
             row_entry: &unused,
             out: &act,
             params,
+            live: LiveRows::new(LiveCount::tokens()).offset(LiveCount::tokens().times(expert)),
             activation: ffn.activation,
             bias: ffn.bias.as_ref().map(|b| &b.gate_up),
         };
@@ -2106,6 +2190,7 @@ pub fn plan_dense<'b>(
         row_entry: &unused,
         out: y,
         params,
+        live: LiveRows::new(LiveCount::tokens()),
         activation: Activation::Swiglu,
         bias: None,
     };

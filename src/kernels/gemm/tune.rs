@@ -30,7 +30,7 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use super::variant::{self, FfnKernels, GemmOrder, GemmVariant};
-use super::{ExpertFfn, NONE, Params, down_pass, up_pass};
+use super::{ExpertFfn, NONE, Params, down_pass, grouped_up_pass};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
@@ -260,9 +260,7 @@ fn measure(
             return Err(Error::invalid("the tuner lost a dispatch layout it made"));
         };
         let base = Params { k_route: 1, fixed_expert: NONE, ..Params::default() };
-        let mut up = up_pass(ffn, order, base, (&x).into(), layout.perm(), act);
-        up.params.rows = layout.max_rows();
-        up.params.tile_rows = tile;
+        let up = grouped_up_pass(ffn, order, base, (&x).into(), layout, act);
         let down = down_pass(&up, ffn, act, &partial);
         Ok((up.gemm(ctx, v, Some(layout.tile_expert()))?, down.gemm(ctx, v, Some(layout.tile_expert()))?))
     };
