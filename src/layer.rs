@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::combine::{CombineBuffers, CombineMode, Shared, plan_combine, plan_fill_zero};
+use crate::kernels::combine::{CombineBuffers, CombineMode, Shared, plan_combine, plan_fill_zero_per_token};
 use crate::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, LoadStats, OverflowPolicy,
 };
@@ -416,9 +416,6 @@ pub struct ForwardPlan {
     max_tokens: u32,
     /// The live token count (one u32), read by the sizing stage.
     live: wgpu::Buffer,
-    /// A dispatch that runs the same work at every count, where one does (the plan then runs
-    /// at its maximum only).
-    fixed: Option<&'static str>,
     /// The largest count that takes the decode path (0: none).
     decode_until: u32,
     /// Experts per token.
@@ -474,9 +471,7 @@ impl ForwardPlan {
     /// past the count in x are not read and in y not written.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for 0 or a count past [`Self::max_tokens`], or for a count
-    /// other than the maximum where the plan's path runs at its maximum only (bucketed
-    /// capacity); a lost device.
+    /// [`Error::InvalidArgument`] for 0 or a count past [`Self::max_tokens`]; a lost device.
     pub fn set_live_tokens(&self, ctx: &Context, tokens: u32) -> Result<()> {
         self.check_live(tokens)?;
         ctx.check_alive()?;
@@ -492,14 +487,6 @@ impl ForwardPlan {
         if tokens == 0 || tokens > self.max_tokens {
             return Err(Error::invalid(format!(
                 "live token count {tokens}: this plan runs 1 to {} tokens",
-                self.max_tokens
-            )));
-        }
-        if let Some(entry) = self.fixed
-            && tokens != self.max_tokens
-        {
-            return Err(Error::invalid(format!(
-                "live token count {tokens}: this plan runs its maximum, {}, only (`{entry}` does not follow a live count)",
                 self.max_tokens
             )));
         }
@@ -796,10 +783,12 @@ impl MoeLayer {
             }
             Capacity::Bounded { bound, policy } => {
                 let b =
-                    BucketLayout::new(ctx, BucketConfig { n_caps: c.route.experts, bound, policy }, entries)?;
+                    BucketLayout::new(ctx, BucketConfig { n_caps: c.route.experts, bound, policy }, entries)?
+                        .with_winners_per_token(c.route.k);
                 let mut ds = b.plan(ctx, &indices)?;
                 if policy == OverflowPolicy::Drop {
-                    ds.push(plan_fill_zero(ctx, &partial, entries * c.route.hidden)?);
+                    let row = c.route.k * c.route.hidden;
+                    ds.push(plan_fill_zero_per_token(ctx, &partial, entries * c.route.hidden, row)?);
                 }
                 stages.push((ForwardStage::Dispatch, ds));
                 stages.push((
@@ -836,19 +825,14 @@ impl MoeLayer {
             plan_combine(ctx, tokens, c.route.hidden, c.route.k, &combine, c.combine)?,
         ));
         let live = ctx.upload("live tokens", &[tokens])?;
-        let fixed =
-            stages.iter().flat_map(|(_, ds)| ds).find(|d| !d.follows_live_count()).map(Dispatch::entry);
-        if fixed.is_none() {
-            let mut all: Vec<&mut Dispatch> = stages.iter_mut().flat_map(|(_, ds)| ds.iter_mut()).collect();
-            let sizing = plan_sizing(ctx, &live, tokens, &mut all)?;
-            if !sizing.is_empty() {
-                stages.insert(0, (ForwardStage::Size, sizing));
-            }
+        let mut all: Vec<&mut Dispatch> = stages.iter_mut().flat_map(|(_, ds)| ds.iter_mut()).collect();
+        let sizing = plan_sizing(ctx, &live, tokens, &mut all)?;
+        if !sizing.is_empty() {
+            stages.insert(0, (ForwardStage::Size, sizing));
         }
         Ok(ForwardPlan {
             max_tokens: tokens,
             live,
-            fixed,
             decode_until,
             k: c.route.k,
             stages,

@@ -358,11 +358,6 @@ impl Dispatch {
         self
     }
 
-    /// Whether it says how it follows a plan's live token count.
-    pub(crate) fn follows_live_count(&self) -> bool {
-        self.sizing.is_some()
-    }
-
     /// Runs only at live counts in `counts` (and where it ran before).
     pub(crate) fn run_only_for(&mut self, counts: std::ops::RangeInclusive<u32>) {
         self.sizing = self.sizing.take().map(|s| s.only_for(counts));

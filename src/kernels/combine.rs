@@ -250,10 +250,31 @@ pub fn plan_combine(
 /// [`Error::Shape`] for a buffer smaller than `elems` floats; [`Error::LimitExceeded`]
 /// past the adapter's limits.
 pub fn plan_fill_zero(ctx: &Context, buf: &wgpu::Buffer, elems: u32) -> Result<Dispatch> {
+    plan_fill_zero_per_token(ctx, buf, elems, 0)
+}
+
+/// [`plan_fill_zero`] of `elems` floats, `per_token` floats per token of a plan's live count:
+/// at a live count t it fills the first `t * per_token` (0: all `elems`, whatever the count).
+///
+/// # Errors
+/// As [`plan_fill_zero`].
+pub(crate) fn plan_fill_zero_per_token(
+    ctx: &Context,
+    buf: &wgpu::Buffer,
+    elems: u32,
+    per_token: u32,
+) -> Result<Dispatch> {
     ctx.check_binding("fill target", buf, u64::from(elems) * 4, ReadWrite)?;
     let params = ctx.uniform("fill params", &Params { tokens: elems, hidden: 1, ..Params::default() })?;
     let kernel = ctx.kernel(&FILL_ZERO, &[])?;
     let bindings =
         [Binding::new(0, &params, PARAMS_BYTES), Binding::new(5, buf, u64::from(elems.max(1)) * 4)];
-    ctx.dispatch(&kernel, &bindings, ctx.grid(FILL_ZERO.groups(elems.into())?, "fill")?)
+    let live = match per_token {
+        0 => LiveCount::constant(elems),
+        n => LiveCount::tokens().times(n),
+    };
+    // `CombineParams.tokens` holds the floats to fill (rows of one float).
+    let sizing = Sizing::new(LiveGrid::Spilled(FILL_ZERO.live_groups(live)?))
+        .field(offset_of!(Params, tokens), live.value());
+    Ok(ctx.dispatch(&kernel, &bindings, ctx.grid(FILL_ZERO.groups(elems.into())?, "fill")?)?.sized(sizing))
 }

@@ -342,23 +342,37 @@ impl DispatchLayout {
     /// [`Error::Shape`] for an `indices` buffer smaller than the layout's entries;
     /// [`Error::LimitExceeded`] for grids past the adapter's limits.
     pub fn plan(&self, ctx: &Context, indices: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
+        self.plan_for(ctx, indices, LiveCount::tokens())
+    }
+
+    /// [`Self::plan`] for a layout whose token count is `tokens` of a plan's live count.
+    fn plan_for(&self, ctx: &Context, indices: &wgpu::Buffer, tokens: LiveCount) -> Result<Vec<Dispatch>> {
         ctx.check_binding("indices", indices, u64::from(self.entries) * U32, Access::Read)?;
         let blocks = ctx.grid(u64::from(self.blocks), "dispatch blocks")?;
         let experts = ctx.grid(EXPERT_BASE.groups(self.cfg.experts.into())?, "dispatch experts")?;
-        let entries = LiveCount::tokens().times(self.cfg.k);
-        let live_blocks = entries.div_ceil(DISPATCH_WG);
-        let sized = |grid| {
-            Sizing::new(grid)
-                .field(offset_of!(Params, entries), entries.value())
-                .field(offset_of!(Params, blocks), live_blocks)
-                .field(offset_of!(Params, max_tiles), self.live_padded_rows(entries).div_ceil(self.cfg.tile))
-        };
+        let live_blocks = self.live_entries(tokens).div_ceil(DISPATCH_WG);
+        let sized = |grid| self.sizing(grid, tokens);
         Ok(vec![
             self.dispatch(ctx, &BLOCK_HIST, indices, blocks)?.sized(sized(LiveGrid::Spilled(live_blocks))),
             self.dispatch(ctx, &EXPERT_BASE, indices, experts)?.sized(sized(LiveGrid::Fixed)),
             self.dispatch(ctx, &SCAN, indices, [1, 1, 1])?.sized(sized(LiveGrid::Fixed)),
             self.dispatch(ctx, &SCATTER, indices, blocks)?.sized(sized(LiveGrid::Spilled(live_blocks))),
         ])
+    }
+
+    /// The entries (`tokens * k`) at a live count, where the layout's tokens are `tokens`.
+    fn live_entries(&self, tokens: LiveCount) -> LiveCount {
+        tokens.times(self.cfg.k)
+    }
+
+    /// How a dispatch of the layout's (or bucket) kernels with `grid` follows the live count:
+    /// `DispatchParams`' entries, blocks and max_tiles do.
+    fn sizing(&self, grid: LiveGrid, tokens: LiveCount) -> Sizing {
+        let entries = self.live_entries(tokens);
+        Sizing::new(grid)
+            .field(offset_of!(Params, entries), entries.value())
+            .field(offset_of!(Params, blocks), entries.div_ceil(DISPATCH_WG))
+            .field(offset_of!(Params, max_tiles), self.live_padded_rows(entries).div_ceil(self.cfg.tile))
     }
 
     /// The bound on padded rows (`entries + experts * (tile - 1)`) at a live count.
@@ -522,6 +536,8 @@ pub struct BucketConfig {
 #[derive(Debug)]
 pub struct BucketLayout {
     cfg: BucketConfig,
+    /// Winners per token of a plan's live count (1 unless set).
+    winners_per_token: u32,
     layout: DispatchLayout,
     pad_perm: wgpu::Buffer,
     overflow: wgpu::Buffer,
@@ -568,10 +584,17 @@ impl BucketLayout {
         }
         Ok(BucketLayout {
             cfg,
+            winners_per_token: 1,
             pad_perm: ctx.storage_scratch("pad perm", slots * U32)?,
             overflow: ctx.storage_scratch("overflow list", u64::from(tokens) * U32)?,
             layout,
         })
+    }
+
+    /// The layout for `n` winners per token of a plan's live count (a layer's k): its
+    /// dispatches then follow that count.
+    pub(crate) fn with_winners_per_token(self, n: u32) -> Self {
+        BucketLayout { winners_per_token: n, ..self }
     }
 
     /// The bucket configuration.
@@ -596,12 +619,8 @@ impl BucketLayout {
     /// # Errors
     /// As [`DispatchLayout::plan`].
     pub fn plan(&self, ctx: &Context, winners: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
-        // The layout underneath counts winners, not tokens: its dispatches do not follow a
-        // plan's live token count (a bucketed plan runs at its maximum).
-        let mut ds = self.layout.plan(ctx, winners)?;
-        for d in &mut ds {
-            d.sizing = None;
-        }
+        let tokens = LiveCount::tokens().times(self.winners_per_token);
+        let mut ds = self.layout.plan_for(ctx, winners, tokens)?;
         let slots = u64::from(self.cfg.n_caps) * u64::from(self.cfg.bound);
         let extra = |binding: u32| match binding {
             11 => Some(Binding::new(binding, &self.pad_perm, slots * U32)),
@@ -619,7 +638,12 @@ impl BucketLayout {
                 .iter()
                 .map(|&(b, _)| extra(b).map_or_else(|| self.layout.bind(b, winners), Ok))
                 .collect::<Result<Vec<_>>>()?;
-            ds.push(ctx.dispatch(&kernel, &bindings, ctx.grid(spec.groups(threads)?, spec.entry)?)?);
+            let grid = match spec.entry == BUCKET_OVERFLOW.entry {
+                true => LiveGrid::Spilled(spec.live_groups(self.layout.live_entries(tokens))?),
+                false => LiveGrid::Fixed,
+            };
+            let d = ctx.dispatch(&kernel, &bindings, ctx.grid(spec.groups(threads)?, spec.entry)?)?;
+            ds.push(d.sized(self.layout.sizing(grid, tokens)));
         }
         Ok(ds)
     }
