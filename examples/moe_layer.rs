@@ -418,15 +418,15 @@ fn run_tokens(
 ) -> Result<bool> {
     let (m, h) = (tokens as usize, cfg.route.hidden as usize);
     let plan = layer.plan(ctx, tokens, xb, yb)?;
-    let stages = plan.stages();
-    let passes: Vec<Vec<&moeflow::Dispatch>> = stages.iter().map(|(_, d)| d.clone()).collect();
+    let stages = plan.stages_at(tokens)?;
+    let passes: Vec<Vec<&moeflow::Dispatch>> = stages.iter().map(|(_, d)| d.iter().collect()).collect();
     let mut sampler = Sampler::new(ctx, 2 * passes.len() as u32)?;
     sampler.sample_stages(&passes)?; // warm-up
     let start = Instant::now();
     let samples = sampler.sample_stages(&passes)?;
     let wall = start.elapsed().as_secs_f64();
     let gpu = sampler.gpu_seconds(&samples)?;
-    println!("per-stage GPU time ({} dispatches):", plan.dispatches().len());
+    println!("per-stage GPU time ({} dispatches):", passes.iter().map(Vec::len).sum::<usize>());
     let mut total = 0.0;
     for ((name, ds), t) in stages.iter().zip(&gpu) {
         match t {

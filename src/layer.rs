@@ -416,6 +416,8 @@ pub struct ForwardPlan {
     max_tokens: u32,
     /// The live token count (one u32), read by the sizing stage.
     live: wgpu::Buffer,
+    /// `counts[n] = n` for n up to the maximum: [`Self::record`] copies its count from here.
+    counts: wgpu::Buffer,
     /// The largest count that takes the decode path (0: none).
     decode_until: u32,
     /// Experts per token.
@@ -436,29 +438,68 @@ fn only_for(mut dispatches: Vec<Dispatch>, counts: std::ops::RangeInclusive<u32>
 }
 
 impl ForwardPlan {
-    /// Stages in order, each with its dispatches.
+    /// Records a forward of `tokens` tokens into `encoder`: a copy of the count into
+    /// [`Self::live_tokens`], then one compute pass of the dispatches that run at that count,
+    /// each with its grid for it (the dispatches of a plan made for exactly `tokens`, and the
+    /// sizing stage). Any number of forwards, at any counts, can be recorded into one encoder.
+    ///
+    /// # Errors
+    /// As [`Self::check_live`].
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder, tokens: u32) -> Result<()> {
+        self.check_live(tokens)?;
+        encoder.copy_buffer_to_buffer(&self.counts, u64::from(tokens) * 4, &self.live, 0, 4);
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("moeflow"),
+            timestamp_writes: None,
+        });
+        for d in self.stages.iter().flat_map(|(_, ds)| ds) {
+            if let Some(grid) = d.grid_at(tokens) {
+                d.record_grid(&mut pass, grid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a forward of the count in [`Self::live_tokens`] as the device holds it when the
+    /// forward runs (written there by a copy or a kernel recorded before): every dispatch, each
+    /// with its grid read from the device.
+    pub fn record_device_count(&self, encoder: &mut wgpu::CommandEncoder) {
+        crate::gpu::record(encoder, &self.dispatches());
+    }
+
+    /// Stages in order, each with every dispatch as [`Self::record_device_count`] records it.
     pub fn stages(&self) -> Vec<(ForwardStage, Vec<&Dispatch>)> {
         self.stages.iter().map(|(n, ds)| (*n, ds.iter().collect())).collect()
     }
 
-    /// Every dispatch in order.
+    /// Every dispatch in order, as [`Self::record_device_count`] records it.
     pub fn dispatches(&self) -> Vec<&Dispatch> {
         self.stages.iter().flat_map(|(_, ds)| ds.iter()).collect()
     }
 
-    /// Every dispatch in order, owned (the buffers they use stay alive with them).
-    pub fn into_dispatches(self) -> Vec<Dispatch> {
-        self.stages.into_iter().flat_map(|(_, ds)| ds).collect()
+    /// The stages of a forward of `tokens` tokens, owned: the dispatches that run at that
+    /// count, each with its grid for it, as [`Self::record`] records them (the buffers they use
+    /// stay alive with them). They read the count from [`Self::live_tokens`]: set it first
+    /// ([`Self::set_live_tokens`]).
+    ///
+    /// # Errors
+    /// As [`Self::check_live`].
+    pub fn stages_at(&self, tokens: u32) -> Result<Vec<(ForwardStage, Vec<Dispatch>)>> {
+        self.check_live(tokens)?;
+        Ok(self
+            .stages
+            .iter()
+            .map(|(n, ds)| (*n, ds.iter().filter_map(|d| d.at_count(tokens)).collect::<Vec<_>>()))
+            .filter(|(_, ds)| !ds.is_empty())
+            .collect())
     }
 
-    /// The stages, owned (the buffers they use stay alive with them).
-    pub fn into_stages(self) -> Vec<(ForwardStage, Vec<Dispatch>)> {
-        self.stages
-    }
-
-    /// Records the forward into `encoder` (one compute pass).
-    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        crate::gpu::record(encoder, &self.dispatches());
+    /// The dispatches of [`Self::stages_at`], in order.
+    ///
+    /// # Errors
+    /// As [`Self::check_live`].
+    pub fn dispatches_at(&self, tokens: u32) -> Result<Vec<Dispatch>> {
+        Ok(self.stages_at(tokens)?.into_iter().flat_map(|(_, ds)| ds).collect())
     }
 
     /// The most tokens a forward of this plan can have (the count it was planned for).
@@ -825,6 +866,7 @@ impl MoeLayer {
             plan_combine(ctx, tokens, c.route.hidden, c.route.k, &combine, c.combine)?,
         ));
         let live = ctx.upload("live tokens", &[tokens])?;
+        let counts = ctx.upload("token counts", &(0..=tokens).collect::<Vec<u32>>())?;
         let mut all: Vec<&mut Dispatch> = stages.iter_mut().flat_map(|(_, ds)| ds.iter_mut()).collect();
         let sizing = plan_sizing(ctx, &live, tokens, &mut all)?;
         if !sizing.is_empty() {
@@ -833,6 +875,7 @@ impl MoeLayer {
         Ok(ForwardPlan {
             max_tokens: tokens,
             live,
+            counts,
             decode_until,
             k: c.route.k,
             stages,
@@ -890,7 +933,9 @@ impl MoeLayer {
         let xb = ctx.upload("x", x)?;
         let yb = ctx.zeroed("y", x.len() as u64 * 4)?;
         let plan = self.plan(ctx, tokens, &xb, &yb)?;
-        ctx.run(&plan.dispatches())?;
+        let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        plan.record(&mut encoder, tokens)?;
+        ctx.submit_and_wait(encoder)?;
         let n = tokens as usize * self.cfg.route.k as usize;
         Ok(ForwardOutput {
             y: ctx.read_back(&yb, x.len())?,

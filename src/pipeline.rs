@@ -81,8 +81,17 @@ impl KernelSpec {
     /// # Errors
     /// As [`Self::groups`].
     pub(crate) fn live_groups(&self, invocations: LiveCount) -> Result<LiveValue> {
+        self.live_groups_beyond(invocations, 0)
+    }
+
+    /// Workgroups of a fixed size that cover the invocations past the first `floor` at a
+    /// plan's live token count.
+    ///
+    /// # Errors
+    /// As [`Self::groups`].
+    pub(crate) fn live_groups_beyond(&self, invocations: LiveCount, floor: u32) -> Result<LiveValue> {
         match self.workgroup {
-            Workgroup::Fixed(n) => Ok(invocations.div_ceil(n.max(1))),
+            Workgroup::Fixed(n) => Ok(invocations.beyond(floor, n.max(1))),
             Workgroup::Override(_) => self.groups(0).map(|_| invocations.value()),
         }
     }
@@ -331,25 +340,50 @@ pub struct Dispatch {
     pub(crate) indirect: Option<Indirect>,
 }
 
-/// An indirect grid: three u32 (x, y, z) at `offset` in `buffer`.
+/// An indirect grid: three u32 (x, y, z) at `offset` in `buffer`, spilled into y past
+/// `max_groups` per dimension.
 #[derive(Clone, Debug)]
 pub(crate) struct Indirect {
     pub(crate) buffer: wgpu::Buffer,
     pub(crate) offset: u64,
+    pub(crate) max_groups: u32,
 }
 
 impl Dispatch {
-    /// Records the dispatch into `pass`.
+    /// Records the dispatch into `pass` (with its grid read from the device where it follows
+    /// a plan's live count, see [`Self::grid_is_sized`]).
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        match &self.indirect {
+            Some(grid) => {
+                pass.set_pipeline(&self.kernel.pipeline);
+                pass.set_bind_group(0, &self.bind_group, &[]);
+                pass.dispatch_workgroups_indirect(&grid.buffer, grid.offset);
+            }
+            None => self.record_grid(pass, self.workgroups),
+        }
+    }
+
+    /// Records the dispatch into `pass` with `grid` (set on the host).
+    pub(crate) fn record_grid(&self, pass: &mut wgpu::ComputePass<'_>, [x, y, z]: [u32; 3]) {
         pass.set_pipeline(&self.kernel.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
-        match &self.indirect {
-            Some(grid) => pass.dispatch_workgroups_indirect(&grid.buffer, grid.offset),
-            None => {
-                let [x, y, z] = self.workgroups;
-                pass.dispatch_workgroups(x, y, z);
-            }
+        pass.dispatch_workgroups(x, y, z);
+    }
+
+    /// The grid it runs at a plan's live count `tokens`, or None where it does not run then.
+    pub(crate) fn grid_at(&self, tokens: u32) -> Option<[u32; 3]> {
+        match (&self.sizing, &self.indirect) {
+            (Some(s), Some(i)) => s.grid_at(tokens, self.workgroups, i.max_groups),
+            (Some(s), None) => s.runs_at(tokens).then_some(self.workgroups),
+            (None, _) => Some(self.workgroups),
         }
+    }
+
+    /// The dispatch as it runs at a plan's live count `tokens` (its grid set on the host), or
+    /// None where it does not run then.
+    pub(crate) fn at_count(&self, tokens: u32) -> Option<Dispatch> {
+        let workgroups = self.grid_at(tokens)?;
+        Some(Dispatch { workgroups, indirect: None, ..self.clone() })
     }
 
     /// The dispatch, saying how it follows a plan's live token count.

@@ -236,8 +236,8 @@ fn views_of_one_arena_give_the_bits_of_separate_buffers() {
         let p1 = one.plan(&ctx, tokens as u32, a, b).unwrap();
         let p2 = two.plan(&ctx, tokens as u32, b, a).unwrap();
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        p1.record(&mut encoder);
-        p2.record(&mut encoder);
+        p1.record(&mut encoder, tokens as u32).unwrap();
+        p2.record(&mut encoder, tokens as u32).unwrap();
         ctx.submit_and_wait(encoder).unwrap();
         let all: Vec<f32> = ctx.read_back(&arena, ((align + 2 * region) / 4) as usize).unwrap();
         let at = |offset: u64| &all[(offset / 4) as usize..(offset / 4) as usize + tokens * h];
@@ -259,9 +259,9 @@ fn views_of_one_arena_give_the_bits_of_separate_buffers() {
     }
 }
 
-/// One plan for 40 tokens runs live counts 1 to 40, up and down, with the bits of a plan made
-/// for exactly each count (routing, weights and y), and leaves y's rows past the count as they
-/// were: the decode path at the counts that take it, the grouped path past them, windows past
+/// One plan for 40 tokens runs live counts 1 to 40, up and down, set on the host and held on
+/// the device in turn, with the bits of a plan made for exactly each count (routing, weights
+/// and y), and leaves y's rows past the count as they were: the decode path at the counts that take it, the grouped path past them, windows past
 /// the first (H = 256 puts 64 rows in a window), shared experts with and without their gate,
 /// quantised and biased experts, bounded capacity with overflow and with drops, the fused
 /// route and the sequential combine. A count of 0 or past the maximum is refused.
@@ -296,8 +296,17 @@ fn one_plan_runs_every_live_count_with_the_bits_of_an_exact_plan() {
                 let x = Synth::new(32 + i as u64).uniform(max as usize * h, 1.0);
                 ctx.queue().write_buffer(&xb, 0, bytemuck::cast_slice(&x));
                 let before: Vec<f32> = ctx.read_back(&yb, max as usize * h).unwrap();
-                plan.set_live_tokens(&ctx, live).unwrap();
-                ctx.run(&plan.dispatches()).unwrap();
+                // Counts set by the host (the dispatches that run at the count, their grids set
+                // on the host) and counts held on the device (every dispatch, grids read there),
+                // in turn.
+                if i % 2 == 0 {
+                    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                    plan.record(&mut encoder, live).unwrap();
+                    ctx.submit_and_wait(encoder).unwrap();
+                } else {
+                    plan.set_live_tokens(&ctx, live).unwrap();
+                    ctx.run(&plan.dispatches()).unwrap();
+                }
                 let n = live as usize;
                 let y: Vec<f32> = ctx.read_back(&yb, max as usize * h).unwrap();
                 let want = layer.forward_host(&ctx, &x[..n * h]).unwrap();

@@ -380,7 +380,7 @@ impl Comparison for MoeComparison {
         for side in [self.a, self.b] {
             let y = ctx.zeroed("y", u64::from(m * h) * 4)?;
             let work = match side {
-                MoeSide::Staged => layer.plan(ctx, m, &xb, &y)?.into_dispatches(),
+                MoeSide::Staged => layer.plan(ctx, m, &xb, &y)?.dispatches_at(m)?,
                 MoeSide::Passes(tasks) => {
                     let program = MoeProgram::new(ctx, &layer, m, &xb, &y, TaskShape::new(tasks), None)?;
                     notes.push(format!("{} {} tasks", program.tasks().total(), tasks.name()));

@@ -1,12 +1,12 @@
 //! Combine and whole-layer comparisons.
 
-use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use super::comparison::{Case, Comparison, Size, SizeSet, Validate, Work};
 use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::combine::{CombineBuffers, CombineMode, plan_combine};
 use crate::kernels::routing::RouteMode;
-use crate::layer::{MoeConfig, MoeLayer};
+use crate::layer::{MoeConfig, MoeLayer, MoeWeights};
 use crate::reference::layer as reference;
 use crate::synth::Synth;
 
@@ -124,46 +124,121 @@ impl Comparison for LayerRoute {
         )?;
         let pa = unfused.plan(ctx, m, &xb, &ya)?;
         let pb = fused.plan(ctx, m, &xb, &yb)?;
-        let (mf, hf, ff) = (f64::from(m), f64::from(h), f64::from(f));
-        let flops = 6.0 * mf * f64::from(k) * hf * ff + 6.0 * mf * hf * ff + 2.0 * mf * f64::from(e) * hf;
-        // Weights a decode step must read: at most min(E, M * k) experts, the shared expert and
-        // the router.
-        let experts_read = f64::from(e.min(m * k));
-        let bytes = 4.0 * (3.0 * (experts_read + 1.0) * hf * ff + f64::from(e) * hf);
-        let picks: Vec<usize> = (0..(m as usize).min(4)).collect();
-        let hu = h as usize;
-        let validate = move |ctx: &Context| -> Result<()> {
-            let n = m as usize * hu;
-            let (got_a, got_b): (Vec<f32>, Vec<f32>) = (ctx.read_back(&ya, n)?, ctx.read_back(&yb, n)?);
-            let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * hu..(t + 1) * hu].to_vec()).collect();
-            let (want, _, _) = reference::forward(&cfg, &w, &xs)?;
-            for (r, &t) in picks.iter().enumerate() {
-                let row = &want[r * hu..(r + 1) * hu];
-                let scale = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                if let Some(c) = (0..hu).find(|&c| (got_a[t * hu + c] - row[c]).abs() > 2e-5 + 2e-5 * scale) {
-                    return Err(Error::Validation(format!(
-                        "layer token {t} column {c}: {} vs reference {}",
-                        got_a[t * hu + c],
-                        row[c]
-                    )));
-                }
-            }
-            if !bit_identical(&got_a, &got_b) {
-                return Err(Error::Validation(
-                    "fused-route layer is not bit-identical to the unfused one".into(),
-                ));
-            }
-            Ok(())
-        };
+        let (flops, bytes) = layer_work(&cfg, m);
+        let validate = layer_check(cfg, w, x, m, [ya, yb], "fused-route layer", "unfused");
         let decode = m <= 8;
         Ok(Case {
-            a: Work::Gpu(pa.into_dispatches()),
-            b: Work::Gpu(pb.into_dispatches()),
+            a: Work::Gpu(pa.dispatches_at(m)?),
+            b: Work::Gpu(pb.dispatches_at(m)?),
             flops: if decode { 0.0 } else { flops },
             bytes: if decode { bytes } else { 0.0 },
             tokens: m,
-            validate: Box::new(validate),
+            validate,
             note: None,
+        })
+    }
+}
+
+/// Floating-point operations of a forward of `m` tokens of `cfg` with a shared expert of FFN
+/// size F (SwiGLU: three projections), and the weight bytes a decode step must read at least
+/// (at most min(E, M·k) experts, the shared expert and the router, f32).
+fn layer_work(cfg: &MoeConfig, m: u32) -> (f64, f64) {
+    let (h, f, e, k) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.route.k);
+    let (mf, hf, ff) = (f64::from(m), f64::from(h), f64::from(f));
+    let flops = 6.0 * mf * f64::from(k) * hf * ff + 6.0 * mf * hf * ff + 2.0 * mf * f64::from(e) * hf;
+    let experts_read = f64::from(e.min(m.saturating_mul(k)));
+    (flops, 4.0 * (3.0 * (experts_read + 1.0) * hf * ff + f64::from(e) * hf))
+}
+
+/// Reads `y[m, H]` of both sides: A's first rows (up to 4) against the CPU reference layer on
+/// the same rows, B bitwise against A.
+fn layer_check(
+    cfg: MoeConfig,
+    w: MoeWeights,
+    x: Vec<f32>,
+    m: u32,
+    [ya, yb]: [wgpu::Buffer; 2],
+    b_name: &'static str,
+    a_name: &'static str,
+) -> Validate {
+    let picks: Vec<usize> = (0..(m as usize).min(4)).collect();
+    let hu = cfg.route.hidden as usize;
+    Box::new(move |ctx: &Context| -> Result<()> {
+        let n = m as usize * hu;
+        let (got_a, got_b): (Vec<f32>, Vec<f32>) = (ctx.read_back(&ya, n)?, ctx.read_back(&yb, n)?);
+        let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * hu..(t + 1) * hu].to_vec()).collect();
+        let (want, _, _) = reference::forward(&cfg, &w, &xs)?;
+        for (r, &t) in picks.iter().enumerate() {
+            let row = &want[r * hu..(r + 1) * hu];
+            let scale = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            if let Some(c) = (0..hu).find(|&c| (got_a[t * hu + c] - row[c]).abs() > 2e-5 + 2e-5 * scale) {
+                return Err(Error::Validation(format!(
+                    "layer token {t} column {c}: {} vs reference {}",
+                    got_a[t * hu + c],
+                    row[c]
+                )));
+            }
+        }
+        if !bit_identical(&got_a, &got_b) {
+            return Err(Error::Validation(format!("{b_name} is not bit-identical to the {a_name} one")));
+        }
+        Ok(())
+    })
+}
+
+/// The whole layer planned for a maximum and run at a live count (B) against a plan made for
+/// exactly that count (A).
+pub struct LayerLive;
+
+impl Comparison for LayerLive {
+    fn name(&self) -> &'static str {
+        "layer/live-vs-exact"
+    }
+    fn description(&self) -> &'static str {
+        "the whole MoE layer planned once for a maximum of MAX tokens and run at a live count of M (B) \
+         against a plan made for exactly M tokens (A): the cost of one plan for every count (buffers \
+         for the maximum, grids read from the device); bit-identical"
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        ("exact plan", "plan for the maximum")
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        let (tokens, max, h, f, e, k): (&[u32], u32, u32, u32, u32, u32) = match (set, held_out) {
+            (SizeSet::Gpu, false) => (&[1, 512], 4096, 1024, 512, 64, 8),
+            (SizeSet::Gpu, true) => (&[8, 2048], 4096, 1024, 512, 64, 8),
+            (SizeSet::Cpu, false) => (&[1, 64], 256, 256, 128, 16, 4),
+            (SizeSet::Cpu, true) => (&[4, 128], 256, 256, 128, 16, 4),
+        };
+        tokens
+            .iter()
+            .map(|&m| Size::of(&[("M", m), ("MAX", max), ("H", h), ("F", f), ("E", e), ("k", k)]))
+            .collect()
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        let (m, max) = (size.get("M"), size.get("MAX"));
+        let (h, f, e, k) = (size.get("H"), size.get("F"), size.get("E"), size.get("k"));
+        let cfg = MoeConfig { shared_ffn: Some(f), ..MoeConfig::new(h, f, e, k) };
+        let mut s = Synth::new(seed);
+        let w = s.moe_weights(&cfg);
+        let x = s.uniform((max * h) as usize, 1.0);
+        let xb = ctx.upload("x", &x)?;
+        let (ya, yb) =
+            (ctx.zeroed("y exact", u64::from(m * h) * 4)?, ctx.zeroed("y live", u64::from(max * h) * 4)?);
+        let layer = MoeLayer::new(ctx, cfg, &w)?;
+        let exact = layer.plan(ctx, m, &xb, &ya)?;
+        let live = layer.plan(ctx, max, &xb, &yb)?;
+        live.set_live_tokens(ctx, m)?;
+        let (flops, bytes) = layer_work(&cfg, m);
+        let decode = m <= 8;
+        let note = format!("B planned for {max} tokens, run at {m}");
+        Ok(Case {
+            a: Work::Gpu(exact.dispatches_at(m)?),
+            b: Work::Gpu(live.dispatches_at(m)?),
+            flops: if decode { 0.0 } else { flops },
+            bytes: if decode { bytes } else { 0.0 },
+            tokens: m,
+            validate: layer_check(cfg, w, x, m, [ya, yb], "a plan for the maximum", "exact"),
+            note: Some(note),
         })
     }
 }

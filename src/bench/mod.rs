@@ -45,6 +45,7 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         Box::new(gemm::TunedVsDefault),
         Box::new(layer::OneLaunchCombine),
         Box::new(layer::LayerRoute),
+        Box::new(layer::LayerLive),
     ];
     all.extend(gemm::TileVsTile::all().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
     all.extend(gemm::QuantVsF16::all().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));

@@ -26,7 +26,7 @@ pub fn layer_graph(forward: ForwardPlan) -> Result<DispatchGraph> {
     let tokens = forward.max_tokens().max(1);
     let mut graph = Graph::new(tokens, tokens)?;
     let mut added: Vec<ForwardStage> = Vec::new();
-    for (stage, dispatches) in forward.into_stages() {
+    for (stage, dispatches) in forward.stages_at(forward.max_tokens())? {
         let mut reads: Vec<Read> = stage
             .reads()
             .iter()

@@ -9,9 +9,10 @@
 //! parameters and run the grids a plan made for exactly t would have, so their outputs are that
 //! plan's bits (the layer tests prove it on every path).
 //!
-//! Every value is `ceil((per_token · t + base) / divisor)` ([`LiveValue`]), which covers the
-//! kernels' counts (tokens, entries `t · k`, blocks of entries, padded rows and tiles of the
-//! dispatch layout, workgroups of any of these). The host checks at plan time that each value
+//! Every value is `min(ceil(max(per_token · t + base - floor, 0) / divisor), cap)`
+//! ([`LiveValue`]), which covers the kernels' counts (tokens, entries `t · k`, blocks of
+//! entries, padded rows and tiles of the dispatch layout, workgroups of any of these, and of
+//! the part of them in one x window). The host checks at plan time that each value
 //! at the maximum fits in u32; values grow with t, so none wraps below it.
 
 use std::ops::RangeInclusive;
@@ -103,7 +104,18 @@ impl LiveCount {
 
     /// `ceil(count / divisor)` (a zero divisor is taken as 1).
     pub(crate) const fn div_ceil(self, divisor: u32) -> LiveValue {
-        LiveValue { count: self, divisor: if divisor == 0 { 1 } else { divisor as u64 } }
+        self.beyond(0, divisor)
+    }
+
+    /// `ceil(max(count - floor, 0) / divisor)`: the part of the count past `floor`, in units of
+    /// `divisor` (a zero divisor is taken as 1).
+    pub(crate) const fn beyond(self, floor: u32, divisor: u32) -> LiveValue {
+        LiveValue {
+            count: self,
+            floor: floor as u64,
+            divisor: if divisor == 0 { 1 } else { divisor as u64 },
+            cap: u32::MAX as u64,
+        }
     }
 
     /// The count at t = `tokens`.
@@ -124,11 +136,14 @@ impl LiveCount {
     }
 }
 
-/// A u32 that follows the live token count t: a [`LiveCount`] divided by `divisor`, rounded up.
+/// A u32 that follows the live token count t: the part of a [`LiveCount`] past `floor`,
+/// divided by `divisor` and rounded up, at most `cap`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LiveValue {
     count: LiveCount,
+    floor: u64,
     divisor: u64,
+    cap: u64,
 }
 
 impl LiveValue {
@@ -137,9 +152,14 @@ impl LiveValue {
         LiveCount::constant(value).value()
     }
 
+    /// The value, at most `cap`.
+    pub(crate) fn at_most(self, cap: u32) -> Self {
+        LiveValue { cap: self.cap.min(u64::from(cap)), ..self }
+    }
+
     /// The value at t = `tokens`.
     pub(crate) fn at(self, tokens: u32) -> u64 {
-        self.count.at(tokens).div_ceil(self.divisor)
+        self.count.at(tokens).saturating_sub(self.floor).div_ceil(self.divisor).min(self.cap)
     }
 }
 
@@ -195,6 +215,30 @@ impl Sizing {
         self
     }
 
+    /// Whether the dispatch runs at `tokens`.
+    pub(crate) fn runs_at(&self, tokens: u32) -> bool {
+        self.runs_for.contains(&tokens)
+    }
+
+    /// The grid at `tokens` of a dispatch planned with `planned` at the maximum, spilled past
+    /// `max_groups` as `size_plan` spills it; None where it does not run at `tokens`.
+    pub(crate) fn grid_at(&self, tokens: u32, planned: [u32; 3], max_groups: u32) -> Option<[u32; 3]> {
+        if !self.runs_at(tokens) {
+            return None;
+        }
+        // Values at counts up to the maximum fit in u32 (plan_sizing checked the maximum).
+        let value = |v: LiveValue| u32::try_from(v.at(tokens)).unwrap_or(u32::MAX);
+        Some(match self.grid {
+            LiveGrid::Fixed => planned,
+            LiveGrid::X(v) => [value(v), planned[1], planned[2]],
+            LiveGrid::Spilled(v) => {
+                let groups = value(v);
+                let x = groups.min(max_groups);
+                [x, if x == 0 { 1 } else { groups.div_ceil(x) }, 1]
+            }
+        })
+    }
+
     /// Whether the dispatch runs its planned grid at every count (no indirect grid).
     fn grid_is_fixed(&self) -> bool {
         self.grid == LiveGrid::Fixed && self.runs_for == (0..=u32::MAX)
@@ -210,9 +254,12 @@ struct Rule {
     kind: u32,
     per_token: u32,
     base: u32,
+    floor: u32,
     divisor: u32,
+    cap: u32,
     from_tokens: u32,
     to_tokens: u32,
+    pad: [u32; 2],
 }
 
 /// The uniform rules of one `size_plan` dispatch (`Rules` in the WGSL).
@@ -245,8 +292,7 @@ pub(crate) fn plan_sizing(
     dispatches: &mut [&mut Dispatch],
 ) -> Result<Vec<Dispatch>> {
     let max_groups = ctx.limits().max_compute_workgroups_per_dimension;
-    let mut targets: Vec<(wgpu::Buffer, Vec<Rule>)> = Vec::new();
-    let mut grid_rules: Vec<Rule> = Vec::new();
+    let mut units: Vec<Unit> = Vec::new();
     let mut grids: Vec<u32> = Vec::new();
     let mut indirect: Vec<(usize, u64)> = Vec::new();
     for (index, d) in dispatches.iter().enumerate() {
@@ -254,6 +300,7 @@ pub(crate) fn plan_sizing(
         let sizing = d.sizing.as_ref().ok_or_else(|| {
             Error::invalid(format!("`{entry}` says nothing of how it follows the live count"))
         })?;
+        let (from, to) = (*sizing.runs_for.start(), *sizing.runs_for.end());
         let rule = |word: u32, kind: u32, v: LiveValue| -> Result<Rule> {
             // Past u32 at the maximum: the values' factors are past u32 too, as max_tokens >= 1.
             let top = v.count.at(max_tokens.max(1));
@@ -271,24 +318,32 @@ pub(crate) fn plan_sizing(
                 kind,
                 per_token: v.count.per_token as u32,
                 base: v.count.base as u32,
+                // Floors and caps come from u32 values, divisors too.
+                floor: v.floor as u32,
                 divisor: v.divisor as u32,
-                from_tokens: *sizing.runs_for.start(),
-                to_tokens: *sizing.runs_for.end(),
+                cap: v.cap as u32,
+                from_tokens: from,
+                to_tokens: to,
+                pad: [0; 2],
             })
         };
+        // The unit of the dispatch's parameters, where it sizes some of them.
+        let mut unit = None;
         if !sizing.words.is_empty() {
             let params = d
                 .bindings
                 .iter()
                 .find(|b| b.binding == 0 && b.access == Access::Uniform && b.offset == 0)
                 .ok_or_else(|| Error::invalid(format!("`{entry}` has no whole parameter buffer to size")))?;
-            let at = match targets.iter().position(|(b, _)| *b == params.buffer) {
+            let at = match units.iter().position(|u| u.buffer.as_ref() == Some(&params.buffer)) {
                 Some(at) => at,
                 None => {
-                    targets.push((params.buffer.clone(), Vec::new()));
-                    targets.len() - 1
+                    units.push(Unit { buffer: Some(params.buffer.clone()), rules: Vec::new(), from, to });
+                    units.len() - 1
                 }
             };
+            let u = &mut units[at];
+            (u.from, u.to) = (u.from.min(from), u.to.max(to));
             for &(word, v) in &sizing.words {
                 if u64::from(word) * 4 >= params.size {
                     return Err(Error::invalid(format!(
@@ -298,17 +353,17 @@ pub(crate) fn plan_sizing(
                 }
                 // Parameters are the same at every count the dispatch runs at.
                 let r = Rule { from_tokens: 0, to_tokens: u32::MAX, ..rule(word, KIND_VALUE, v)? };
-                let rules = &mut targets[at].1;
-                match rules.iter().find(|o| o.word == word) {
+                match u.rules.iter().find(|o| o.target != GRIDS && o.word == word) {
                     Some(o) if *o == r => {}
                     Some(_) => {
                         return Err(Error::invalid(format!(
                             "two dispatches size word {word} of `{entry}`'s parameters differently"
                         )));
                     }
-                    None => rules.push(r),
+                    None => u.rules.push(r),
                 }
             }
+            unit = Some(at);
         }
         if sizing.grid_is_fixed() {
             continue;
@@ -331,45 +386,48 @@ pub(crate) fn plan_sizing(
                 "`{entry}` is sized to {at_max:?} workgroups at {max_tokens} tokens but planned with {planned:?}"
             )));
         }
-        grid_rules.push(Rule { target: GRIDS, ..rule(word, kind, v)? });
+        let r = Rule { target: GRIDS, ..rule(word, kind, v)? };
+        match unit {
+            Some(at) => units[at].rules.push(r),
+            None => units.push(Unit { buffer: None, rules: vec![r], from, to }),
+        }
         grids.extend(planned);
         indirect.push((index, u64::from(word) * 4));
     }
-    if targets.is_empty() && grid_rules.is_empty() {
+    if units.is_empty() {
         return Ok(Vec::new());
     }
     let grid_buffer = ctx.indirect_args("sized grids", &grids)?;
     for (index, offset) in indirect {
-        dispatches[index].indirect = Some(Indirect { buffer: grid_buffer.clone(), offset });
+        dispatches[index].indirect = Some(Indirect { buffer: grid_buffer.clone(), offset, max_groups });
     }
-    // Each sizing dispatch: up to TARGETS parameter buffers with their rules, then grid rules
-    // while there is room.
-    let mut groups: Vec<(Vec<wgpu::Buffer>, Vec<Rule>)> = vec![(Vec::new(), Vec::new())];
-    for (buffer, rules) in targets {
-        if rules.len() > MAX_RULES {
-            return Err(Error::invalid(format!("{} sized words in one parameter buffer", rules.len())));
+    // Units in the order of the counts they serve, packed into sizing dispatches of up to
+    // TARGETS parameter buffers and MAX_RULES rules: a forward recorded for a count on the host
+    // runs only the sizing dispatches of the units that run at it (and those they share a
+    // dispatch with), the decode path's apart from the grouped path's.
+    units.sort_by_key(|u| (u.from, u.to));
+    let mut groups: Vec<Group> = Vec::new();
+    for u in units {
+        if u.rules.len() > MAX_RULES {
+            return Err(Error::invalid(format!("{} sizing rules for one parameter buffer", u.rules.len())));
+        }
+        let fits = groups.last().is_some_and(|g| {
+            g.rules.len() + u.rules.len() <= MAX_RULES && (u.buffer.is_none() || g.buffers.len() < TARGETS)
+        });
+        if !fits {
+            groups.push(Group { buffers: Vec::new(), rules: Vec::new(), from: u.from, to: u.to });
         }
         let last = groups.len() - 1;
-        if groups[last].0.len() == TARGETS || groups[last].1.len() + rules.len() > MAX_RULES {
-            groups.push((Vec::new(), Vec::new()));
-        }
-        let last = groups.len() - 1;
-        let (buffers, list) = &mut groups[last];
-        let target = buffers.len() as u32;
-        list.extend(rules.into_iter().map(|r| Rule { target, ..r }));
-        buffers.push(buffer);
-    }
-    for r in grid_rules {
-        if groups[groups.len() - 1].1.len() == MAX_RULES {
-            groups.push((Vec::new(), Vec::new()));
-        }
-        let last = groups.len() - 1;
-        groups[last].1.push(r);
+        let g = &mut groups[last];
+        (g.from, g.to) = (g.from.min(u.from), g.to.max(u.to));
+        let target = g.buffers.len() as u32;
+        g.rules.extend(u.rules.into_iter().map(|r| if r.target == GRIDS { r } else { Rule { target, ..r } }));
+        g.buffers.extend(u.buffer);
     }
     let kernel = ctx.kernel(&SIZE_PLAN, &[])?;
     groups
         .into_iter()
-        .map(|(buffers, list)| {
+        .map(|Group { buffers, rules: list, from, to }| {
             let mut rules = Rules {
                 count: list.len() as u32,
                 max_groups,
@@ -391,7 +449,26 @@ pub(crate) fn plan_sizing(
                 bindings.push(Binding::new(3 + slot as u32, b, b.size()));
             }
             let d = ctx.dispatch(&kernel, &bindings, [1, 1, 1])?;
-            Ok(d.sized(Sizing::new(LiveGrid::Fixed)))
+            Ok(d.sized(Sizing::new(LiveGrid::Fixed).only_for(from..=to)))
         })
         .collect()
+}
+
+/// The sizing rules of some dispatches of a plan: those of one parameter buffer and of the
+/// grids of the dispatches that bind it, or (no buffer) one grid's, with the counts at which
+/// those dispatches run (from .. to: the hull of theirs).
+struct Unit {
+    buffer: Option<wgpu::Buffer>,
+    rules: Vec<Rule>,
+    from: u32,
+    to: u32,
+}
+
+/// The units one sizing dispatch serves: their parameter buffers (bound in order), their rules
+/// and the hull of their counts.
+struct Group {
+    buffers: Vec<wgpu::Buffer>,
+    rules: Vec<Rule>,
+    from: u32,
+    to: u32,
 }

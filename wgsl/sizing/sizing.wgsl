@@ -4,7 +4,8 @@
 // The live token count t is live[0], at most the plan's maximum: the host checks what it
 // writes there, and a larger count written on the device runs as the maximum (every buffer is
 // sized for it). Each rule writes one word of one target:
-//   value = ceil((per_token * t + base) / divisor) when from_tokens <= t <= to_tokens, else 0;
+//   value = min(ceil(max(per_token * t + base - floor, 0) / divisor), cap)
+//     when from_tokens <= t <= to_tokens, else 0;
 // a SPILL rule writes a 1-D grid of `value` workgroups as two words (x, y), spilled into y past
 // max_groups as Context::grid does: x = min(value, max_groups), y = ceil(value / x), and
 // (0, 1) for none. The host checks that per_token * max + base fits in u32, and it grows with
@@ -24,9 +25,13 @@ struct Rule {
     kind: u32,
     per_token: u32,
     base: u32,
+    floor: u32,
     divisor: u32,
+    cap: u32,
     from_tokens: u32,
     to_tokens: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 struct Rules {
@@ -67,7 +72,8 @@ fn size_plan(@builtin(local_invocation_index) lid: u32) {
     var value = 0u;
     if r.from_tokens <= t && t <= r.to_tokens {
         let n = r.per_token * t + r.base;
-        value = n / r.divisor + select(0u, 1u, n % r.divisor != 0u);
+        let past = select(0u, n - r.floor, n > r.floor);
+        value = min(past / r.divisor + select(0u, 1u, past % r.divisor != 0u), r.cap);
     }
     if r.kind == KIND_SPILL {
         var x = min(value, rules.max_groups);

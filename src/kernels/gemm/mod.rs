@@ -1272,15 +1272,33 @@ impl Pass<'_> {
     }
 
     /// How a dispatch of this pass with `grid` follows the live count: its rows and first row
-    /// do; a dispatch over one window (rows from `window_row0` on) runs once there are such rows.
-    fn sizing(&self, grid: LiveGrid, window_row0: Option<u32>) -> Sizing {
-        let s = Sizing::new(grid)
+    /// do.
+    fn sizing(&self, grid: LiveGrid) -> Sizing {
+        Sizing::new(grid)
             .field(offset_of!(Params, rows), self.live.rows.value())
-            .field(offset_of!(Params, row_offset), self.live.row_offset.value());
-        match window_row0 {
-            Some(row0) => s.once_above(self.live.rows, row0),
-            None => s,
-        }
+            .field(offset_of!(Params, row_offset), self.live.row_offset.value())
+    }
+
+    /// How a dispatch of this pass over `span` (one x window, or the whole pass) follows the
+    /// live count: as [`Self::sizing`], its grid over the span's rows up to the count (`per_row`
+    /// says how the kernel covers rows); a window's dispatch runs once the count reaches it.
+    fn span_sizing(&self, spec: &KernelSpec, span: Span, windowed: bool, per_row: PerRow) -> Result<Sizing> {
+        let rows = self.live.rows;
+        let grid = match per_row {
+            PerRow::Block(block_rows) => {
+                LiveGrid::X(rows.beyond(span.row0, block_rows).at_most(span.rows.div_ceil(block_rows)))
+            }
+            PerRow::Invocations(lanes) => {
+                let cap = spec.groups(u64::from(span.rows) * u64::from(lanes))?;
+                let groups = spec.live_groups_beyond(rows.times(lanes), span.row0.saturating_mul(lanes))?;
+                LiveGrid::Spilled(groups.at_most(u32::try_from(cap).unwrap_or(u32::MAX)))
+            }
+        };
+        let s = self.sizing(grid);
+        Ok(match windowed {
+            true => s.once_above(rows, span.row0),
+            false => s,
+        })
     }
 
     /// The uniform parameters with the FLAG_* bits of this pass and `extra`.
@@ -1405,11 +1423,9 @@ impl Pass<'_> {
                 let mut bindings = self.bindings(spec, &params, chunk);
                 bindings.push(Binding::new(5, tiles, tiles.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
-                let grid = [span.rows.div_ceil(variant.block_rows()), col_groups, 1];
-                let sizing = match staged {
-                    Some(_) => self.sizing(LiveGrid::Fixed, Some(span.row0)),
-                    None => self.sizing(LiveGrid::X(self.live.rows.div_ceil(variant.block_rows())), None),
-                };
+                let grid = [span.covered(p.rows).div_ceil(variant.block_rows()), col_groups, 1];
+                let per_row = PerRow::Block(variant.block_rows());
+                let sizing = self.span_sizing(spec, span, staged.is_some(), per_row)?;
                 if grid[0] > max || grid[1] > max {
                     return Err(Error::limit(
                         "GEMM workgroups per dimension",
@@ -1513,15 +1529,11 @@ impl Pass<'_> {
                 bindings.push(Binding::new(8, indices, indices.size()));
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
                 let lanes = x.row_lanes(p.cols);
-                let grid = ctx.grid(spec.groups(u64::from(span.rows) * lanes)?, "row-wise GEMM")?;
-                let sizing = match staged {
-                    Some(_) => self.sizing(LiveGrid::Fixed, Some(span.row0)),
-                    None => {
-                        // Lanes per row are at most the columns rounded up to a workgroup.
-                        let lanes = u32::try_from(lanes).unwrap_or(u32::MAX);
-                        self.sizing(LiveGrid::Spilled(spec.live_groups(self.live.rows.times(lanes))?), None)
-                    }
-                };
+                let grid =
+                    ctx.grid(spec.groups(u64::from(span.covered(p.rows)) * lanes)?, "row-wise GEMM")?;
+                // Lanes per row are at most the columns rounded up to a workgroup.
+                let per_row = PerRow::Invocations(u32::try_from(lanes).unwrap_or(u32::MAX));
+                let sizing = self.span_sizing(spec, span, staged.is_some(), per_row)?;
                 out.push(
                     ctx.dispatch_with_textures(&kernel, &bindings, &bound_textures, grid)?.sized(sizing),
                 );
@@ -1748,11 +1760,27 @@ impl LiveRows {
     }
 }
 
+/// How a pass's kernel covers its rows.
+#[derive(Clone, Copy, Debug)]
+enum PerRow {
+    /// One x workgroup per block of this many rows.
+    Block(u32),
+    /// This many invocations per row, in 1-D workgroups.
+    Invocations(u32),
+}
+
 /// The rows one dispatch of a pass computes: `row0 .. row0 + rows`.
 #[derive(Clone, Copy, Debug)]
 struct Span {
     row0: u32,
     rows: u32,
+}
+
+impl Span {
+    /// Its rows below `rows` (a pass's last window can reach past the pass's rows).
+    fn covered(self, rows: u32) -> u32 {
+        self.rows.min(rows.saturating_sub(self.row0))
+    }
 }
 
 /// A pass's x rows staged into uniform windows: the windows and their buffer.
@@ -1786,9 +1814,7 @@ impl Staged {
             Binding::new(7, &buffer, windows.bytes()),
         ];
         let grid = ctx.grid(groups, "GEMM staging")?;
-        out.push(
-            ctx.dispatch(&kernel, &bindings, grid)?.sized(pass.sizing(LiveGrid::Spilled(live_groups), None)),
-        );
+        out.push(ctx.dispatch(&kernel, &bindings, grid)?.sized(pass.sizing(LiveGrid::Spilled(live_groups))));
         Ok(Some(Staged { windows, buffer }))
     }
 
