@@ -63,8 +63,8 @@ pub mod prelude {
 }
 
 pub use context::{
-    AdapterDescription, AdapterSelector, BoundsChecks, Capabilities, Context, KeyLimits, adapters, instance,
-    wgpu_adapters,
+    AdapterDescription, AdapterSelector, Allocations, BoundsChecks, Capabilities, Context, KeyLimits,
+    adapters, instance, wgpu_adapters,
 };
 pub use error::{Error, GpuErrorKind, Result};
 pub use pipeline::{BufferView, Dispatch};

@@ -408,6 +408,25 @@ struct DeviceHealth {
     app_callback: Mutex<Option<LostCallback>>,
 }
 
+/// What moeflow has allocated on a context's device since the context was made: every buffer
+/// (weights, scratch, parameters, staging for uploads and read-backs) and texture it created,
+/// however long each lived. An engine's steady state makes none: a forward of a plan
+/// allocates nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Allocations {
+    /// Buffers and textures created.
+    pub count: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct AllocationCounter {
+    count: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
 /// A wgpu device and queue, what they can do, and moeflow's pipeline cache.
 ///
 /// Cheap to share by reference; kernels borrow it to build pipelines and bind groups.
@@ -418,6 +437,7 @@ pub struct Context {
     pipelines: PipelineCache,
     bounds_checks: Mutex<BoundsChecks>,
     health: Arc<DeviceHealth>,
+    allocated: AllocationCounter,
 }
 
 impl fmt::Debug for Context {
@@ -546,7 +566,21 @@ impl Context {
             pipelines: PipelineCache::default(),
             bounds_checks: Mutex::new(BoundsChecks::from_env()),
             health,
+            allocated: AllocationCounter::default(),
         }
+    }
+
+    /// What moeflow has allocated on the device through this context so far.
+    pub fn allocations(&self) -> Allocations {
+        use std::sync::atomic::Ordering::Relaxed;
+        Allocations { count: self.allocated.count.load(Relaxed), bytes: self.allocated.bytes.load(Relaxed) }
+    }
+
+    /// Counts an allocation of `bytes` (see [`Allocations`]).
+    pub(crate) fn note_allocation(&self, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.allocated.count.fetch_add(1, Relaxed);
+        self.allocated.bytes.fetch_add(bytes, Relaxed);
     }
 
     /// Which modules get runtime bounds checks: [`BOUNDS_CHECKS_ENV`]'s choice when the

@@ -47,14 +47,16 @@ impl Context {
         if size > max {
             return Err(Error::limit(format!("buffer `{label}`"), size, max, "max_buffer_size"));
         }
-        self.checked(label, || {
+        let buffer = self.checked(label, || {
             self.device().create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
                 size,
                 usage,
                 mapped_at_creation: mapped,
             })
-        })
+        })?;
+        self.note_allocation(size);
+        Ok(buffer)
     }
 
     /// A buffer with `data` in it, usable as storage and as a copy source or target.

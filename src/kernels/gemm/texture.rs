@@ -129,6 +129,10 @@ impl TextureWeights {
                 view_formats: &[],
             })
         })?;
+        // Four u32 per texel.
+        ctx.note_allocation(
+            u64::from(layout.width) * u64::from(layout.height) * u64::from(layout.layers) * 16,
+        );
         let row_words = layout.width * TEXEL_WORDS;
         let pitch = (u64::from(row_words) * 4).next_multiple_of(COPY_ROW_ALIGN);
         // Rows packed per copy: a layer's, at most as many as one storage binding holds.
