@@ -888,27 +888,24 @@ impl MoeLayer {
 
     /// Builds, up front, every pipeline a forward of 1 to `max_tokens` tokens can use, so
     /// that no later [`Self::plan`] of such a forward compiles a shader (it makes the
-    /// weights' texture copies too, where the kernels read them). The pipelines depend on the
-    /// token count only through the choice between the decode and grouped paths, which
-    /// changes once, from decode at one token to grouped from some count on, so planning
-    /// forwards of 1 and of `max_tokens` tokens builds all of them. With a driver pipeline
-    /// cache loaded first ([`Context::load_pipeline_cache`]), the builds also fill it, to be
-    /// saved for the next run ([`Context::save_pipeline_cache`]).
+    /// weights' texture copies too, where the kernels read them): it plans a forward of up to
+    /// `max_tokens` tokens, which holds both the decode and the grouped path where the counts
+    /// take both. With a driver pipeline cache loaded first
+    /// ([`Context::load_pipeline_cache`]), the builds also fill it, to be saved for the next
+    /// run ([`Context::save_pipeline_cache`]).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for zero tokens; [`Self::plan`]'s errors for either size.
+    /// [`Error::InvalidArgument`] for zero tokens; [`Self::plan`]'s errors.
     pub fn prepare(&self, ctx: &Context, max_tokens: u32) -> Result<PrepareReport> {
         if max_tokens == 0 {
             return Err(Error::invalid("prepare needs a maximum token count of at least 1"));
         }
         let before = ctx.pipeline_count();
         let start = std::time::Instant::now();
-        let row = u64::from(self.cfg.route.hidden) * 4;
-        for tokens in [1, max_tokens] {
-            let x = ctx.storage_scratch("prepare x", u64::from(tokens) * row)?;
-            let y = ctx.storage_scratch("prepare y", u64::from(tokens) * row)?;
-            self.plan(ctx, tokens, &x, &y)?;
-        }
+        let rows = u64::from(max_tokens) * u64::from(self.cfg.route.hidden) * 4;
+        let x = ctx.storage_scratch("prepare x", rows)?;
+        let y = ctx.storage_scratch("prepare y", rows)?;
+        self.plan(ctx, max_tokens, &x, &y)?;
         let total = ctx.pipeline_count();
         Ok(PrepareReport {
             pipelines_built: total - before,
