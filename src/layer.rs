@@ -11,6 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::combine::{CombineBuffers, CombineMode, Shared, plan_combine, plan_fill_zero_per_token};
 use crate::kernels::dispatch::{
@@ -360,8 +361,8 @@ pub struct MoeLayer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum ForwardStage {
-    /// The live token count's parameters and grids for the dispatches after it (see
-    /// [`ForwardPlan::set_live_tokens`]).
+    /// The parameter words and grids of the dispatches after it that depend on the forward's
+    /// token count (see [`ForwardPlan::record`]).
     Size,
     /// Gate matvec and top-k (or the fused route).
     Route,
@@ -408,9 +409,9 @@ impl std::fmt::Display for ForwardStage {
 }
 
 /// Intermediate buffers and dispatches of a forward of up to a maximum token count. Build it
-/// once with [`MoeLayer::plan`], set the live count of each forward
-/// ([`Self::set_live_tokens`], or on the device in [`Self::live_tokens`]) and record it: no
-/// re-planning, no allocation.
+/// once with [`MoeLayer::plan`] and record each forward at its count ([`Self::record`], or
+/// [`Self::record_device_count`] for a count written on the device): no re-planning, no
+/// allocation.
 #[derive(Debug)]
 pub struct ForwardPlan {
     max_tokens: u32,
@@ -763,11 +764,10 @@ impl MoeLayer {
     ) -> Result<ForwardPlan> {
         let (x, y) = (x.into(), y.into());
         let c = &self.cfg;
-        let tokens = max_tokens;
-        let (t, h, k) = (u64::from(tokens), u64::from(c.route.hidden), u64::from(c.route.k));
-        let entries = tokens
+        let (t, h, k) = (u64::from(max_tokens), u64::from(c.route.hidden), u64::from(c.route.k));
+        let entries = max_tokens
             .checked_mul(c.route.k)
-            .ok_or_else(|| Error::limit("tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
+            .ok_or_else(|| Error::limit("max_tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
         // Every buffer is sized and checked against the binding limit before any is made, and
         // nothing is allocated that this configuration does not use.
         let scratch = |label: &str, bytes: u64| ctx.storage_scratch(label, bytes);
@@ -789,13 +789,13 @@ impl MoeLayer {
         };
         stages.push((
             ForwardStage::Route,
-            plan_route(ctx, &c.route, tokens, &route_bufs, c.route_mode)?.into_dispatches(),
+            plan_route(ctx, &c.route, max_tokens, &route_bufs, c.route_mode)?.into_dispatches(),
         ));
         let ffn_bufs = FfnBuffers { x, indices: &indices, partial: &partial };
         let (mut layout, mut buckets) = (None, None);
         // The decode path for the counts that take it, the grouped path past them.
         let decode_until = match c.capacity {
-            Capacity::Dropless => decode_tokens(c.route.k, c.route.experts).min(tokens),
+            Capacity::Dropless => decode_tokens(c.route.k, c.route.experts).min(max_tokens),
             Capacity::Bounded { .. } => 0,
         };
         let decode = |counts| -> Result<Vec<Dispatch>> {
@@ -803,21 +803,21 @@ impl MoeLayer {
             Ok(only_for(ds.into_dispatches(), counts))
         };
         match c.capacity {
-            Capacity::Dropless if decode_until == tokens => {
+            Capacity::Dropless if decode_until == max_tokens => {
                 stages.push((ForwardStage::Experts, decode(0..=u32::MAX)?));
             }
             Capacity::Dropless => {
                 let l = DispatchLayout::new(
                     ctx,
                     DispatchConfig { experts: c.route.experts, k: c.route.k, tile: self.dispatch_tile(ctx) },
-                    tokens,
+                    max_tokens,
                     0,
                 )?;
                 let grouped = decode_until + 1..=u32::MAX;
                 stages.push((ForwardStage::Dispatch, only_for(l.plan(ctx, &indices)?, grouped.clone())));
                 let mut ds = decode(0..=decode_until)?;
                 let ffn =
-                    plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Grouped(&l))?;
+                    plan_ffn(ctx, &self.experts, max_tokens, c.route.k, &ffn_bufs, FfnRouting::Grouped(&l))?;
                 ds.extend(only_for(ffn.into_dispatches(), grouped));
                 stages.push((ForwardStage::Experts, ds));
                 layout = Some(l);
@@ -834,7 +834,7 @@ impl MoeLayer {
                 stages.push((ForwardStage::Dispatch, ds));
                 stages.push((
                     ForwardStage::Experts,
-                    plan_ffn(ctx, &self.experts, tokens, c.route.k, &ffn_bufs, FfnRouting::Bucketed(&b))?
+                    plan_ffn(ctx, &self.experts, max_tokens, c.route.k, &ffn_bufs, FfnRouting::Bucketed(&b))?
                         .into_dispatches(),
                 ));
                 buckets = Some(b);
@@ -843,12 +843,12 @@ impl MoeLayer {
         let mut shared = None;
         if let Some(s) = &self.shared {
             let rows = scratch("shared expert output", t * h * 4)?;
-            let mut ds = plan_dense_ffn(ctx, s, tokens, x, &rows)?.into_dispatches();
+            let mut ds = plan_dense_ffn(ctx, s, max_tokens, x, &rows)?.into_dispatches();
             let gate_logits = match &self.shared_gate {
                 Some(g) => {
                     let gl = scratch("shared gate logits", t * 4)?;
                     ds.extend(
-                        plan_dense(ctx, g, tokens, x, &gl, DenseKernel::Rowwise, c.gemm_order)?
+                        plan_dense(ctx, g, max_tokens, x, &gl, DenseKernel::Rowwise, c.gemm_order)?
                             .into_dispatches(),
                     );
                     Some(gl)
@@ -863,17 +863,17 @@ impl MoeLayer {
         let combine = CombineBuffers { weights: &weights, partial: &partial, shared, y };
         stages.push((
             ForwardStage::Combine,
-            plan_combine(ctx, tokens, c.route.hidden, c.route.k, &combine, c.combine)?,
+            plan_combine(ctx, max_tokens, c.route.hidden, c.route.k, &combine, c.combine)?,
         ));
-        let live = ctx.upload("live tokens", &[tokens])?;
-        let counts = ctx.upload("token counts", &(0..=tokens).collect::<Vec<u32>>())?;
+        let live = ctx.upload("live tokens", &[max_tokens])?;
+        let counts = ctx.upload("token counts", &(0..=max_tokens).collect::<Vec<u32>>())?;
         let mut all: Vec<&mut Dispatch> = stages.iter_mut().flat_map(|(_, ds)| ds.iter_mut()).collect();
-        let sizing = plan_sizing(ctx, &live, tokens, &mut all)?;
+        let sizing = plan_sizing(ctx, &live, max_tokens, &mut all)?;
         if !sizing.is_empty() {
             stages.insert(0, (ForwardStage::Size, sizing));
         }
         Ok(ForwardPlan {
-            max_tokens: tokens,
+            max_tokens,
             live,
             counts,
             decode_until,
@@ -921,6 +921,19 @@ impl MoeLayer {
     /// [`Error::Shape`] when `x` is not whole rows of H; [`Self::plan`]'s errors; device
     /// errors while running or reading back.
     pub fn forward_host(&self, ctx: &Context, x: &[f32]) -> Result<ForwardOutput> {
+        pollster::block_on(self.forward_host_with(ctx, x, Driver::Inline))
+    }
+
+    /// [`Self::forward_host`] without blocking the awaiting thread: the submission and the
+    /// read-backs are awaited ([`Context::submit_async`]).
+    ///
+    /// # Errors
+    /// As [`Self::forward_host`].
+    pub async fn forward_host_async(&self, ctx: &Context, x: &[f32]) -> Result<ForwardOutput> {
+        self.forward_host_with(ctx, x, Driver::Thread).await
+    }
+
+    async fn forward_host_with(&self, ctx: &Context, x: &[f32], driver: Driver) -> Result<ForwardOutput> {
         let h = self.cfg.route.hidden as usize;
         if !x.len().is_multiple_of(h) {
             return Err(Error::shape("x", format!("rows of hidden = {h}"), x.len()));
@@ -932,12 +945,12 @@ impl MoeLayer {
         let plan = self.plan(ctx, tokens, &xb, &yb)?;
         let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         plan.record(&mut encoder, tokens)?;
-        ctx.submit_and_wait(encoder)?;
+        ctx.submitted(encoder, driver).await?;
         let n = tokens as usize * self.cfg.route.k as usize;
         Ok(ForwardOutput {
-            y: ctx.read_back(&yb, x.len())?,
-            indices: ctx.read_back(plan.indices(), n)?,
-            weights: ctx.read_back(plan.weights(), n)?,
+            y: ctx.read_back_with(&yb, x.len(), driver).await?,
+            indices: ctx.read_back_with(plan.indices(), n, driver).await?,
+            weights: ctx.read_back_with(plan.weights(), n, driver).await?,
         })
     }
 }

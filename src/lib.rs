@@ -64,7 +64,7 @@ pub mod prelude {
 
 pub use context::{
     AdapterDescription, AdapterSelector, Allocations, BoundsChecks, Capabilities, Context, KeyLimits,
-    adapters, instance, wgpu_adapters,
+    adapters, instance, wgpu_adapters, wgpu_adapters_async,
 };
 pub use error::{Error, GpuErrorKind, Result};
 pub use pipeline::{BufferView, Dispatch};

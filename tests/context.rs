@@ -39,3 +39,60 @@ fn selectors_pick_the_named_backend_or_say_what_exists() {
         assert!(msg.contains("none matches") && msg.contains("found:"), "{msg}");
     }
 }
+
+/// A waker that sends on a channel when woken.
+struct ChannelWaker(std::sync::Mutex<std::sync::mpsc::Sender<()>>);
+
+impl std::task::Wake for ChannelWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        // The test waits on the receiver; a send error only means it is gone already.
+        let _ = self.0.lock().map(|tx| tx.send(()));
+    }
+}
+
+/// Polls `fut` until it is ready, waiting for its waker between polls; the first poll must be
+/// pending (the wait runs on a thread of its own, not the polling one).
+fn poll_woken<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waker = std::task::Waker::from(std::sync::Arc::new(ChannelWaker(std::sync::Mutex::new(tx))));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    assert!(fut.as_mut().poll(&mut cx).is_pending(), "{what}: the first poll must not wait");
+    loop {
+        rx.recv_timeout(std::time::Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("{what}: never woken"));
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
+/// The async waits (device creation, submission, read-back, a layer's host forward) give what
+/// the blocking ones give, and never wait on the polling thread: their first poll is pending
+/// and they finish when their waker is woken.
+#[test]
+fn async_waits_give_the_blocking_results_without_blocking_the_poller() {
+    use moeflow::layer::{MoeConfig, MoeLayer};
+    use moeflow::synth::Synth;
+    for adapter in moeflow::wgpu_adapters() {
+        let ctx = pollster::block_on(Context::from_adapter_async(&adapter)).unwrap();
+        let slug = ctx.adapter().slug();
+        assert_eq!(ctx.adapter().name, adapter.get_info().name);
+        let data = ctx.upload("data", &[7u32, 8, 9, 10]).unwrap();
+        let got: Vec<u32> = poll_woken(&slug, ctx.read_back_async(&data, 3)).unwrap();
+        assert_eq!(got, [7, 8, 9], "{slug}");
+        poll_woken(&slug, ctx.submit_async(ctx.encoder("empty"))).unwrap();
+
+        let cfg = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(48, 40, 8, 2) };
+        let layer = MoeLayer::new(&ctx, cfg, &Synth::new(51).moe_weights(&cfg)).unwrap();
+        for tokens in [1usize, 9] {
+            let x = Synth::new(52).uniform(tokens * 48, 1.0);
+            let want = layer.forward_host(&ctx, &x).unwrap();
+            let got = poll_woken(&slug, layer.forward_host_async(&ctx, &x)).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got.y), bits(&want.y), "{slug}: y of {tokens} tokens");
+            assert_eq!(got.indices, want.indices, "{slug}: indices of {tokens} tokens");
+            assert_eq!(bits(&got.weights), bits(&want.weights), "{slug}: weights of {tokens} tokens");
+        }
+    }
+}

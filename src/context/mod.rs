@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 mod pipelines;
 mod resources;
+pub(crate) mod wait;
 
 use serde::{Deserialize, Serialize};
 
@@ -330,19 +331,26 @@ pub fn instance() -> &'static wgpu::Instance {
 /// without compute shaders (a GL context below 4.3 or ES 3.1, as EGL gives on some headless
 /// GPUs) can run nothing of moeflow's; it is left out with a log line.
 pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
+    pollster::block_on(wgpu_adapters_async())
+}
+
+/// [`wgpu_adapters`], awaiting wgpu's enumeration instead of blocking on it.
+pub async fn wgpu_adapters_async() -> Vec<wgpu::Adapter> {
     static SHARED: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
-    let mut adapters = SHARED
-        .get_or_init(|| {
-            pollster::block_on(
-                instance().enumerate_adapters(instance_backends().difference(wgpu::Backends::GL)),
-            )
-        })
-        .clone();
+    let mut adapters = match SHARED.get() {
+        Some(shared) => shared.clone(),
+        None => {
+            let found =
+                instance().enumerate_adapters(instance_backends().difference(wgpu::Backends::GL)).await;
+            // Another caller may have enumerated meanwhile: the first list is kept.
+            SHARED.get_or_init(|| found).clone()
+        }
+    };
     let gl = instance_backends().intersection(wgpu::Backends::GL);
     if !gl.is_empty() {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         desc.backends = gl;
-        adapters.extend(pollster::block_on(wgpu::Instance::new(desc).enumerate_adapters(gl)));
+        adapters.extend(wgpu::Instance::new(desc).enumerate_adapters(gl).await);
     }
     adapters.retain(|a| a.get_info().backend != wgpu::Backend::Noop);
     adapters.retain(|a| {
@@ -358,6 +366,21 @@ pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
         ok
     });
     adapters
+}
+
+/// The value of a future that is ready when first polled, else None (without waiting): native
+/// wgpu resolves an error scope when it is popped, so no wait for the device ever blocks on one.
+/// Where one is not ready (a browser's), its error goes to the device's uncaptured-error
+/// handler instead, with a log line.
+fn ready_now<T>(fut: impl std::future::Future<Output = T>) -> Option<T> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(fut).poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => {
+            log::warn!("moeflow: an error scope did not resolve when popped; its error is not checked here");
+            None
+        }
+    }
 }
 
 /// Whether an adapter with these capabilities runs compute shaders, with grids read from the
@@ -408,6 +431,16 @@ struct DeviceHealth {
     app_callback: Mutex<Option<LostCallback>>,
 }
 
+impl DeviceHealth {
+    /// `Err(DeviceLost)` where the device-lost callback has run.
+    fn check(&self) -> Result<()> {
+        match lock(&self.lost).as_ref() {
+            Some(why) => Err(Error::DeviceLost(why.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
 /// What moeflow has allocated on a context's device since the context was made: every buffer
 /// (weights, scratch, parameters, staging for uploads and read-backs) and texture it created,
 /// however long each lived. An engine's steady state makes none: a forward of a plan
@@ -453,11 +486,19 @@ impl Context {
     /// # Errors
     /// An unparsable `MOEFLOW_ADAPTER`, as [`Self::with_selector`].
     pub fn new() -> Result<Self> {
+        pollster::block_on(Context::new_async())
+    }
+
+    /// [`Self::new`], awaiting the device instead of blocking on it.
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub async fn new_async() -> Result<Self> {
         let selector = match std::env::var(ADAPTER_ENV) {
             Ok(s) => s.parse()?,
             Err(_) => AdapterSelector::default(),
         };
-        Context::with_selector(&selector)
+        Context::with_selector_async(&selector).await
     }
 
     /// Opens the best adapter that `selector` matches.
@@ -466,7 +507,15 @@ impl Context {
     /// [`Error::NoAdapter`] when nothing matches (the message lists what exists);
     /// [`Error::MissingFeature`] or the device request's error from [`Self::from_adapter`].
     pub fn with_selector(selector: &AdapterSelector) -> Result<Self> {
-        let adapters = wgpu_adapters();
+        pollster::block_on(Context::with_selector_async(selector))
+    }
+
+    /// [`Self::with_selector`], awaiting the device instead of blocking on it.
+    ///
+    /// # Errors
+    /// As [`Self::with_selector`].
+    pub async fn with_selector_async(selector: &AdapterSelector) -> Result<Self> {
+        let adapters = wgpu_adapters_async().await;
         let found: Vec<String> = adapters
             .iter()
             .map(|a| {
@@ -479,7 +528,7 @@ impl Context {
             .filter(|a| selector.matches(&a.get_info()))
             .min_by_key(|a| preference(&a.get_info()));
         match best {
-            Some(adapter) => Context::from_adapter(&adapter),
+            Some(adapter) => Context::from_adapter_async(&adapter).await,
             None if found.is_empty() => Err(Error::NoAdapter(
                 "wgpu found no adapter; on Debian/Ubuntu `apt-get install mesa-vulkan-drivers` \
                  provides a software Vulkan driver (lavapipe)"
@@ -519,6 +568,14 @@ impl Context {
     /// the device request's
     /// error.
     pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        pollster::block_on(Context::from_adapter_async(adapter))
+    }
+
+    /// [`Self::from_adapter`], awaiting the device instead of blocking on it.
+    ///
+    /// # Errors
+    /// As [`Self::from_adapter`].
+    pub async fn from_adapter_async(adapter: &wgpu::Adapter) -> Result<Self> {
         if !runs_compute(&adapter.get_downlevel_capabilities()) {
             let i = adapter.get_info();
             return Err(Error::MissingFeature(format!(
@@ -534,7 +591,7 @@ impl Context {
             required_limits: adapter.limits(),
             ..Default::default()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc))?;
+        let (device, queue) = adapter.request_device(&desc).await?;
         Ok(Context::from_wgpu(device, queue))
     }
 
@@ -599,6 +656,17 @@ impl Context {
         *lock(&self.health.app_callback) = Some(Box::new(callback));
     }
 
+    /// [`Self::check_alive`] as a closure that owns what it needs, for the end of a future
+    /// that does not borrow the context.
+    pub(crate) fn alive_check(&self) -> impl Fn() -> Result<()> + use<> {
+        let (health, device) = (self.health.clone(), self.device.clone());
+        move || {
+            health.check()?;
+            let _ = device.poll(wgpu::PollType::Poll);
+            health.check()
+        }
+    }
+
     /// `Err(DeviceLost)` once the device is lost or destroyed.
     ///
     /// wgpu reports a loss through the device-lost callback, which runs only when the device
@@ -610,15 +678,11 @@ impl Context {
     /// # Errors
     /// [`Error::DeviceLost`] with wgpu's reason.
     pub fn check_alive(&self) -> Result<()> {
-        let recorded = || match lock(&self.health.lost).as_ref() {
-            Some(why) => Err(Error::DeviceLost(why.clone())),
-            None => Ok(()),
-        };
-        recorded()?;
+        self.health.check()?;
         // A failed non-blocking poll says nothing about the device that the callback will
         // not say; only the recorded loss counts.
         let _ = self.device.poll(wgpu::PollType::Poll);
-        recorded()
+        self.health.check()
     }
 
     /// Runs `f` inside validation, out-of-memory and internal error scopes and turns the first
@@ -630,7 +694,7 @@ impl Context {
         let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let value = f();
-        let errors = [validation.pop(), memory.pop(), internal.pop()].map(pollster::block_on);
+        let errors = [validation.pop(), memory.pop(), internal.pop()].map(|pop| ready_now(pop).flatten());
         self.check_alive()?;
         match errors.into_iter().flatten().next() {
             None => Ok(value),

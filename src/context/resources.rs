@@ -2,18 +2,16 @@
 //! benchmarks at the edges of a forward pass, and for the library's own scratch; nothing inside
 //! a forward pass reads back to the host).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex};
 
 use bytemuck::Pod;
 
 use super::Context;
-use crate::error::{Error, GpuErrorKind, Result};
+use super::wait::{Driver, Signal, Until};
+use crate::error::{Error, Result};
 use crate::gpu::{DATA_USAGE, record};
 use crate::pipeline::Dispatch;
-
-/// Pause between polls of a submission on CPU adapters (see [`Context::submit_and_wait`]).
-const CPU_ADAPTER_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+use crate::sync::lock;
 
 /// Bytes for a buffer holding `bytes` of data: at least 4, a multiple of 4.
 fn padded(bytes: u64) -> u64 {
@@ -133,7 +131,8 @@ impl Context {
         Ok(buffer)
     }
 
-    /// Submits `encoder` and waits until the device has finished it.
+    /// Submits `encoder` and waits until the device has finished it (blocking this thread; see
+    /// [`Self::submit_async`]).
     ///
     /// On GPUs this is a blocking wait. On CPU adapters (lavapipe, llvmpipe) the driver's
     /// blocking wait can keep this thread busy on a core the driver's own shader threads need;
@@ -143,31 +142,38 @@ impl Context {
     /// # Errors
     /// A lost device (before or during the wait), or a failed poll.
     pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
-        self.check_alive()?;
-        let gpu_error = |e: wgpu::PollError| Error::Gpu {
-            context: "waiting for submission".into(),
-            kind: GpuErrorKind::Poll,
-            message: e.to_string(),
-        };
-        if !self.adapter().is_cpu() {
+        pollster::block_on(self.submitted(encoder, Driver::Inline))
+    }
+
+    /// Submits `encoder` and resolves when the device has finished it, without blocking the
+    /// awaiting thread: a thread of moeflow's polls the device meanwhile (as
+    /// [`Self::submit_and_wait`] does on its own thread) and wakes the task.
+    ///
+    /// # Errors
+    /// As [`Self::submit_and_wait`].
+    pub async fn submit_async(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.submitted(encoder, Driver::Thread).await
+    }
+
+    /// Submits `encoder` now; the returned future resolves when the device has finished it,
+    /// its polls driven as `driver` says.
+    pub(crate) fn submitted(
+        &self,
+        encoder: wgpu::CommandEncoder,
+        driver: Driver,
+    ) -> impl Future<Output = Result<()>> + use<> {
+        let submitted = self.check_alive().map(|()| {
+            let signal = Signal::new();
             let index = self.queue().submit([encoder.finish()]);
-            self.device()
-                .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
-                .map_err(gpu_error)?;
-            return self.check_alive();
+            let fired = signal.clone();
+            self.queue().on_submitted_work_done(move || fired.fire());
+            Until::new(self, signal, Some(index), driver)
+        });
+        let alive = self.alive_check();
+        async move {
+            submitted?.await?;
+            alive()
         }
-        let done = Arc::new(AtomicBool::new(false));
-        self.queue().submit([encoder.finish()]);
-        let flag = done.clone();
-        self.queue().on_submitted_work_done(move || flag.store(true, Ordering::Release));
-        while !done.load(Ordering::Acquire) {
-            self.check_alive()?;
-            self.device().poll(wgpu::PollType::Poll).map_err(gpu_error)?;
-            if !done.load(Ordering::Acquire) {
-                std::thread::sleep(CPU_ADAPTER_POLL);
-            }
-        }
-        self.check_alive()
     }
 
     /// A fresh command encoder.
@@ -181,9 +187,22 @@ impl Context {
     /// A validation error while recording or submitting (a destroyed buffer, say), or a lost
     /// device.
     pub fn run(&self, dispatches: &[&Dispatch]) -> Result<()> {
+        pollster::block_on(self.run_with(dispatches, Driver::Inline))
+    }
+
+    /// [`Self::run`] without blocking the awaiting thread (see [`Self::submit_async`]).
+    ///
+    /// # Errors
+    /// As [`Self::run`].
+    pub async fn run_async(&self, dispatches: &[&Dispatch]) -> Result<()> {
+        self.run_with(dispatches, Driver::Thread).await
+    }
+
+    /// Records `dispatches`, submits them (inside error scopes) and waits as `driver` says.
+    pub(crate) async fn run_with(&self, dispatches: &[&Dispatch], driver: Driver) -> Result<()> {
         let mut encoder = self.encoder("moeflow run");
         record(&mut encoder, dispatches);
-        self.checked("run", || self.submit_and_wait(encoder))?
+        self.checked("run", || self.submitted(encoder, driver))?.await
     }
 
     /// Copies the first `len` elements of `buffer` to the host.
@@ -192,6 +211,24 @@ impl Context {
     /// More elements than the buffer holds, a buffer without `COPY_SRC`, a destroyed or
     /// mapped buffer (a validation error), a failed mapping, or a lost device.
     pub fn read_back<T: Pod>(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>> {
+        pollster::block_on(self.read_back_with(buffer, len, Driver::Inline))
+    }
+
+    /// [`Self::read_back`] without blocking the awaiting thread (see [`Self::submit_async`]).
+    ///
+    /// # Errors
+    /// As [`Self::read_back`].
+    pub async fn read_back_async<T: Pod>(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>> {
+        self.read_back_with(buffer, len, Driver::Thread).await
+    }
+
+    /// Copies the first `len` elements of `buffer` out, waiting as `driver` says.
+    pub(crate) async fn read_back_with<T: Pod>(
+        &self,
+        buffer: &wgpu::Buffer,
+        len: usize,
+        driver: Driver,
+    ) -> Result<Vec<T>> {
         self.check_alive()?;
         let bytes = (len * std::mem::size_of::<T>()) as u64;
         if bytes > buffer.size() {
@@ -214,20 +251,23 @@ impl Context {
         let staging = self.buffer("moeflow readback", bytes, usage, false)?;
         let mut encoder = self.encoder("moeflow readback");
         encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded(bytes).min(buffer.size()));
-        self.checked("readback copy", || self.submit_and_wait(encoder))??;
+        self.checked("readback copy", || self.submitted(encoder, driver))?.await?;
         let slice = staging.slice(..);
-        let (tx, rx) = mpsc::channel();
+        let signal = Signal::new();
+        let mapped: Arc<Mutex<Option<std::result::Result<(), wgpu::BufferAsyncError>>>> = Arc::default();
+        let (fired, result) = (signal.clone(), mapped.clone());
         self.checked("readback mapping", || {
             slice.map_async(wgpu::MapMode::Read, move |r| {
-                // The receiver waits below; a send error only means it is gone already.
-                let _ = tx.send(r);
+                *lock(&result) = Some(r);
+                fired.fire();
             })
         })?;
-        self.device()
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Readback(e.to_string()))?;
+        Until::new(self, signal, None, driver).await?;
         self.check_alive()?;
-        rx.recv().map_err(|e| Error::Readback(e.to_string()))?.map_err(|e| Error::Readback(e.to_string()))?;
+        lock(&mapped)
+            .take()
+            .ok_or_else(|| Error::Readback("the mapping ended without a result".into()))?
+            .map_err(|e| Error::Readback(e.to_string()))?;
         let out = self.checked("readback unmapping", || -> Result<Vec<T>> {
             let view = slice.get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
             let out = bytemuck::cast_slice::<u8, T>(&view[..bytes as usize]).to_vec();

@@ -472,3 +472,52 @@ struct Group {
     from: u32,
     to: u32,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values `size_plan` computes, on the host: affine counts, floors, caps, rounding up.
+    #[test]
+    fn live_values_follow_the_count() {
+        let entries = LiveCount::tokens().times(4);
+        assert_eq!(entries.at(7), 28);
+        assert_eq!(entries.div_ceil(256).at(64), 1);
+        assert_eq!(entries.div_ceil(256).at(65), 2);
+        // Padded rows of a layout (E = 8, tile 16) in tiles.
+        assert_eq!(entries.plus(8 * 15).div_ceil(16).at(3), (12 + 120u64).div_ceil(16));
+        // The part of the rows in a window of 64 rows from row 128, in blocks of 16.
+        let window = entries.beyond(128, 16).at_most(4);
+        assert_eq!([1, 32, 33, 36, 40, 48, 100].map(|t| window.at(t)), [0, 0, 1, 1, 2, 4, 4]);
+        assert_eq!(LiveValue::constant(9).at(1000), 9);
+    }
+
+    #[test]
+    fn a_window_runs_once_the_count_reaches_it() {
+        let rows = LiveCount::tokens().times(4);
+        assert_eq!(rows.first_above(128), Some(33));
+        assert_eq!(rows.first_above(0), Some(1));
+        assert_eq!(LiveCount::constant(5).first_above(4), Some(0));
+        assert_eq!(LiveCount::constant(5).first_above(5), None);
+        let s = Sizing::new(LiveGrid::Fixed).once_above(rows, 128);
+        assert!(!s.runs_at(32) && s.runs_at(33) && s.runs_at(u32::MAX));
+        let never = Sizing::new(LiveGrid::Fixed).once_above(LiveCount::constant(5), 5);
+        assert!(!never.runs_at(0) && !never.runs_at(5) && !never.runs_at(u32::MAX));
+        let narrowed = Sizing::new(LiveGrid::Fixed).only_for(0..=3).only_for(2..=9);
+        assert_eq!((1..=5).filter(|&t| narrowed.runs_at(t)).collect::<Vec<_>>(), [2, 3]);
+    }
+
+    /// Grids on the host as `size_plan` writes them on the device: a 1-D grid spills into y past
+    /// the per-dimension limit, none is (0, 1, 1), and a dispatch that does not run has none.
+    #[test]
+    fn host_grids_spill_as_the_device_grids_do() {
+        let spilled = Sizing::new(LiveGrid::Spilled(LiveCount::tokens().times(3).value()));
+        assert_eq!(spilled.grid_at(10, [0; 3], 65535), Some([30, 1, 1]));
+        assert_eq!(spilled.grid_at(30000, [0; 3], 65535), Some([65535, 2, 1]));
+        assert_eq!(spilled.grid_at(0, [0; 3], 65535), Some([0, 1, 1]));
+        let x = Sizing::new(LiveGrid::X(LiveCount::tokens().div_ceil(16))).only_for(1..=100);
+        assert_eq!(x.grid_at(17, [7, 5, 1], 65535), Some([2, 5, 1]));
+        assert_eq!(x.grid_at(101, [7, 5, 1], 65535), None);
+        assert_eq!(Sizing::new(LiveGrid::Fixed).grid_at(3, [7, 5, 1], 65535), Some([7, 5, 1]));
+    }
+}
