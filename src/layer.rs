@@ -897,6 +897,20 @@ impl MoeLayer {
     /// # Errors
     /// [`Error::InvalidArgument`] for zero tokens; [`Self::plan`]'s errors.
     pub fn prepare(&self, ctx: &Context, max_tokens: u32) -> Result<PrepareReport> {
+        pollster::block_on(self.prepare_with(ctx, max_tokens, Driver::Inline))
+    }
+
+    /// [`Self::prepare`] without blocking the awaiting thread on the weights' texture copies
+    /// (the pipeline builds themselves run on the calling thread: wgpu builds pipelines
+    /// synchronously).
+    ///
+    /// # Errors
+    /// As [`Self::prepare`].
+    pub async fn prepare_async(&self, ctx: &Context, max_tokens: u32) -> Result<PrepareReport> {
+        self.prepare_with(ctx, max_tokens, Driver::Thread).await
+    }
+
+    async fn prepare_with(&self, ctx: &Context, max_tokens: u32, driver: Driver) -> Result<PrepareReport> {
         if max_tokens == 0 {
             return Err(Error::invalid("prepare needs a maximum token count of at least 1"));
         }
@@ -906,6 +920,8 @@ impl MoeLayer {
         let x = ctx.storage_scratch("prepare x", rows)?;
         let y = ctx.storage_scratch("prepare y", rows)?;
         self.plan(ctx, max_tokens, &x, &y)?;
+        // The texture copies planning queued, done.
+        ctx.submitted(ctx.encoder("prepare"), driver).await?;
         let total = ctx.pipeline_count();
         Ok(PrepareReport {
             pipelines_built: total - before,

@@ -67,7 +67,7 @@ fn poll_woken<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
     }
 }
 
-/// The async waits (device creation, submission, read-back, a layer's host forward) give what
+/// The async waits (device creation, submission, read-back, prepare, a layer's host forward) give what
 /// the blocking ones give, and never wait on the polling thread: their first poll is pending
 /// and they finish when their waker is woken.
 #[test]
@@ -85,6 +85,8 @@ fn async_waits_give_the_blocking_results_without_blocking_the_poller() {
 
         let cfg = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(48, 40, 8, 2) };
         let layer = MoeLayer::new(&ctx, cfg, &Synth::new(51).moe_weights(&cfg)).unwrap();
+        let report = poll_woken(&slug, layer.prepare_async(&ctx, 9)).unwrap();
+        assert_eq!(report.pipelines_built, report.pipelines_total, "{slug}: the first prepare builds all");
         for tokens in [1usize, 9] {
             let x = Synth::new(52).uniform(tokens * 48, 1.0);
             let want = layer.forward_host(&ctx, &x).unwrap();

@@ -104,7 +104,7 @@ pub(crate) struct TextureWeights {
 }
 
 impl TextureWeights {
-    /// Makes the texture copy of `w` on the device (one submission, waited for), or None where
+    /// Makes the texture copy of `w` on the device (one submission, not waited for), or None where
     /// its layout is past the device's texture limits ([`TextureLayout::of`]).
     pub fn new(ctx: &Context, w: &ExpertWeights) -> Result<Option<Arc<Self>>> {
         let [experts, n, k] = w.shape();
@@ -189,7 +189,9 @@ impl TextureWeights {
                 done += count;
             }
         }
-        ctx.submit_and_wait(encoder)?;
+        // Queued, not waited for: later submissions on the queue see the copy, and wgpu keeps
+        // the staging rows alive until it is done.
+        ctx.checked("expert weight texture copy", || ctx.queue().submit([encoder.finish()]))?;
         Ok(Some(Arc::new(TextureWeights { texture })))
     }
 }
