@@ -180,22 +180,15 @@ impl Context {
 
     /// A 1-D grid of `groups` workgroups, spilling into y past the per-dimension limit.
     pub(crate) fn grid(&self, groups: u64, what: &str) -> Result<[u32; 3]> {
-        let max = u64::from(self.limits().max_compute_workgroups_per_dimension);
-        if groups == 0 {
-            return Ok([0, 1, 1]);
-        }
-        let x = groups.min(max);
-        let y = groups.div_ceil(x);
-        if y > max {
-            return Err(Error::limit(
+        let max = self.limits().max_compute_workgroups_per_dimension;
+        spill(groups, max).ok_or_else(|| {
+            Error::limit(
                 format!("workgroups for {what}"),
                 groups,
-                max * max,
+                u64::from(max) * u64::from(max),
                 "max_compute_workgroups_per_dimension squared",
-            ));
-        }
-        // Both fit in u32: x, y <= max, which is a u32.
-        Ok([x as u32, y as u32, 1])
+            )
+        })
     }
 
     /// Checks a binding against the buffer's size and the adapter's binding limits.
@@ -366,4 +359,16 @@ impl Context {
             indirect: None,
         })
     }
+}
+
+/// `groups` workgroups as a grid spilled into y past `max` per dimension (x fastest), as
+/// `size_plan` spills them on the device; (0, 1, 1) for none; None where y passes `max` too.
+pub(crate) fn spill(groups: u64, max: u32) -> Option<[u32; 3]> {
+    if groups == 0 {
+        return Some([0, 1, 1]);
+    }
+    let x = groups.min(u64::from(max.max(1)));
+    let y = u32::try_from(groups.div_ceil(x)).ok().filter(|&y| y <= max)?;
+    // x <= max, a u32.
+    Some([x as u32, y, 1])
 }

@@ -20,6 +20,7 @@ use std::ops::RangeInclusive;
 use bytemuck::{Pod, Zeroable};
 
 use crate::context::Context;
+use crate::context::spill;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, Dispatch, Indirect, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
@@ -226,17 +227,13 @@ impl Sizing {
         if !self.runs_at(tokens) {
             return None;
         }
-        // Values at counts up to the maximum fit in u32 (plan_sizing checked the maximum).
-        let value = |v: LiveValue| u32::try_from(v.at(tokens)).unwrap_or(u32::MAX);
-        Some(match self.grid {
-            LiveGrid::Fixed => planned,
-            LiveGrid::X(v) => [value(v), planned[1], planned[2]],
-            LiveGrid::Spilled(v) => {
-                let groups = value(v);
-                let x = groups.min(max_groups);
-                [x, if x == 0 { 1 } else { groups.div_ceil(x) }, 1]
-            }
-        })
+        // Values at counts up to the maximum fit in u32, and their spilled grids in the
+        // device's limits (plan_sizing checked the maximum).
+        match self.grid {
+            LiveGrid::Fixed => Some(planned),
+            LiveGrid::X(v) => Some([u32::try_from(v.at(tokens)).unwrap_or(u32::MAX), planned[1], planned[2]]),
+            LiveGrid::Spilled(v) => spill(v.at(tokens), max_groups),
+        }
     }
 
     /// Whether the dispatch runs its planned grid at every count (no indirect grid).
