@@ -41,7 +41,12 @@ fn layer(c: &mut Criterion) {
         let partial = ctx
             .upload("partial", &Synth::new(4).uniform((tokens * k * h) as usize, 1.0))
             .expect("benchmark buffer");
-        let bufs = CombineBuffers { weights: &weights, partial: &partial, shared: None, y: (&y).into() };
+        let bufs = CombineBuffers {
+            weights: (&weights).into(),
+            partial: (&partial).into(),
+            shared: None,
+            y: (&y).into(),
+        };
         let combine = plan_combine(&ctx, tokens, h, k, &bufs, CombineMode::OneLaunch).expect("combine plan");
         let combine: Vec<_> = combine.iter().collect();
         group.throughput(Throughput::Bytes(u64::from(tokens * k * h + tokens * h) * 4));

@@ -33,9 +33,9 @@ fn routing(c: &mut Criterion) {
             x: (&xb).into(),
             gate: &gb,
             bias: None,
-            logits: Some(&logits),
-            indices: &indices,
-            weights: &weights,
+            logits: Some((&logits).into()),
+            indices: (&indices).into(),
+            weights: (&weights).into(),
         };
         group.throughput(Throughput::Elements(u64::from(tokens)));
         for (name, mode) in

@@ -35,6 +35,7 @@ mod sync;
 #[cfg(feature = "synth")]
 pub mod synth;
 pub mod timer;
+pub mod workspace;
 
 #[cfg(test)]
 mod contract;

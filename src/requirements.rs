@@ -12,10 +12,10 @@ use crate::context::{AdapterDescription, Capabilities};
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{
     AdapterKind, GemmVariant, WINDOW_BYTES, WeightDtype, WeightLoads, candidates, specs_for,
-    uses_decode_path, window_staging_bytes,
 };
-use crate::layer::{Capacity, KernelChoice, MoeConfig};
+use crate::layer::{KernelChoice, MoeConfig};
 use crate::pipeline::KernelSpec;
+use crate::workspace::ScratchKey;
 
 /// Features and limits to create a device with (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
@@ -87,12 +87,13 @@ impl MoeConfig {
                 limits.max_compute_invocations_per_workgroup.max(shape.invocations);
             limits.max_compute_workgroup_size_x = limits.max_compute_workgroup_size_x.max(shape.invocations);
         }
-        let (needed, preferred) =
-            self.binding_bytes(&variants, max_tokens, have.min_uniform_buffer_offset_alignment);
+        let Bytes { needed, preferred, workspace } = self.binding_bytes(&variants, max_tokens, &have)?;
         limits.max_storage_buffer_binding_size =
             needed.max(preferred.min(have.max_storage_buffer_binding_size));
-        limits.max_buffer_size =
-            limits.max_storage_buffer_binding_size.max(limits.max_buffer_size.min(have.max_buffer_size));
+        // One buffer for the whole workspace where the adapter allows it.
+        limits.max_buffer_size = limits
+            .max_storage_buffer_binding_size
+            .max(limits.max_buffer_size.max(workspace).min(have.max_buffer_size));
         if variants.iter().any(|v| v.reads_windows()) && have.max_uniform_buffer_binding_size >= WINDOW_BYTES
         {
             limits.max_uniform_buffer_binding_size = WINDOW_BYTES;
@@ -107,71 +108,67 @@ impl MoeConfig {
         Ok(Requirements { features, limits })
     }
 
-    /// The largest buffer binding a forward of up to `max_tokens` tokens needs (every
-    /// scratch buffer, one weight column), and the largest it prefers (whole weight tensors
-    /// in one binding, the x windows of the window kernels), in bytes.
-    fn binding_bytes(&self, variants: &[GemmVariant], max_tokens: u32, alignment: u32) -> (u64, u64) {
-        let (m, h, f, e, k) = (
+    /// The largest buffer binding a forward of up to `max_tokens` tokens needs (x and y, the
+    /// router, every scratch region of [`Self::workspace_layout`], one weight column), the largest
+    /// it prefers (whole weight tensors in one binding, the x windows), and the bytes of its
+    /// whole workspace (which [`MoeLayer::plan_in`](crate::layer::MoeLayer::plan_in) binds from
+    /// one buffer), on an adapter with `have`.
+    fn binding_bytes(&self, variants: &[GemmVariant], max_tokens: u32, have: &wgpu::Limits) -> Result<Bytes> {
+        let (m, h, f, e) = (
             u64::from(max_tokens),
             u64::from(self.route.hidden),
             u64::from(self.ffn),
             u64::from(self.route.experts),
-            u64::from(self.route.k),
         );
-        let entries = m * k;
-        let tile = u64::from(variants.iter().map(|v| v.block_rows()).max().unwrap_or(1));
-        let mut needed = vec![
-            f32s(m * h),       // x, y, the shared expert's output
-            f32s(e * h),       // router
-            f32s(entries),     // indices, weights
-            f32s(entries * h), // partial
-            f32s(entries * f), // decode activations
-        ];
-        if self.route_mode.writes_logits() {
-            needed.push(f32s(m * e));
+        // x and y first: past the adapter's binding limit, that is the error to name (before
+        // the scratch's u32 indices).
+        let rows = f32s(m * h);
+        if rows > have.max_storage_buffer_binding_size {
+            let name = "max_storage_buffer_binding_size";
+            let what = format!("the layer's need for `{name}` (x and y)");
+            return Err(Error::limit(
+                what,
+                rows,
+                have.max_storage_buffer_binding_size,
+                format!("{name} of the adapter"),
+            ));
         }
-        let mut windows: Vec<(u64, u32)> = vec![(entries, self.route.hidden), (entries, self.ffn)];
-        match self.capacity {
-            Capacity::Dropless => {
-                // The decode path serves small counts, the grouped path every count from the
-                // first it does not (uses_decode_path changes once as the count grows).
-                let grouped = !uses_decode_path(max_tokens, self.route.k, self.route.experts);
-                let max_rows = if grouped { entries + e * (tile - 1) } else { entries };
-                let blocks = entries.div_ceil(u64::from(crate::kernels::dispatch::DISPATCH_WG));
-                needed.extend([f32s(max_rows * f), f32s(max_rows), f32s(blocks * e), f32s(e + 1)]);
-                windows.extend([(max_rows, self.route.hidden), (max_rows, self.ffn)]);
-            }
-            Capacity::Bounded { bound, .. } => {
-                let slots = e * u64::from(bound);
-                let blocks = entries.div_ceil(u64::from(crate::kernels::dispatch::DISPATCH_WG));
-                needed.extend([f32s(slots * f), f32s(slots), f32s(blocks * e), f32s(e + 1)]);
-                windows.extend([(slots, self.route.hidden), (slots, self.ffn)]);
-            }
-        }
-        if let Some(fs) = self.shared_ffn {
-            needed.extend([f32s(m * u64::from(fs)), f32s(m)]);
-        }
+        // The largest dispatch tile of the candidates pads the most rows.
+        let tile = variants.iter().map(|v| v.block_rows()).max().unwrap_or(1);
+        let layout = self.workspace_layout(max_tokens, variants, tile, have)?;
+        let windows =
+            layout.regions().find(|(key, ..)| *key == ScratchKey::XWindows).map_or(0, |(_, _, bytes)| bytes);
+        let scratch = layout.regions().filter(|(key, ..)| *key != ScratchKey::XWindows).map(|r| r.2).max();
         let dtype = self.weight_dtype;
         // Weights split by expert, then by output column: one column is the least a binding
         // can hold; whole tensors are preferred.
-        needed.extend([dtype.packed_bytes(1, h), dtype.packed_bytes(1, f)]);
-        let mut preferred = vec![dtype.packed_bytes(e * f, h), dtype.packed_bytes(e * h, f)];
+        let needed = [
+            rows,        // x, y
+            f32s(e * h), // router
+            scratch.unwrap_or(4),
+            dtype.packed_bytes(1, h),
+            dtype.packed_bytes(1, f),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(4);
+        let mut preferred = vec![dtype.packed_bytes(e * f, h), dtype.packed_bytes(e * h, f), windows];
         if let Some(fs) = self.shared_ffn {
             preferred.push(dtype.packed_bytes(u64::from(fs), h));
         }
-        for &v in variants {
-            for &(rows, kdim) in &windows {
-                let rows = u32::try_from(rows).unwrap_or(u32::MAX);
-                preferred.extend(window_staging_bytes(v, rows, kdim, alignment));
-                let single = GemmVariant::Window { rows: 1, cols: 1, lanes: 1 };
-                if v.reads_windows() {
-                    preferred.extend(window_staging_bytes(single, rows, kdim, alignment));
-                }
-            }
-        }
-        let needed = needed.into_iter().max().unwrap_or(4);
-        (needed, preferred.into_iter().max().unwrap_or(4).max(needed))
+        let preferred = preferred.into_iter().max().unwrap_or(4).max(needed);
+        Ok(Bytes { needed, preferred, workspace: layout.bytes() })
     }
+}
+
+/// What [`MoeConfig::binding_bytes`] finds.
+struct Bytes {
+    /// The largest binding a forward needs.
+    needed: u64,
+    /// The largest binding it prefers.
+    preferred: u64,
+    /// Its workspace's bytes.
+    workspace: u64,
 }
 
 /// The first limit of `want` past what `have` offers, as an error.

@@ -55,8 +55,8 @@ impl Comparison for Scripted {
             gate: &gate,
             bias: None,
             logits: None,
-            indices: &idx,
-            weights: &w,
+            indices: (&idx).into(),
+            weights: (&w).into(),
         };
         let plan = |ctx| plan_route(ctx, &cfg, m, &bufs, RouteMode::Fused { write_logits: false });
         let (fail, calls) = (self.fail, self.calls.clone());

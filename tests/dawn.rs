@@ -27,7 +27,7 @@ use moeflow::pipeline::Access;
 use moeflow::reference;
 use moeflow::reference::dispatch::NONE;
 use moeflow::synth::Synth;
-use moeflow::{Context, Dispatch};
+use moeflow::{BufferView, Context, Dispatch};
 use serde_json::{Value, json};
 
 /// Environment variable naming the folder the cases are written to.
@@ -118,7 +118,8 @@ struct Capture {
     /// Each texture's texels before the run, rows `TEXTURE_ROW_ALIGN`-padded.
     texels: Vec<Vec<u8>>,
     dispatches: Vec<Dispatch>,
-    checks: Vec<(String, usize, Vec<u32>, Bound)>,
+    /// What, buffer index, byte offset, expected words, bound.
+    checks: Vec<(String, usize, u64, Vec<u32>, Bound)>,
 }
 
 impl Capture {
@@ -147,18 +148,33 @@ impl Capture {
         Capture { name, buffers, initial, textures, texels, dispatches, checks: Vec::new() }
     }
 
-    /// Checks the first `want.len()` words of `buffer` here and records the check for Dawn.
-    fn check(&mut self, ctx: &Context, what: &str, buffer: &wgpu::Buffer, want: Vec<u32>, bound: Bound) {
-        let index = self.buffers.iter().position(|b| b == buffer).expect("the checked buffer is bound");
-        let got: Vec<u32> = ctx.read_back(buffer, want.len()).expect("reading an output back");
+    /// Checks the first `want.len()` words of `view` here and records the check for Dawn.
+    fn check<'b>(
+        &mut self,
+        ctx: &Context,
+        what: &str,
+        view: impl Into<BufferView<'b>>,
+        want: Vec<u32>,
+        bound: Bound,
+    ) {
+        let view = view.into();
+        let index = self.buffers.iter().position(|b| b == view.buffer).expect("the checked buffer is bound");
+        let got: Vec<u32> = ctx.read_back(view, want.len()).expect("reading an output back");
         if let Err(e) = bound.holds(&got, &want) {
             panic!("{} {what} under wgpu: {e}", self.name);
         }
-        self.checks.push((what.to_string(), index, want, bound));
+        self.checks.push((what.to_string(), index, view.offset, want, bound));
     }
 
-    fn check_f32(&mut self, ctx: &Context, what: &str, buffer: &wgpu::Buffer, want: &[f32], bound: Bound) {
-        self.check(ctx, what, buffer, common::bits(want), bound);
+    fn check_f32<'b>(
+        &mut self,
+        ctx: &Context,
+        what: &str,
+        view: impl Into<BufferView<'b>>,
+        want: &[f32],
+        bound: Bound,
+    ) {
+        self.check(ctx, what, view, common::bits(want), bound);
     }
 
     /// Writes the case under `dir/name/`: `case.json`, one `.bin` per buffer and expected
@@ -238,12 +254,13 @@ impl Capture {
             }));
         }
         let mut checks = Vec::new();
-        for (i, (what, buffer, want, bound)) in self.checks.iter().enumerate() {
+        for (i, (what, buffer, offset, want, bound)) in self.checks.iter().enumerate() {
             let file = format!("expected{i}.bin");
             std::fs::write(at.join(&file), bytemuck::cast_slice::<u32, u8>(want))?;
             checks.push(json!({
                 "what": what,
                 "buffer": buffer,
+                "offset": offset,
                 "words": want.len(),
                 "expected": file,
                 "bound": bound.to_json(),
@@ -333,9 +350,9 @@ fn routing_cases() {
                     x: (&xb).into(),
                     gate: &gb,
                     bias: bb.as_ref(),
-                    logits: Some(&logits),
-                    indices: &ib,
-                    weights: &wb,
+                    logits: Some((&logits).into()),
+                    indices: (&ib).into(),
+                    weights: (&wb).into(),
                 };
                 let plan = plan_route(&ctx, &cfg, tokens, &bufs, mode).unwrap();
                 let mut cap =
@@ -405,7 +422,7 @@ fn grouped_gemm_cases() {
             let layout =
                 DispatchLayout::new(&ctx, DispatchConfig { experts: e, k, tile: 32 }, tokens, 0).unwrap();
             let mut ds = layout.plan(&ctx, &ib).unwrap();
-            let bufs = FfnBuffers { x: (&xb).into(), indices: &ib, partial: &partial };
+            let bufs = FfnBuffers { x: (&xb).into(), indices: (&ib).into(), partial: (&partial).into() };
             ds.extend(
                 plan_ffn(&ctx, &ffn, tokens, k, &bufs, FfnRouting::Grouped(&layout))
                     .unwrap()
@@ -453,12 +470,12 @@ fn layer_cases() {
             let xb = ctx.upload("x", &x).unwrap();
             let y = ctx.zeroed("y", (x.len() * 4) as u64).unwrap();
             let plan = layer.plan(&ctx, tokens as u32, &xb, &y).unwrap();
-            let (ib, wb) = (plan.indices().clone(), plan.weights().clone());
+            let (ib, wb) = (plan.indices(), plan.weights());
             let mut cap =
                 Capture::run(&ctx, &format!("layer-{name}"), plan.dispatches_at(tokens as u32).unwrap());
             let (want_y, idx, wts) = reference::layer::forward(&cfg, &w, &x).unwrap();
-            cap.check(&ctx, "indices", &ib, idx, Bound::Exact);
-            cap.check_f32(&ctx, "weights", &wb, &wts, Bound::Close);
+            cap.check(&ctx, "indices", ib, idx, Bound::Exact);
+            cap.check_f32(&ctx, "weights", wb, &wts, Bound::Close);
             cap.check_f32(&ctx, "y", &y, &want_y, Bound::Rows(cfg.route.hidden as usize));
             cap.finish();
         }

@@ -137,7 +137,7 @@ fn run(ctx: &Context, ffn: &ExpertFfn, x: &[f32], idx: &[u32], k: u32, path: Pat
         }
         Path::Decode => FfnRouting::Decode,
     };
-    let bufs = FfnBuffers { x: (&xb).into(), indices: &ib, partial: &partial };
+    let bufs = FfnBuffers { x: (&xb).into(), indices: (&ib).into(), partial: (&partial).into() };
     ds.extend(plan_ffn(ctx, ffn, tokens, k, &bufs, routing).unwrap().into_dispatches());
     ctx.run(&ds.iter().collect::<Vec<_>>()).unwrap();
     ctx.read_back(&partial, (tokens * k * h) as usize).unwrap()
@@ -308,7 +308,7 @@ fn bad_input_is_an_error() {
             ctx.zeroed("i", 4 * 4).unwrap(),
             ctx.zeroed("o", 4 * 6 * 4).unwrap(),
         );
-        let bufs = FfnBuffers { x: (&x).into(), indices: &idx, partial: &out };
+        let bufs = FfnBuffers { x: (&x).into(), indices: (&idx).into(), partial: (&out).into() };
         let layout16 =
             DispatchLayout::new(&ctx, DispatchConfig { experts: 2, k: 1, tile: 16 }, 4, 0).unwrap();
         let err = plan_ffn(&ctx, &ffn, 4, 1, &bufs, FfnRouting::Grouped(&layout16)).unwrap_err().to_string();
@@ -989,7 +989,7 @@ fn kernels_without_bounds_checks_give_the_checked_bits() {
             let layout =
                 DispatchLayout::new(ctx, DispatchConfig { experts: e, k, tile: 32 }, tokens, 0).unwrap();
             let mut ds = layout.plan(ctx, &ib).unwrap();
-            let bufs = FfnBuffers { x: (&xb).into(), indices: &ib, partial: &partial };
+            let bufs = FfnBuffers { x: (&xb).into(), indices: (&ib).into(), partial: (&partial).into() };
             ds.extend(
                 plan_ffn(ctx, &ffn, tokens, k, &bufs, FfnRouting::Grouped(&layout))
                     .unwrap()

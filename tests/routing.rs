@@ -321,8 +321,8 @@ fn bad_input_is_an_error_that_names_the_problem() {
             gate: &small,
             bias: None,
             logits: None,
-            indices: &small,
-            weights: &small,
+            indices: (&small).into(),
+            weights: (&small).into(),
         };
         expect_err(plan_route(&ctx, &base, 3, &bufs, RouteMode::Unfused), "at least 48 bytes");
         expect_err(

@@ -166,7 +166,7 @@ fn grouped(
     let tile = ffn.kernels(ctx).block_rows();
     let layout = DispatchLayout::new(ctx, DispatchConfig { experts: p.e, k: p.k, tile }, p.tokens, 0)?;
     let mut ds = layout.plan(ctx, idx)?;
-    let bufs = FfnBuffers { x: x.into(), indices: idx, partial };
+    let bufs = FfnBuffers { x: x.into(), indices: idx.into(), partial: partial.into() };
     ds.extend(plan_ffn(ctx, ffn, p.tokens, p.k, &bufs, FfnRouting::Grouped(&layout))?.into_dispatches());
     Ok(ds)
 }
@@ -274,7 +274,7 @@ impl Comparison for GroupedVsBucketed {
             p.entries(),
         )?;
         let mut a = buckets.plan(ctx, &idx)?;
-        let bufs = FfnBuffers { x: (&x).into(), indices: &idx, partial: &pa };
+        let bufs = FfnBuffers { x: (&x).into(), indices: (&idx).into(), partial: (&pa).into() };
         a.extend(
             plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Bucketed(&buckets))?.into_dispatches(),
         );
@@ -314,7 +314,7 @@ impl Comparison for DecodeVsGrouped {
         let bytes = u64::from(p.entries() * p.h) * 4;
         let (pa, pb) = (ctx.zeroed("grouped partial", bytes)?, ctx.zeroed("decode partial", bytes)?);
         let a = grouped(ctx, &p, &ffn, &x, &idx, &pa)?;
-        let bufs = FfnBuffers { x: (&x).into(), indices: &idx, partial: &pb };
+        let bufs = FfnBuffers { x: (&x).into(), indices: (&idx).into(), partial: (&pb).into() };
         let b = plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Decode)?.into_dispatches();
         let mut distinct = p.idx.clone();
         distinct.sort_unstable();
@@ -916,7 +916,7 @@ impl Comparison for QuantVsF16 {
         let (pa, pb) = (ctx.zeroed("partial A", out_bytes)?, ctx.zeroed("partial B", out_bytes)?);
         let work = |ffn: &ExpertFfn, partial: &wgpu::Buffer| -> Result<Vec<Dispatch>> {
             if self.decode {
-                let bufs = FfnBuffers { x: (&x).into(), indices: &idx, partial };
+                let bufs = FfnBuffers { x: (&x).into(), indices: (&idx).into(), partial: partial.into() };
                 Ok(plan_ffn(ctx, ffn, p.tokens, p.k, &bufs, FfnRouting::Decode)?.into_dispatches())
             } else {
                 grouped(ctx, &p, ffn, &x, &idx, partial)

@@ -46,7 +46,7 @@ impl Comparison for OneLaunchCombine {
             ctx.zeroed("y sequential", u64::from(m * h) * 4)?,
             ctx.zeroed("y one launch", u64::from(m * h) * 4)?,
         );
-        let bufs = |y| CombineBuffers { weights: &wb, partial: &pb, shared: None, y };
+        let bufs = |y| CombineBuffers { weights: (&wb).into(), partial: (&pb).into(), shared: None, y };
         let a = plan_combine(ctx, m, h, k, &bufs((&ya).into()), CombineMode::Sequential)?;
         let b = plan_combine(ctx, m, h, k, &bufs((&yb).into()), CombineMode::OneLaunch)?;
         let (hu, ku) = (h as usize, k as usize);

@@ -76,9 +76,9 @@ impl RouteInputs {
             x: (&self.x).into(),
             gate: &self.gate,
             bias: None,
-            logits: out.logits.as_ref(),
-            indices: &out.indices,
-            weights: &out.weights,
+            logits: out.logits.as_ref().map(Into::into),
+            indices: (&out.indices).into(),
+            weights: (&out.weights).into(),
         };
         Ok((plan_route(ctx, &self.cfg, self.tokens, &bufs, mode)?.into_dispatches(), out))
     }

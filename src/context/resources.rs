@@ -10,7 +10,7 @@ use super::Context;
 use super::wait::{Driver, Signal, Until};
 use crate::error::{Error, Result};
 use crate::gpu::{DATA_USAGE, record};
-use crate::pipeline::Dispatch;
+use crate::pipeline::{BufferView, Dispatch};
 use crate::sync::lock;
 
 /// Bytes for a buffer holding `bytes` of data: at least 4, a multiple of 4.
@@ -205,37 +205,50 @@ impl Context {
         self.checked("run", || self.submitted(encoder, driver))?.await
     }
 
-    /// Copies the first `len` elements of `buffer` to the host.
+    /// Copies the first `len` elements of `from` (a buffer, or a [`BufferView`] of one) to the
+    /// host.
     ///
     /// # Errors
-    /// More elements than the buffer holds, a buffer without `COPY_SRC`, a destroyed or
+    /// More elements than the view holds, a buffer without `COPY_SRC`, a destroyed or
     /// mapped buffer (a validation error), a failed mapping, or a lost device.
-    pub fn read_back<T: Pod>(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>> {
-        pollster::block_on(self.read_back_with(buffer, len, Driver::Inline))
+    pub fn read_back<'b, T: Pod>(&self, from: impl Into<BufferView<'b>>, len: usize) -> Result<Vec<T>> {
+        pollster::block_on(self.read_back_with(from, len, Driver::Inline))
     }
 
     /// [`Self::read_back`] without blocking the awaiting thread (see [`Self::submit_async`]).
     ///
     /// # Errors
     /// As [`Self::read_back`].
-    pub async fn read_back_async<T: Pod>(&self, buffer: &wgpu::Buffer, len: usize) -> Result<Vec<T>> {
-        self.read_back_with(buffer, len, Driver::Thread).await
+    pub async fn read_back_async<'b, T: Pod>(
+        &self,
+        from: impl Into<BufferView<'b>>,
+        len: usize,
+    ) -> Result<Vec<T>> {
+        self.read_back_with(from, len, Driver::Thread).await
     }
 
-    /// Copies the first `len` elements of `buffer` out, waiting as `driver` says.
-    pub(crate) async fn read_back_with<T: Pod>(
+    /// Copies the first `len` elements of `from` out, waiting as `driver` says.
+    pub(crate) async fn read_back_with<'b, T: Pod>(
         &self,
-        buffer: &wgpu::Buffer,
+        from: impl Into<BufferView<'b>>,
         len: usize,
         driver: Driver,
     ) -> Result<Vec<T>> {
         self.check_alive()?;
+        let view: BufferView<'b> = from.into();
+        let buffer = view.buffer;
         let bytes = (len * std::mem::size_of::<T>()) as u64;
-        if bytes > buffer.size() {
+        let in_buffer = view.offset.checked_add(view.size).is_some_and(|end| end <= buffer.size());
+        if bytes > view.size || !in_buffer {
             return Err(Error::shape(
                 "readback",
                 format!("{bytes} bytes"),
-                format!("a buffer of {} bytes", buffer.size()),
+                format!(
+                    "a view of {} bytes at byte {} of a buffer of {}",
+                    view.size,
+                    view.offset,
+                    buffer.size()
+                ),
             ));
         }
         if len == 0 {
@@ -250,7 +263,8 @@ impl Context {
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         let staging = self.buffer("moeflow readback", bytes, usage, false)?;
         let mut encoder = self.encoder("moeflow readback");
-        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded(bytes).min(buffer.size()));
+        let copied = padded(bytes).min(buffer.size() - view.offset);
+        encoder.copy_buffer_to_buffer(buffer, view.offset, &staging, 0, copied);
         self.checked("readback copy", || self.submitted(encoder, driver))?.await?;
         let slice = staging.slice(..);
         let signal = Signal::new();

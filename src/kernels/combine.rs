@@ -62,19 +62,19 @@ struct Params {
 #[derive(Clone, Copy, Debug)]
 pub struct Shared<'a> {
     /// `shared[tokens, hidden]`: the shared expert FFN's output.
-    pub rows: &'a wgpu::Buffer,
+    pub rows: BufferView<'a>,
     /// `shared_logit[tokens]`: gate logits (Qwen2-MoE's `shared_expert_gate`), scaled by
     /// their sigmoid; None adds the rows as they are.
-    pub gate_logits: Option<&'a wgpu::Buffer>,
+    pub gate_logits: Option<BufferView<'a>>,
 }
 
 /// Buffers of the combine.
 #[derive(Clone, Copy, Debug)]
 pub struct CombineBuffers<'a> {
     /// `weights[tokens, k]`.
-    pub weights: &'a wgpu::Buffer,
+    pub weights: BufferView<'a>,
     /// `partial[tokens * k, hidden]`.
-    pub partial: &'a wgpu::Buffer,
+    pub partial: BufferView<'a>,
     /// Shared expert, if any.
     pub shared: Option<Shared<'a>>,
     /// `y[tokens, hidden]`, written.
@@ -112,14 +112,14 @@ impl Bound<'_> {
             .map(|&(b, _)| {
                 Ok(match b {
                     0 => Binding { binding: 0, buffer: &self.params, size: PARAMS_BYTES, offset },
-                    1 => Binding::new(1, self.bufs.weights, self.t * self.k * 4),
-                    2 => Binding::new(2, self.bufs.partial, self.t * self.k * self.h * 4),
+                    1 => self.bufs.weights.bind(1, self.t * self.k * 4),
+                    2 => self.bufs.partial.bind(2, self.t * self.k * self.h * 4),
                     3 => match shared {
-                        Some(s) => Binding::new(3, s.rows, self.t * self.h * 4),
+                        Some(s) => s.rows.bind(3, self.t * self.h * 4),
                         None => Binding::new(3, &self.placeholder, 4),
                     },
                     4 => match shared.and_then(|s| s.gate_logits) {
-                        Some(g) => Binding::new(4, g, self.t * 4),
+                        Some(g) => g.bind(4, self.t * 4),
                         None => Binding::new(4, &self.placeholder, 4),
                     },
                     5 => self.bufs.y.bind(5, self.t * self.h * 4),
@@ -153,13 +153,13 @@ fn check(
         )));
     }
     let (t, h, kk) = (u64::from(tokens), u64::from(hidden), u64::from(k));
-    ctx.check_binding("weights", bufs.weights, t * kk * 4, Read)?;
-    ctx.check_binding("partial", bufs.partial, t * kk * h * 4, Read)?;
+    ctx.check_view("weights", &bufs.weights, t * kk * 4, Read)?;
+    ctx.check_view("partial", &bufs.partial, t * kk * h * 4, Read)?;
     ctx.check_view("y", &bufs.y, t * h * 4, ReadWrite)?;
     if let Some(s) = bufs.shared {
-        ctx.check_binding("shared", s.rows, t * h * 4, Read)?;
+        ctx.check_view("shared", &s.rows, t * h * 4, Read)?;
         if let Some(g) = s.gate_logits {
-            ctx.check_binding("shared gate logits", g, t * 4, Read)?;
+            ctx.check_view("shared gate logits", &g, t * 4, Read)?;
         }
     }
     if t * kk * h > u64::from(u32::MAX) {
@@ -249,8 +249,8 @@ pub fn plan_combine(
 /// # Errors
 /// [`Error::Shape`] for a buffer smaller than `elems` floats; [`Error::LimitExceeded`]
 /// past the adapter's limits.
-pub fn plan_fill_zero(ctx: &Context, buf: &wgpu::Buffer, elems: u32) -> Result<Dispatch> {
-    plan_fill_zero_per_token(ctx, buf, elems, 0)
+pub fn plan_fill_zero<'b>(ctx: &Context, buf: impl Into<BufferView<'b>>, elems: u32) -> Result<Dispatch> {
+    plan_fill_zero_per_token(ctx, buf.into(), elems, 0)
 }
 
 /// [`plan_fill_zero`] of `elems` floats, `per_token` floats per token of a plan's live count:
@@ -260,15 +260,14 @@ pub fn plan_fill_zero(ctx: &Context, buf: &wgpu::Buffer, elems: u32) -> Result<D
 /// As [`plan_fill_zero`].
 pub(crate) fn plan_fill_zero_per_token(
     ctx: &Context,
-    buf: &wgpu::Buffer,
+    buf: BufferView<'_>,
     elems: u32,
     per_token: u32,
 ) -> Result<Dispatch> {
-    ctx.check_binding("fill target", buf, u64::from(elems) * 4, ReadWrite)?;
+    ctx.check_view("fill target", &buf, u64::from(elems) * 4, ReadWrite)?;
     let params = ctx.uniform("fill params", &Params { tokens: elems, hidden: 1, ..Params::default() })?;
     let kernel = ctx.kernel(&FILL_ZERO, &[])?;
-    let bindings =
-        [Binding::new(0, &params, PARAMS_BYTES), Binding::new(5, buf, u64::from(elems.max(1)) * 4)];
+    let bindings = [Binding::new(0, &params, PARAMS_BYTES), buf.bind(5, u64::from(elems.max(1)) * 4)];
     let live = match per_token {
         0 => LiveCount::constant(elems),
         n => LiveCount::tokens().times(n),

@@ -336,11 +336,11 @@ pub struct RouteBuffers<'a> {
     /// `bias[experts]`; required exactly when the config has `bias`.
     pub bias: Option<&'a wgpu::Buffer>,
     /// `logits[tokens, experts]`; required when the mode writes logits.
-    pub logits: Option<&'a wgpu::Buffer>,
+    pub logits: Option<BufferView<'a>>,
     /// `indices[tokens, k]` (u32), written.
-    pub indices: &'a wgpu::Buffer,
+    pub indices: BufferView<'a>,
     /// `weights[tokens, k]`, written.
-    pub weights: &'a wgpu::Buffer,
+    pub weights: BufferView<'a>,
 }
 
 #[repr(C)]
@@ -459,12 +459,12 @@ pub fn plan_route(
     ctx.check_view("x", &bufs.x, t * h * F32, Access::Read)?;
     let gate_len = (e * h + if cfg.router_bias { e } else { 0 }) * F32;
     ctx.check_binding("gate", bufs.gate, gate_len, Access::Read)?;
-    ctx.check_binding("indices", bufs.indices, t * k * 4, Access::ReadWrite)?;
-    ctx.check_binding("weights", bufs.weights, t * k * F32, Access::ReadWrite)?;
+    ctx.check_view("indices", &bufs.indices, t * k * 4, Access::ReadWrite)?;
+    ctx.check_view("weights", &bufs.weights, t * k * F32, Access::ReadWrite)?;
     let logits = match (bufs.logits, mode.writes_logits()) {
         (Some(l), true) => {
-            ctx.check_binding("logits", l, t * e * F32, Access::ReadWrite)?;
-            Binding::new(3, l, t * e * F32)
+            ctx.check_view("logits", &l, t * e * F32, Access::ReadWrite)?;
+            l.bind(3, t * e * F32)
         }
         (None, true) => {
             return Err(Error::invalid(format!("{mode:?} writes logits but no logits buffer was given")));
@@ -475,8 +475,8 @@ pub fn plan_route(
     let x = bufs.x.bind(1, t * h * F32);
     let gate = Binding::new(2, bufs.gate, gate_len);
     let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
-    let indices = Binding::new(5, bufs.indices, t * k * 4);
-    let weights = Binding::new(6, bufs.weights, t * k * F32);
+    let indices = bufs.indices.bind(5, t * k * 4);
+    let weights = bufs.weights.bind(6, t * k * F32);
     let per_token = ctx.grid(t, "routing (one workgroup per token)")?;
     let dispatches = match mode {
         RouteMode::Unfused => {
@@ -638,9 +638,9 @@ pub fn route_host(
             x: (&xb).into(),
             gate: &gb,
             bias: bb.as_ref(),
-            logits: Some(&out.logits),
-            indices: &out.indices,
-            weights: &out.weights,
+            logits: Some((&out.logits).into()),
+            indices: (&out.indices).into(),
+            weights: (&out.weights).into(),
         },
         mode,
     )?;

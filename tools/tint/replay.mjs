@@ -144,7 +144,7 @@ async function replay(at, spec) {
   const reads = spec.checks.map((c) => {
     const bytes = c.words * 4;
     const read = device.createBuffer({ size: bytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
-    encoder.copyBufferToBuffer(buffers[c.buffer], 0, read, 0, bytes);
+    encoder.copyBufferToBuffer(buffers[c.buffer], c.offset ?? 0, read, 0, bytes);
     return read;
   });
   device.queue.submit([encoder.finish()]);

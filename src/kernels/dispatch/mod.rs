@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::sizing::{LiveCount, LiveGrid, Sizing};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
+use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::workspace::{DispatchPart, Region, Scratch, ScratchKey};
 use host::{Layout, Meta};
 
 pub mod host;
@@ -220,18 +221,51 @@ pub struct DispatchLayout {
     max_rows: u32,
     max_tiles: u32,
     params: wgpu::Buffer,
-    hist: wgpu::Buffer,
-    counts: wgpu::Buffer,
-    offsets: wgpu::Buffer,
-    padded: wgpu::Buffer,
-    perm: wgpu::Buffer,
-    inverse: wgpu::Buffer,
-    tile_expert: wgpu::Buffer,
-    meta: wgpu::Buffer,
-    overflow_offsets: wgpu::Buffer,
+    hist: Region,
+    counts: Region,
+    offsets: Region,
+    padded: Region,
+    perm: Region,
+    inverse: Region,
+    tile_expert: Region,
+    meta: Region,
+    overflow_offsets: Region,
 }
 
 const U32: u64 = 4;
+
+/// The sizes of a layout for a token count.
+struct Shape {
+    entries: u32,
+    blocks: u32,
+    max_rows: u32,
+    max_tiles: u32,
+}
+
+impl Shape {
+    /// Of a layout of `cfg` for `tokens` tokens.
+    fn of(cfg: DispatchConfig, tokens: u32) -> Result<Self> {
+        cfg.validate()?;
+        let entries = u64::from(tokens) * u64::from(cfg.k);
+        let max_rows = entries + u64::from(cfg.experts) * u64::from(cfg.tile - 1);
+        if max_rows > u64::from(u32::MAX) {
+            return Err(Error::limit(
+                "tokens * k + experts * (tile - 1)",
+                max_rows,
+                u32::MAX.into(),
+                "u32 row indices",
+            ));
+        }
+        // entries <= max_rows, so both fit u32.
+        let (entries, max_rows) = (entries as u32, max_rows as u32);
+        Ok(Shape {
+            entries,
+            blocks: entries.div_ceil(DISPATCH_WG),
+            max_rows,
+            max_tiles: max_rows.div_ceil(cfg.tile),
+        })
+    }
+}
 
 impl DispatchLayout {
     /// Allocates a layout for `tokens` tokens; `bound` (0: none) sets the capacity used for
@@ -241,32 +275,49 @@ impl DispatchLayout {
     /// [`DispatchConfig::validate`]'s errors on `cfg`; [`Error::LimitExceeded`] for buffers past the
     /// adapter's binding or buffer limits or u32 indices.
     pub fn new(ctx: &Context, cfg: DispatchConfig, tokens: u32, bound: u32) -> Result<Self> {
-        cfg.validate()?;
-        let entries64 = u64::from(tokens) * u64::from(cfg.k);
-        let e = u64::from(cfg.experts);
-        let max_rows64 = entries64 + e * u64::from(cfg.tile - 1);
-        if max_rows64 > u64::from(u32::MAX) {
-            return Err(Error::limit(
-                "tokens * k + experts * (tile - 1)",
-                max_rows64,
-                u32::MAX.into(),
-                "u32 row indices",
-            ));
-        }
-        let (entries, max_rows) = (entries64 as u32, max_rows64 as u32);
-        let blocks = entries.div_ceil(DISPATCH_WG);
-        let max_tiles = max_rows.div_ceil(cfg.tile);
-        let hist_bytes = u64::from(blocks.max(1)) * e * U32;
-        for (what, bytes) in [
-            ("dispatch block histogram (blocks x experts)", hist_bytes),
-            ("perm", u64::from(max_rows) * U32),
-            ("indices", entries64 * U32),
-        ] {
-            let limit = ctx.limits().max_storage_buffer_binding_size;
+        Self::with_scratch(Scratch::Own(ctx), cfg, tokens, bound)
+    }
+
+    /// The bytes of each of the buffers of a layout for `tokens` tokens (the regions
+    /// [`Self::new`] takes).
+    ///
+    /// # Errors
+    /// [`DispatchConfig::validate`]'s errors; [`Error::LimitExceeded`] for rows past u32.
+    pub(crate) fn scratch_bytes(cfg: DispatchConfig, tokens: u32) -> Result<[(ScratchKey, u64); 9]> {
+        let s = Shape::of(cfg, tokens)?;
+        let (e, e1) = (u64::from(cfg.experts) * U32, (u64::from(cfg.experts) + 1) * U32);
+        let part = ScratchKey::Dispatch;
+        Ok([
+            (part(DispatchPart::Hist), u64::from(s.blocks.max(1)) * e),
+            (part(DispatchPart::Counts), e),
+            (part(DispatchPart::Offsets), e1),
+            (part(DispatchPart::Padded), e1),
+            (part(DispatchPart::Perm), u64::from(s.max_rows) * U32),
+            (part(DispatchPart::Inverse), u64::from(s.entries) * U32),
+            (part(DispatchPart::TileExpert), u64::from(s.max_tiles) * U32),
+            (part(DispatchPart::Meta), u64::from(META_WORDS) * U32),
+            (part(DispatchPart::OverflowOffsets), e1),
+        ])
+    }
+
+    /// [`Self::new`] with its buffers taken from `scratch`.
+    pub(crate) fn with_scratch(
+        scratch: Scratch<'_>,
+        cfg: DispatchConfig,
+        tokens: u32,
+        bound: u32,
+    ) -> Result<Self> {
+        let ctx = scratch.ctx();
+        let Shape { entries, blocks, max_rows, max_tiles } = Shape::of(cfg, tokens)?;
+        let bytes = Self::scratch_bytes(cfg, tokens)?;
+        let limit = ctx.limits().max_storage_buffer_binding_size;
+        for (key, bytes) in bytes {
             if bytes > limit {
-                return Err(Error::limit(what, bytes, limit, "max_storage_buffer_binding_size"));
+                return Err(Error::limit(key.label(), bytes, limit, "max_storage_buffer_binding_size"));
             }
         }
+        let [hist, counts, offsets, padded, perm, inverse, tile_expert, meta, overflow_offsets] =
+            bytes.map(|(key, bytes)| scratch.take(key, bytes));
         let params = ctx.uniform(
             "dispatch params",
             &Params {
@@ -288,25 +339,25 @@ impl DispatchLayout {
             max_rows,
             max_tiles,
             params,
-            hist: ctx.storage_scratch("dispatch hist", hist_bytes)?,
-            counts: ctx.storage_scratch("expert counts", e * U32)?,
-            offsets: ctx.storage_scratch("expert offsets", (e + 1) * U32)?,
-            padded: ctx.storage_scratch("padded offsets", (e + 1) * U32)?,
-            perm: ctx.storage_scratch("perm", u64::from(max_rows) * U32)?,
-            inverse: ctx.storage_scratch("inverse perm", entries64 * U32)?,
-            tile_expert: ctx.storage_scratch("tile expert", u64::from(max_tiles) * U32)?,
-            meta: ctx.storage_scratch("dispatch meta", u64::from(META_WORDS) * U32)?,
-            overflow_offsets: ctx.storage_scratch("overflow offsets", (e + 1) * U32)?,
+            hist: hist?,
+            counts: counts?,
+            offsets: offsets?,
+            padded: padded?,
+            perm: perm?,
+            inverse: inverse?,
+            tile_expert: tile_expert?,
+            meta: meta?,
+            overflow_offsets: overflow_offsets?,
         })
     }
 
     /// The layout's buffer at `binding` of the layout and bucket kernels (see
     /// wgsl/dispatch/layout.wgsl).
-    fn bind<'a>(&'a self, binding: u32, indices: &'a wgpu::Buffer) -> Result<Binding<'a>> {
+    fn bind<'a>(&'a self, binding: u32, indices: BufferView<'a>) -> Result<Binding<'a>> {
         let e1 = u64::from(self.cfg.experts) + 1;
-        let (buffer, elems) = match binding {
+        let (region, elems) = match binding {
             0 => return Ok(Binding::new(binding, &self.params, PARAMS_BYTES)),
-            1 => (indices, u64::from(self.entries)),
+            1 => return Ok(indices.bind(binding, u64::from(self.entries) * U32)),
             2 => (&self.hist, u64::from(self.blocks.max(1)) * u64::from(self.cfg.experts)),
             3 => (&self.counts, e1 - 1),
             4 => (&self.offsets, e1),
@@ -320,14 +371,14 @@ impl DispatchLayout {
                 return Err(Error::invalid(format!("the dispatch layout has no buffer for binding {other}")));
             }
         };
-        Ok(Binding::new(binding, buffer, elems * U32))
+        Ok(region.bind(binding, elems * U32))
     }
 
     fn dispatch(
         &self,
         ctx: &Context,
         spec: &'static KernelSpec,
-        indices: &wgpu::Buffer,
+        indices: BufferView<'_>,
         grid: [u32; 3],
     ) -> Result<Dispatch> {
         let kernel = ctx.kernel(spec, &[])?;
@@ -341,13 +392,13 @@ impl DispatchLayout {
     /// # Errors
     /// [`Error::Shape`] for an `indices` buffer smaller than the layout's entries;
     /// [`Error::LimitExceeded`] for grids past the adapter's limits.
-    pub fn plan(&self, ctx: &Context, indices: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
-        self.plan_for(ctx, indices, LiveCount::tokens())
+    pub fn plan<'b>(&self, ctx: &Context, indices: impl Into<BufferView<'b>>) -> Result<Vec<Dispatch>> {
+        self.plan_for(ctx, indices.into(), LiveCount::tokens())
     }
 
     /// [`Self::plan`] for a layout whose token count is `tokens` of a plan's live count.
-    fn plan_for(&self, ctx: &Context, indices: &wgpu::Buffer, tokens: LiveCount) -> Result<Vec<Dispatch>> {
-        ctx.check_binding("indices", indices, u64::from(self.entries) * U32, Access::Read)?;
+    fn plan_for(&self, ctx: &Context, indices: BufferView<'_>, tokens: LiveCount) -> Result<Vec<Dispatch>> {
+        ctx.check_view("indices", &indices, u64::from(self.entries) * U32, Access::Read)?;
         let blocks = ctx.grid(u64::from(self.blocks), "dispatch blocks")?;
         let experts = ctx.grid(EXPERT_BASE.groups(self.cfg.experts.into())?, "dispatch experts")?;
         let live_blocks = self.live_entries(tokens).div_ceil(DISPATCH_WG);
@@ -397,33 +448,33 @@ impl DispatchLayout {
         self.max_tiles
     }
     /// `counts[E]`.
-    pub fn counts(&self) -> &wgpu::Buffer {
-        &self.counts
+    pub fn counts(&self) -> BufferView<'_> {
+        self.counts.view()
     }
     /// `offsets[E + 1]` (unpadded).
-    pub fn offsets(&self) -> &wgpu::Buffer {
-        &self.offsets
+    pub fn offsets(&self) -> BufferView<'_> {
+        self.offsets.view()
     }
     /// `padded[E + 1]` (tile-padded offsets).
-    pub fn padded_offsets(&self) -> &wgpu::Buffer {
-        &self.padded
+    pub fn padded_offsets(&self) -> BufferView<'_> {
+        self.padded.view()
     }
     /// `perm[max_rows]`: grouped row -> entry `token * k + slot`, NONE for padding.
-    pub fn perm(&self) -> &wgpu::Buffer {
-        &self.perm
+    pub fn perm(&self) -> BufferView<'_> {
+        self.perm.view()
     }
     /// `inverse[tokens * k]`: entry -> grouped row.
-    pub fn inverse(&self) -> &wgpu::Buffer {
-        &self.inverse
+    pub fn inverse(&self) -> BufferView<'_> {
+        self.inverse.view()
     }
     /// `tile_expert[max_tiles]`: tile -> expert, NONE for unused tiles.
-    pub fn tile_expert(&self) -> &wgpu::Buffer {
-        &self.tile_expert
+    pub fn tile_expert(&self) -> BufferView<'_> {
+        self.tile_expert.view()
     }
     /// `meta[8]`: rows, padded rows, tiles, max count, non-empty experts, over-bound rows,
     /// invalid entries, 0.
-    pub fn meta(&self) -> &wgpu::Buffer {
-        &self.meta
+    pub fn meta(&self) -> BufferView<'_> {
+        self.meta.view()
     }
 
     /// Reads the layout back (trimmed to the rows and tiles in use).
@@ -432,15 +483,15 @@ impl DispatchLayout {
     /// A device error while reading back.
     pub fn read(&self, ctx: &Context) -> Result<Layout> {
         let e = self.cfg.experts as usize;
-        let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, META_WORDS as usize)?);
+        let meta = Meta::from_words(&ctx.read_back::<u32>(self.meta.view(), META_WORDS as usize)?);
         Ok(Layout {
-            counts: ctx.read_back(&self.counts, e)?,
-            offsets: ctx.read_back(&self.offsets, e + 1)?,
-            padded: ctx.read_back(&self.padded, e + 1)?,
-            perm: ctx.read_back(&self.perm, meta.padded_rows as usize)?,
-            inverse: ctx.read_back(&self.inverse, self.entries as usize)?,
-            tile_expert: ctx.read_back(&self.tile_expert, meta.tiles as usize)?,
-            overflow_offsets: ctx.read_back(&self.overflow_offsets, e + 1)?,
+            counts: ctx.read_back(self.counts.view(), e)?,
+            offsets: ctx.read_back(self.offsets.view(), e + 1)?,
+            padded: ctx.read_back(self.padded.view(), e + 1)?,
+            perm: ctx.read_back(self.perm.view(), meta.padded_rows as usize)?,
+            inverse: ctx.read_back(self.inverse.view(), self.entries as usize)?,
+            tile_expert: ctx.read_back(self.tile_expert.view(), meta.tiles as usize)?,
+            overflow_offsets: ctx.read_back(self.overflow_offsets.view(), e + 1)?,
             meta,
         })
     }
@@ -450,7 +501,7 @@ impl DispatchLayout {
     /// # Errors
     /// A device error while reading back.
     pub fn read_tile_map(&self, ctx: &Context) -> Result<Vec<u32>> {
-        ctx.read_back(&self.tile_expert, self.max_tiles as usize)
+        ctx.read_back(self.tile_expert.view(), self.max_tiles as usize)
     }
 
     /// Expert load statistics (reads counts and meta).
@@ -458,8 +509,8 @@ impl DispatchLayout {
     /// # Errors
     /// A device error while reading back.
     pub fn stats(&self, ctx: &Context) -> Result<LoadStats> {
-        let meta = Meta::from_words(&ctx.read_back::<u32>(&self.meta, META_WORDS as usize)?);
-        Ok(LoadStats::new(ctx.read_back(&self.counts, self.cfg.experts as usize)?, meta))
+        let meta = Meta::from_words(&ctx.read_back::<u32>(self.meta.view(), META_WORDS as usize)?);
+        Ok(LoadStats::new(ctx.read_back(self.counts.view(), self.cfg.experts as usize)?, meta))
     }
 
     /// Writes a host-built layout into the device buffers (the host-dispatch path).
@@ -481,14 +532,18 @@ impl DispatchLayout {
             ));
         }
         let q = ctx.queue();
-        q.write_buffer(&self.counts, 0, bytemuck::cast_slice(&l.counts));
-        q.write_buffer(&self.offsets, 0, bytemuck::cast_slice(&l.offsets));
-        q.write_buffer(&self.padded, 0, bytemuck::cast_slice(&l.padded));
-        q.write_buffer(&self.perm, 0, bytemuck::cast_slice(&l.perm));
-        q.write_buffer(&self.inverse, 0, bytemuck::cast_slice(&l.inverse));
-        q.write_buffer(&self.tile_expert, 0, bytemuck::cast_slice(&tiles));
-        q.write_buffer(&self.overflow_offsets, 0, bytemuck::cast_slice(&l.overflow_offsets));
-        q.write_buffer(&self.meta, 0, bytemuck::cast_slice(&l.meta.to_words()));
+        q.write_buffer(self.counts.buffer(), self.counts.offset(), bytemuck::cast_slice(&l.counts));
+        q.write_buffer(self.offsets.buffer(), self.offsets.offset(), bytemuck::cast_slice(&l.offsets));
+        q.write_buffer(self.padded.buffer(), self.padded.offset(), bytemuck::cast_slice(&l.padded));
+        q.write_buffer(self.perm.buffer(), self.perm.offset(), bytemuck::cast_slice(&l.perm));
+        q.write_buffer(self.inverse.buffer(), self.inverse.offset(), bytemuck::cast_slice(&l.inverse));
+        q.write_buffer(self.tile_expert.buffer(), self.tile_expert.offset(), bytemuck::cast_slice(&tiles));
+        q.write_buffer(
+            self.overflow_offsets.buffer(),
+            self.overflow_offsets.offset(),
+            bytemuck::cast_slice(&l.overflow_offsets),
+        );
+        q.write_buffer(self.meta.buffer(), self.meta.offset(), bytemuck::cast_slice(&l.meta.to_words()));
         Ok(())
     }
 }
@@ -498,10 +553,10 @@ impl DispatchLayout {
 ///
 /// # Errors
 /// As [`DispatchLayout::upload`], and device errors while reading `indices` back.
-pub fn host_dispatch(
+pub fn host_dispatch<'b>(
     ctx: &Context,
     layout: &DispatchLayout,
-    indices: &wgpu::Buffer,
+    indices: impl Into<BufferView<'b>>,
     bound: u32,
 ) -> Result<Layout> {
     let host: Vec<u32> = ctx.read_back(indices, layout.entries as usize)?;
@@ -539,8 +594,8 @@ pub struct BucketLayout {
     /// Winners per token of a plan's live count (1 unless set).
     winners_per_token: u32,
     layout: DispatchLayout,
-    pad_perm: wgpu::Buffer,
-    overflow: wgpu::Buffer,
+    pad_perm: Region,
+    overflow: Region,
 }
 
 /// Bucket lists read back to the host.
@@ -561,15 +616,33 @@ impl BucketLayout {
     /// [`Error::InvalidArgument`] for a zero bound; [`Error::LimitExceeded`] for slots past
     /// u32 indices or the adapter's limits; [`DispatchLayout::new`]'s errors.
     pub fn new(ctx: &Context, cfg: BucketConfig, tokens: u32) -> Result<Self> {
+        Self::with_scratch(Scratch::Own(ctx), cfg, tokens)
+    }
+
+    /// The grouping underneath a bucket layout of `cfg`.
+    fn grouping(cfg: BucketConfig) -> DispatchConfig {
+        DispatchConfig { experts: cfg.n_caps, k: 1, tile: 1 }
+    }
+
+    /// The bytes of each of the buffers of a bucket layout for `tokens` tokens (the regions
+    /// [`Self::new`] takes, its grouping's first).
+    ///
+    /// # Errors
+    /// As [`DispatchLayout::scratch_bytes`].
+    pub(crate) fn scratch_bytes(cfg: BucketConfig, tokens: u32) -> Result<Vec<(ScratchKey, u64)>> {
+        let mut bytes = DispatchLayout::scratch_bytes(Self::grouping(cfg), tokens)?.to_vec();
+        bytes.push((ScratchKey::BucketSlots, u64::from(cfg.n_caps) * u64::from(cfg.bound) * U32));
+        bytes.push((ScratchKey::BucketOverflow, u64::from(tokens) * U32));
+        Ok(bytes)
+    }
+
+    /// [`Self::new`] with its buffers taken from `scratch`.
+    pub(crate) fn with_scratch(scratch: Scratch<'_>, cfg: BucketConfig, tokens: u32) -> Result<Self> {
+        let ctx = scratch.ctx();
         if cfg.bound == 0 {
             return Err(Error::invalid("bucket bound must be at least 1"));
         }
-        let layout = DispatchLayout::new(
-            ctx,
-            DispatchConfig { experts: cfg.n_caps, k: 1, tile: 1 },
-            tokens,
-            cfg.bound,
-        )?;
+        let layout = DispatchLayout::with_scratch(scratch, Self::grouping(cfg), tokens, cfg.bound)?;
         let slots = u64::from(cfg.n_caps) * u64::from(cfg.bound);
         if slots * U32 > ctx.limits().max_storage_buffer_binding_size {
             return Err(Error::limit(
@@ -585,8 +658,8 @@ impl BucketLayout {
         Ok(BucketLayout {
             cfg,
             winners_per_token: 1,
-            pad_perm: ctx.storage_scratch("pad perm", slots * U32)?,
-            overflow: ctx.storage_scratch("overflow list", u64::from(tokens) * U32)?,
+            pad_perm: scratch.take(ScratchKey::BucketSlots, slots * U32)?,
+            overflow: scratch.take(ScratchKey::BucketOverflow, u64::from(tokens) * U32)?,
             layout,
         })
     }
@@ -606,25 +679,26 @@ impl BucketLayout {
         &self.layout
     }
     /// `pad_perm[n_caps * bound]`.
-    pub fn pad_perm(&self) -> &wgpu::Buffer {
-        &self.pad_perm
+    pub fn pad_perm(&self) -> BufferView<'_> {
+        self.pad_perm.view()
     }
     /// Overflow list (its length is the layout's over-bound count).
-    pub fn overflow(&self) -> &wgpu::Buffer {
-        &self.overflow
+    pub fn overflow(&self) -> BufferView<'_> {
+        self.overflow.view()
     }
 
     /// Dispatches that fill the bucket layout from `winners[tokens]` (u32).
     ///
     /// # Errors
     /// As [`DispatchLayout::plan`].
-    pub fn plan(&self, ctx: &Context, winners: &wgpu::Buffer) -> Result<Vec<Dispatch>> {
+    pub fn plan<'b>(&self, ctx: &Context, winners: impl Into<BufferView<'b>>) -> Result<Vec<Dispatch>> {
+        let winners = winners.into();
         let tokens = LiveCount::tokens().times(self.winners_per_token);
         let mut ds = self.layout.plan_for(ctx, winners, tokens)?;
         let slots = u64::from(self.cfg.n_caps) * u64::from(self.cfg.bound);
         let extra = |binding: u32| match binding {
-            11 => Some(Binding::new(binding, &self.pad_perm, slots * U32)),
-            12 => Some(Binding::new(binding, &self.overflow, u64::from(self.layout.tokens.max(1)) * U32)),
+            11 => Some(self.pad_perm.bind(binding, slots * U32)),
+            12 => Some(self.overflow.bind(binding, u64::from(self.layout.tokens.max(1)) * U32)),
             _ => None,
         };
         let mut specs = vec![(&BUCKET_SLOTS, slots)];
@@ -656,9 +730,9 @@ impl BucketLayout {
         let meta = Meta::from_words(&ctx.read_back::<u32>(self.layout.meta(), META_WORDS as usize)?);
         let slots = (self.cfg.n_caps * self.cfg.bound) as usize;
         Ok(HostBuckets {
-            pad_perm: ctx.read_back(&self.pad_perm, slots)?,
+            pad_perm: ctx.read_back(self.pad_perm.view(), slots)?,
             overflow: match self.cfg.policy {
-                OverflowPolicy::Overflow => ctx.read_back(&self.overflow, meta.overflow as usize)?,
+                OverflowPolicy::Overflow => ctx.read_back(self.overflow.view(), meta.overflow as usize)?,
                 OverflowPolicy::Drop => Vec::new(),
             },
             over_bound: meta.overflow,

@@ -22,6 +22,7 @@ use crate::kernels::sizing::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, TextureBinding, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 use crate::sync::lock;
+use crate::workspace::{Region, Scratch, ScratchKey};
 
 mod quantised;
 mod texture;
@@ -1241,8 +1242,8 @@ struct Pass<'a> {
     x: BufferView<'a>,
     w: &'a ExpertWeights,
     w_up: &'a ExpertWeights,
-    row_entry: &'a wgpu::Buffer,
-    out: &'a wgpu::Buffer,
+    row_entry: BufferView<'a>,
+    out: BufferView<'a>,
     params: Params,
     /// `params.rows` and `params.row_offset` as functions of a plan's live token count.
     live: LiveRows,
@@ -1314,13 +1315,16 @@ impl Pass<'_> {
     /// The bindings every GEMM dispatch of this pass makes: parameters, x, rows, output and
     /// biases (the rows again where there are none: the epilogue reads nothing then).
     fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> Vec<Binding<'b>> {
-        let bias = self.bias.unwrap_or(self.row_entry);
+        let bias = match self.bias {
+            Some(b) => Binding::new(10, b, b.size()),
+            None => self.row_entry.bind(10, self.row_entry.size),
+        };
         vec![
             Binding::new(0, params, PARAMS_BYTES),
             self.x.bind(1, self.x.size),
-            Binding::new(4, self.row_entry, self.row_entry.size()),
-            Binding::new(6, self.out, self.out.size()),
-            Binding::new(10, bias, bias.size()),
+            self.row_entry.bind(4, self.row_entry.size),
+            self.out.bind(6, self.out.size),
+            bias,
         ]
     }
 
@@ -1376,10 +1380,11 @@ impl Pass<'_> {
     /// None for `params.fixed_expert`.
     fn gemm(
         &self,
-        ctx: &Context,
+        scratch: Scratch<'_>,
         variant: GemmVariant,
-        tiles: Option<&wgpu::Buffer>,
+        tiles: Option<BufferView<'_>>,
     ) -> Result<Vec<Dispatch>> {
+        let ctx = scratch.ctx();
         // A texture variant without texture copies runs as the window variant of its block.
         let textures = match variant {
             GemmVariant::Texture { .. } => self.textures(ctx)?,
@@ -1410,10 +1415,10 @@ impl Pass<'_> {
         let kernel = ctx.kernel(spec, &constants)?;
         let from_tiles = if tiles.is_some() { FLAG_EXPERT_FROM_TILES } else { 0 };
         let placeholder = ctx.storage_scratch("no tile map", 4)?;
-        let tiles = tiles.unwrap_or(&placeholder);
+        let tiles = tiles.unwrap_or_else(|| (&placeholder).into());
         let max = ctx.limits().max_compute_workgroups_per_dimension;
         let mut out = Vec::new();
-        let staged = Staged::new(ctx, windows, self, &mut out)?;
+        let staged = Staged::new(scratch, windows, self, &mut out)?;
         let bound_textures = texture_bindings(&textures);
         for (chunk, p) in self.weight_chunks(textures.is_some(), from_tiles != 0, from_tiles)? {
             let col_groups = p.cols.div_ceil(variant.block_cols());
@@ -1421,7 +1426,7 @@ impl Pass<'_> {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
                 let mut bindings = self.bindings(spec, &params, chunk);
-                bindings.push(Binding::new(5, tiles, tiles.size()));
+                bindings.push(tiles.bind(5, tiles.size));
                 bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
                 let grid = [span.covered(p.rows).div_ceil(variant.block_rows()), col_groups, 1];
                 let per_row = PerRow::Block(variant.block_rows());
@@ -1490,11 +1495,12 @@ impl Pass<'_> {
     /// values, the same bits from every source.
     fn rowwise(
         &self,
-        ctx: &Context,
-        indices: Option<&wgpu::Buffer>,
-        count: &wgpu::Buffer,
+        scratch: Scratch<'_>,
+        indices: Option<BufferView<'_>>,
+        count: BufferView<'_>,
         source: RowSource,
     ) -> Result<Vec<Dispatch>> {
+        let ctx = scratch.ctx();
         let windows = match source {
             RowSource::Storage => None,
             RowSource::Window | RowSource::Texture => {
@@ -1516,17 +1522,17 @@ impl Pass<'_> {
         let kernel = ctx.kernel(spec, &constants)?;
         let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };
         let placeholder = ctx.storage_scratch("no indices", 4)?;
-        let indices = indices.unwrap_or(&placeholder);
+        let indices = indices.unwrap_or_else(|| (&placeholder).into());
         let mut out = Vec::new();
-        let staged = Staged::new(ctx, windows, self, &mut out)?;
+        let staged = Staged::new(scratch, windows, self, &mut out)?;
         let bound_textures = texture_bindings(&textures);
         for (chunk, p) in self.weight_chunks(textures.is_some(), from_indices != 0, from_indices)? {
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
                 let mut bindings = self.bindings(spec, &params, chunk);
-                bindings.push(Binding::new(7, count, count.size()));
-                bindings.push(Binding::new(8, indices, indices.size()));
+                bindings.push(count.bind(7, count.size));
+                bindings.push(indices.bind(8, indices.size));
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
                 let lanes = x.row_lanes(p.cols);
                 let grid =
@@ -1714,30 +1720,40 @@ impl Windows {
     }
 }
 
-/// Bytes of the x-window buffer that `variant` stages for a pass of `rows` rows of `kdim`
-/// values with windows bound at multiples of `offset_alignment` (the block [`Windows::choose`]
-/// runs where the buffer fits the device), or None for a variant that reads no windows or
-/// where no window holds one of its blocks. Row-wise passes beside window kernels stage
-/// single rows: pass a direct variant of one row.
-pub(crate) fn window_staging_bytes(
-    variant: GemmVariant,
-    rows: u32,
-    kdim: u32,
-    offset_alignment: u32,
+/// The most bytes of x windows any pass of `passes` (rows, K) stages with `variants` on a
+/// device with `limits`: over every block [`Windows::choose`] can pick for a window variant
+/// (its block rows, halved down to 8) and the single rows of the row-wise passes beside window
+/// kernels, where those windows fit the device. None where no variant reads windows or no
+/// windows fit. Every pass of a forward stages into one region of this size, one pass after
+/// another.
+pub(crate) fn window_bytes_bound(
+    variants: &[GemmVariant],
+    passes: &[(u32, u32)],
+    limits: &wgpu::Limits,
 ) -> Option<u64> {
-    let mut r = variant.block_rows();
-    if !variant.reads_windows() {
+    if limits.max_uniform_buffer_binding_size < variant::WINDOW_BYTES {
         return None;
     }
-    loop {
-        if let Some(w) = Windows::layout(rows, kdim, r, offset_alignment) {
-            return Some(w.bytes());
+    let fits =
+        |bytes: u64| bytes <= limits.max_storage_buffer_binding_size && bytes <= limits.max_buffer_size;
+    let mut blocks = vec![1];
+    for v in variants.iter().filter(|v| v.reads_windows()) {
+        let mut r = v.block_rows();
+        while r >= 8 {
+            blocks.push(r);
+            r /= 2;
         }
-        if r / 2 < 8 {
-            return None;
-        }
-        r /= 2;
     }
+    if blocks.len() == 1 {
+        return None;
+    }
+    let align = limits.min_uniform_buffer_offset_alignment;
+    passes
+        .iter()
+        .flat_map(|&(rows, kdim)| blocks.iter().filter_map(move |&r| Windows::layout(rows, kdim, r, align)))
+        .map(|w| w.bytes())
+        .filter(|&b| fits(b))
+        .max()
 }
 
 /// A pass's rows and first row (`Params::rows`, `Params::row_offset`) as functions of a plan's
@@ -1786,14 +1802,14 @@ impl Span {
 /// A pass's x rows staged into uniform windows: the windows and their buffer.
 struct Staged {
     windows: Windows,
-    buffer: wgpu::Buffer,
+    buffer: Region,
 }
 
 impl Staged {
     /// With `windows`, the windows' buffer, and the dispatch that fills it with `pass`'s input
     /// rows (found as the GEMM finds them), pushed onto `out`; None without.
     fn new(
-        ctx: &Context,
+        scratch: Scratch<'_>,
         windows: Option<Windows>,
         pass: &Pass<'_>,
         out: &mut Vec<Dispatch>,
@@ -1801,7 +1817,8 @@ impl Staged {
         let Some(windows) = windows else {
             return Ok(None);
         };
-        let buffer = ctx.window_scratch("gemm x windows", windows.bytes())?;
+        let ctx = scratch.ctx();
+        let buffer = scratch.take(ScratchKey::XWindows, windows.bytes())?;
         let p = Params { win_rows: windows.rows, win_stride4: windows.stride4(), ..pass.params_with(0) };
         let params = ctx.uniform("stage params", &p)?;
         let kernel = ctx.kernel(&STAGE, &[])?;
@@ -1810,8 +1827,8 @@ impl Staged {
         let bindings = [
             Binding::new(0, &params, PARAMS_BYTES),
             pass.x.bind(1, pass.x.size),
-            Binding::new(4, pass.row_entry, pass.row_entry.size()),
-            Binding::new(7, &buffer, windows.bytes()),
+            pass.row_entry.bind(4, pass.row_entry.size),
+            buffer.bind(7, windows.bytes()),
         ];
         let grid = ctx.grid(groups, "GEMM staging")?;
         out.push(ctx.dispatch(&kernel, &bindings, grid)?.sized(pass.sizing(LiveGrid::Spilled(live_groups))));
@@ -1832,9 +1849,9 @@ impl Staged {
     fn binding(&self, slot: u32, index: usize) -> Binding<'_> {
         Binding {
             binding: slot,
-            buffer: &self.buffer,
+            buffer: self.buffer.buffer(),
             size: variant::WINDOW_BYTES,
-            offset: index as u64 * self.windows.stride,
+            offset: self.buffer.offset() + index as u64 * self.windows.stride,
         }
     }
 }
@@ -1846,8 +1863,8 @@ fn up_pass<'a>(
     order: GemmOrder,
     base: Params,
     x: BufferView<'a>,
-    rows: &'a wgpu::Buffer,
-    act: &'a wgpu::Buffer,
+    rows: BufferView<'a>,
+    act: BufferView<'a>,
     live: LiveRows,
 ) -> Pass<'a> {
     Pass {
@@ -1875,7 +1892,7 @@ fn grouped_up_pass<'a>(
     base: Params,
     x: BufferView<'a>,
     layout: &'a DispatchLayout,
-    act: &'a wgpu::Buffer,
+    act: BufferView<'a>,
 ) -> Pass<'a> {
     let entries = LiveCount::tokens().times(layout.config().k);
     let live = LiveRows::new(layout.live_padded_rows(entries));
@@ -1889,14 +1906,14 @@ fn grouped_up_pass<'a>(
 fn down_pass<'a>(
     up: &Pass<'a>,
     ffn: &'a ExpertFfn,
-    act: &'a wgpu::Buffer,
-    partial: &'a wgpu::Buffer,
+    act: BufferView<'a>,
+    partial: BufferView<'a>,
 ) -> Pass<'a> {
     Pass {
         swiglu: false,
         gather: false,
         out_entry: true,
-        x: act.into(),
+        x: act,
         w: &ffn.down,
         w_up: &ffn.down,
         out: partial,
@@ -1946,9 +1963,9 @@ pub struct FfnBuffers<'a> {
     /// `x[tokens, H]`.
     pub x: BufferView<'a>,
     /// `indices[tokens, k]` (u32).
-    pub indices: &'a wgpu::Buffer,
+    pub indices: BufferView<'a>,
     /// `partial[tokens * k, H]`, written, indexed by entry `token * k + slot`.
-    pub partial: &'a wgpu::Buffer,
+    pub partial: BufferView<'a>,
 }
 
 /// Plans the expert FFN for `tokens` tokens routed `k` ways: reads `x` and `indices`, writes
@@ -1966,12 +1983,25 @@ pub fn plan_ffn(
     bufs: &FfnBuffers<'_>,
     routing: FfnRouting<'_>,
 ) -> Result<FfnPlan> {
+    plan_ffn_with(Scratch::Own(ctx), ffn, tokens, k, bufs, routing)
+}
+
+/// [`plan_ffn`] with its activations and x windows taken from `scratch`.
+pub(crate) fn plan_ffn_with(
+    scratch: Scratch<'_>,
+    ffn: &ExpertFfn,
+    tokens: u32,
+    k: u32,
+    bufs: &FfnBuffers<'_>,
+    routing: FfnRouting<'_>,
+) -> Result<FfnPlan> {
+    let ctx = scratch.ctx();
     let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
     let FfnBuffers { x, indices, partial } = *bufs;
     let entries = u64::from(tokens) * u64::from(k);
     ctx.check_view("x", &x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
-    ctx.check_binding("indices", indices, entries * 4, Access::Read)?;
-    ctx.check_binding("partial", partial, entries * u64::from(h) * 4, Access::ReadWrite)?;
+    ctx.check_view("indices", &indices, entries * 4, Access::Read)?;
+    ctx.check_view("partial", &partial, entries * u64::from(h) * 4, Access::ReadWrite)?;
     for w in [&ffn.gate, &ffn.up, &ffn.down] {
         for c in &w.chunks {
             ctx.check_binding("expert weights", &c.buffer, c.bytes, Access::Read)?;
@@ -2012,11 +2042,11 @@ pub fn plan_ffn(
                 )));
             }
             let rows = layout.max_rows();
-            let act = ctx.storage_scratch("ffn activations", u64::from(rows) * u64::from(f) * 4)?;
-            let p = grouped_up_pass(ffn, order, base, x, layout, &act);
-            ds.extend(p.gemm(ctx, kernels.up, Some(layout.tile_expert()))?);
-            let down = down_pass(&p, ffn, &act, partial);
-            ds.extend(down.gemm(ctx, kernels.down, Some(layout.tile_expert()))?);
+            let act = scratch.take(ScratchKey::Activations, u64::from(rows) * u64::from(f) * 4)?;
+            let p = grouped_up_pass(ffn, order, base, x, layout, act.view());
+            ds.extend(p.gemm(scratch, kernels.up, Some(layout.tile_expert()))?);
+            let down = down_pass(&p, ffn, act.view(), partial);
+            ds.extend(down.gemm(scratch, kernels.down, Some(layout.tile_expert()))?);
         }
         FfnRouting::Bucketed(buckets) => {
             let inner = buckets.layout();
@@ -2028,37 +2058,37 @@ pub fn plan_ffn(
                 )));
             }
             let bound = buckets.config().bound;
-            let act = ctx
-                .storage_scratch("bucket activations", u64::from(e) * u64::from(bound) * u64::from(f) * 4)?;
+            let act =
+                scratch.take(ScratchKey::Activations, u64::from(e) * u64::from(bound) * u64::from(f) * 4)?;
             for expert in 0..e {
                 let live =
                     LiveRows::new(LiveCount::constant(bound)).offset(LiveCount::constant(expert * bound));
-                let mut p = up_pass(ffn, order, base, x, buckets.pad_perm(), &act, live);
+                let mut p = up_pass(ffn, order, base, x, buckets.pad_perm(), act.view(), live);
                 p.params.rows = bound;
                 p.params.row_offset = expert * bound;
                 p.params.fixed_expert = expert;
-                ds.extend(p.gemm(ctx, kernels.up, None)?);
-                ds.extend(down_pass(&p, ffn, &act, partial).gemm(ctx, kernels.down, None)?);
+                ds.extend(p.gemm(scratch, kernels.up, None)?);
+                ds.extend(down_pass(&p, ffn, act.view(), partial).gemm(scratch, kernels.down, None)?);
             }
-            let over_act = ctx.storage_scratch("overflow activations", entries * u64::from(f) * 4)?;
+            let over_act = scratch.take(ScratchKey::OverflowActivations, entries * u64::from(f) * 4)?;
             let live = LiveRows::new(LiveCount::tokens().times(k));
-            let mut p = up_pass(ffn, order, base, x, buckets.overflow(), &over_act, live);
+            let mut p = up_pass(ffn, order, base, x, buckets.overflow(), over_act.view(), live);
             p.params.rows = entries32;
             p.params.count_word = META_OVERFLOW;
-            ds.extend(p.rowwise(ctx, Some(indices), inner.meta(), source)?);
-            let down = down_pass(&p, ffn, &over_act, partial);
-            ds.extend(down.rowwise(ctx, Some(indices), inner.meta(), source)?);
+            ds.extend(p.rowwise(scratch, Some(indices), inner.meta(), source)?);
+            let down = down_pass(&p, ffn, over_act.view(), partial);
+            ds.extend(down.rowwise(scratch, Some(indices), inner.meta(), source)?);
         }
         FfnRouting::Decode => {
-            let act = ctx.storage_scratch("decode activations", entries * u64::from(f) * 4)?;
+            let act = scratch.take(ScratchKey::Activations, entries * u64::from(f) * 4)?;
             let count = ctx.upload("decode rows", &[entries32])?;
             let live = LiveRows::new(LiveCount::tokens().times(k));
-            let mut p = up_pass(ffn, order, base, x, &count, &act, live);
+            let mut p = up_pass(ffn, order, base, x, (&count).into(), act.view(), live);
             p.identity_rows = true;
             p.params.rows = entries32;
-            ds.extend(p.rowwise(ctx, Some(indices), &count, source)?);
-            let down = down_pass(&p, ffn, &act, partial);
-            ds.extend(down.rowwise(ctx, Some(indices), &count, source)?);
+            ds.extend(p.rowwise(scratch, Some(indices), (&count).into(), source)?);
+            let down = down_pass(&p, ffn, act.view(), partial);
+            ds.extend(down.rowwise(scratch, Some(indices), (&count).into(), source)?);
         }
     }
     Ok(FfnPlan { dispatches: ds })
@@ -2074,9 +2104,9 @@ pub fn plan_ffn_all_experts<'b>(
     ffn: &ExpertFfn,
     tokens: u32,
     x: impl Into<BufferView<'b>>,
-    all: &wgpu::Buffer,
+    all: impl Into<BufferView<'b>>,
 ) -> Result<FfnPlan> {
-    every_expert_on_every_token(ctx, ffn, tokens, x.into(), all)
+    every_expert_on_every_token(Scratch::Own(ctx), ScratchKey::Activations, ffn, tokens, x.into(), all.into())
 }
 
 /// (e) A dense FFN: the one expert of `ffn` on every token, `y[tokens, H]` from `x[tokens, H]`
@@ -2090,7 +2120,18 @@ pub fn plan_dense_ffn<'b>(
     ffn: &ExpertFfn,
     tokens: u32,
     x: impl Into<BufferView<'b>>,
-    y: &wgpu::Buffer,
+    y: impl Into<BufferView<'b>>,
+) -> Result<FfnPlan> {
+    plan_dense_ffn_with(Scratch::Own(ctx), ffn, tokens, x.into(), y.into())
+}
+
+/// [`plan_dense_ffn`] with its activations and x windows taken from `scratch`.
+pub(crate) fn plan_dense_ffn_with(
+    scratch: Scratch<'_>,
+    ffn: &ExpertFfn,
+    tokens: u32,
+    x: BufferView<'_>,
+    y: BufferView<'_>,
 ) -> Result<FfnPlan> {
     if ffn.experts() != 1 {
         return Err(Error::invalid(format!(
@@ -2098,23 +2139,26 @@ pub fn plan_dense_ffn<'b>(
             ffn.experts()
         )));
     }
-    every_expert_on_every_token(ctx, ffn, tokens, x.into(), y)
+    every_expert_on_every_token(scratch, ScratchKey::SharedActivations, ffn, tokens, x, y)
 }
 
 /// `all[E, tokens, H]`: each expert's FFN on every token, expert by expert (see
 /// [`plan_ffn_all_experts`] and [`plan_dense_ffn`]).
+/// Its activations `[E * tokens, F]` are the region `act_key` of `scratch`.
 fn every_expert_on_every_token(
-    ctx: &Context,
+    scratch: Scratch<'_>,
+    act_key: ScratchKey,
     ffn: &ExpertFfn,
     tokens: u32,
     x: BufferView<'_>,
-    all: &wgpu::Buffer,
+    all: BufferView<'_>,
 ) -> Result<FfnPlan> {
+    let ctx = scratch.ctx();
     let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
     let rows = u64::from(e) * u64::from(tokens);
     ctx.check_view("x", &x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
-    ctx.check_binding("all-expert output", all, rows * u64::from(h) * 4, Access::ReadWrite)?;
-    let act = ctx.storage_scratch("all-expert activations", rows * u64::from(f) * 4)?;
+    ctx.check_view("all-expert output", &all, rows * u64::from(h) * 4, Access::ReadWrite)?;
+    let act = scratch.take(act_key, rows * u64::from(f) * 4)?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
     let kernels = ffn.kernels(ctx);
     let mut ds = Vec::new();
@@ -2139,18 +2183,18 @@ fn every_expert_on_every_token(
             x,
             w: &ffn.gate,
             w_up: &ffn.up,
-            row_entry: &unused,
-            out: &act,
+            row_entry: (&unused).into(),
+            out: act.view(),
             params,
             live: LiveRows::new(LiveCount::tokens()).offset(LiveCount::tokens().times(expert)),
             activation: ffn.activation,
             bias: ffn.bias.as_ref().map(|b| &b.gate_up),
         };
-        ds.extend(up.gemm(ctx, kernels.up, None)?);
+        ds.extend(up.gemm(scratch, kernels.up, None)?);
         let down = Pass {
             swiglu: false,
             gather: false,
-            x: (&act).into(),
+            x: act.view(),
             w: &ffn.down,
             w_up: &ffn.down,
             out: all,
@@ -2158,7 +2202,7 @@ fn every_expert_on_every_token(
             bias: ffn.bias.as_ref().map(|b| &b.down),
             ..up
         };
-        ds.extend(down.gemm(ctx, kernels.down, None)?);
+        ds.extend(down.gemm(scratch, kernels.down, None)?);
     }
     Ok(FfnPlan { dispatches: ds })
 }
@@ -2185,14 +2229,27 @@ pub fn plan_dense<'b>(
     w: &ExpertWeights,
     rows: u32,
     x: impl Into<BufferView<'b>>,
-    y: &wgpu::Buffer,
+    y: impl Into<BufferView<'b>>,
     kernel: DenseKernel,
     order: GemmOrder,
 ) -> Result<FfnPlan> {
-    let x = x.into();
+    plan_dense_with(Scratch::Own(ctx), w, rows, x.into(), y.into(), kernel, order)
+}
+
+/// [`plan_dense`] with its x windows taken from `scratch`.
+pub(crate) fn plan_dense_with(
+    scratch: Scratch<'_>,
+    w: &ExpertWeights,
+    rows: u32,
+    x: BufferView<'_>,
+    y: BufferView<'_>,
+    kernel: DenseKernel,
+    order: GemmOrder,
+) -> Result<FfnPlan> {
+    let ctx = scratch.ctx();
     let [_, n, k] = w.shape();
     ctx.check_view("x", &x, u64::from(rows) * u64::from(k) * 4, Access::Read)?;
-    ctx.check_binding("y", y, u64::from(rows) * u64::from(n) * 4, Access::ReadWrite)?;
+    ctx.check_view("y", &y, u64::from(rows) * u64::from(n) * 4, Access::ReadWrite)?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
     let params = Params {
         rows,
@@ -2213,7 +2270,7 @@ pub fn plan_dense<'b>(
         x,
         w,
         w_up: w,
-        row_entry: &unused,
+        row_entry: (&unused).into(),
         out: y,
         params,
         live: LiveRows::new(LiveCount::tokens()),
@@ -2223,10 +2280,11 @@ pub fn plan_dense<'b>(
     let dispatches = match kernel {
         DenseKernel::Block(variant) => {
             variant.validate()?;
-            pass.gemm(ctx, variant, None)?
+            pass.gemm(scratch, variant, None)?
         }
         DenseKernel::Rowwise => {
-            pass.rowwise(ctx, None, &ctx.upload("dense rows", &[rows])?, RowSource::Storage)?
+            let count = ctx.upload("dense rows", &[rows])?;
+            pass.rowwise(scratch, None, (&count).into(), RowSource::Storage)?
         }
     };
     Ok(FfnPlan { dispatches })

@@ -36,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use crate::pipeline::Dispatch;
 use crate::timer::{Sample, Sampler};
+use crate::workspace::Scratch;
 
 /// How much faster than the adapter's fixed default ([`FfnKernels::default_for`]) a candidate
 /// must time to replace it: 5%, about the spread of the tuner's medians on the CPU adapters,
@@ -260,9 +261,13 @@ fn measure(
             return Err(Error::invalid("the tuner lost a dispatch layout it made"));
         };
         let base = Params { k_route: 1, fixed_expert: NONE, ..Params::default() };
-        let up = grouped_up_pass(ffn, order, base, (&x).into(), layout, act);
-        let down = down_pass(&up, ffn, act, &partial);
-        Ok((up.gemm(ctx, v, Some(layout.tile_expert()))?, down.gemm(ctx, v, Some(layout.tile_expert()))?))
+        let up = grouped_up_pass(ffn, order, base, (&x).into(), layout, act.into());
+        let down = down_pass(&up, ffn, act.into(), (&partial).into());
+        let scratch = Scratch::Own(ctx);
+        Ok((
+            up.gemm(scratch, v, Some(layout.tile_expert()))?,
+            down.gemm(scratch, v, Some(layout.tile_expert()))?,
+        ))
     };
     // A refused variant is recorded as never fastest.
     let mut runs = Vec::new();

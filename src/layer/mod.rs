@@ -19,12 +19,17 @@ use crate::kernels::dispatch::{
 };
 use crate::kernels::gemm::{
     Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
-    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, decode_tokens, plan_dense, plan_dense_ffn,
-    plan_ffn,
+    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, plan_dense_ffn_with, plan_dense_with,
+    plan_ffn_with,
 };
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::kernels::sizing::plan_sizing;
 use crate::pipeline::{BufferView, Dispatch};
+#[cfg(doc)]
+use crate::workspace::WORKSPACE_USAGE;
+use crate::workspace::{Region, Scratch, ScratchKey, Workspace, WorkspaceLayout};
+
+mod workspace;
 
 /// How expert capacity is handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -424,8 +429,8 @@ pub struct ForwardPlan {
     /// Experts per token.
     k: u32,
     stages: Vec<(ForwardStage, Vec<Dispatch>)>,
-    indices: wgpu::Buffer,
-    weights: wgpu::Buffer,
+    indices: Region,
+    weights: Region,
     layout: Option<DispatchLayout>,
     buckets: Option<BucketLayout>,
 }
@@ -542,13 +547,15 @@ impl ForwardPlan {
     pub fn live_tokens(&self) -> &wgpu::Buffer {
         &self.live
     }
-    /// `indices[tokens, k]` written by the route stage.
-    pub fn indices(&self) -> &wgpu::Buffer {
-        &self.indices
+    /// `indices[tokens, k]` written by the route stage (in the plan's workspace: a layer
+    /// sharing it overwrites them).
+    pub fn indices(&self) -> BufferView<'_> {
+        self.indices.view()
     }
-    /// `weights[tokens, k]` written by the route stage.
-    pub fn weights(&self) -> &wgpu::Buffer {
-        &self.weights
+    /// `weights[tokens, k]` written by the route stage (in the plan's workspace, as
+    /// [`Self::indices`]).
+    pub fn weights(&self) -> BufferView<'_> {
+        self.weights.view()
     }
 
     /// Expert load of the last forward (reads counts back; not part of the forward).
@@ -567,7 +574,7 @@ impl ForwardPlan {
             return l.stats(ctx);
         }
         // Decode path: no layout was filled; count on the host.
-        let idx: Vec<u32> = ctx.read_back(&self.indices, live as usize * self.k as usize)?;
+        let idx: Vec<u32> = ctx.read_back(self.indices.view(), live as usize * self.k as usize)?;
         let l = crate::kernels::dispatch::host::layout(&idx, experts, 1, 0);
         Ok(LoadStats::new(l.counts, l.meta))
     }
@@ -748,13 +755,15 @@ impl MoeLayer {
     /// `y[max_tokens, H]`: whole buffers, or [`BufferView`]s of an activation arena (x and y may
     /// swap roles between layers; a view gives the bits of a buffer of its own). Each forward
     /// runs the live count of [`ForwardPlan::set_live_tokens`] (the maximum until set) on the
-    /// first rows, with the bits of a plan made for exactly that count.
+    /// first rows, with the bits of a plan made for exactly that count. The plan's scratch is
+    /// its own, a buffer per region of [`Self::workspace`]; [`Self::plan_in`] takes it from the
+    /// caller's buffer instead.
     ///
     /// # Errors
     /// [`Error::Shape`] for `x` or `y` smaller than `max_tokens` rows or a view past its
-    /// buffer; [`Error::InvalidArgument`] for a view at an offset the device cannot bind;
-    /// [`Error::LimitExceeded`] for sizes past u32 indices or the adapter's limits; the
-    /// stages' planning errors.
+    /// buffer; [`Error::InvalidArgument`] for zero tokens or a view at an offset the device
+    /// cannot bind; [`Error::LimitExceeded`] for sizes past u32 indices or the adapter's limits;
+    /// the stages' planning errors.
     pub fn plan<'b>(
         &self,
         ctx: &Context,
@@ -762,44 +771,104 @@ impl MoeLayer {
         x: impl Into<BufferView<'b>>,
         y: impl Into<BufferView<'b>>,
     ) -> Result<ForwardPlan> {
-        let (x, y) = (x.into(), y.into());
+        let workspace = Workspace::own(ctx, &self.workspace(ctx, max_tokens)?)?;
+        self.plan_with(ctx, max_tokens, x.into(), y.into(), &workspace)
+    }
+
+    /// [`Self::plan`] with its scratch in `workspace`: bytes of the caller's buffer (created
+    /// with [`WORKSPACE_USAGE`]), at least [`Self::workspace`]'s `bytes()` from an offset that
+    /// is a multiple of its `alignment()`. Layers that run one after another can share one
+    /// workspace: a forward reads nothing there that it did not write. What it holds after a
+    /// forward ([`ForwardPlan::indices`], [`ForwardPlan::load`]) is that forward's until the next
+    /// forward that shares it.
+    ///
+    /// # Errors
+    /// As [`Self::plan`]; [`Error::Shape`] for a workspace smaller than the layout or past its
+    /// buffer; [`Error::InvalidArgument`] for a misaligned workspace or a buffer without
+    /// [`WORKSPACE_USAGE`].
+    pub fn plan_in<'b>(
+        &self,
+        ctx: &Context,
+        max_tokens: u32,
+        x: impl Into<BufferView<'b>>,
+        y: impl Into<BufferView<'b>>,
+        workspace: impl Into<BufferView<'b>>,
+    ) -> Result<ForwardPlan> {
+        let workspace = Workspace::carve(ctx, &self.workspace(ctx, max_tokens)?, workspace.into())?;
+        self.plan_with(ctx, max_tokens, x.into(), y.into(), &workspace)
+    }
+
+    /// The scratch a plan for up to `max_tokens` tokens takes on `ctx`: its regions, the bytes
+    /// of a buffer holding them all and their alignment (see [`Self::plan_in`]). Only what
+    /// this configuration runs: no logits unless the route mode writes them, no shared-expert
+    /// regions without one, the dispatch layout only where counts take the grouped path.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero tokens; [`Error::LimitExceeded`] for sizes past u32
+    /// indices.
+    pub fn workspace(&self, ctx: &Context, max_tokens: u32) -> Result<WorkspaceLayout> {
+        if max_tokens == 0 {
+            return Err(Error::invalid("a plan needs a maximum token count of at least 1"));
+        }
+        let kernels = self.experts.kernels(ctx);
+        self.cfg.workspace_layout(
+            max_tokens,
+            &[kernels.up, kernels.down],
+            self.dispatch_tile(ctx),
+            &ctx.device().limits(),
+        )
+    }
+
+    /// Plans a forward with its scratch taken from `workspace`.
+    fn plan_with(
+        &self,
+        ctx: &Context,
+        max_tokens: u32,
+        x: BufferView<'_>,
+        y: BufferView<'_>,
+        workspace: &Workspace,
+    ) -> Result<ForwardPlan> {
         let c = &self.cfg;
         let (t, h, k) = (u64::from(max_tokens), u64::from(c.route.hidden), u64::from(c.route.k));
         let entries = max_tokens
             .checked_mul(c.route.k)
             .ok_or_else(|| Error::limit("max_tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
-        // Every buffer is sized and checked against the binding limit before any is made, and
-        // nothing is allocated that this configuration does not use.
-        let scratch = |label: &str, bytes: u64| ctx.storage_scratch(label, bytes);
-        let indices = scratch("topk indices", t * k * 4)?;
-        let weights = scratch("topk weights", t * k * 4)?;
+        // Every region was sized and checked against the binding limit before any was made, and
+        // the layout holds nothing this configuration does not use.
+        let scratch = Scratch::Laid(ctx, workspace);
+        let indices = scratch.take(ScratchKey::TopkIndices, t * k * 4)?;
+        let weights = scratch.take(ScratchKey::TopkWeights, t * k * 4)?;
         let logits = match c.route_mode.writes_logits() {
-            true => Some(scratch("router logits", t * u64::from(c.route.experts) * 4)?),
+            true => Some(scratch.take(ScratchKey::RouterLogits, t * u64::from(c.route.experts) * 4)?),
             false => None,
         };
-        let partial = scratch("expert outputs", t * k * h * 4)?;
+        let partial = scratch.take(ScratchKey::ExpertOutputs, t * k * h * 4)?;
         let mut stages = Vec::new();
         let route_bufs = RouteBuffers {
             x,
             gate: &self.router,
             bias: self.bias.as_ref(),
-            logits: logits.as_ref(),
-            indices: &indices,
-            weights: &weights,
+            logits: logits.as_ref().map(Region::view),
+            indices: indices.view(),
+            weights: weights.view(),
         };
         stages.push((
             ForwardStage::Route,
             plan_route(ctx, &c.route, max_tokens, &route_bufs, c.route_mode)?.into_dispatches(),
         ));
-        let ffn_bufs = FfnBuffers { x, indices: &indices, partial: &partial };
+        let ffn_bufs = FfnBuffers { x, indices: indices.view(), partial: partial.view() };
         let (mut layout, mut buckets) = (None, None);
         // The decode path for the counts that take it, the grouped path past them.
-        let decode_until = match c.capacity {
-            Capacity::Dropless => decode_tokens(c.route.k, c.route.experts).min(max_tokens),
-            Capacity::Bounded { .. } => 0,
-        };
+        let decode_until = c.decode_until(max_tokens);
         let decode = |counts| -> Result<Vec<Dispatch>> {
-            let ds = plan_ffn(ctx, &self.experts, decode_until, c.route.k, &ffn_bufs, FfnRouting::Decode)?;
+            let ds = plan_ffn_with(
+                scratch,
+                &self.experts,
+                decode_until,
+                c.route.k,
+                &ffn_bufs,
+                FfnRouting::Decode,
+            )?;
             Ok(only_for(ds.into_dispatches(), counts))
         };
         match c.capacity {
@@ -807,34 +876,41 @@ impl MoeLayer {
                 stages.push((ForwardStage::Experts, decode(0..=u32::MAX)?));
             }
             Capacity::Dropless => {
-                let l = DispatchLayout::new(
-                    ctx,
+                let l = DispatchLayout::with_scratch(
+                    scratch,
                     DispatchConfig { experts: c.route.experts, k: c.route.k, tile: self.dispatch_tile(ctx) },
                     max_tokens,
                     0,
                 )?;
                 let grouped = decode_until + 1..=u32::MAX;
-                stages.push((ForwardStage::Dispatch, only_for(l.plan(ctx, &indices)?, grouped.clone())));
+                stages
+                    .push((ForwardStage::Dispatch, only_for(l.plan(ctx, indices.view())?, grouped.clone())));
                 let mut ds = decode(0..=decode_until)?;
-                let ffn =
-                    plan_ffn(ctx, &self.experts, max_tokens, c.route.k, &ffn_bufs, FfnRouting::Grouped(&l))?;
+                let ffn = plan_ffn_with(
+                    scratch,
+                    &self.experts,
+                    max_tokens,
+                    c.route.k,
+                    &ffn_bufs,
+                    FfnRouting::Grouped(&l),
+                )?;
                 ds.extend(only_for(ffn.into_dispatches(), grouped));
                 stages.push((ForwardStage::Experts, ds));
                 layout = Some(l);
             }
             Capacity::Bounded { bound, policy } => {
-                let b =
-                    BucketLayout::new(ctx, BucketConfig { n_caps: c.route.experts, bound, policy }, entries)?
-                        .with_winners_per_token(c.route.k);
-                let mut ds = b.plan(ctx, &indices)?;
+                let cfg = BucketConfig { n_caps: c.route.experts, bound, policy };
+                let b = BucketLayout::with_scratch(scratch, cfg, entries)?.with_winners_per_token(c.route.k);
+                let mut ds = b.plan(ctx, indices.view())?;
                 if policy == OverflowPolicy::Drop {
                     let row = c.route.k * c.route.hidden;
-                    ds.push(plan_fill_zero_per_token(ctx, &partial, entries * c.route.hidden, row)?);
+                    ds.push(plan_fill_zero_per_token(ctx, partial.view(), entries * c.route.hidden, row)?);
                 }
                 stages.push((ForwardStage::Dispatch, ds));
+                let routing = FfnRouting::Bucketed(&b);
                 stages.push((
                     ForwardStage::Experts,
-                    plan_ffn(ctx, &self.experts, max_tokens, c.route.k, &ffn_bufs, FfnRouting::Bucketed(&b))?
+                    plan_ffn_with(scratch, &self.experts, max_tokens, c.route.k, &ffn_bufs, routing)?
                         .into_dispatches(),
                 ));
                 buckets = Some(b);
@@ -842,13 +918,14 @@ impl MoeLayer {
         }
         let mut shared = None;
         if let Some(s) = &self.shared {
-            let rows = scratch("shared expert output", t * h * 4)?;
-            let mut ds = plan_dense_ffn(ctx, s, max_tokens, x, &rows)?.into_dispatches();
+            let rows = scratch.take(ScratchKey::SharedOutput, t * h * 4)?;
+            let mut ds = plan_dense_ffn_with(scratch, s, max_tokens, x, rows.view())?.into_dispatches();
             let gate_logits = match &self.shared_gate {
                 Some(g) => {
-                    let gl = scratch("shared gate logits", t * 4)?;
+                    let gl = scratch.take(ScratchKey::SharedGateLogits, t * 4)?;
+                    let (kernel, order) = (DenseKernel::Rowwise, c.gemm_order);
                     ds.extend(
-                        plan_dense(ctx, g, max_tokens, x, &gl, DenseKernel::Rowwise, c.gemm_order)?
+                        plan_dense_with(scratch, g, max_tokens, x, gl.view(), kernel, order)?
                             .into_dispatches(),
                     );
                     Some(gl)
@@ -858,9 +935,11 @@ impl MoeLayer {
             stages.push((ForwardStage::Shared, ds));
             shared = Some((rows, gate_logits));
         }
-        let shared =
-            shared.as_ref().map(|(rows, gate_logits)| Shared { rows, gate_logits: gate_logits.as_ref() });
-        let combine = CombineBuffers { weights: &weights, partial: &partial, shared, y };
+        let shared = shared.as_ref().map(|(rows, gate_logits)| Shared {
+            rows: rows.view(),
+            gate_logits: gate_logits.as_ref().map(Region::view),
+        });
+        let combine = CombineBuffers { weights: weights.view(), partial: partial.view(), shared, y };
         stages.push((
             ForwardStage::Combine,
             plan_combine(ctx, max_tokens, c.route.hidden, c.route.k, &combine, c.combine)?,

@@ -1,0 +1,375 @@
+//! Scratch memory of plans: what a forward writes and reads again within itself (routing
+//! results, the dispatch layout, expert activations and outputs, staged x windows), as
+//! [`Region`]s of buffers.
+//!
+//! A kernel planner takes each region from a [`Scratch`] by its [`ScratchKey`]: either a
+//! zero-filled buffer of its own ([`Scratch::Own`], for plans made one at a time) or the
+//! region a [`WorkspaceLayout`] set aside for that key in a [`Workspace`]: one caller's buffer
+//! cut at aligned offsets, or one buffer per key. A layer computes its layout once
+//! (`MoeConfig::workspace_layout`), and both its plan and its device requirements read it, so
+//! the sizes have one source. Nothing in a workspace is read before a forward writes it, so
+//! layers that run one after another can share one workspace whatever it held before.
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::pipeline::{Binding, BufferView};
+
+/// The scratch regions of a forward, one per kind of intermediate value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ScratchKey {
+    /// `indices[tokens, k]` (u32) written by routing.
+    TopkIndices,
+    /// `weights[tokens, k]` (f32) written by routing.
+    TopkWeights,
+    /// `logits[tokens, experts]` (f32), where the route mode writes them.
+    RouterLogits,
+    /// `partial[tokens * k, hidden]` (f32): each routed expert's output per entry.
+    ExpertOutputs,
+    /// One buffer of the dispatch layout (counts, scan, permutation).
+    Dispatch(DispatchPart),
+    /// `pad_perm[buckets * bound]` (u32) of a bucket layout.
+    BucketSlots,
+    /// The overflow list (u32 entries) of a bucket layout.
+    BucketOverflow,
+    /// The routed experts' activations `[rows, ffn]` (f32): the grouped rows, the decode
+    /// entries or the bucket slots (the grouped and decode paths of one plan share it: a
+    /// forward runs one of them).
+    Activations,
+    /// The activations of a bucket layout's overflow entries `[tokens * k, ffn]` (f32).
+    OverflowActivations,
+    /// x rows staged into uniform windows for the window kernels (every pass of a forward
+    /// stages into the same region, one pass after another).
+    XWindows,
+    /// The shared expert's output `[tokens, hidden]` (f32).
+    SharedOutput,
+    /// The shared expert's gate logits `[tokens]` (f32).
+    SharedGateLogits,
+    /// The shared expert's activations `[tokens, shared ffn]` (f32).
+    SharedActivations,
+}
+
+/// The buffers of a dispatch layout (see `wgsl/dispatch/layout.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DispatchPart {
+    /// Per-block expert histogram `[blocks, experts]`.
+    Hist,
+    /// Rows per expert `[experts]`.
+    Counts,
+    /// Exclusive scan of the counts `[experts + 1]`.
+    Offsets,
+    /// The scan of the tile-padded counts `[experts + 1]`.
+    Padded,
+    /// Row -> entry `[max rows]`.
+    Perm,
+    /// Entry -> row `[entries]`.
+    Inverse,
+    /// Tile -> expert `[max tiles]`.
+    TileExpert,
+    /// Totals (rows, tiles, overflow).
+    Meta,
+    /// Scan of the overflow counts `[experts + 1]`.
+    OverflowOffsets,
+}
+
+impl ScratchKey {
+    /// The buffer label of this region.
+    pub fn label(self) -> &'static str {
+        match self {
+            ScratchKey::TopkIndices => "topk indices",
+            ScratchKey::TopkWeights => "topk weights",
+            ScratchKey::RouterLogits => "router logits",
+            ScratchKey::ExpertOutputs => "expert outputs",
+            ScratchKey::Dispatch(part) => match part {
+                DispatchPart::Hist => "dispatch hist",
+                DispatchPart::Counts => "expert counts",
+                DispatchPart::Offsets => "expert offsets",
+                DispatchPart::Padded => "padded offsets",
+                DispatchPart::Perm => "perm",
+                DispatchPart::Inverse => "inverse perm",
+                DispatchPart::TileExpert => "tile expert",
+                DispatchPart::Meta => "dispatch meta",
+                DispatchPart::OverflowOffsets => "overflow offsets",
+            },
+            ScratchKey::BucketSlots => "pad perm",
+            ScratchKey::BucketOverflow => "overflow list",
+            ScratchKey::Activations => "ffn activations",
+            ScratchKey::OverflowActivations => "overflow activations",
+            ScratchKey::XWindows => "gemm x windows",
+            ScratchKey::SharedOutput => "shared expert output",
+            ScratchKey::SharedGateLogits => "shared gate logits",
+            ScratchKey::SharedActivations => "shared expert activations",
+        }
+    }
+}
+
+/// Bytes `[offset, offset + size)` of a buffer, held by the plan that binds them (the buffer
+/// lives as long as a plan holds a region of it).
+#[derive(Clone, Debug)]
+pub struct Region {
+    buffer: wgpu::Buffer,
+    offset: u64,
+    size: u64,
+}
+
+impl Region {
+    /// The whole of `buffer`.
+    pub(crate) fn whole(buffer: wgpu::Buffer) -> Self {
+        let size = buffer.size();
+        Region { buffer, offset: 0, size }
+    }
+
+    /// The region as a view (to bind, copy from or read back).
+    pub fn view(&self) -> BufferView<'_> {
+        BufferView::new(&self.buffer, self.offset, self.size)
+    }
+
+    /// The buffer the region lies in.
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// Its first byte in [`Self::buffer`].
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Its bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The first `bytes` bytes of the region, bound at `binding`.
+    pub(crate) fn bind(&self, binding: u32, bytes: u64) -> Binding<'_> {
+        Binding { binding, buffer: &self.buffer, size: bytes, offset: self.offset }
+    }
+}
+
+/// Where planners take their scratch regions from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scratch<'a> {
+    /// A zero-filled buffer of its own for every region taken.
+    Own(&'a Context),
+    /// The regions of a laid-out workspace.
+    Laid(&'a Context, &'a Workspace),
+}
+
+impl<'a> Scratch<'a> {
+    /// The context plans are made on.
+    pub(crate) fn ctx(&self) -> &'a Context {
+        match *self {
+            Scratch::Own(ctx) | Scratch::Laid(ctx, _) => ctx,
+        }
+    }
+
+    /// The region for `key`, holding at least `bytes` bytes.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] for bytes past the device's storage-binding or buffer limits;
+    /// [`Error::InvalidArgument`] where the workspace's layout has no region of that size for
+    /// `key` (a planner and [`WorkspaceLayout`] disagreeing: a bug in moeflow, named as such).
+    pub(crate) fn take(&self, key: ScratchKey, bytes: u64) -> Result<Region> {
+        match *self {
+            Scratch::Own(ctx) => Ok(Region::whole(match key {
+                ScratchKey::XWindows => ctx.window_scratch(key.label(), bytes)?,
+                _ => ctx.storage_scratch(key.label(), bytes)?,
+            })),
+            Scratch::Laid(_, ws) => match ws.regions.iter().find(|(k, _)| *k == key) {
+                Some((_, r)) if r.size >= bytes => Ok(r.clone()),
+                found => Err(Error::invalid(format!(
+                    "moeflow's workspace layout holds {} for `{}`, its plan takes {bytes} bytes \
+                     (a bug in moeflow: please report it)",
+                    found.map_or_else(|| "no region".to_string(), |(_, r)| format!("{} bytes", r.size)),
+                    key.label()
+                ))),
+            },
+        }
+    }
+}
+
+/// Offsets and sizes of a workspace's regions: each region starts at a multiple of
+/// [`Self::alignment`] (the device's storage and uniform offset alignments), in the order they
+/// were pushed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkspaceLayout {
+    spans: Vec<(ScratchKey, u64, u64)>,
+    bytes: u64,
+    alignment: u64,
+}
+
+impl WorkspaceLayout {
+    /// An empty layout whose regions start at multiples of the larger of the device's storage
+    /// and uniform offset alignments.
+    pub(crate) fn new(limits: &wgpu::Limits) -> Self {
+        let alignment = u64::from(
+            limits.min_storage_buffer_offset_alignment.max(limits.min_uniform_buffer_offset_alignment),
+        )
+        .max(4);
+        WorkspaceLayout { spans: Vec::new(), bytes: 0, alignment }
+    }
+
+    /// Adds a region of `bytes` bytes (at least 4, rounded up to 4) for `key`, or grows the
+    /// one it has to hold `bytes`.
+    pub(crate) fn push(&mut self, key: ScratchKey, bytes: u64) {
+        let bytes = bytes.max(4).next_multiple_of(4);
+        if let Some(i) = self.spans.iter().position(|(k, _, _)| *k == key) {
+            if self.spans[i].2 >= bytes {
+                return;
+            }
+            let (_, _, old) = self.spans.remove(i);
+            self.spans[i..].iter_mut().for_each(|s| s.1 -= old.next_multiple_of(self.alignment));
+            self.bytes -= old.next_multiple_of(self.alignment);
+        }
+        self.spans.push((key, self.bytes, bytes));
+        self.bytes += bytes.next_multiple_of(self.alignment);
+    }
+
+    /// Bytes of a buffer that holds every region (from an aligned offset).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The alignment of every region's offset, and of the workspace's own offset in its buffer.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// The largest region's bytes (each is bound on its own: the storage-binding limit applies
+    /// to it, not to the whole).
+    pub fn largest(&self) -> u64 {
+        self.spans.iter().map(|s| s.2).max().unwrap_or(0)
+    }
+
+    /// The regions: key, offset from the workspace's start, bytes.
+    pub fn regions(&self) -> impl Iterator<Item = (ScratchKey, u64, u64)> + '_ {
+        self.spans.iter().copied()
+    }
+}
+
+/// The usages a workspace buffer needs: storage and uniform bindings (x windows are read as
+/// uniform), copies out (results read back) and in.
+pub const WORKSPACE_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::UNIFORM)
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// The regions of a [`WorkspaceLayout`] on the device.
+#[derive(Clone, Debug)]
+pub struct Workspace {
+    regions: Vec<(ScratchKey, Region)>,
+}
+
+impl Workspace {
+    /// A buffer of its own for each region of `layout` (zero-filled).
+    ///
+    /// # Errors
+    /// A region past the device's storage-binding or buffer limits; device errors.
+    pub(crate) fn own(ctx: &Context, layout: &WorkspaceLayout) -> Result<Self> {
+        let regions = layout
+            .regions()
+            .map(|(key, _, bytes)| Ok((key, Scratch::Own(ctx).take(key, bytes)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Workspace { regions })
+    }
+
+    /// `layout`'s regions cut from `view`, at their offsets from the view's start.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a view smaller than the layout or past its buffer;
+    /// [`Error::InvalidArgument`] for a view at an offset that is not a multiple of the layout's
+    /// alignment or a buffer without [`WORKSPACE_USAGE`]; [`Error::LimitExceeded`] for a region
+    /// past the device's storage-binding limit.
+    pub(crate) fn carve(ctx: &Context, layout: &WorkspaceLayout, view: BufferView<'_>) -> Result<Self> {
+        let end = view.offset.checked_add(view.size);
+        if end.is_none_or(|end| end > view.buffer.size()) {
+            return Err(Error::shape(
+                "workspace view",
+                format!("a range within the buffer's {} bytes", view.buffer.size()),
+                format!("bytes {} .. {}", view.offset, view.offset.saturating_add(view.size)),
+            ));
+        }
+        if view.size < layout.bytes {
+            return Err(Error::shape(
+                "workspace",
+                format!("at least {} bytes", layout.bytes),
+                format!("{} bytes", view.size),
+            ));
+        }
+        if !view.offset.is_multiple_of(layout.alignment) {
+            return Err(Error::invalid(format!(
+                "the workspace starts at byte {}, not a multiple of its alignment {}",
+                view.offset, layout.alignment
+            )));
+        }
+        if !view.buffer.usage().contains(WORKSPACE_USAGE) {
+            return Err(Error::invalid(format!(
+                "the workspace buffer has usages {:?}; it needs {WORKSPACE_USAGE:?}",
+                view.buffer.usage()
+            )));
+        }
+        let limit = ctx.limits().max_storage_buffer_binding_size;
+        let regions = layout
+            .regions()
+            .map(|(key, offset, bytes)| {
+                if bytes > limit {
+                    return Err(Error::limit(
+                        format!("workspace region `{}`", key.label()),
+                        bytes,
+                        limit,
+                        "max_storage_buffer_binding_size",
+                    ));
+                }
+                let region =
+                    Region { buffer: view.buffer.clone(), offset: view.offset + offset, size: bytes };
+                Ok((key, region))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Workspace { regions })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(storage: u32, uniform: u32) -> WorkspaceLayout {
+        WorkspaceLayout::new(&wgpu::Limits {
+            min_storage_buffer_offset_alignment: storage,
+            min_uniform_buffer_offset_alignment: uniform,
+            ..wgpu::Limits::downlevel_defaults()
+        })
+    }
+
+    /// Regions start at aligned offsets in push order; a key pushed again grows its region in
+    /// place of a second one, and the regions after it move.
+    #[test]
+    fn regions_are_aligned_and_one_per_key() {
+        let mut l = layout(32, 256);
+        assert_eq!(l.alignment(), 256);
+        l.push(ScratchKey::TopkIndices, 10);
+        l.push(ScratchKey::Activations, 300);
+        l.push(ScratchKey::TopkWeights, 0);
+        assert_eq!(
+            l.regions().collect::<Vec<_>>(),
+            [
+                (ScratchKey::TopkIndices, 0, 12),
+                (ScratchKey::Activations, 256, 300),
+                (ScratchKey::TopkWeights, 768, 4)
+            ]
+        );
+        assert_eq!(l.bytes(), 1024);
+        l.push(ScratchKey::Activations, 100);
+        assert_eq!(l.bytes(), 1024, "a smaller request fits the region there is");
+        l.push(ScratchKey::Activations, 600);
+        assert_eq!(
+            l.regions().collect::<Vec<_>>(),
+            [
+                (ScratchKey::TopkIndices, 0, 12),
+                (ScratchKey::TopkWeights, 256, 4),
+                (ScratchKey::Activations, 512, 600)
+            ]
+        );
+        assert_eq!((l.bytes(), l.largest()), (512 + 768, 600));
+    }
+}
