@@ -2,10 +2,9 @@
 //! results, the dispatch layout, expert activations and outputs, staged x windows), as
 //! [`Region`]s of buffers.
 //!
-//! A kernel planner takes each region from a [`Scratch`] by its [`ScratchKey`]: either a
-//! zero-filled buffer of its own ([`Scratch::Own`], for plans made one at a time) or the
-//! region a [`WorkspaceLayout`] set aside for that key in a [`Workspace`]: one caller's buffer
-//! cut at aligned offsets, or one buffer per key. A layer computes its layout once
+//! A kernel planner takes each region by its [`ScratchKey`]: either a zero-filled buffer of its
+//! own (for plans made one at a time) or the region a [`WorkspaceLayout`] set aside for that
+//! key in a [`Workspace`]: one caller's buffer cut at aligned offsets, or one buffer per key. A layer computes its layout once
 //! (`MoeConfig::workspace_layout`), and both its plan and its device requirements read it, so
 //! the sizes have one source. Nothing in a workspace is read before a forward writes it, so
 //! layers that run one after another can share one workspace whatever it held before.
