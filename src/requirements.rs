@@ -15,7 +15,6 @@ use crate::kernels::gemm::{
 };
 use crate::layer::{KernelChoice, MoeConfig};
 use crate::pipeline::KernelSpec;
-use crate::workspace::ScratchKey;
 
 /// Features and limits to create a device with (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
@@ -136,16 +135,14 @@ impl MoeConfig {
         // The largest dispatch tile of the candidates pads the most rows.
         let tile = variants.iter().map(|v| v.block_rows()).max().unwrap_or(1);
         let layout = self.workspace_layout(max_tokens, variants, tile, have)?;
-        let windows =
-            layout.regions().find(|(key, ..)| *key == ScratchKey::XWindows).map_or(0, |(_, _, bytes)| bytes);
-        let scratch = layout.regions().filter(|(key, ..)| *key != ScratchKey::XWindows).map(|r| r.2).max();
+        let windows = layout.window_bytes().unwrap_or(0);
         let dtype = self.weight_dtype;
         // Weights split by expert, then by output column: one column is the least a binding
         // can hold; whole tensors are preferred.
         let needed = [
             rows,        // x, y
             f32s(e * h), // router
-            scratch.unwrap_or(4),
+            layout.largest(),
             dtype.packed_bytes(1, h),
             dtype.packed_bytes(1, f),
         ]

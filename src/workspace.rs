@@ -4,7 +4,13 @@
 //!
 //! A kernel planner takes each region by its [`ScratchKey`]: either a zero-filled buffer of its
 //! own (for plans made one at a time) or the region a [`WorkspaceLayout`] set aside for that
-//! key in a [`Workspace`]: one caller's buffer cut at aligned offsets, or one buffer per key. A layer computes its layout once
+//! key in a [`Workspace`]: one caller's buffer cut at aligned offsets, or one buffer per key.
+//!
+//! wgpu (like WebGPU) tracks usage per buffer, not per range: within one dispatch a buffer is
+//! either only read (as read-only storage, or uniform) or bound only as read-write storage. So
+//! every kernel declares the storage bindings that can hold a region, x or y as `read_write`
+//! (weights and parameters stay read-only), and x, y and the regions can share one buffer. The
+//! x windows, which the window kernels read as uniform, are a buffer of the workspace's own. A layer computes its layout once
 //! (`MoeConfig::workspace_layout`), and both its plan and its device requirements read it, so
 //! the sizes have one source. Nothing in a workspace is read before a forward writes it, so
 //! layers that run one after another can share one workspace whatever it held before.
@@ -38,7 +44,8 @@ pub enum ScratchKey {
     /// The activations of a bucket layout's overflow entries `[tokens * k, ffn]` (f32).
     OverflowActivations,
     /// x rows staged into uniform windows for the window kernels (every pass of a forward
-    /// stages into the same region, one pass after another).
+    /// stages into the same region, one pass after another; a buffer of the workspace's own,
+    /// not a region of the caller's).
     XWindows,
     /// The shared expert's output `[tokens, hidden]` (f32).
     SharedOutput,
@@ -166,8 +173,8 @@ impl<'a> Scratch<'a> {
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] for bytes past the device's storage-binding or buffer limits;
-    /// [`Error::InvalidArgument`] where the workspace's layout has no region of that size for
-    /// `key` (a planner and [`WorkspaceLayout`] disagreeing: a bug in moeflow, named as such).
+    /// [`Error::InvalidArgument`] where the workspace has no region of that size for `key` (one
+    /// made for a smaller layer or token count).
     pub(crate) fn take(&self, key: ScratchKey, bytes: u64) -> Result<Region> {
         match *self {
             Scratch::Own(ctx) => Ok(Region::whole(match key {
@@ -177,8 +184,9 @@ impl<'a> Scratch<'a> {
             Scratch::Laid(_, ws) => match ws.regions.iter().find(|(k, _)| *k == key) {
                 Some((_, r)) if r.size >= bytes => Ok(r.clone()),
                 found => Err(Error::invalid(format!(
-                    "moeflow's workspace layout holds {} for `{}`, its plan takes {bytes} bytes \
-                     (a bug in moeflow: please report it)",
+                    "the workspace holds {} for `{}`; this plan takes {bytes} bytes (make the \
+                     workspace from this layer's layout for its maximum token count, or a layout \
+                     merged with it)",
                     found.map_or_else(|| "no region".to_string(), |(_, r)| format!("{} bytes", r.size)),
                     key.label()
                 ))),
@@ -189,12 +197,13 @@ impl<'a> Scratch<'a> {
 
 /// Offsets and sizes of a workspace's regions: each region starts at a multiple of
 /// [`Self::alignment`] (the device's storage and uniform offset alignments), in the order they
-/// were pushed.
+/// were pushed; and the bytes of x windows, which are not a region (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkspaceLayout {
     spans: Vec<(ScratchKey, u64, u64)>,
     bytes: u64,
     alignment: u64,
+    windows: Option<u64>,
 }
 
 impl WorkspaceLayout {
@@ -205,13 +214,17 @@ impl WorkspaceLayout {
             limits.min_storage_buffer_offset_alignment.max(limits.min_uniform_buffer_offset_alignment),
         )
         .max(4);
-        WorkspaceLayout { spans: Vec::new(), bytes: 0, alignment }
+        WorkspaceLayout { spans: Vec::new(), bytes: 0, alignment, windows: None }
     }
 
     /// Adds a region of `bytes` bytes (at least 4, rounded up to 4) for `key`, or grows the
-    /// one it has to hold `bytes`.
+    /// one it has to hold `bytes` (for [`ScratchKey::XWindows`]: the windows' bytes).
     pub(crate) fn push(&mut self, key: ScratchKey, bytes: u64) {
         let bytes = bytes.max(4).next_multiple_of(4);
+        if key == ScratchKey::XWindows {
+            self.windows = Some(self.windows.map_or(bytes, |w| w.max(bytes)));
+            return;
+        }
         if let Some(i) = self.spans.iter().position(|(k, _, _)| *k == key) {
             if self.spans[i].2 >= bytes {
                 return;
@@ -224,9 +237,37 @@ impl WorkspaceLayout {
         self.bytes += bytes.next_multiple_of(self.alignment);
     }
 
+    /// A layout that holds both `self`'s and `other`'s regions, each as large as the larger
+    /// (for one workspace shared by layers of different shapes).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for layouts of different alignments (made on other devices).
+    pub fn merged(&self, other: &WorkspaceLayout) -> Result<WorkspaceLayout> {
+        if self.alignment != other.alignment {
+            return Err(Error::invalid(format!(
+                "workspace layouts of alignments {} and {} are for different devices",
+                self.alignment, other.alignment
+            )));
+        }
+        let mut out = self.clone();
+        for (key, _, bytes) in other.regions() {
+            out.push(key, bytes);
+        }
+        if let Some(w) = other.windows {
+            out.push(ScratchKey::XWindows, w);
+        }
+        Ok(out)
+    }
+
     /// Bytes of a buffer that holds every region (from an aligned offset).
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Bytes of the x windows, where a kernel reads them (a buffer that
+    /// [`Workspace::new`] makes, apart from the caller's).
+    pub fn window_bytes(&self) -> Option<u64> {
+        self.windows
     }
 
     /// The alignment of every region's offset, and of the workspace's own offset in its buffer.
@@ -240,7 +281,7 @@ impl WorkspaceLayout {
         self.spans.iter().map(|s| s.2).max().unwrap_or(0)
     }
 
-    /// The regions: key, offset from the workspace's start, bytes.
+    /// The regions: key, offset from the workspace's start, bytes (the x windows are not one).
     pub fn regions(&self) -> impl Iterator<Item = (ScratchKey, u64, u64)> + '_ {
         self.spans.iter().copied()
     }
@@ -253,7 +294,9 @@ pub const WORKSPACE_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
 
-/// The regions of a [`WorkspaceLayout`] on the device.
+/// The regions of a [`WorkspaceLayout`] on the device, for plans to bind
+/// (`MoeLayer::plan_in`). Plans hold what they bind: the workspace can be dropped once they are
+/// made, and any number of plans that run one after another can be made in one.
 #[derive(Clone, Debug)]
 pub struct Workspace {
     regions: Vec<(ScratchKey, Region)>,
@@ -265,21 +308,26 @@ impl Workspace {
     /// # Errors
     /// A region past the device's storage-binding or buffer limits; device errors.
     pub(crate) fn own(ctx: &Context, layout: &WorkspaceLayout) -> Result<Self> {
+        let windows = layout.windows.map(|w| (ScratchKey::XWindows, 0, w));
         let regions = layout
             .regions()
+            .chain(windows)
             .map(|(key, _, bytes)| Ok((key, Scratch::Own(ctx).take(key, bytes)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Workspace { regions })
     }
 
-    /// `layout`'s regions cut from `view`, at their offsets from the view's start.
+    /// `layout`'s regions cut from `view` (of a buffer made with [`WORKSPACE_USAGE`]), at their
+    /// offsets from the view's start; the x windows, where the layout has them, in a buffer of
+    /// the workspace's own. x, y and other data of the caller's may share `view`'s buffer.
     ///
     /// # Errors
     /// [`Error::Shape`] for a view smaller than the layout or past its buffer;
     /// [`Error::InvalidArgument`] for a view at an offset that is not a multiple of the layout's
     /// alignment or a buffer without [`WORKSPACE_USAGE`]; [`Error::LimitExceeded`] for a region
     /// past the device's storage-binding limit.
-    pub(crate) fn carve(ctx: &Context, layout: &WorkspaceLayout, view: BufferView<'_>) -> Result<Self> {
+    pub fn new<'b>(ctx: &Context, layout: &WorkspaceLayout, view: impl Into<BufferView<'b>>) -> Result<Self> {
+        let view = view.into();
         let end = view.offset.checked_add(view.size);
         if end.is_none_or(|end| end > view.buffer.size()) {
             return Err(Error::shape(
@@ -308,7 +356,7 @@ impl Workspace {
             )));
         }
         let limit = ctx.limits().max_storage_buffer_binding_size;
-        let regions = layout
+        let mut regions = layout
             .regions()
             .map(|(key, offset, bytes)| {
                 if bytes > limit {
@@ -324,6 +372,9 @@ impl Workspace {
                 Ok((key, region))
             })
             .collect::<Result<Vec<_>>>()?;
+        if let Some(w) = layout.windows {
+            regions.push((ScratchKey::XWindows, Scratch::Own(ctx).take(ScratchKey::XWindows, w)?));
+        }
         Ok(Workspace { regions })
     }
 }
@@ -349,6 +400,8 @@ mod tests {
         l.push(ScratchKey::TopkIndices, 10);
         l.push(ScratchKey::Activations, 300);
         l.push(ScratchKey::TopkWeights, 0);
+        l.push(ScratchKey::XWindows, 5000);
+        assert_eq!(l.window_bytes(), Some(5000), "the windows are not a region");
         assert_eq!(
             l.regions().collect::<Vec<_>>(),
             [

@@ -1,8 +1,9 @@
 //! The layer as an inference engine embeds it: the app's own device, created with exactly the
-//! layer's requirements; its activations in one arena buffer at non-zero offsets; one plan per
-//! layer for up to 512 tokens, two layers chained with x and y swapping roles; forwards of 1,
-//! 7, 512 and 64 tokens in turn, all recorded into one encoder between the app's own copies,
-//! one submission.
+//! layer's requirements; its activations and one workspace in one arena buffer at non-zero
+//! offsets; one plan per layer for up to 512 tokens, two layers chained with x and y swapping
+//! roles and sharing the workspace (which starts out holding garbage); forwards of 1, 7, 512
+//! and 64 tokens in turn, all recorded into one encoder between the app's own copies, one
+//! submission.
 
 mod common;
 
@@ -11,6 +12,7 @@ use common::{assert_rows_close, bits};
 use moeflow::prelude::*;
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
+use moeflow::workspace::{WORKSPACE_USAGE, Workspace};
 
 #[test]
 fn an_app_runs_two_layers_at_changing_counts_in_one_submission() {
@@ -36,15 +38,31 @@ fn an_app_runs_two_layers_at_changing_counts_in_one_submission() {
         let one = MoeLayer::new(&ctx, cfg, &w1).unwrap();
         let two = MoeLayer::new(&ctx, cfg, &w2).unwrap();
 
-        // The app's arena: a gap, x, y, each region at the device's offset alignment.
-        let align = u64::from(device.limits().min_storage_buffer_offset_alignment);
+        // The app's arena: a gap, x, y, the layers' one workspace, a gap; each region at the
+        // workspace's alignment (a multiple of the device's offset alignments).
+        let layout = one.workspace(&ctx, max).unwrap();
+        assert_eq!(layout, two.workspace(&ctx, max).unwrap(), "{slug}: one configuration, one layout");
+        let align = layout.alignment();
+        assert_eq!(align % u64::from(device.limits().min_storage_buffer_offset_alignment), 0);
         let region = (u64::from(max) * h as u64 * 4).div_ceil(align) * align;
-        let arena = ctx.zeroed("arena", align + 2 * region).unwrap();
-        let (xa, ya) = (align, align + region);
+        let (xa, ya, wa) = (align, align + region, align + 2 * region);
+        let arena_bytes = wa + layout.bytes() + align;
+        let arena = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("arena"),
+            size: arena_bytes,
+            usage: WORKSPACE_USAGE,
+            mapped_at_creation: false,
+        });
+        // Gaps and activations zero; the workspace all ones (NaN floats, u32::MAX indices): a
+        // forward reads nothing there it did not write.
+        let mut init = vec![0u8; arena_bytes as usize];
+        init[wa as usize..(wa + layout.bytes()) as usize].fill(0xff);
+        queue.write_buffer(&arena, 0, &init);
         let x = BufferView::new(&arena, xa, region);
         let y = BufferView::new(&arena, ya, region);
-        let p1 = one.plan(&ctx, max, x, y).unwrap();
-        let p2 = two.plan(&ctx, max, y, x).unwrap();
+        let workspace = Workspace::new(&ctx, &layout, BufferView::new(&arena, wa, layout.bytes())).unwrap();
+        let p1 = one.plan_in(&ctx, max, x, y, &workspace).unwrap();
+        let p2 = two.plan_in(&ctx, max, y, x, &workspace).unwrap();
 
         // The app's own buffers: every step's input, and every step's output copied out.
         let staged: Vec<f32> = inputs.concat();
@@ -74,11 +92,13 @@ fn an_app_runs_two_layers_at_changing_counts_in_one_submission() {
             "{slug}: rows past the last forward's 64 tokens changed at"
         );
         let mut at = 0usize;
+        let mut mid_of_last = Vec::new();
         for (&n, x) in counts.iter().zip(&inputs) {
             let rows = n as usize * h;
             let what = format!("{slug}: {n} tokens");
             // Plans made for exactly n tokens, one layer after the other.
             let mid = one.forward_host(&ctx, x).unwrap().y;
+            mid_of_last.clone_from(&mid);
             let want = two.forward_host(&ctx, &mid).unwrap().y;
             assert_eq!(differs(&got[at..at + rows], &want), None, "{what}: differs from exact plans at");
             let (ref_mid, _, _) = reference::forward(&cfg, &w1, x).unwrap();
@@ -86,8 +106,15 @@ fn an_app_runs_two_layers_at_changing_counts_in_one_submission() {
             assert_rows_close(&format!("{what} against the CPU reference"), &got[at..at + rows], &ref_y, h);
             at += rows;
         }
-        // Nothing before the arena's first region was touched.
-        let gap: Vec<f32> = ctx.read_back(&arena, (align / 4) as usize).unwrap();
-        assert!(gap.iter().all(|&v| v == 0.0), "{slug}: bytes before x");
+        // Nothing before the arena's first region or past the workspace was touched.
+        let all: Vec<u32> = ctx.read_back(&arena, (arena_bytes / 4) as usize).unwrap();
+        assert!(all[..(align / 4) as usize].iter().all(|&v| v == 0), "{slug}: bytes before x");
+        let tail = ((wa + layout.bytes()) / 4) as usize;
+        assert!(all[tail..].iter().all(|&v| v == 0), "{slug}: bytes past the workspace");
+        // The second layer's routing results are the last forward's, in the shared workspace.
+        let (_, idx, _) = reference::forward(&cfg, &w2, &mid_of_last).unwrap();
+        let got_idx: Vec<u32> = ctx.read_back(p2.indices(), idx.len()).unwrap();
+        assert_eq!(got_idx, idx, "{slug}: the last forward's indices");
+        assert_eq!(p1.indices().offset, p2.indices().offset, "{slug}: the layers share their regions");
     }
 }

@@ -200,7 +200,7 @@ static MOE_PERSISTENT: KernelSpec = KernelSpec {
     entry: "persistent",
     bindings: &[
         (0, Uniform),
-        (1, Read),
+        (1, ReadWrite),
         (2, Read),
         (7, Read),
         (8, Read),
@@ -220,7 +220,7 @@ static MOE_PASS: KernelSpec = KernelSpec {
     entry: "moe_pass",
     bindings: &[
         (0, Uniform),
-        (1, Read),
+        (1, ReadWrite),
         (2, Read),
         (3, Uniform),
         (7, Read),

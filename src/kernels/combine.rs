@@ -38,11 +38,15 @@ const fn spec(entry: &'static str, bindings: &'static [(u32, Access)]) -> Kernel
         workgroup: Workgroup::Fixed(64),
     }
 }
-static COMBINE: KernelSpec =
-    spec("combine", &[(0, Uniform), (1, Read), (2, Read), (3, Read), (4, Read), (5, ReadWrite)]);
+static COMBINE: KernelSpec = spec(
+    "combine",
+    &[(0, Uniform), (1, ReadWrite), (2, ReadWrite), (3, ReadWrite), (4, ReadWrite), (5, ReadWrite)],
+);
 static CLEAR_ROW: KernelSpec = spec("clear_row", &[(0, Uniform), (5, ReadWrite)]);
-static ADD_SCALED: KernelSpec = spec("add_scaled", &[(0, Uniform), (1, Read), (2, Read), (5, ReadWrite)]);
-static ADD_SHARED: KernelSpec = spec("add_shared", &[(0, Uniform), (3, Read), (4, Read), (5, ReadWrite)]);
+static ADD_SCALED: KernelSpec =
+    spec("add_scaled", &[(0, Uniform), (1, ReadWrite), (2, ReadWrite), (5, ReadWrite)]);
+static ADD_SHARED: KernelSpec =
+    spec("add_shared", &[(0, Uniform), (3, ReadWrite), (4, ReadWrite), (5, ReadWrite)]);
 static FILL_ZERO: KernelSpec = spec("fill_zero", &[(0, Uniform), (5, ReadWrite)]);
 /// Every combine kernel (for the requirements and the contract test).
 pub(crate) static SPECS: &[&KernelSpec] = &[&COMBINE, &CLEAR_ROW, &ADD_SCALED, &ADD_SHARED, &FILL_ZERO];

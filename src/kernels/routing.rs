@@ -80,7 +80,7 @@ pub(crate) const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static GATE_MATVEC: KernelSpec = KernelSpec {
     shader: &GATE_MATVEC_SHADER,
     entry: "gate_matvec",
-    bindings: &[(0, Access::Uniform), (1, Access::Read), (2, Access::Read), (3, Access::ReadWrite)],
+    bindings: &[(0, Access::Uniform), (1, Access::ReadWrite), (2, Access::Read), (3, Access::ReadWrite)],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Override("MATVEC_WG"),
 };
@@ -89,7 +89,7 @@ static TOPK: KernelSpec = KernelSpec {
     entry: "topk",
     bindings: &[
         (0, Access::Uniform),
-        (3, Access::Read),
+        (3, Access::ReadWrite),
         (4, Access::Read),
         (5, Access::ReadWrite),
         (6, Access::ReadWrite),
@@ -102,7 +102,7 @@ static ROUTE_FUSED: KernelSpec = KernelSpec {
     entry: "route_fused",
     bindings: &[
         (0, Access::Uniform),
-        (1, Access::Read),
+        (1, Access::ReadWrite),
         (2, Access::Read),
         (3, Access::ReadWrite),
         (4, Access::Read),

@@ -25,8 +25,6 @@ use crate::kernels::gemm::{
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::kernels::sizing::plan_sizing;
 use crate::pipeline::{BufferView, Dispatch};
-#[cfg(doc)]
-use crate::workspace::WORKSPACE_USAGE;
 use crate::workspace::{Region, Scratch, ScratchKey, Workspace, WorkspaceLayout};
 
 mod workspace;
@@ -775,27 +773,27 @@ impl MoeLayer {
         self.plan_with(ctx, max_tokens, x.into(), y.into(), &workspace)
     }
 
-    /// [`Self::plan`] with its scratch in `workspace`: bytes of the caller's buffer (created
-    /// with [`WORKSPACE_USAGE`]), at least [`Self::workspace`]'s `bytes()` from an offset that
-    /// is a multiple of its `alignment()`. Layers that run one after another can share one
-    /// workspace: a forward reads nothing there that it did not write. What it holds after a
-    /// forward ([`ForwardPlan::indices`], [`ForwardPlan::load`]) is that forward's until the next
-    /// forward that shares it.
+    /// [`Self::plan`] with its scratch in `workspace`: a [`Workspace`] made from the caller's
+    /// buffer ([`Workspace::new`]) with [`Self::workspace`]'s layout for at least `max_tokens`
+    /// (or a layout merged with it). Layers that run one after another can share one
+    /// workspace, and x and y can lie in its buffer beside it: a forward reads nothing in the
+    /// workspace that it did not write. What it holds after a forward
+    /// ([`ForwardPlan::indices`], [`ForwardPlan::load`]) is that forward's until the next forward
+    /// that shares it.
     ///
     /// # Errors
-    /// As [`Self::plan`]; [`Error::Shape`] for a workspace smaller than the layout or past its
-    /// buffer; [`Error::InvalidArgument`] for a misaligned workspace or a buffer without
-    /// [`WORKSPACE_USAGE`].
+    /// As [`Self::plan`]; [`Error::InvalidArgument`] for a workspace without a region this plan
+    /// takes, or one too small.
     pub fn plan_in<'b>(
         &self,
         ctx: &Context,
         max_tokens: u32,
         x: impl Into<BufferView<'b>>,
         y: impl Into<BufferView<'b>>,
-        workspace: impl Into<BufferView<'b>>,
+        workspace: &Workspace,
     ) -> Result<ForwardPlan> {
-        let workspace = Workspace::carve(ctx, &self.workspace(ctx, max_tokens)?, workspace.into())?;
-        self.plan_with(ctx, max_tokens, x.into(), y.into(), &workspace)
+        self.workspace(ctx, max_tokens)?;
+        self.plan_with(ctx, max_tokens, x.into(), y.into(), workspace)
     }
 
     /// The scratch a plan for up to `max_tokens` tokens takes on `ctx`: its regions, the bytes

@@ -19,10 +19,10 @@ struct CombineParams {
 }
 
 @group(0) @binding(0) var<uniform> params: CombineParams;
-@group(0) @binding(1) var<storage, read> weights: array<f32>;
-@group(0) @binding(2) var<storage, read> partial: array<f32>;
-@group(0) @binding(3) var<storage, read> shared_rows: array<f32>;
-@group(0) @binding(4) var<storage, read> shared_logit: array<f32>;
+@group(0) @binding(1) var<storage, read_write> weights: array<f32>;
+@group(0) @binding(2) var<storage, read_write> partial: array<f32>;
+@group(0) @binding(3) var<storage, read_write> shared_rows: array<f32>;
+@group(0) @binding(4) var<storage, read_write> shared_logit: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 override HAS_SHARED: bool = false;

@@ -2,12 +2,12 @@
 // `bound` tokens in stable order in pad_perm[c * bound .. (c + 1) * bound) (NONE pads);
 // tokens past the bound go, in (bucket, rank) order, to the overflow list.
 
-@group(0) @binding(3) var<storage, read> counts: array<u32>;
-@group(0) @binding(4) var<storage, read> offsets: array<u32>;
-@group(0) @binding(6) var<storage, read> perm: array<u32>;
-@group(0) @binding(7) var<storage, read> inverse: array<u32>;
-@group(0) @binding(1) var<storage, read> indices: array<u32>;
-@group(0) @binding(10) var<storage, read> overflow_offsets: array<u32>;
+@group(0) @binding(3) var<storage, read_write> counts: array<u32>;
+@group(0) @binding(4) var<storage, read_write> offsets: array<u32>;
+@group(0) @binding(6) var<storage, read_write> perm: array<u32>;
+@group(0) @binding(7) var<storage, read_write> inverse: array<u32>;
+@group(0) @binding(1) var<storage, read_write> indices: array<u32>;
+@group(0) @binding(10) var<storage, read_write> overflow_offsets: array<u32>;
 @group(0) @binding(11) var<storage, read_write> pad_perm: array<u32>;
 @group(0) @binding(12) var<storage, read_write> overflow: array<u32>;
 

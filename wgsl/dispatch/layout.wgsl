@@ -10,7 +10,7 @@
 //    so rows inside an expert are in ascending entry order: a stable sort's result.
 // Counting uses atomicAdd on per-block counters (order-free); placement never does.
 
-@group(0) @binding(1) var<storage, read> indices: array<u32>;
+@group(0) @binding(1) var<storage, read_write> indices: array<u32>;
 @group(0) @binding(2) var<storage, read_write> hist: array<atomic<u32>>;
 @group(0) @binding(3) var<storage, read_write> counts: array<u32>;
 @group(0) @binding(4) var<storage, read_write> offsets: array<u32>;

@@ -48,11 +48,11 @@ struct GemmParams {
 
 @group(0) @binding(0) var<uniform> params: GemmParams;
 // Input rows [*, K] (f32).
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
 // Row -> entry (token * k + slot), NONE for padding.
-@group(0) @binding(4) var<storage, read> row_entry: array<u32>;
+@group(0) @binding(4) var<storage, read_write> row_entry: array<u32>;
 // Tile -> expert (FLAG_EXPERT_FROM_TILES).
-@group(0) @binding(5) var<storage, read> tile_expert: array<u32>;
+@group(0) @binding(5) var<storage, read_write> tile_expert: array<u32>;
 // Output [*, N] (f32).
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 

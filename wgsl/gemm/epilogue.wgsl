@@ -8,7 +8,7 @@
 
 // Biases, f32 by global expert and column: BIAS 1 one per output [E, N]; BIAS 2 a (gate, up)
 // pair per output [E, N, 2] (the SwiGLU pass). Bound to any read-only buffer with BIAS 0.
-@group(0) @binding(10) var<storage, read> bias: array<f32>;
+@group(0) @binding(10) var<storage, read_write> bias: array<f32>;
 
 // 0: no bias; 1: [E, N]; 2: [E, N, 2].
 override BIAS: u32 = 0u;

@@ -13,8 +13,8 @@
 // one-accumulator order).
 
 // Live row count: rows = min(params.rows, row_count[params.count_word]).
-@group(0) @binding(7) var<storage, read> row_count: array<u32>;
-@group(0) @binding(8) var<storage, read> expert_of_entry: array<u32>;
+@group(0) @binding(7) var<storage, read_write> row_count: array<u32>;
+@group(0) @binding(8) var<storage, read_write> expert_of_entry: array<u32>;
 
 // Invocation i of a dispatch (the entry points are rowwise_entry.wgsl and
 // rowwise_x_subgroup.wgsl): output row i / row_lanes, column i % row_lanes of the chunk, where

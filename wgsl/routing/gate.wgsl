@@ -1,7 +1,7 @@
 // Gate matvec body, shared by the unfused `gate_matvec` kernel and the fused `route_fused`
 // kernel so that both compute every logit with the same instructions.
 
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w_gate: array<f32>;
 
 // logit(t, e) = sum_h x[t, h] * w_gate[e, h] (+ w_gate[E * H + e] with params.router_bias).

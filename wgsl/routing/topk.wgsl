@@ -1,7 +1,7 @@
 // Unfused top-k: one workgroup per token reads that token's logits row and runs
 // `route_select`, exactly as the fused kernel does after its matvec.
 
-@group(0) @binding(3) var<storage, read> logits: array<f32>;
+@group(0) @binding(3) var<storage, read_write> logits: array<f32>;
 
 @compute @workgroup_size(ROUTE_WG)
 fn topk(

@@ -59,13 +59,13 @@ static BUCKET_SHADER: ShaderSource = ShaderSource {
 #[cfg(test)]
 pub(crate) static SHADERS: &[&ShaderSource] = &[&LAYOUT_SHADER, &BUCKET_SHADER];
 
-use Access::{Read, ReadWrite, Uniform};
+use Access::{ReadWrite, Uniform};
 /// Bytes of `DispatchParams` (wgsl/dispatch/params.wgsl).
 const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static BLOCK_HIST: KernelSpec = KernelSpec {
     shader: &LAYOUT_SHADER,
     entry: "block_hist",
-    bindings: &[(0, Uniform), (1, Read), (2, ReadWrite)],
+    bindings: &[(0, Uniform), (1, ReadWrite), (2, ReadWrite)],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(DISPATCH_WG),
 };
@@ -95,21 +95,28 @@ static SCAN: KernelSpec = KernelSpec {
 static SCATTER: KernelSpec = KernelSpec {
     shader: &LAYOUT_SHADER,
     entry: "scatter",
-    bindings: &[(0, Uniform), (1, Read), (2, ReadWrite), (5, ReadWrite), (6, ReadWrite), (7, ReadWrite)],
+    bindings: &[(0, Uniform), (1, ReadWrite), (2, ReadWrite), (5, ReadWrite), (6, ReadWrite), (7, ReadWrite)],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(DISPATCH_WG),
 };
 static BUCKET_SLOTS: KernelSpec = KernelSpec {
     shader: &BUCKET_SHADER,
     entry: "bucket_slots",
-    bindings: &[(0, Uniform), (3, Read), (4, Read), (6, Read), (11, ReadWrite)],
+    bindings: &[(0, Uniform), (3, ReadWrite), (4, ReadWrite), (6, ReadWrite), (11, ReadWrite)],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
 static BUCKET_OVERFLOW: KernelSpec = KernelSpec {
     shader: &BUCKET_SHADER,
     entry: "bucket_overflow",
-    bindings: &[(0, Uniform), (1, Read), (4, Read), (7, Read), (10, Read), (12, ReadWrite)],
+    bindings: &[
+        (0, Uniform),
+        (1, ReadWrite),
+        (4, ReadWrite),
+        (7, ReadWrite),
+        (10, ReadWrite),
+        (12, ReadWrite),
+    ],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };

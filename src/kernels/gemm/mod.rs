@@ -264,7 +264,7 @@ pub(crate) const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static STAGE: KernelSpec = KernelSpec {
     shader: &STAGE_SHADER,
     entry: "stage",
-    bindings: &[(0, Uniform), (1, Read), (4, Read), (7, ReadWrite)],
+    bindings: &[(0, Uniform), (1, ReadWrite), (4, ReadWrite), (7, ReadWrite)],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
@@ -280,48 +280,48 @@ const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] = &[
     (0, Uniform),
     (2, Read),
     (3, Read),
-    (4, Read),
+    (4, ReadWrite),
     (6, ReadWrite),
-    (7, Read),
-    (8, Read),
+    (7, ReadWrite),
+    (8, ReadWrite),
     (9, Uniform),
-    (10, Read),
+    (10, ReadWrite),
 ];
 /// Bindings of the row-wise kernel reading x from storage.
 const ROWWISE_BINDINGS: &[(u32, Access)] = &[
     (0, Uniform),
-    (1, Read),
+    (1, ReadWrite),
     (2, Read),
     (3, Read),
-    (4, Read),
+    (4, ReadWrite),
     (6, ReadWrite),
-    (7, Read),
-    (8, Read),
-    (10, Read),
+    (7, ReadWrite),
+    (8, ReadWrite),
+    (10, ReadWrite),
 ];
 /// [`ROWWISE_WINDOW_BINDINGS`] with the weights (2, 3) as textures.
 const ROWWISE_WINDOW_TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (0, Uniform),
     (2, TextureU32),
     (3, TextureU32),
-    (4, Read),
+    (4, ReadWrite),
     (6, ReadWrite),
-    (7, Read),
-    (8, Read),
+    (7, ReadWrite),
+    (8, ReadWrite),
     (9, Uniform),
-    (10, Read),
+    (10, ReadWrite),
 ];
 /// [`ROWWISE_BINDINGS`] with the weights (2, 3) as textures.
 const ROWWISE_TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (0, Uniform),
-    (1, Read),
+    (1, ReadWrite),
     (2, TextureU32),
     (3, TextureU32),
-    (4, Read),
+    (4, ReadWrite),
     (6, ReadWrite),
-    (7, Read),
-    (8, Read),
-    (10, Read),
+    (7, ReadWrite),
+    (8, ReadWrite),
+    (10, ReadWrite),
 ];
 /// A row-wise kernel: 64 invocations per workgroup, one per (row, column) output.
 const fn rowwise(shader: &'static ShaderSource, bindings: &'static [(u32, Access)]) -> KernelSpec {

@@ -429,13 +429,13 @@ impl FfnKernels {
 /// the biases (`wgsl/gemm/epilogue.wgsl`).
 pub(crate) const BINDINGS: &[(u32, Access)] = &[
     (0, Access::Uniform),
-    (1, Access::Read),
+    (1, Access::ReadWrite),
     (2, Access::Read),
     (3, Access::Read),
-    (4, Access::Read),
-    (5, Access::Read),
+    (4, Access::ReadWrite),
+    (5, Access::ReadWrite),
     (6, Access::ReadWrite),
-    (10, Access::Read),
+    (10, Access::ReadWrite),
 ];
 
 /// Bindings of a window GEMM kernel: [`BINDINGS`] with the x window (7) in place of x in
@@ -444,11 +444,11 @@ pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
     (0, Access::Uniform),
     (2, Access::Read),
     (3, Access::Read),
-    (4, Access::Read),
-    (5, Access::Read),
+    (4, Access::ReadWrite),
+    (5, Access::ReadWrite),
     (6, Access::ReadWrite),
     (7, Access::Uniform),
-    (10, Access::Read),
+    (10, Access::ReadWrite),
 ];
 
 /// Bindings of a texture GEMM kernel: a window kernel's, with the weights (2, 3) as textures.
@@ -456,11 +456,11 @@ pub(crate) const TEXTURE_BINDINGS: &[(u32, Access)] = &[
     (0, Access::Uniform),
     (2, Access::TextureU32),
     (3, Access::TextureU32),
-    (4, Access::Read),
-    (5, Access::Read),
+    (4, Access::ReadWrite),
+    (5, Access::ReadWrite),
     (6, Access::ReadWrite),
     (7, Access::Uniform),
-    (10, Access::Read),
+    (10, Access::ReadWrite),
 ];
 
 /// Bytes of the x window a window kernel declares (`array<vec4<f32>, 4096>`): WebGPU's
