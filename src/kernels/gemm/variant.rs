@@ -270,8 +270,10 @@ impl GemmVariant {
         match self.tile_shape() {
             // An x tile of `rows` rows, w and up tiles of `cols` rows, each row `tile_stride`
             // groups of four (a vec4 of f32, or of f16 packed in a vec2<u32>), plus the block's
-            // entries.
-            Some(t) => (t.rows + 2 * t.cols) * tile_stride(t.bk4) * if t.f16 { 8 } else { 16 } + t.rows * 4,
+            // entries and its expert.
+            Some(t) => {
+                (t.rows + 2 * t.cols) * tile_stride(t.bk4) * if t.f16 { 8 } else { 16 } + t.rows * 4 + 4
+            }
             None => 0,
         }
     }
@@ -708,6 +710,22 @@ const EXPERT: &str = "    var expert = params.fixed_expert;
     }
 ";
 
+/// [`EXPERT`] for a block with barriers after it: one invocation reads the expert and the
+/// workgroup shares it through `workgroupUniformLoad`, so the early return stays in uniform
+/// control flow for WGSL's uniformity analysis (which takes no load from a `read_write`
+/// binding, as `tile_expert` is, to be uniform). The same expert, the same bits.
+const EXPERT_SHARED: &str = "    if lid == 0u {
+        block_expert = params.fixed_expert;
+        if flag(FLAG_EXPERT_FROM_TILES) {
+            block_expert = tile_expert[(params.row_offset + row0) / params.tile_rows];
+        }
+    }
+    let expert = workgroupUniformLoad(&block_expert);
+    if !in_chunk(expert) {
+        return;
+    }
+";
+
 /// Where a direct-shaped block reads its operands.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Source {
@@ -1003,6 +1021,7 @@ var<workgroup> xs: array<{group}, {nx}>;
 var<workgroup> ws: array<{group}, {nw}>;
 var<workgroup> us: array<{group}, {nw}>;
 var<workgroup> block_entry: array<u32, {rows}>;
+var<workgroup> block_expert: u32;
 
 @compute @workgroup_size({threads})
 fn gemm(
@@ -1014,7 +1033,7 @@ fn gemm(
     if row0 >= params.rows {{
         return;
     }}
-{EXPERT}    for (var r = lid; r < {rows}u; r += {threads}u) {{
+{EXPERT_SHARED}    for (var r = lid; r < {rows}u; r += {threads}u) {{
         var e = NONE;
         if row0 + r < params.rows {{
             e = entry_of(row0 + r);
