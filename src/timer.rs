@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::pipeline::Dispatch;
 
@@ -76,7 +77,13 @@ impl<'c> Sampler<'c> {
         }
     }
 
-    fn run(&mut self, dispatches: &[&Dispatch], reps: u32, timed: bool) -> Result<Sample> {
+    async fn run(
+        &mut self,
+        dispatches: &[&Dispatch],
+        reps: u32,
+        timed: bool,
+        driver: Driver,
+    ) -> Result<Sample> {
         let query = match (&self.queries, timed) {
             (Some(_), true) if self.used < self.capacity => {
                 self.used += 1;
@@ -101,7 +108,7 @@ impl<'c> Sampler<'c> {
             }
         }
         let start = Instant::now();
-        self.ctx.submit_and_wait(encoder)?;
+        self.ctx.submitted(encoder, driver).await?;
         Ok(Sample { wall_s: start.elapsed().as_secs_f64(), query })
     }
 
@@ -144,7 +151,17 @@ impl<'c> Sampler<'c> {
     /// # Errors
     /// [`Error::InvalidArgument`] when the sampler is full; device errors.
     pub fn sample(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
-        self.run(dispatches, reps, true)
+        pollster::block_on(self.run(dispatches, reps, true, Driver::Inline))
+    }
+
+    /// [`Self::sample`], waiting as `driver` says.
+    pub(crate) async fn sample_with(
+        &mut self,
+        dispatches: &[&Dispatch],
+        reps: u32,
+        driver: Driver,
+    ) -> Result<Sample> {
+        self.run(dispatches, reps, true, driver).await
     }
 
     /// Runs `dispatches` `reps` times in one pass without a timestamp (warm-up).
@@ -152,7 +169,17 @@ impl<'c> Sampler<'c> {
     /// # Errors
     /// Device errors.
     pub fn untimed(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
-        self.run(dispatches, reps, false)
+        pollster::block_on(self.run(dispatches, reps, false, Driver::Inline))
+    }
+
+    /// [`Self::untimed`], waiting as `driver` says.
+    pub(crate) async fn untimed_with(
+        &mut self,
+        dispatches: &[&Dispatch],
+        reps: u32,
+        driver: Driver,
+    ) -> Result<Sample> {
+        self.run(dispatches, reps, false, driver).await
     }
 
     /// GPU seconds of each timed sample, in the order given (None without timestamps, or
@@ -161,6 +188,15 @@ impl<'c> Sampler<'c> {
     /// # Errors
     /// Device errors while resolving or reading the timestamps.
     pub fn gpu_seconds(&self, samples: &[Sample]) -> Result<Vec<Option<f64>>> {
+        pollster::block_on(self.gpu_seconds_with(samples, Driver::Inline))
+    }
+
+    /// [`Self::gpu_seconds`], waiting as `driver` says.
+    pub(crate) async fn gpu_seconds_with(
+        &self,
+        samples: &[Sample],
+        driver: Driver,
+    ) -> Result<Vec<Option<f64>>> {
         let Some(qs) = &self.queries else {
             return Ok(vec![None; samples.len()]);
         };
@@ -176,8 +212,8 @@ impl<'c> Sampler<'c> {
         });
         let mut encoder = self.ctx.encoder("moeflow resolve timestamps");
         encoder.resolve_query_set(qs, 0..count, &resolve, 0);
-        self.ctx.submit_and_wait(encoder)?;
-        let ticks: Vec<u64> = self.ctx.read_back(&resolve, count as usize)?;
+        self.ctx.submitted(encoder, driver).await?;
+        let ticks: Vec<u64> = self.ctx.read_back_with(&resolve, count as usize, driver).await?;
         let period_ns = f64::from(self.ctx.queue().get_timestamp_period());
         Ok(samples
             .iter()

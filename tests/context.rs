@@ -67,11 +67,14 @@ fn poll_woken<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
     }
 }
 
-/// The async waits (device creation, submission, read-back, prepare, a layer's host forward) give what
-/// the blocking ones give, and never wait on the polling thread: their first poll is pending
-/// and they finish when their waker is woken.
+/// The async waits (device creation, submission, read-back, the tuner, prepare, a layer's host
+/// forward) give what the blocking ones give, and never wait on the polling thread: their first
+/// poll is pending and they finish when their waker is woken.
 #[test]
 fn async_waits_give_the_blocking_results_without_blocking_the_poller() {
+    use moeflow::kernels::gemm::{
+        AdapterKind, ExpertFfn, ExpertWeights, GemmOrder, TuneOptions, WeightDtype, candidates, tune_async,
+    };
     use moeflow::layer::{MoeConfig, MoeLayer};
     use moeflow::synth::Synth;
     for adapter in moeflow::wgpu_adapters() {
@@ -84,9 +87,21 @@ fn async_waits_give_the_blocking_results_without_blocking_the_poller() {
         poll_woken(&slug, ctx.submit_async(ctx.encoder("empty"))).unwrap();
 
         let cfg = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(48, 40, 8, 2) };
-        let layer = MoeLayer::new(&ctx, cfg, &Synth::new(51).moe_weights(&cfg)).unwrap();
+        let weights = Synth::new(51).moe_weights(&cfg);
+        let layer = pollster::block_on(MoeLayer::new_async(&ctx, cfg, &weights)).unwrap();
+
         let report = poll_woken(&slug, layer.prepare_async(&ctx, 9)).unwrap();
         assert_eq!(report.pipelines_built, report.pipelines_total, "{slug}: the first prepare builds all");
+        // The tuner's timed runs are awaited (no cache: it times every candidate).
+        let ew = |d: &[f32], n, k| ExpertWeights::from_f32(&ctx, d, WeightDtype::F32, 8, n, k).unwrap();
+        let experts =
+            ExpertFfn::new(ew(&weights.gate, 40, 48), ew(&weights.up, 40, 48), ew(&weights.down, 48, 40));
+        let two = candidates(AdapterKind::of(ctx.adapter())).into_iter().take(2).collect();
+        let opts = TuneOptions { candidates: two, rounds: 1, cache: None, ..TuneOptions::for_context(&ctx) };
+        let tuned = poll_woken(&slug, tune_async(&ctx, &experts.unwrap(), GemmOrder::Strict, &opts)).unwrap();
+        assert!(!tuned.from_cache, "{slug}");
+        assert!(opts.candidates.contains(&tuned.kernels.up), "{slug}: the tuner picks a candidate");
+        assert!(tuned.timings.iter().any(|t| t.1.is_finite()), "{slug}: candidates were timed");
         for tokens in [1usize, 9] {
             let x = Synth::new(52).uniform(tokens * 48, 1.0);
             let want = layer.forward_host(&ctx, &x).unwrap();

@@ -20,7 +20,7 @@ use crate::kernels::dispatch::{
 use crate::kernels::gemm::{
     Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
     FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, plan_dense_ffn_with, plan_dense_with,
-    plan_ffn_with,
+    plan_ffn_with, tune_with,
 };
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::kernels::sizing::plan_sizing;
@@ -611,6 +611,19 @@ impl MoeLayer {
     /// [`MoeConfig::validate`] and [`MoeWeights::check`]'s errors; tuning and device errors
     /// while uploading.
     pub fn new(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights) -> Result<Self> {
+        pollster::block_on(Self::new_with(ctx, cfg, weights, Driver::Inline))
+    }
+
+    /// [`Self::new`] without blocking the awaiting thread where the configuration tunes its
+    /// kernels (the tuner's timed runs are awaited; uploads never wait).
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub async fn new_async(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights) -> Result<Self> {
+        Self::new_with(ctx, cfg, weights, Driver::Thread).await
+    }
+
+    async fn new_with(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights, driver: Driver) -> Result<Self> {
         cfg.validate()?;
         weights.check(&cfg)?;
         let (h, f, e, dt) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.weight_dtype);
@@ -635,7 +648,7 @@ impl MoeLayer {
             shared_gate: weights.shared_gate.clone(),
             router_bias: weights.router_bias.clone(),
         };
-        MoeLayer::with_experts(ctx, cfg, &router, experts, shared)
+        MoeLayer::with_experts_with(ctx, cfg, &router, experts, shared, driver).await
     }
 
     /// A layer from expert weights already on the device (for example streamed from a
@@ -654,6 +667,32 @@ impl MoeLayer {
         router: &RouterWeights,
         experts: ExpertFfn,
         shared: Option<ExpertFfn>,
+    ) -> Result<Self> {
+        pollster::block_on(Self::with_experts_with(ctx, cfg, router, experts, shared, Driver::Inline))
+    }
+
+    /// [`Self::with_experts`] without blocking the awaiting thread where the configuration
+    /// tunes its kernels.
+    ///
+    /// # Errors
+    /// As [`Self::with_experts`].
+    pub async fn with_experts_async(
+        ctx: &Context,
+        cfg: MoeConfig,
+        router: &RouterWeights,
+        experts: ExpertFfn,
+        shared: Option<ExpertFfn>,
+    ) -> Result<Self> {
+        Self::with_experts_with(ctx, cfg, router, experts, shared, Driver::Thread).await
+    }
+
+    async fn with_experts_with(
+        ctx: &Context,
+        cfg: MoeConfig,
+        router: &RouterWeights,
+        experts: ExpertFfn,
+        shared: Option<ExpertFfn>,
+        driver: Driver,
     ) -> Result<Self> {
         cfg.validate()?;
         router.check(&cfg)?;
@@ -701,7 +740,7 @@ impl MoeLayer {
         };
         if let Some(rows) = tuned_rows {
             let opts = TuneOptions { rows, ..TuneOptions::for_context(ctx) };
-            kernels = crate::kernels::gemm::tune(ctx, &experts, cfg.gemm_order, &opts)?.kernels;
+            kernels = tune_with(ctx, &experts, cfg.gemm_order, &opts, driver).await?.kernels;
         }
         let experts = experts.with_kernels(kernels)?;
         let shared = shared.map(|s| s.with_kernels(kernels)?.with_activation(cfg.activation)).transpose()?;

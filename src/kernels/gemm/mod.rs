@@ -33,7 +33,8 @@ use quantised::NarrowScales;
 pub use quantised::QuantisedValues;
 use texture::TextureWeights;
 
-pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune};
+pub(crate) use tune::tune_with;
+pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
 pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
 pub(crate) use variant::{WINDOW_BYTES, WeightLoads};
 

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::variant::{self, FfnKernels, GemmOrder, GemmVariant};
 use super::{ExpertFfn, NONE, Params, down_pass, grouped_up_pass};
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use crate::pipeline::Dispatch;
@@ -176,6 +177,31 @@ fn write_cache(path: &Path, cache: &CacheFile) {
 /// An empty candidate list or one whose variants are all refused by the device; device
 /// errors while timing. A cache that cannot be read or written is not an error.
 pub fn tune(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, opts: &TuneOptions) -> Result<Tuned> {
+    pollster::block_on(tune_with(ctx, ffn, order, opts, Driver::Inline))
+}
+
+/// [`tune`] without blocking the awaiting thread on its timed runs (see
+/// [`Context::submit_async`]).
+///
+/// # Errors
+/// As [`tune`].
+pub async fn tune_async(
+    ctx: &Context,
+    ffn: &ExpertFfn,
+    order: GemmOrder,
+    opts: &TuneOptions,
+) -> Result<Tuned> {
+    tune_with(ctx, ffn, order, opts, Driver::Thread).await
+}
+
+/// [`tune`], waiting as `driver` says.
+pub(crate) async fn tune_with(
+    ctx: &Context,
+    ffn: &ExpertFfn,
+    order: GemmOrder,
+    opts: &TuneOptions,
+    driver: Driver,
+) -> Result<Tuned> {
     let rows = opts.rows.max(1);
     let key = key(ctx, ffn, order, rows);
     let mut cache = opts.cache.as_deref().map(read_cache).unwrap_or_default();
@@ -193,7 +219,7 @@ pub fn tune(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, opts: &TuneOptions
             "moeflow: ignoring the tuning cache entry for {key}: it names a variant that is not a candidate"
         );
     }
-    let timings = measure(ctx, ffn, order, rows, opts)?;
+    let timings = measure(ctx, ffn, order, rows, opts, driver).await?;
     let default = FfnKernels::default_for(variant::AdapterKind::of(ctx.adapter()), order);
     let best = |pick: fn(&(GemmVariant, f64, f64)) -> f64, fixed: GemmVariant| {
         let fastest = timings
@@ -225,12 +251,13 @@ pub fn tune(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, opts: &TuneOptions
 
 /// Median seconds of every candidate's gate/up and down pass (infinite where the device
 /// refused the variant).
-fn measure(
+async fn measure(
     ctx: &Context,
     ffn: &ExpertFfn,
     order: GemmOrder,
     rows: u32,
     opts: &TuneOptions,
+    driver: Driver,
 ) -> Result<Vec<(GemmVariant, f64, f64)>> {
     if opts.candidates.is_empty() {
         return Err(Error::invalid("the tuner needs at least one candidate variant"));
@@ -245,14 +272,16 @@ fn measure(
     let x = ctx.upload("tune x", &vec![0.25f32; tokens as usize * h as usize])?;
     let indices = ctx.upload("tune indices", &experts)?;
     let partial = ctx.storage_scratch("tune output", u64::from(tokens) * u64::from(h) * 4)?;
-    // One dispatch layout (filled once, untimed) and activation buffer per row tile in use.
+    // One dispatch layout (filled once, untimed, before the warm-up) and activation buffer per
+    // row tile in use.
     let mut layouts: Vec<(u32, DispatchLayout, wgpu::Buffer)> = Vec::new();
+    let mut fills: Vec<Dispatch> = Vec::new();
     let mut build = |v: GemmVariant| -> Result<(Vec<Dispatch>, Vec<Dispatch>)> {
         v.validate()?;
         let tile = v.block_rows();
         if !layouts.iter().any(|(t, ..)| *t == tile) {
             let layout = DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile }, tokens, 0)?;
-            ctx.run(&layout.plan(ctx, &indices)?.iter().collect::<Vec<_>>())?;
+            fills.extend(layout.plan(ctx, &indices)?);
             let act =
                 ctx.storage_scratch("tune activations", u64::from(layout.max_rows()) * u64::from(f) * 4)?;
             layouts.push((tile, layout, act));
@@ -283,13 +312,14 @@ fn measure(
             }
         }
     }
+    ctx.run_with(&fills.iter().collect::<Vec<_>>(), driver).await?;
     let rounds = opts.rounds.max(1);
     let built = runs.iter().filter(|r| r.1.is_some()).count() as u32;
     let mut sampler = Sampler::new(ctx, 2 * rounds * built)?;
     // Warm-up: compiles every pipeline and touches every buffer once.
     for (u, d) in runs.iter().filter_map(|r| r.1.as_ref()) {
-        sampler.untimed(&u.iter().collect::<Vec<_>>(), 1)?;
-        sampler.untimed(&d.iter().collect::<Vec<_>>(), 1)?;
+        sampler.untimed_with(&u.iter().collect::<Vec<_>>(), 1, driver).await?;
+        sampler.untimed_with(&d.iter().collect::<Vec<_>>(), 1, driver).await?;
     }
     let mut samples: Vec<(Vec<Sample>, Vec<Sample>)> = vec![(Vec::new(), Vec::new()); runs.len()];
     for round in 0..rounds {
@@ -297,15 +327,15 @@ fn measure(
             if round % 2 == 0 { (0..runs.len()).collect() } else { (0..runs.len()).rev().collect() };
         for i in order_of {
             if let Some((u, d)) = &runs[i].1 {
-                samples[i].0.push(sampler.sample(&u.iter().collect::<Vec<_>>(), 1)?);
-                samples[i].1.push(sampler.sample(&d.iter().collect::<Vec<_>>(), 1)?);
+                samples[i].0.push(sampler.sample_with(&u.iter().collect::<Vec<_>>(), 1, driver).await?);
+                samples[i].1.push(sampler.sample_with(&d.iter().collect::<Vec<_>>(), 1, driver).await?);
             }
         }
     }
     // One clock for every candidate, read back once: the GPU's where every sample has it, else
     // the wall clock.
     let flat: Vec<Sample> = samples.iter().flat_map(|(u, d)| u.iter().chain(d)).copied().collect();
-    let gpu: Option<Vec<f64>> = sampler.gpu_seconds(&flat)?.into_iter().collect();
+    let gpu: Option<Vec<f64>> = sampler.gpu_seconds_with(&flat, driver).await?.into_iter().collect();
     let mut seconds = gpu.unwrap_or_else(|| flat.iter().map(|s| s.wall_s).collect()).into_iter();
     let mut median_of_next = |n: usize| {
         let mut v: Vec<f64> = seconds.by_ref().take(n).collect();
