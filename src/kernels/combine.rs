@@ -99,7 +99,9 @@ pub enum CombineMode {
 
 struct Bound<'a> {
     params: wgpu::Buffer,
-    placeholder: wgpu::Buffer,
+    /// Bound in place of the shared rows and of the gate logits where there are none (two
+    /// buffers: WebGPU refuses two writable bindings of one range in a dispatch).
+    placeholders: [wgpu::Buffer; 2],
     bufs: CombineBuffers<'a>,
     t: u64,
     h: u64,
@@ -120,11 +122,11 @@ impl Bound<'_> {
                     2 => self.bufs.partial.bind(2, self.t * self.k * self.h * 4),
                     3 => match shared {
                         Some(s) => s.rows.bind(3, self.t * self.h * 4),
-                        None => Binding::new(3, &self.placeholder, 4),
+                        None => Binding::new(3, &self.placeholders[0], 4),
                     },
                     4 => match shared.and_then(|s| s.gate_logits) {
                         Some(g) => g.bind(4, self.t * 4),
-                        None => Binding::new(4, &self.placeholder, 4),
+                        None => Binding::new(4, &self.placeholders[1], 4),
                     },
                     5 => self.bufs.y.bind(5, self.t * self.h * 4),
                     other => {
@@ -142,6 +144,11 @@ fn constants(bufs: &CombineBuffers<'_>) -> [(&'static str, f64); 2] {
         ("HAS_SHARED", b(bufs.shared.is_some())),
         ("SHARED_GATED", b(bufs.shared.is_some_and(|s| s.gate_logits.is_some()))),
     ]
+}
+
+/// The buffers bound in place of absent shared rows and gate logits.
+fn placeholders(ctx: &Context) -> Result<[wgpu::Buffer; 2]> {
+    Ok([ctx.storage_scratch("no shared rows", 4)?, ctx.storage_scratch("no shared gate", 4)?])
 }
 
 fn check(
@@ -195,7 +202,7 @@ pub fn plan_combine(
         CombineMode::OneLaunch => {
             let bound = Bound {
                 params: ctx.uniform("combine params", &base)?,
-                placeholder: ctx.storage_scratch("no shared", 4)?,
+                placeholders: placeholders(ctx)?,
                 bufs: *bufs,
                 t,
                 h,
@@ -228,8 +235,7 @@ pub fn plan_combine(
                 bytes[at..at + PARAMS_BYTES as usize].copy_from_slice(bytemuck::bytes_of(p));
             }
             let params = ctx.uniform_bytes("sequential combine params", &bytes)?;
-            let bound =
-                Bound { params, placeholder: ctx.storage_scratch("no shared", 4)?, bufs: *bufs, t, h, k: kk };
+            let bound = Bound { params, placeholders: placeholders(ctx)?, bufs: *bufs, t, h, k: kk };
             // One workgroup row over the hidden size (fits in u32: at most 2^32 / 64 groups).
             let groups = [CLEAR_ROW.groups(hidden.into())? as u32, 1, 1];
             steps

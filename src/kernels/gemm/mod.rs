@@ -1314,11 +1314,12 @@ impl Pass<'_> {
     }
 
     /// The bindings every GEMM dispatch of this pass makes: parameters, x, rows, output and
-    /// biases (the rows again where there are none: the epilogue reads nothing then).
-    fn common<'b>(&'b self, params: &'b wgpu::Buffer) -> Vec<Binding<'b>> {
+    /// biases (`no_bias` where there are none: the epilogue reads nothing then; a buffer of its
+    /// own, as WebGPU refuses two writable bindings of one range in a dispatch).
+    fn common<'b>(&'b self, params: &'b wgpu::Buffer, no_bias: &'b wgpu::Buffer) -> Vec<Binding<'b>> {
         let bias = match self.bias {
             Some(b) => Binding::new(10, b, b.size()),
-            None => self.row_entry.bind(10, self.row_entry.size),
+            None => Binding::new(10, no_bias, no_bias.size()),
         };
         vec![
             Binding::new(0, params, PARAMS_BYTES),
@@ -1330,9 +1331,14 @@ impl Pass<'_> {
     }
 
     /// [`Pass::common`] and weight chunk `chunk` (2, and the up projection's at 3).
-    fn with_chunk<'b>(&'b self, params: &'b wgpu::Buffer, chunk: usize) -> Vec<Binding<'b>> {
+    fn with_chunk<'b>(
+        &'b self,
+        params: &'b wgpu::Buffer,
+        no_bias: &'b wgpu::Buffer,
+        chunk: usize,
+    ) -> Vec<Binding<'b>> {
         let (w, u) = (&self.w.chunks[chunk], &self.w_up.chunks[chunk]);
-        let mut bindings = self.common(params);
+        let mut bindings = self.common(params, no_bias);
         bindings.push(Binding::new(2, &w.buffer, w.bytes));
         bindings.push(Binding::new(3, &u.buffer, u.bytes));
         bindings
@@ -1416,6 +1422,7 @@ impl Pass<'_> {
         let kernel = ctx.kernel(spec, &constants)?;
         let from_tiles = if tiles.is_some() { FLAG_EXPERT_FROM_TILES } else { 0 };
         let placeholder = ctx.storage_scratch("no tile map", 4)?;
+        let no_bias = ctx.storage_scratch("no bias", 4)?;
         let tiles = tiles.unwrap_or_else(|| (&placeholder).into());
         let max = ctx.limits().max_compute_workgroups_per_dimension;
         let mut out = Vec::new();
@@ -1426,7 +1433,7 @@ impl Pass<'_> {
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
-                let mut bindings = self.bindings(spec, &params, chunk);
+                let mut bindings = self.bindings(spec, &params, &no_bias, chunk);
                 bindings.push(tiles.bind(5, tiles.size));
                 bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
                 let grid = [span.covered(p.rows).div_ceil(variant.block_rows()), col_groups, 1];
@@ -1476,11 +1483,12 @@ impl Pass<'_> {
         &'b self,
         spec: &KernelSpec,
         params: &'b wgpu::Buffer,
+        no_bias: &'b wgpu::Buffer,
         chunk: Option<usize>,
     ) -> Vec<Binding<'b>> {
         let mut all = match chunk {
-            Some(chunk) => self.with_chunk(params, chunk),
-            None => self.common(params),
+            Some(chunk) => self.with_chunk(params, no_bias, chunk),
+            None => self.common(params, no_bias),
         };
         // Only the buffers the kernel binds: window kernels read x from their window, not from
         // binding 1.
@@ -1523,6 +1531,7 @@ impl Pass<'_> {
         let kernel = ctx.kernel(spec, &constants)?;
         let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };
         let placeholder = ctx.storage_scratch("no indices", 4)?;
+        let no_bias = ctx.storage_scratch("no bias", 4)?;
         let indices = indices.unwrap_or_else(|| (&placeholder).into());
         let mut out = Vec::new();
         let staged = Staged::new(scratch, windows, self, &mut out)?;
@@ -1531,7 +1540,7 @@ impl Pass<'_> {
             for (index, span) in Staged::spans(staged.as_ref(), p.rows).into_iter().enumerate() {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
-                let mut bindings = self.bindings(spec, &params, chunk);
+                let mut bindings = self.bindings(spec, &params, &no_bias, chunk);
                 bindings.push(count.bind(7, count.size));
                 bindings.push(indices.bind(8, indices.size));
                 bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
@@ -2083,8 +2092,11 @@ pub(crate) fn plan_ffn_with(
         FfnRouting::Decode => {
             let act = scratch.take(ScratchKey::Activations, entries * u64::from(f) * 4)?;
             let count = ctx.upload("decode rows", &[entries32])?;
+            // Entries are their own rows: the rows binding is not read (and is not `count`,
+            // which the kernel binds too: WebGPU refuses two writable bindings of one range).
+            let unused = ctx.storage_scratch("identity rows", 4)?;
             let live = LiveRows::new(LiveCount::tokens().times(k));
-            let mut p = up_pass(ffn, order, base, x, (&count).into(), act.view(), live);
+            let mut p = up_pass(ffn, order, base, x, (&unused).into(), act.view(), live);
             p.identity_rows = true;
             p.params.rows = entries32;
             ds.extend(p.rowwise(scratch, Some(indices), (&count).into(), source)?);
