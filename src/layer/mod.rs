@@ -433,6 +433,14 @@ pub struct ForwardPlan {
     buckets: Option<BucketLayout>,
 }
 
+/// A plan's maximum token count: at least 1.
+fn check_max_tokens(max_tokens: u32) -> Result<()> {
+    match max_tokens {
+        0 => Err(Error::invalid("a plan needs a maximum token count of at least 1")),
+        _ => Ok(()),
+    }
+}
+
 /// `dispatches`, each run only at live counts in `counts` (and where it ran before).
 fn only_for(mut dispatches: Vec<Dispatch>, counts: std::ops::RangeInclusive<u32>) -> Vec<Dispatch> {
     for d in &mut dispatches {
@@ -831,7 +839,7 @@ impl MoeLayer {
         y: impl Into<BufferView<'b>>,
         workspace: &Workspace,
     ) -> Result<ForwardPlan> {
-        self.workspace(ctx, max_tokens)?;
+        check_max_tokens(max_tokens)?;
         self.plan_with(ctx, max_tokens, x.into(), y.into(), workspace)
     }
 
@@ -844,9 +852,7 @@ impl MoeLayer {
     /// [`Error::InvalidArgument`] for zero tokens; [`Error::LimitExceeded`] for sizes past u32
     /// indices.
     pub fn workspace(&self, ctx: &Context, max_tokens: u32) -> Result<WorkspaceLayout> {
-        if max_tokens == 0 {
-            return Err(Error::invalid("a plan needs a maximum token count of at least 1"));
-        }
+        check_max_tokens(max_tokens)?;
         let kernels = self.experts.kernels(ctx);
         self.cfg.workspace_layout(
             max_tokens,

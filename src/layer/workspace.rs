@@ -71,8 +71,7 @@ impl MoeConfig {
                         l.push(key, bytes);
                     }
                     // The grouped rows: entries plus each expert's padding to the tile.
-                    let max_rows = u32::try_from(u64::from(entries) + u64::from(e) * u64::from(tile - 1))
-                        .map_err(|_| Error::limit("padded rows", u64::MAX, u32::MAX.into(), "u32 rows"))?;
+                    let max_rows = DispatchLayout::max_rows_for(cfg, max_tokens)?;
                     l.push(ScratchKey::Activations, words(u64::from(max_rows) * f));
                     passes.extend(ffn_passes(max_rows));
                 }

@@ -307,6 +307,14 @@ impl DispatchLayout {
         ])
     }
 
+    /// The bound on padded rows ([`Self::max_rows`]) of a layout for `tokens` tokens.
+    ///
+    /// # Errors
+    /// As [`Self::scratch_bytes`].
+    pub(crate) fn max_rows_for(cfg: DispatchConfig, tokens: u32) -> Result<u32> {
+        Ok(Shape::of(cfg, tokens)?.max_rows)
+    }
+
     /// [`Self::new`] with its buffers taken from `scratch`.
     pub(crate) fn with_scratch(
         scratch: Scratch<'_>,
