@@ -28,7 +28,7 @@ fn layer(c: &mut Criterion) {
         let x =
             ctx.upload("x", &Synth::new(2).uniform((tokens * h) as usize, 1.0)).expect("benchmark buffer");
         let y = ctx.zeroed("y", u64::from(tokens * h) * 4).expect("benchmark buffer");
-        let plan = layer.plan(&ctx, tokens, &x, &y).expect("layer plan");
+        let plan = layer.plan(&ctx, layer.io(&x, &y, tokens).expect("io")).expect("layer plan");
         let forward = plan.dispatches_at(tokens).expect("layer plan");
         let flops = 6.0 * f64::from(tokens) * f64::from(h) * f64::from(f) * f64::from(k + 1);
         group.throughput(Throughput::Elements(flops as u64));

@@ -230,7 +230,7 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
     let mut all_ok = true;
     for e in executors {
         let y = ctx.zeroed("y", want.len() as u64 * 4)?;
-        let run = LayerRun::prepare(ctx, &layer, args.tokens, &xb, &y, e)?;
+        let run = LayerRun::prepare(ctx, &layer, layer.io(&xb, &y, args.tokens)?, e)?;
         run.run(ctx)?; // warm-up
         let mut wall = Vec::new();
         let mut report = None;

@@ -417,7 +417,7 @@ fn run_tokens(
     tokens: u32,
 ) -> Result<bool> {
     let (m, h) = (tokens as usize, cfg.route.hidden as usize);
-    let plan = layer.plan(ctx, tokens, xb, yb)?;
+    let plan = layer.plan(ctx, layer.io(xb, yb, tokens)?)?;
     let stages = plan.stages_at(tokens)?;
     let passes: Vec<Vec<&moeflow::Dispatch>> = stages.iter().map(|(_, d)| d.iter().collect()).collect();
     let mut sampler = Sampler::new(ctx, 2 * passes.len() as u32)?;

@@ -34,6 +34,7 @@ pub mod shader;
 mod sync;
 #[cfg(feature = "synth")]
 pub mod synth;
+pub mod tensor;
 pub mod timer;
 pub mod workspace;
 
@@ -56,11 +57,12 @@ pub mod prelude {
     pub use crate::kernels::gemm::{GemmOrder, WeightDtype};
     pub use crate::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
     pub use crate::layer::{
-        Capacity, ForwardOutput, ForwardPlan, ForwardStage, KernelChoice, MoeConfig, MoeLayer, MoeWeights,
-        PrepareReport, RouterWeights,
+        Capacity, ForwardIo, ForwardOutput, ForwardPlan, ForwardStage, KernelChoice, MoeConfig, MoeLayer,
+        MoeWeights, PrepareReport, RouterWeights,
     };
     pub use crate::pipeline::BufferView;
     pub use crate::requirements::Requirements;
+    pub use crate::tensor::{DType, Tensor};
 }
 
 pub use context::{
@@ -69,6 +71,7 @@ pub use context::{
 };
 pub use error::{Error, GpuErrorKind, Result};
 pub use pipeline::{BufferView, Dispatch};
+pub use tensor::{DType, Tensor};
 
 /// `docs/layer.md`, compiled and run as a doc test.
 #[cfg(all(doctest, feature = "checkpoint", feature = "synth"))]

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::kernels::gemm::{
     AdapterKind, GemmVariant, WINDOW_BYTES, WeightDtype, WeightLoads, candidates, specs_for,
 };
-use crate::layer::{KernelChoice, MoeConfig};
+use crate::layer::{CallerOutputs, KernelChoice, MoeConfig};
 use crate::pipeline::KernelSpec;
 
 /// Features and limits to create a device with (see the module docs).
@@ -134,7 +134,7 @@ impl MoeConfig {
         }
         // The largest dispatch tile of the candidates pads the most rows.
         let tile = variants.iter().map(|v| v.block_rows()).max().unwrap_or(1);
-        let layout = self.workspace_layout(max_tokens, variants, tile, have)?;
+        let layout = self.workspace_layout(max_tokens, variants, tile, have, CallerOutputs::default())?;
         let windows = layout.window_bytes().unwrap_or(0);
         let dtype = self.weight_dtype;
         // Weights split by expert, then by output column: one column is the least a binding

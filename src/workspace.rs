@@ -126,6 +126,11 @@ impl Region {
         Region { buffer, offset: 0, size }
     }
 
+    /// The bytes of `view` (a caller's tensor that a plan binds in place of a region).
+    pub(crate) fn of(view: BufferView<'_>) -> Self {
+        Region { buffer: view.buffer.clone(), offset: view.offset, size: view.size }
+    }
+
     /// The region as a view (to bind, copy from or read back).
     pub fn view(&self) -> BufferView<'_> {
         BufferView::new(&self.buffer, self.offset, self.size)

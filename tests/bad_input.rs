@@ -10,14 +10,14 @@ use std::process::Command;
 
 use moeflow::kernels::dispatch::OverflowPolicy;
 use moeflow::kernels::gemm::WeightDtype;
-use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig};
-use moeflow::layer::{Capacity, MoeConfig, MoeLayer, MoeWeights};
+use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
+use moeflow::layer::{Capacity, ForwardIo, MoeConfig, MoeLayer, MoeWeights};
 use moeflow::synth::Synth;
 use moeflow::weights::{
     Family, LoadOptions, OutTensor, RoutingFlags, check_output_path, load_input, load_layer,
     write_atomically, write_tensors,
 };
-use moeflow::{Context, Error};
+use moeflow::{Context, DType, Error, Tensor};
 use safetensors::{Dtype, tensor::TensorView};
 use serde_json::{Value, json};
 
@@ -696,10 +696,31 @@ fn api_errors_name_the_problem() {
     let layer = new(base, &w).unwrap();
     let x = ctx.upload("x", &[0.0f32; 16 * 3]).unwrap();
     let y = ctx.zeroed("y", 16 * 3 * 4).unwrap();
-    expect_err("x too small", layer.plan(&ctx, 4, &x, &y), &["`x`"]);
-    expect_err("y too small", layer.plan(&ctx, 3, &x, &ctx.zeroed("y", 8).unwrap()), &["y"]);
-    expect_err("tokens * k past u32", layer.plan(&ctx, u32::MAX, &x, &y), &["tokens * k"]);
-    expect_err("huge plan", layer.plan(&ctx, u32::MAX / 2, &x, &y), &["past the limit"]);
+    expect_err("x too small", layer.io(&x, &y, 4), &["`x`", "at least 256 bytes"]);
+    expect_err("y too small", layer.io(&x, &ctx.zeroed("y", 8).unwrap(), 3), &["`y`"]);
+    expect_err("tokens * k past u32", layer.workspace(&ctx, u32::MAX), &["tokens * k"]);
+    expect_err("a workspace for no tokens", layer.workspace(&ctx, 0), &["at least 1"]);
+    // Tensors of the wrong shape or element type, named.
+    let t = |view, shape, dtype| Tensor::new(view, shape, dtype).unwrap();
+    let (x3, y3) = (t(&x, [3, 16], DType::F32), t(&y, [3, 16], DType::F32));
+    let plan = |io| layer.plan(&ctx, io).map(|_| ());
+    expect_err("no rows", plan(ForwardIo::new(t(&x, [0, 16], DType::F32), y3)), &["at least 1", "`x`"]);
+    expect_err("x of u32", plan(ForwardIo::new(t(&x, [3, 16], DType::U32), y3)), &["`x`", "u32 [3, 16]"]);
+    expect_err("x not H wide", plan(ForwardIo::new(t(&x, [4, 12], DType::F32), y3)), &["`x`", "f32 [4, 16]"]);
+    expect_err("y of other rows", plan(ForwardIo::new(x3, t(&y, [2, 16], DType::F32))), &["`y`", "[2, 16]"]);
+    let (ib, wb) = (ctx.zeroed("indices", 3 * 2 * 4).unwrap(), ctx.zeroed("weights", 3 * 2 * 4).unwrap());
+    let io = ForwardIo::new(x3, y3);
+    let bad = io.with_routing(t(&ib, [3, 2], DType::F32), t(&wb, [3, 2], DType::F32));
+    expect_err("f32 indices", plan(bad), &["`indices`", "u32 [3, 2]"]);
+    let bad = io.with_routing(t(&ib, [3, 2], DType::U32), t(&wb, [2, 3], DType::F32));
+    expect_err("weights of another shape", plan(bad), &["`weights`", "f32 [3, 2]"]);
+    let logits = ctx.zeroed("logits", 3 * 4 * 4).unwrap();
+    let fused = MoeConfig { route_mode: RouteMode::Fused { write_logits: false }, ..base };
+    let quiet = new(fused, &w).unwrap();
+    let asked = io.with_logits(t(&logits, [3, 4], DType::F32));
+    expect_err("logits of a fused route", quiet.plan(&ctx, asked), &["logits", "does not write them"]);
+    expect_err("logits too narrow", plan(io.with_logits(t(&logits, [3, 2], DType::F32))), &["`logits`"]);
+    expect_err("a tensor past its view", Tensor::f32(&ib, [4, 2]), &["at least 32 bytes", "24 bytes"]);
     expect_err("forward of a partial row", layer.forward_host(&ctx, &[0.0; 17]), &["rows of hidden"]);
 }
 
@@ -745,7 +766,7 @@ fn buffers_device_loss_and_foreign_resources_are_errors() {
         if adapter.get_info().backend != wgpu::Backend::Gl {
             expect_err(&name, ctx.read_back::<u32>(&foreign, 4), &["doesn't match Device"]);
             let fx = other.upload("foreign x", &[0.5f32; 16 * 3]).unwrap();
-            expect_err(&name, layer.plan(&ctx, 3, &fx, &y), &["doesn't match Device"]);
+            expect_err(&name, layer.plan(&ctx, layer.io(&fx, &y, 3).unwrap()), &["doesn't match Device"]);
         }
 
         // The other device is unaffected by this one's loss.
@@ -767,7 +788,7 @@ fn every_call_on_a_destroyed_device_is_device_lost() {
             let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
             let x = ctx.upload("x", &[0.5f32; 16 * 3]).unwrap();
             let y = ctx.zeroed("y", 16 * 3 * 4).unwrap();
-            let plan = layer.plan(&ctx, 3, &x, &y).unwrap();
+            let plan = layer.plan(&ctx, layer.io(&x, &y, 3).unwrap()).unwrap();
             ctx.run(&plan.dispatches()).unwrap();
             let heard = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let flag = heard.clone();
@@ -788,7 +809,7 @@ fn every_call_on_a_destroyed_device_is_device_lost() {
             lost("submit_and_wait", ctx.submit_and_wait(ctx.encoder("after")));
             lost("read_back", ctx.read_back::<f32>(&y, 4).map(|_| ()));
             lost("MoeLayer::new", MoeLayer::new(&ctx, cfg, &weights).map(|_| ()));
-            lost("plan", layer.plan(&ctx, 3, &x, &y).map(|_| ()));
+            lost("plan", layer.plan(&ctx, layer.io(&x, &y, 3).unwrap()).map(|_| ()));
             lost("load", plan.load(&ctx, 4).map(|_| ()));
             lost("prepare", layer.prepare(&ctx, 3).map(|_| ()));
             lost("forward_host", layer.forward_host(&ctx, &[0.0; 16]).map(|_| ()));
@@ -832,12 +853,12 @@ fn small_device_limits_are_errors_not_panics() {
         let y = ctx.zeroed("y", 8 * 200 * 4).unwrap();
         expect_err(
             "scratch past the binding limit",
-            layer.plan(&ctx, 200, &x, &y),
+            layer.plan(&ctx, layer.io(&x, &y, 200).unwrap()),
             &["past the limit of 4096"],
         );
         let x = ctx.upload("x", &[0.25f32; 8 * 6]).unwrap();
         let y = ctx.zeroed("y", 8 * 6 * 4).unwrap();
-        let plan = layer.plan(&ctx, 6, &x, &y).expect("a plan within the limits");
+        let plan = layer.plan(&ctx, layer.io(&x, &y, 6).unwrap()).expect("a plan within the limits");
         ctx.run(&plan.dispatches()).unwrap();
     }
 }

@@ -111,5 +111,61 @@ fn async_waits_give_the_blocking_results_without_blocking_the_poller() {
             assert_eq!(got.indices, want.indices, "{slug}: indices of {tokens} tokens");
             assert_eq!(bits(&got.weights), bits(&want.weights), "{slug}: weights of {tokens} tokens");
         }
+        uploads_awaited(&ctx);
     }
+}
+
+/// Checkpoint loading awaits its uploads (a safetensors checkpoint with a shared expert, a GGUF
+/// file with Q8_0 experts): the first poll is pending, and the layer gives the blocking load's
+/// bits.
+fn uploads_awaited(ctx: &Context) {
+    use moeflow::weights::gguf::{GgmlType, Gguf, GgufValue, GgufWriter};
+    use moeflow::weights::{
+        Checkpoint, LoadOptions, upload_checkpoint_layer, upload_checkpoint_layer_async, upload_gguf_layer,
+        upload_gguf_layer_async,
+    };
+    let slug = ctx.adapter().slug();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let same = |what: &str, a: &moeflow::layer::MoeLayer, b: &moeflow::layer::MoeLayer, h: usize| {
+        let x = moeflow::synth::Synth::new(53).uniform(5 * h, 1.0);
+        let (a, b) = (a.forward_host(ctx, &x).unwrap(), b.forward_host(ctx, &x).unwrap());
+        assert_eq!((bits(&a.y), &a.indices), (bits(&b.y), &b.indices), "{slug}: {what}");
+    };
+
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen2_moe_bf16_t5_norm");
+    let config = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let opts = LoadOptions { config: Some(config), ..LoadOptions::default() };
+    let ckpt = Checkpoint::open(&dir.join("weights.safetensors")).unwrap();
+    let want = upload_checkpoint_layer(ctx, &ckpt, &opts, |c| c).unwrap().layer;
+    let what = format!("{slug}: checkpoint upload");
+    let got = poll_woken(&what, upload_checkpoint_layer_async(ctx, &ckpt, &opts, |c| c)).unwrap().layer;
+    assert!(got.config().shared_ffn.is_some(), "{what}: the fixture has a shared expert");
+    same("checkpoint upload", &got, &want, got.config().route.hidden as usize);
+
+    let (h, f, e) = (64u64, 32u64, 4u64);
+    let q8 = |n: u64| {
+        moeflow::quant::q8_0_quantize(&moeflow::synth::Synth::new(n).uniform((h * f * e) as usize, 1.0))
+            .unwrap()
+    };
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let router = moeflow::synth::Synth::new(54).uniform((h * e) as usize, 1.0);
+    let file = GgufWriter::default()
+        .metadata("general.architecture", GgufValue::Str("qwen2moe".into()))
+        .metadata("qwen2moe.block_count", GgufValue::U32(1))
+        .metadata("qwen2moe.embedding_length", GgufValue::U32(h as u32))
+        .metadata("qwen2moe.expert_count", GgufValue::U32(e as u32))
+        .metadata("qwen2moe.expert_used_count", GgufValue::U32(2))
+        .metadata("qwen2moe.expert_feed_forward_length", GgufValue::U32(f as u32))
+        .tensor("blk.0.ffn_gate_inp.weight", &[h, e], GgmlType::F32, f32_bytes(&router))
+        .tensor("blk.0.ffn_gate_exps.weight", &[h, f, e], GgmlType::Q8_0, q8(55))
+        .tensor("blk.0.ffn_up_exps.weight", &[h, f, e], GgmlType::Q8_0, q8(56))
+        .tensor("blk.0.ffn_down_exps.weight", &[f, h, e], GgmlType::Q8_0, q8(57))
+        .to_bytes();
+    let g = Gguf::parse(&file, "layer.gguf").unwrap();
+    let opts = LoadOptions::default();
+    let want = upload_gguf_layer(ctx, &g, &opts, |c| c).unwrap().layer;
+    let what = format!("{slug}: GGUF upload");
+    let got = poll_woken(&what, upload_gguf_layer_async(ctx, &g, &opts, |c| c)).unwrap().layer;
+    same("GGUF upload", &got, &want, h as usize);
 }

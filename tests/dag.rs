@@ -401,7 +401,7 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
             Executor::Queue(QueueOptions::new(workers, Granularity::Coarse(Fusion::Neighbours))),
         ] {
             let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-            let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, e).unwrap();
+            let run = LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), e).unwrap();
             let report = run.run(&ctx).unwrap();
             // The layer's own forward is built only where it is what runs.
             assert_eq!(run.program().is_none(), run.staged().is_some(), "{e:?}");
@@ -455,7 +455,7 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
             Executor::Queue(QueueOptions::new(workers.min(2), Granularity::Fine)),
         ] {
             let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-            let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, e).unwrap();
+            let run = LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), e).unwrap();
             let report = run.run(&ctx).unwrap();
             let why = report.fallback.unwrap_or_default();
             assert!(why.contains("no task form") || why.contains("probe"), "{why}");
@@ -581,9 +581,13 @@ fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
                     let what = format!("{what}, {granularity:?}");
                     // The static passes of the task program.
                     let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-                    let run =
-                        LayerRun::prepare(&ctx, &layer, tokens as u32, &xb, &y, Executor::Fused(fusion))
-                            .unwrap();
+                    let run = LayerRun::prepare(
+                        &ctx,
+                        &layer,
+                        layer.io(&xb, &y, tokens as u32).unwrap(),
+                        Executor::Fused(fusion),
+                    )
+                    .unwrap();
                     assert_eq!(run.run(&ctx).unwrap().fallback, None, "{what}");
                     assert_eq!(
                         bits(&ctx.read_back::<f32>(&y, x.len()).unwrap()),
@@ -596,7 +600,9 @@ fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
                         let what = format!("{what}, {w} workers");
                         let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
                         let q = Executor::Queue(QueueOptions::new(w, granularity));
-                        let run = LayerRun::prepare(&ctx, &layer, tokens as u32, &xb, &y, q).unwrap();
+                        let run =
+                            LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, tokens as u32).unwrap(), q)
+                                .unwrap();
                         let queue = run
                             .program()
                             .unwrap_or_else(|| panic!("{name}: no program: {:?}", run.refused()));
@@ -663,7 +669,9 @@ fn both_combine_rules_give_the_layers_bits_at_both_task_sizes() {
                         let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
                         let q = QueueOptions::new(w, Granularity::Fine);
                         let shape = TaskShape::with_combine(size, rule);
-                        let program = MoeProgram::new(&ctx, &layer, 37, &xb, &y, shape, Some(&q)).unwrap();
+                        let program =
+                            MoeProgram::new(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), shape, Some(&q))
+                                .unwrap();
                         let tries = if w == 1 { 1 } else { QUEUE_TRIES };
                         let mut stops = Vec::new();
                         for _ in 0..tries {
@@ -709,7 +717,7 @@ fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
         };
         for granularity in [Granularity::Fine, Granularity::Coarse(Fusion::Neighbours)] {
             let q = Executor::Queue(QueueOptions { granularity, ..opts });
-            let run = LayerRun::prepare(&ctx, &layer, 37, &xb, &y, q).unwrap();
+            let run = LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), q).unwrap();
             // The first run also pays for the driver's shader compiles; the second is timed.
             for timed in [false, true] {
                 let started = std::time::Instant::now();
@@ -723,8 +731,21 @@ fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
         }
         // Bad queue requests are errors, not hangs.
         let bad = QueueOptions { stall_task: Some(1 << 20), ..opts };
-        assert!(LayerRun::prepare(&ctx, &layer, 37, &xb, &y, Executor::Queue(bad)).is_err());
+        assert!(
+            LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), Executor::Queue(bad)).is_err()
+        );
         let none = QueueOptions::new(0, Granularity::Fine);
-        assert!(LayerRun::prepare(&ctx, &layer, 37, &xb, &y, Executor::Queue(none)).is_err());
+        assert!(
+            LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), Executor::Queue(none)).is_err()
+        );
+        // The task program keeps its routing in its own state: caller's routing tensors are
+        // refused by name, not left unwritten.
+        let (k, routing) = (cfg.route.k, ctx.zeroed("routing", 37 * u64::from(cfg.route.k) * 4).unwrap());
+        let io = layer.io(&xb, &y, 37).unwrap().with_routing(
+            moeflow::Tensor::u32(&routing, [37, k]).unwrap(),
+            moeflow::Tensor::f32(&routing, [37, k]).unwrap(),
+        );
+        let err = LayerRun::prepare(&ctx, &layer, io, Executor::Fused(Fusion::None)).unwrap_err();
+        assert!(err.to_string().contains("own state"), "{err}");
     }
 }

@@ -469,7 +469,7 @@ fn layer_cases() {
             let x = Synth::new(tokens as u64).uniform(tokens * cfg.route.hidden as usize, 1.0);
             let xb = ctx.upload("x", &x).unwrap();
             let y = ctx.zeroed("y", (x.len() * 4) as u64).unwrap();
-            let plan = layer.plan(&ctx, tokens as u32, &xb, &y).unwrap();
+            let plan = layer.plan(&ctx, layer.io(&xb, &y, tokens as u32).unwrap()).unwrap();
             let (ib, wb) = (plan.indices(), plan.weights());
             let mut cap =
                 Capture::run(&ctx, &format!("layer-{name}"), plan.dispatches_at(tokens as u32).unwrap());

@@ -61,8 +61,8 @@ fn an_app_runs_two_layers_at_changing_counts_in_one_submission() {
         let x = BufferView::new(&arena, xa, region);
         let y = BufferView::new(&arena, ya, region);
         let workspace = Workspace::new(&ctx, &layout, BufferView::new(&arena, wa, layout.bytes())).unwrap();
-        let p1 = one.plan_in(&ctx, max, x, y, &workspace).unwrap();
-        let p2 = two.plan_in(&ctx, max, y, x, &workspace).unwrap();
+        let p1 = one.plan_in(&ctx, one.io(x, y, max).unwrap(), &workspace).unwrap();
+        let p2 = two.plan_in(&ctx, two.io(y, x, max).unwrap(), &workspace).unwrap();
 
         // The app's own buffers: every step's input, and every step's output copied out.
         let staged: Vec<f32> = inputs.concat();
@@ -115,6 +115,10 @@ fn an_app_runs_two_layers_at_changing_counts_in_one_submission() {
         let (_, idx, _) = reference::forward(&cfg, &w2, &mid_of_last).unwrap();
         let got_idx: Vec<u32> = ctx.read_back(p2.indices(), idx.len()).unwrap();
         assert_eq!(got_idx, idx, "{slug}: the last forward's indices");
-        assert_eq!(p1.indices().offset, p2.indices().offset, "{slug}: the layers share their regions");
+        assert_eq!(
+            p1.indices().view().offset,
+            p2.indices().view().offset,
+            "{slug}: the layers share their regions"
+        );
     }
 }

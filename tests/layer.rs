@@ -233,8 +233,8 @@ fn views_of_one_arena_give_the_bits_of_separate_buffers() {
         ctx.queue().write_buffer(&arena, align, bytemuck::cast_slice(&x));
         let a = BufferView::new(&arena, align, bytes);
         let b = BufferView::new(&arena, align + region, bytes);
-        let p1 = one.plan(&ctx, tokens as u32, a, b).unwrap();
-        let p2 = two.plan(&ctx, tokens as u32, b, a).unwrap();
+        let p1 = one.plan(&ctx, one.io(a, b, tokens as u32).unwrap()).unwrap();
+        let p2 = two.plan(&ctx, two.io(b, a, tokens as u32).unwrap()).unwrap();
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         p1.record(&mut encoder, tokens as u32).unwrap();
         p2.record(&mut encoder, tokens as u32).unwrap();
@@ -247,15 +247,92 @@ fn views_of_one_arena_give_the_bits_of_separate_buffers() {
         assert!(all[..(align / 4) as usize].iter().all(|&v| v == 0.0), "{slug}: bytes before the views");
 
         if align > 4 {
-            let err = one.plan(&ctx, tokens as u32, BufferView::new(&arena, 4, bytes), b).unwrap_err();
+            let io = one.io(BufferView::new(&arena, 4, bytes), b, tokens as u32).unwrap();
+            let err = one.plan(&ctx, io).unwrap_err();
             assert!(err.to_string().contains("offset alignment"), "{slug}: {err}");
         }
-        let err = one
-            .plan(&ctx, tokens as u32, a, BufferView::new(&arena, align + region, 2 * region))
-            .unwrap_err();
+        let err = one.io(a, BufferView::new(&arena, align + region, 2 * region), tokens as u32).unwrap_err();
         assert!(err.to_string().contains("view of `y`"), "{slug}: {err}");
-        let err = one.plan(&ctx, tokens as u32, BufferView::new(&arena, align, bytes - 4), b).unwrap_err();
+        let err = one.io(BufferView::new(&arena, align, bytes - 4), b, tokens as u32).unwrap_err();
         assert!(err.to_string().contains("`x`"), "{slug}: {err}");
+    }
+}
+
+/// Routing results and logits written to the caller's tensors (views of one arena at offsets)
+/// hold the bits the plan's own workspace gets, at the live count, rows past it untouched; the
+/// layout of such a plan has no region for them.
+#[test]
+fn routing_outputs_in_the_callers_tensors_match_the_workspace() {
+    use moeflow::workspace::ScratchKey;
+    use moeflow::{BufferView, Tensor};
+    let (max, live) = (9u32, 6u32);
+    for ctx in contexts() {
+        let slug = ctx.adapter().slug();
+        for (name, cfg) in configs().into_iter().take(2) {
+            let (h, k, e) = (cfg.route.hidden, cfg.route.k, cfg.route.experts);
+            let layer = MoeLayer::new(&ctx, cfg, &Synth::new(41).moe_weights(&cfg)).unwrap();
+            let x = ctx.upload("x", &Synth::new(42).uniform((max * h) as usize, 1.0)).unwrap();
+            let rows = u64::from(max * h) * 4;
+            let (ya, yb) = (ctx.zeroed("y a", rows).unwrap(), ctx.zeroed("y b", rows).unwrap());
+            let own = layer.plan(&ctx, layer.io(&x, &ya, max).unwrap()).unwrap();
+
+            // indices, weights and logits in one arena of 0xFF bytes, each at an aligned offset.
+            let align = u64::from(ctx.device().limits().min_storage_buffer_offset_alignment);
+            let sizes = [u64::from(max * k) * 4, u64::from(max * k) * 4, u64::from(max * e) * 4];
+            let at: Vec<u64> = sizes
+                .iter()
+                .scan(align, |o, s| Some(std::mem::replace(o, *o + s.next_multiple_of(align))))
+                .collect();
+            let total = at[2] + sizes[2];
+            let arena = ctx.upload("arena", &vec![u32::MAX; (total / 4) as usize]).unwrap();
+            let view = |i: usize| BufferView::new(&arena, at[i], sizes[i]);
+            let io = layer.io(&x, &yb, max).unwrap().with_routing(
+                Tensor::u32(view(0), [max, k]).unwrap(),
+                Tensor::f32(view(1), [max, k]).unwrap(),
+            );
+            let io = io.with_logits(Tensor::f32(view(2), [max, e]).unwrap());
+            let keys: Vec<ScratchKey> =
+                layer.workspace_for(&ctx, &io).unwrap().regions().map(|r| r.0).collect();
+            for key in [ScratchKey::TopkIndices, ScratchKey::TopkWeights, ScratchKey::RouterLogits] {
+                assert!(!keys.contains(&key), "{slug} {name}: {key:?} laid out for a caller's tensor");
+            }
+            let theirs = layer.plan(&ctx, io).unwrap();
+            assert_eq!(theirs.indices().view().offset, at[0], "{slug} {name}");
+            assert_eq!(theirs.logits().unwrap().shape(), [max, e], "{slug} {name}");
+
+            let mut encoder = ctx.encoder("forwards");
+            own.record(&mut encoder, live).unwrap();
+            theirs.record(&mut encoder, live).unwrap();
+            ctx.submit_and_wait(encoder).unwrap();
+            let what = format!("{slug} {name}, {live} of {max} tokens");
+            let n = |c: u32| (live * c) as usize;
+            assert_eq!(
+                bits(&ctx.read_back::<f32>(&yb, n(h)).unwrap()),
+                bits(&ctx.read_back::<f32>(&ya, n(h)).unwrap()),
+                "{what}: y"
+            );
+            let arena_words: Vec<u32> = ctx.read_back(&arena, (total / 4) as usize).unwrap();
+            let word = |i: usize| (at[i] / 4) as usize;
+            let own_logits = own.logits().expect("the unfused route writes logits");
+            let outputs = [
+                (theirs.indices(), own.indices(), k),
+                (theirs.weights(), own.weights(), k),
+                (theirs.logits().unwrap(), own_logits, e),
+            ];
+            for (i, (got, want, cols)) in outputs.into_iter().enumerate() {
+                let (got, want) = (
+                    ctx.read_back::<u32>(got, n(cols)).unwrap(),
+                    ctx.read_back::<u32>(want, n(cols)).unwrap(),
+                );
+                assert_eq!(got, want, "{what}: output {i}");
+                let past = &arena_words[word(i) + n(cols)..word(i) + (max * cols) as usize];
+                assert!(past.iter().all(|&v| v == u32::MAX), "{what}: rows past the count of output {i}");
+            }
+            assert!(
+                arena_words[..word(0)].iter().all(|&v| v == u32::MAX),
+                "{what}: bytes before the tensors"
+            );
+        }
     }
 }
 
@@ -289,7 +366,7 @@ fn one_plan_runs_every_live_count_with_the_bits_of_an_exact_plan() {
             let layer = MoeLayer::new(&ctx, *cfg, &w).unwrap();
             let xb = ctx.zeroed("x", u64::from(max) * h as u64 * 4).unwrap();
             let yb = ctx.zeroed("y", u64::from(max) * h as u64 * 4).unwrap();
-            let plan = layer.plan(&ctx, max, &xb, &yb).unwrap();
+            let plan = layer.plan(&ctx, layer.io(&xb, &yb, max).unwrap()).unwrap();
             for (i, live) in lives.into_iter().enumerate() {
                 let what = format!("{slug} {name} live {live} of {max}");
                 // New inputs every forward: rows past the count would change y if they ran.
@@ -334,7 +411,7 @@ fn one_plan_runs_every_live_count_with_the_bits_of_an_exact_plan() {
         let h = u64::from(cases[0].1.route.hidden);
         let layer = MoeLayer::new(&ctx, cases[0].1, &Synth::new(33).moe_weights(&cases[0].1)).unwrap();
         let (xb, yb) = (ctx.zeroed("x", 8 * h * 4).unwrap(), ctx.zeroed("y", 8 * h * 4).unwrap());
-        let plan = layer.plan(&ctx, 8, &xb, &yb).unwrap();
+        let plan = layer.plan(&ctx, layer.io(&xb, &yb, 8).unwrap()).unwrap();
         for bad in [0, 9] {
             let err = plan.set_live_tokens(&ctx, bad).unwrap_err().to_string();
             assert!(

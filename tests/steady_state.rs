@@ -22,7 +22,7 @@ fn a_thousand_forwards_at_changing_counts_allocate_nothing() {
         let h = u64::from(cfg.route.hidden);
         let xb = ctx.upload("x", &Synth::new(42).uniform((u64::from(max) * h) as usize, 1.0)).unwrap();
         let yb = ctx.zeroed("y", u64::from(max) * h * 4).unwrap();
-        let plan = layer.plan(&ctx, max, &xb, &yb).unwrap();
+        let plan = layer.plan(&ctx, layer.io(&xb, &yb, max).unwrap()).unwrap();
         let count = |i: u32| 1 + (i * 37) % max;
         let forward = |i: u32| {
             let mut encoder = ctx.device().create_command_encoder(&Default::default());

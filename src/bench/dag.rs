@@ -380,9 +380,10 @@ impl Comparison for MoeComparison {
         for side in [self.a, self.b] {
             let y = ctx.zeroed("y", u64::from(m * h) * 4)?;
             let work = match side {
-                MoeSide::Staged => layer.plan(ctx, m, &xb, &y)?.dispatches_at(m)?,
+                MoeSide::Staged => layer.plan(ctx, layer.io(&xb, &y, m)?)?.dispatches_at(m)?,
                 MoeSide::Passes(tasks) => {
-                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, TaskShape::new(tasks), None)?;
+                    let program =
+                        MoeProgram::new(ctx, &layer, layer.io(&xb, &y, m)?, TaskShape::new(tasks), None)?;
                     notes.push(format!("{} {} tasks", program.tasks().total(), tasks.name()));
                     program.pass_dispatches().to_vec()
                 }
@@ -395,7 +396,7 @@ impl Comparison for MoeComparison {
                         w => w.min(bound),
                     };
                     let q = QueueOptions::new(workers, Granularity::Fine);
-                    let program = MoeProgram::new(ctx, &layer, m, &xb, &y, shape, Some(&q))?;
+                    let program = MoeProgram::new(ctx, &layer, layer.io(&xb, &y, m)?, shape, Some(&q))?;
                     let dispatches = program.queue_dispatches().unwrap_or_default().to_vec();
                     prime(
                         &program.label(),

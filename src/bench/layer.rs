@@ -122,8 +122,8 @@ impl Comparison for LayerRoute {
             MoeConfig { route_mode: RouteMode::Fused { write_logits: false }, ..cfg },
             &w,
         )?;
-        let pa = unfused.plan(ctx, m, &xb, &ya)?;
-        let pb = fused.plan(ctx, m, &xb, &yb)?;
+        let pa = unfused.plan(ctx, unfused.io(&xb, &ya, m)?)?;
+        let pb = fused.plan(ctx, fused.io(&xb, &yb, m)?)?;
         let (flops, bytes) = layer_work(&cfg, m);
         let validate = layer_check(cfg, w, x, m, [ya, yb], "fused-route layer", "unfused");
         let decode = m <= 8;
@@ -225,8 +225,8 @@ impl Comparison for LayerLive {
         let (ya, yb) =
             (ctx.zeroed("y exact", u64::from(m * h) * 4)?, ctx.zeroed("y live", u64::from(max * h) * 4)?);
         let layer = MoeLayer::new(ctx, cfg, &w)?;
-        let exact = layer.plan(ctx, m, &xb, &ya)?;
-        let live = layer.plan(ctx, max, &xb, &yb)?;
+        let exact = layer.plan(ctx, layer.io(&xb, &ya, m)?)?;
+        let live = layer.plan(ctx, layer.io(&xb, &yb, max)?)?;
         live.set_live_tokens(ctx, m)?;
         let (flops, bytes) = layer_work(&cfg, m);
         let decode = m <= 8;

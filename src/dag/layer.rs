@@ -11,8 +11,8 @@ use super::plan::{Fusion, Plan, plan};
 use super::probe::probe;
 use crate::context::Context;
 use crate::error::Result;
-use crate::layer::{ForwardPlan, ForwardStage, MoeLayer};
-use crate::pipeline::{BufferView, Dispatch};
+use crate::layer::{ForwardIo, ForwardPlan, ForwardStage, MoeLayer};
+use crate::pipeline::Dispatch;
 
 /// A graph whose stages are lists of dispatches that run whole.
 pub type DispatchGraph = Graph<Vec<Dispatch>>;
@@ -87,22 +87,14 @@ enum Runs {
 }
 
 impl LayerRun {
-    /// Prepares a forward of `tokens` tokens of `layer` from `x` into `y` for `executor` (a
+    /// Prepares a forward of `layer` of `io`'s maximum token count for `executor` (a
     /// queue only where the adapter's probe allows it). Only what runs is built: the layer's
     /// own plan for `Staged` or a layer without a task form, else the task program.
     ///
     /// # Errors
     /// [`MoeLayer::plan`]'s and [`MoeProgram::new`]'s errors; [`crate::Error::LimitExceeded`] for
     /// more workers than the probe allows; device errors while probing.
-    pub fn prepare<'b>(
-        ctx: &Context,
-        layer: &MoeLayer,
-        tokens: u32,
-        x: impl Into<BufferView<'b>>,
-        y: impl Into<BufferView<'b>>,
-        executor: Executor,
-    ) -> Result<Self> {
-        let (x, y) = (x.into(), y.into());
+    pub fn prepare(ctx: &Context, layer: &MoeLayer, io: ForwardIo<'_>, executor: Executor) -> Result<Self> {
         let (size, queue, refused) = match executor {
             Executor::Staged => (None, None, None),
             Executor::Fused(Fusion::None) => (Some(TaskSize::Fine), None, None),
@@ -118,17 +110,11 @@ impl LayerRun {
             other => (other.map(|(s, _)| s), refused),
         };
         let runs = match size {
-            Some(size) => Runs::Program(MoeProgram::new(
-                ctx,
-                layer,
-                tokens,
-                x,
-                y,
-                TaskShape::new(size),
-                queue.as_ref(),
-            )?),
+            Some(size) => {
+                Runs::Program(MoeProgram::new(ctx, layer, io, TaskShape::new(size), queue.as_ref())?)
+            }
             None => {
-                let graph = layer_graph(layer.plan(ctx, tokens, x, y)?)?;
+                let graph = layer_graph(layer.plan(ctx, io)?)?;
                 let plan = dispatch_plan(&graph, executor);
                 Runs::Staged(graph, plan)
             }

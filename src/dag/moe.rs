@@ -30,8 +30,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{Activation, ExpertWeights};
 use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
-use crate::layer::{Capacity, MoeLayer};
-use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
+use crate::layer::{CallerOutputs, Capacity, ForwardIo, MoeLayer};
+use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 
 /// Rows per expert tile of the queue (`MOE_TILE` in wgsl/dag/moe.wgsl).
@@ -423,29 +423,29 @@ pub struct MoeProgram {
 }
 
 impl MoeProgram {
-    /// Builds the program for a forward of `tokens` tokens of `layer` from `x[tokens, H]`
-    /// into `y[tokens, H]` with tasks of `shape`: its static passes, and the queue with
+    /// Builds the program for a forward of `layer` from `io`'s `x[tokens, H]` into its
+    /// `y[tokens, H]` with tasks of `shape`: its static passes, and the queue with
     /// `queue`'s options where given (its granularity is ignored: `shape` decides). The probe
     /// is not consulted here (see [`super::layer::LayerRun`]).
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] on a device with fewer than 10 storage buffers per stage;
-    /// [`Error::InvalidArgument`] where [`unsupported`] gives another reason, for zero tokens or
+    /// [`Error::InvalidArgument`] where [`unsupported`] gives another reason, for routing results
+    /// or logits asked of `io` (the program keeps them in its own state: [`Self::read_routing`]),
+    /// for zero tokens or
     /// workers, or a stall task past the tasks; [`Error::LimitExceeded`]
     /// for more workers than a dispatch can have, sizes past u32 indices and binding
     /// limits, or (with [`CombineRule::OwnEntries`]) more expert signals per combine tile than
-    /// its counter leaves room for (8·k·ceil(H/64) of 2^24); [`Error::Shape`] for views
-    /// smaller than their shapes; device errors.
-    pub fn new<'b>(
+    /// its counter leaves room for (8·k·ceil(H/64) of 2^24); [`Error::Shape`] for x or y not
+    /// of the layer's shape; device errors.
+    pub fn new(
         ctx: &Context,
         layer: &MoeLayer,
-        tokens: u32,
-        x: impl Into<BufferView<'b>>,
-        y: impl Into<BufferView<'b>>,
+        io: ForwardIo<'_>,
         shape: TaskShape,
         queue: Option<&QueueOptions>,
     ) -> Result<Self> {
-        let size = shape.size;
+        let (size, tokens) = (shape.size, io.max_tokens());
         let q = queue.copied().unwrap_or(QueueOptions::new(1, Granularity::Fine));
         storage_limit(ctx)?;
         if let Some(why) = layer_unsupported(layer) {
@@ -468,13 +468,20 @@ impl MoeProgram {
         }
         let cfg = layer.config();
         let (h, f, e, k) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.route.k);
+        io.check(cfg)?;
+        if io.caller_outputs() != CallerOutputs::default() {
+            return Err(Error::invalid(
+                "the MoE task program keeps its routing results in its own state (read them with \
+                 `read_routing`); it writes no routing tensors or logits of the caller's",
+            ));
+        }
         let tasks = MoeTasks::new(size, tokens, h, f, e, k, cfg.shared_ffn)?;
         if let Some(s) = q.stall_task
             && u64::from(s) >= tasks.total()
         {
             return Err(Error::invalid(format!("stall task {s} is not one of the {} tasks", tasks.total())));
         }
-        let (x, y) = (x.into(), y.into());
+        let (x, y) = (io.x().view(), io.y().view());
         let (t64, h64, k64) = (u64::from(tokens), u64::from(h), u64::from(k));
         ctx.check_view("x", &x, t64 * h64 * 4, Read)?;
         ctx.check_view("y", &y, t64 * h64 * 4, ReadWrite)?;

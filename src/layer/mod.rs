@@ -25,9 +25,14 @@ use crate::kernels::gemm::{
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::kernels::sizing::plan_sizing;
 use crate::pipeline::{BufferView, Dispatch};
+use crate::tensor::{DType, Tensor};
 use crate::workspace::{Region, Scratch, ScratchKey, Workspace, WorkspaceLayout};
 
+mod io;
 mod workspace;
+
+pub(crate) use io::CallerOutputs;
+pub use io::ForwardIo;
 
 /// How expert capacity is handled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -426,9 +431,12 @@ pub struct ForwardPlan {
     decode_until: u32,
     /// Experts per token.
     k: u32,
+    /// Experts.
+    experts: u32,
     stages: Vec<(ForwardStage, Vec<Dispatch>)>,
     indices: Region,
     weights: Region,
+    logits: Option<Region>,
     layout: Option<DispatchLayout>,
     buckets: Option<BucketLayout>,
 }
@@ -553,15 +561,24 @@ impl ForwardPlan {
     pub fn live_tokens(&self) -> &wgpu::Buffer {
         &self.live
     }
-    /// `indices[tokens, k]` written by the route stage (in the plan's workspace: a layer
-    /// sharing it overwrites them).
-    pub fn indices(&self) -> BufferView<'_> {
-        self.indices.view()
+    /// `indices[max_tokens, k]` (u32) written by the route stage: the caller's tensor where
+    /// [`ForwardIo::with_routing`] gave one, else in the plan's workspace (where a layer sharing
+    /// it overwrites them).
+    pub fn indices(&self) -> Tensor<'_> {
+        Tensor::within(self.indices.view(), [self.max_tokens, self.k], DType::U32)
     }
-    /// `weights[tokens, k]` written by the route stage (in the plan's workspace, as
-    /// [`Self::indices`]).
-    pub fn weights(&self) -> BufferView<'_> {
-        self.weights.view()
+
+    /// `weights[max_tokens, k]` (f32) written by the route stage (where [`Self::indices`] are).
+    pub fn weights(&self) -> Tensor<'_> {
+        Tensor::within(self.weights.view(), [self.max_tokens, self.k], DType::F32)
+    }
+
+    /// `logits[max_tokens, experts]` (f32) written by the route stage, where its mode writes
+    /// them: the caller's tensor where [`ForwardIo::with_logits`] gave one, else in the plan's
+    /// workspace.
+    pub fn logits(&self) -> Option<Tensor<'_>> {
+        let shape = [self.max_tokens, self.experts];
+        self.logits.as_ref().map(|l| Tensor::within(l.view(), shape, DType::F32))
     }
 
     /// Expert load of the last forward (reads counts back; not part of the forward).
@@ -694,7 +711,8 @@ impl MoeLayer {
         Self::with_experts_with(ctx, cfg, router, experts, shared, Driver::Thread).await
     }
 
-    async fn with_experts_with(
+    /// [`Self::with_experts`], its waits driven as `driver` says.
+    pub(crate) async fn with_experts_with(
         ctx: &Context,
         cfg: MoeConfig,
         router: &RouterWeights,
@@ -796,51 +814,57 @@ impl MoeLayer {
         self.experts.kernels(ctx).block_rows()
     }
 
-    /// Plans forwards of up to `max_tokens` tokens from `x[max_tokens, H]` into
-    /// `y[max_tokens, H]`: whole buffers, or [`BufferView`]s of an activation arena (x and y may
-    /// swap roles between layers; a view gives the bits of a buffer of its own). Each forward
-    /// runs the live count of [`ForwardPlan::set_live_tokens`] (the maximum until set) on the
-    /// first rows, with the bits of a plan made for exactly that count. The plan's scratch is
-    /// its own, a buffer per region of [`Self::workspace`]; [`Self::plan_in`] takes it from the
-    /// caller's buffer instead.
+    /// The [`ForwardIo`] of `x[tokens, H]` and `y[tokens, H]` (f32) at the start of `x` and `y`
+    /// (whole buffers or views), the routing results and logits in the workspace.
     ///
     /// # Errors
-    /// [`Error::Shape`] for `x` or `y` smaller than `max_tokens` rows or a view past its
-    /// buffer; [`Error::InvalidArgument`] for zero tokens or a view at an offset the device
-    /// cannot bind; [`Error::LimitExceeded`] for sizes past u32 indices or the adapter's limits;
-    /// the stages' planning errors.
-    pub fn plan<'b>(
+    /// As [`Tensor::new`].
+    pub fn io<'b>(
         &self,
-        ctx: &Context,
-        max_tokens: u32,
         x: impl Into<BufferView<'b>>,
         y: impl Into<BufferView<'b>>,
-    ) -> Result<ForwardPlan> {
-        let workspace = Workspace::own(ctx, &self.workspace(ctx, max_tokens)?)?;
-        self.plan_with(ctx, max_tokens, x.into(), y.into(), &workspace)
+        tokens: u32,
+    ) -> Result<ForwardIo<'b>> {
+        let shape = [tokens, self.cfg.route.hidden];
+        Ok(ForwardIo::new(
+            Tensor::named("x", x.into(), shape, DType::F32)?,
+            Tensor::named("y", y.into(), shape, DType::F32)?,
+        ))
+    }
+
+    /// Plans forwards of up to `T` tokens from `x[T, H]` into `y[T, H]` (and the routing
+    /// results or logits into the caller's tensors where `io` gives them; see [`ForwardIo`]).
+    /// The tensors are views of whole buffers or of an activation arena (x and y may swap roles
+    /// between layers; a view gives the bits of a buffer of its own). Each forward runs the
+    /// live count of [`ForwardPlan::set_live_tokens`] (T until set) on the first rows, with the
+    /// bits of a plan made for exactly that count. The plan's scratch is its own, a buffer per
+    /// region of [`Self::workspace_for`]; [`Self::plan_in`] takes it from the caller's buffer
+    /// instead.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] naming a tensor whose shape or element type is not the layer's
+    /// ([`ForwardIo`]); [`Error::InvalidArgument`] for x without rows, logits asked of a route
+    /// mode that does not write them, or a tensor at an offset the device cannot bind;
+    /// [`Error::LimitExceeded`] for sizes past u32 indices or the adapter's limits; the stages'
+    /// planning errors.
+    pub fn plan(&self, ctx: &Context, io: ForwardIo<'_>) -> Result<ForwardPlan> {
+        let workspace = Workspace::own(ctx, &self.workspace_for(ctx, &io)?)?;
+        self.plan_with(ctx, &io, &workspace)
     }
 
     /// [`Self::plan`] with its scratch in `workspace`: a [`Workspace`] made from the caller's
-    /// buffer ([`Workspace::new`]) with [`Self::workspace`]'s layout for at least `max_tokens`
-    /// (or a layout merged with it). Layers that run one after another can share one
-    /// workspace, and x and y can lie in its buffer beside it: a forward reads nothing in the
-    /// workspace that it did not write. What it holds after a forward
-    /// ([`ForwardPlan::indices`], [`ForwardPlan::load`]) is that forward's until the next forward
-    /// that shares it.
+    /// buffer ([`Workspace::new`]) with [`Self::workspace`]'s layout for at least the plan's
+    /// maximum token count (or [`Self::workspace_for`]'s, or a layout merged with one). Layers
+    /// that run one after another can share one workspace, and x and y can lie in its buffer
+    /// beside it: a forward reads nothing in the workspace that it did not write. What it holds
+    /// after a forward ([`ForwardPlan::indices`], [`ForwardPlan::load`]) is that forward's until
+    /// the next forward that shares it.
     ///
     /// # Errors
     /// As [`Self::plan`]; [`Error::InvalidArgument`] for a workspace without a region this plan
     /// takes, or one too small.
-    pub fn plan_in<'b>(
-        &self,
-        ctx: &Context,
-        max_tokens: u32,
-        x: impl Into<BufferView<'b>>,
-        y: impl Into<BufferView<'b>>,
-        workspace: &Workspace,
-    ) -> Result<ForwardPlan> {
-        check_max_tokens(max_tokens)?;
-        self.plan_with(ctx, max_tokens, x.into(), y.into(), workspace)
+    pub fn plan_in(&self, ctx: &Context, io: ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
+        self.plan_with(ctx, &io, workspace)
     }
 
     /// The scratch a plan for up to `max_tokens` tokens takes on `ctx`: its regions, the bytes
@@ -853,25 +877,35 @@ impl MoeLayer {
     /// indices.
     pub fn workspace(&self, ctx: &Context, max_tokens: u32) -> Result<WorkspaceLayout> {
         check_max_tokens(max_tokens)?;
+        self.layout(ctx, max_tokens, CallerOutputs::default())
+    }
+
+    /// [`Self::workspace`] for a plan of `io`: for its maximum token count, without the regions
+    /// of the results it writes to the caller's tensors.
+    ///
+    /// # Errors
+    /// As [`Self::plan`] for `io`'s tensors; as [`Self::workspace`].
+    pub fn workspace_for(&self, ctx: &Context, io: &ForwardIo<'_>) -> Result<WorkspaceLayout> {
+        io.check(&self.cfg)?;
+        self.layout(ctx, io.max_tokens(), io.caller_outputs())
+    }
+
+    fn layout(&self, ctx: &Context, max_tokens: u32, caller: CallerOutputs) -> Result<WorkspaceLayout> {
         let kernels = self.experts.kernels(ctx);
         self.cfg.workspace_layout(
             max_tokens,
             &[kernels.up, kernels.down],
             self.dispatch_tile(ctx),
             &ctx.device().limits(),
+            caller,
         )
     }
 
     /// Plans a forward with its scratch taken from `workspace`.
-    fn plan_with(
-        &self,
-        ctx: &Context,
-        max_tokens: u32,
-        x: BufferView<'_>,
-        y: BufferView<'_>,
-        workspace: &Workspace,
-    ) -> Result<ForwardPlan> {
+    fn plan_with(&self, ctx: &Context, io: &ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
+        io.check(&self.cfg)?;
         let c = &self.cfg;
+        let (max_tokens, x, y) = (io.max_tokens(), io.x.view(), io.y.view());
         let (t, h, k) = (u64::from(max_tokens), u64::from(c.route.hidden), u64::from(c.route.k));
         let entries = max_tokens
             .checked_mul(c.route.k)
@@ -879,11 +913,17 @@ impl MoeLayer {
         // Every region was sized and checked against the binding limit before any was made, and
         // the layout holds nothing this configuration does not use.
         let scratch = Scratch::Laid(ctx, workspace);
-        let indices = scratch.take(ScratchKey::TopkIndices, t * k * 4)?;
-        let weights = scratch.take(ScratchKey::TopkWeights, t * k * 4)?;
-        let logits = match c.route_mode.writes_logits() {
-            true => Some(scratch.take(ScratchKey::RouterLogits, t * u64::from(c.route.experts) * 4)?),
-            false => None,
+        let (indices, weights) = match io.routing {
+            Some((i, w)) => (Region::of(i.view()), Region::of(w.view())),
+            None => (
+                scratch.take(ScratchKey::TopkIndices, t * k * 4)?,
+                scratch.take(ScratchKey::TopkWeights, t * k * 4)?,
+            ),
+        };
+        let logits = match (c.route_mode.writes_logits(), io.logits) {
+            (true, Some(l)) => Some(Region::of(l.view())),
+            (true, None) => Some(scratch.take(ScratchKey::RouterLogits, t * u64::from(c.route.experts) * 4)?),
+            (false, _) => None,
         };
         let partial = scratch.take(ScratchKey::ExpertOutputs, t * k * h * 4)?;
         let mut stages = Vec::new();
@@ -1000,9 +1040,11 @@ impl MoeLayer {
             counts,
             decode_until,
             k: c.route.k,
+            experts: c.route.experts,
             stages,
             indices,
             weights,
+            logits,
             layout,
             buckets,
         })
@@ -1041,7 +1083,7 @@ impl MoeLayer {
         let rows = u64::from(max_tokens) * u64::from(self.cfg.route.hidden) * 4;
         let x = ctx.storage_scratch("prepare x", rows)?;
         let y = ctx.storage_scratch("prepare y", rows)?;
-        self.plan(ctx, max_tokens, &x, &y)?;
+        self.plan(ctx, self.io(&x, &y, max_tokens)?)?;
         // The texture copies planning queued, done.
         ctx.submitted(ctx.encoder("prepare"), driver).await?;
         let total = ctx.pipeline_count();
@@ -1080,7 +1122,7 @@ impl MoeLayer {
             .map_err(|_| Error::limit("tokens", (x.len() / h) as u64, u32::MAX.into(), "u32"))?;
         let xb = ctx.upload("x", x)?;
         let yb = ctx.zeroed("y", x.len() as u64 * 4)?;
-        let plan = self.plan(ctx, tokens, &xb, &yb)?;
+        let plan = self.plan(ctx, self.io(&xb, &yb, tokens)?)?;
         let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         plan.record(&mut encoder, tokens)?;
         ctx.submitted(encoder, driver).await?;

@@ -2,6 +2,7 @@
 //! count takes, for [`MoeLayer::plan`](super::MoeLayer::plan) (which takes its regions from it)
 //! and [`MoeConfig::requirements`] (which sizes the device's limits by it).
 
+use super::io::CallerOutputs;
 use super::{Capacity, MoeConfig};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout};
@@ -27,7 +28,8 @@ impl MoeConfig {
     /// among `variants` with a dispatch tile of `tile` rows, on a device with `limits`: routing
     /// results (and logits where the route mode writes them), the experts' outputs, the dispatch
     /// or bucket layout, the activations of the paths the counts take, the shared expert's where
-    /// there is one, and one region of x windows where a kernel reads them. Nothing else.
+    /// there is one, and one region of x windows where a kernel reads them. Nothing else: no
+    /// region for the results `caller` writes to tensors of the caller's.
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] for sizes past u32 indices; [`DispatchConfig::validate`]'s
@@ -38,6 +40,7 @@ impl MoeConfig {
         variants: &[GemmVariant],
         tile: u32,
         limits: &wgpu::Limits,
+        caller: CallerOutputs,
     ) -> Result<WorkspaceLayout> {
         let (e, k) = (self.route.experts, self.route.k);
         let entries = max_tokens.checked_mul(k).ok_or_else(|| {
@@ -50,9 +53,11 @@ impl MoeConfig {
         })?;
         let (t, h, f) = (u64::from(max_tokens), u64::from(self.route.hidden), u64::from(self.ffn));
         let mut l = WorkspaceLayout::new(limits);
-        l.push(ScratchKey::TopkIndices, words(u64::from(entries)));
-        l.push(ScratchKey::TopkWeights, words(u64::from(entries)));
-        if self.route_mode.writes_logits() {
+        if !caller.routing {
+            l.push(ScratchKey::TopkIndices, words(u64::from(entries)));
+            l.push(ScratchKey::TopkWeights, words(u64::from(entries)));
+        }
+        if self.route_mode.writes_logits() && !caller.logits {
             l.push(ScratchKey::RouterLogits, words(t * u64::from(e)));
         }
         l.push(ScratchKey::ExpertOutputs, words(u64::from(entries) * h));

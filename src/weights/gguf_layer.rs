@@ -41,9 +41,10 @@ use serde_json::{Map, Value, json};
 use super::family::{self, Family, SharedNames, TensorFacts};
 use super::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{
-    ExpertBias, ExpertFfn, ExpertWeights, QuantisedValues, StoredValues, WeightDtype,
+    ExpertBias, ExpertFfn, ExpertWeights, QuantisedValues, STREAM_CHUNK, StoredValues, WeightDtype,
 };
 use crate::kernels::routing::RouteConfig;
 use crate::layer::{ExpertBiasValues, MoeConfig, MoeLayer, MoeWeights, RouterWeights};
@@ -492,61 +493,97 @@ pub fn upload_gguf_layer(
     opts: &LoadOptions,
     adjust: impl FnOnce(MoeConfig) -> MoeConfig,
 ) -> Result<UploadedLayer> {
+    pollster::block_on(upload_with(ctx, g, opts, adjust, Driver::Inline))
+}
+
+/// [`upload_gguf_layer`] without blocking the awaiting thread: the uploads' flushes (and the
+/// tuner's runs, where the configuration tunes) are awaited, a thread of moeflow's polling the
+/// device.
+///
+/// # Errors
+/// As [`upload_gguf_layer`].
+pub async fn upload_gguf_layer_async(
+    ctx: &Context,
+    g: &Gguf<'_>,
+    opts: &LoadOptions,
+    adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+) -> Result<UploadedLayer> {
+    upload_with(ctx, g, opts, adjust, Driver::Thread).await
+}
+
+async fn upload_with(
+    ctx: &Context,
+    g: &Gguf<'_>,
+    opts: &LoadOptions,
+    adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+    driver: Driver,
+) -> Result<UploadedLayer> {
     let p = plan(g, opts)?;
     let cfg = adjusted(&p.cfg, adjust)?;
-    let device = |shared: bool| -> Result<ExpertFfn> {
-        let e = if shared { 1 } else { cfg.route.experts };
-        let [a, b, c] = p.projections(shared).map(|(name, [n, k])| -> Result<ExpertWeights> {
-            let (bytes, ty) = p.stored(&name)?;
-            let stored = stored_dtype(&name, ty)?;
-            // ggml's MXFP4 blocks regrouped as gpt-oss's codes and scales (the same values).
-            let mxfp4 = match ty {
-                GgmlType::Mxfp4 => Some(
-                    quant::mxfp4_from_ggml(bytes)
-                        .map_err(|err| Error::invalid(format!("tensor `{name}`: {err}")))?,
-                ),
-                _ => None,
-            };
-            let per = bytes.len() / e as usize;
-            ExpertWeights::stream(
-                ctx,
-                cfg.weight_dtype,
-                [e, n as u32, k as u32],
-                |i| {
-                    let i = i as usize;
-                    let bytes = &bytes[i * per..(i + 1) * per];
-                    Ok(match (stored, &mxfp4) {
-                        (WeightDtype::Q8_0, _) => StoredValues::Quantised(QuantisedValues::Q8_0(bytes)),
-                        (WeightDtype::Q4_0, _) => StoredValues::Quantised(QuantisedValues::Q4_0(bytes)),
-                        (_, Some((codes, scales))) => {
-                            let blocks = n * k / quant::BLOCK_VALUES;
-                            let codes = &codes[i * blocks * quant::MXFP4_BLOCK_BYTES..]
-                                [..blocks * quant::MXFP4_BLOCK_BYTES];
-                            let scales = &scales[i * blocks..][..blocks];
-                            StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales })
-                        }
-                        (dtype, None) => StoredValues::Float { dtype, bytes },
-                    })
-                },
-                |_| {},
-            )
-        });
-        let ffn = ExpertFfn::new(a?, b?, c?)?;
-        match (&p.expert_bias, shared) {
-            (Some(b), false) => {
-                let (f, h) = (cfg.ffn, cfg.route.hidden);
-                ffn.with_bias(ExpertBias::new(ctx, &b.gate, &b.up, &b.down, [e, f, h])?)
-            }
-            _ => Ok(ffn),
-        }
-    };
-    let experts = device(false)?;
+    let experts = stream_ffn(ctx, &p, &cfg, false, driver).await?;
     let shared = match cfg.shared_ffn {
-        Some(_) => Some(device(true)?),
+        Some(_) => Some(stream_ffn(ctx, &p, &cfg, true, driver).await?),
         None => None,
     };
-    let layer = MoeLayer::with_experts(ctx, cfg, &p.router, experts, shared)?;
+    let layer = MoeLayer::with_experts_with(ctx, cfg, &p.router, experts, shared, driver).await?;
     Ok(UploadedLayer { layer, routing: p.routing, prefix: p.prefix })
+}
+
+/// The routed (or `shared`) expert projections of `p`, streamed to the device in
+/// `cfg.weight_dtype` one expert at a time, with the routed experts' biases.
+async fn stream_ffn(
+    ctx: &Context,
+    p: &Plan<'_, '_>,
+    cfg: &MoeConfig,
+    shared: bool,
+    driver: Driver,
+) -> Result<ExpertFfn> {
+    let e = if shared { 1 } else { cfg.route.experts };
+    let mut parts = Vec::with_capacity(3);
+    for (name, [n, k]) in p.projections(shared) {
+        let (bytes, ty) = p.stored(&name)?;
+        let stored = stored_dtype(&name, ty)?;
+        // ggml's MXFP4 blocks regrouped as gpt-oss's codes and scales (the same values).
+        let mxfp4 = match ty {
+            GgmlType::Mxfp4 => Some(
+                quant::mxfp4_from_ggml(bytes)
+                    .map_err(|err| Error::invalid(format!("tensor `{name}`: {err}")))?,
+            ),
+            _ => None,
+        };
+        let per = bytes.len() / e as usize;
+        let values = |i: u32| {
+            let i = i as usize;
+            let bytes = &bytes[i * per..(i + 1) * per];
+            Ok(match (stored, &mxfp4) {
+                (WeightDtype::Q8_0, _) => StoredValues::Quantised(QuantisedValues::Q8_0(bytes)),
+                (WeightDtype::Q4_0, _) => StoredValues::Quantised(QuantisedValues::Q4_0(bytes)),
+                (_, Some((codes, scales))) => {
+                    let blocks = n * k / quant::BLOCK_VALUES;
+                    let codes =
+                        &codes[i * blocks * quant::MXFP4_BLOCK_BYTES..][..blocks * quant::MXFP4_BLOCK_BYTES];
+                    let scales = &scales[i * blocks..][..blocks];
+                    StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales })
+                }
+                (dtype, None) => StoredValues::Float { dtype, bytes },
+            })
+        };
+        let shape = [e, n as u32, k as u32];
+        parts.push(
+            ExpertWeights::stream_with(ctx, cfg.weight_dtype, shape, values, |_| {}, STREAM_CHUNK, driver)
+                .await?,
+        );
+    }
+    let [a, b, c]: [ExpertWeights; 3] =
+        parts.try_into().map_err(|_| Error::invalid("a layer has three expert projections"))?;
+    let ffn = ExpertFfn::new(a, b, c)?;
+    match (&p.expert_bias, shared) {
+        (Some(b), false) => {
+            let (f, h) = (cfg.ffn, cfg.route.hidden);
+            ffn.with_bias(ExpertBias::new(ctx, &b.gate, &b.up, &b.down, [e, f, h])?)
+        }
+        _ => Ok(ffn),
+    }
 }
 
 #[cfg(test)]

@@ -29,13 +29,14 @@ use checkpoint::InMemory;
 pub use checkpoint::{Checkpoint, TensorSource};
 pub use family::{Family, Routing, RoutingFlags};
 use family::{SharedNames, TensorFacts};
-pub use gguf_layer::{gguf_moe_layers, load_gguf_layer, upload_gguf_layer};
+pub use gguf_layer::{gguf_moe_layers, load_gguf_layer, upload_gguf_layer, upload_gguf_layer_async};
 pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
 
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::WeightDtype;
-use crate::kernels::gemm::{ExpertFfn, ExpertWeights, QuantisedValues, StoredValues};
+use crate::kernels::gemm::{ExpertFfn, ExpertWeights, QuantisedValues, STREAM_CHUNK, StoredValues};
 use crate::kernels::routing::RouteConfig;
 use crate::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 use crate::quant;
@@ -698,53 +699,85 @@ pub fn upload_checkpoint_layer(
     opts: &LoadOptions,
     adjust: impl FnOnce(MoeConfig) -> MoeConfig,
 ) -> Result<UploadedLayer> {
-    upload_from(ctx, ckpt, opts, adjust)
+    pollster::block_on(upload_from(ctx, ckpt, opts, adjust, Driver::Inline))
 }
 
-fn upload_from(
+/// [`upload_checkpoint_layer`] without blocking the awaiting thread: the uploads' flushes (and
+/// the tuner's runs, where the configuration tunes) are awaited, a thread of moeflow's polling
+/// the device. Reading the mapped file stays on the calling thread.
+///
+/// # Errors
+/// As [`upload_checkpoint_layer`].
+pub async fn upload_checkpoint_layer_async(
+    ctx: &Context,
+    ckpt: &Checkpoint,
+    opts: &LoadOptions,
+    adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+) -> Result<UploadedLayer> {
+    upload_from(ctx, ckpt, opts, adjust, Driver::Thread).await
+}
+
+async fn upload_from(
     ctx: &Context,
     src: &dyn TensorSource,
     opts: &LoadOptions,
     adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+    driver: Driver,
 ) -> Result<UploadedLayer> {
     let f = layer_file(src, opts)?;
     if f.has(gpt_oss::ROUTER) {
         let p = gpt_oss::plan(f, opts)?;
         let cfg = adjusted(&p.cfg, adjust)?;
         let experts = p.device_experts(ctx, &cfg)?;
-        let layer = MoeLayer::with_experts(ctx, cfg, &p.router, experts, None)?;
+        let layer = MoeLayer::with_experts_with(ctx, cfg, &p.router, experts, None, driver).await?;
         return Ok(UploadedLayer { layer, routing: p.routing, prefix: p.f.prefix });
     }
     let plan = plan_layer(f, opts)?;
     let cfg = adjusted(&plan.cfg, adjust)?;
-    let device = |shared: bool| -> Result<ExpertFfn> {
-        let parts = plan.projections(shared).map(|(names, [n, k])| -> Result<ExpertWeights> {
-            // FP8 experts' scales (1/16384 of their values for 128 x 128 tiles), read first.
-            let scales = names
-                .iter()
-                .map(|name| match plan.f.checked(name, &[n, k])?.1.dtype() {
-                    Dtype::F8_E4M3 => plan.f.fp8_scales(name, [n, k]).map(Some),
-                    _ => Ok(None),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            ExpertWeights::stream(
-                ctx,
-                cfg.weight_dtype,
-                [names.len() as u32, n as u32, k as u32],
-                |i| plan.f.stored(&names[i as usize], [n, k], scales[i as usize].as_ref()),
-                |i| src.release(&plan.f.name(&names[i as usize])),
-            )
-        });
-        let [g, u, d] = parts;
-        ExpertFfn::new(g?, u?, d?)
-    };
-    let experts = device(false)?;
+    let experts = stream_ffn(ctx, src, &plan, cfg.weight_dtype, false, driver).await?;
     let shared = match cfg.shared_ffn {
-        Some(_) => Some(device(true)?),
+        Some(_) => Some(stream_ffn(ctx, src, &plan, cfg.weight_dtype, true, driver).await?),
         None => None,
     };
-    let layer = MoeLayer::with_experts(ctx, cfg, &plan.router, experts, shared)?;
+    let layer = MoeLayer::with_experts_with(ctx, cfg, &plan.router, experts, shared, driver).await?;
     Ok(UploadedLayer { layer, routing: plan.routing, prefix: plan.f.prefix })
+}
+
+/// The routed (or `shared`) expert projections of `plan`, streamed to the device in `dtype`
+/// one tensor at a time, each tensor's pages released once it is on its way.
+async fn stream_ffn(
+    ctx: &Context,
+    src: &dyn TensorSource,
+    plan: &LayerPlan<'_>,
+    dtype: WeightDtype,
+    shared: bool,
+    driver: Driver,
+) -> Result<ExpertFfn> {
+    let mut parts = Vec::with_capacity(3);
+    for (names, [n, k]) in plan.projections(shared) {
+        // FP8 experts' scales (1/16384 of their values for 128 x 128 tiles), read first.
+        let scales = names
+            .iter()
+            .map(|name| match plan.f.checked(name, &[n, k])?.1.dtype() {
+                Dtype::F8_E4M3 => plan.f.fp8_scales(name, [n, k]).map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let weights = ExpertWeights::stream_with(
+            ctx,
+            dtype,
+            [names.len() as u32, n as u32, k as u32],
+            |i| plan.f.stored(&names[i as usize], [n, k], scales[i as usize].as_ref()),
+            |i| src.release(&plan.f.name(&names[i as usize])),
+            STREAM_CHUNK,
+            driver,
+        )
+        .await?;
+        parts.push(weights);
+    }
+    let [g, u, d]: [ExpertWeights; 3] =
+        parts.try_into().map_err(|_| Error::invalid("a layer has three expert projections"))?;
+    ExpertFfn::new(g, u, d)
 }
 
 /// `adjust(loaded)`, which may change the modes (route, combine, kernels, GEMM order) but not

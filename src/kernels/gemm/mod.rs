@@ -16,6 +16,7 @@ use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
 use crate::kernels::sizing::{LiveCount, LiveGrid, Sizing};
@@ -576,7 +577,29 @@ fn stored_element_bytes(dtype: WeightDtype) -> Result<usize> {
 }
 
 /// Host bytes [`ExpertWeights::stream`] gathers before each write to the device.
-const STREAM_CHUNK: usize = 16 << 20;
+pub(crate) const STREAM_CHUNK: usize = 16 << 20;
+
+/// Writes the whole u32 words of `pending` to `buffer` at `offset` (all of it, padded to a
+/// word, when `last`; an odd half-word otherwise waits for the next expert), moves `offset` past
+/// them, and waits (as `driver` says) until the device has taken them, so that the queue's
+/// staging memory stays one chunk.
+async fn flush_staged(
+    ctx: &Context,
+    buffer: &wgpu::Buffer,
+    pending: &mut Vec<u8>,
+    offset: &mut u64,
+    last: bool,
+    driver: Driver,
+) -> Result<()> {
+    if last {
+        pending.resize(pending.len().next_multiple_of(4), 0);
+    }
+    let whole = pending.len() / 4 * 4;
+    ctx.checked("writing expert weights", || ctx.queue().write_buffer(buffer, *offset, &pending[..whole]))?;
+    *offset += whole as u64;
+    pending.drain(..whole);
+    ctx.submitted(ctx.encoder("expert weights upload"), driver).await
+}
 
 /// One buffer of a projection's weights: experts `experts`, and of each the output columns
 /// `cols`, as `[experts.len(), cols.len(), k]` packed words from word 0.
@@ -784,9 +807,9 @@ impl ExpertWeights {
     /// blocks regrouped into the device layout, bit for bit as
     /// [`ExpertWeights::from_quantised`] lays them out). Values converted to another dtype are
     /// decoded to f32 first. Host memory beyond the caller's is one expert's converted values
-    /// plus a 16 MiB staging chunk, which is flushed to the device (and waited for) as it
-    /// fills. `released(e)` is called once expert `e` is on its way, so a caller can drop its
-    /// pages. The weights are split across buffers as [`ExpertWeights::from_f32`] splits
+    /// plus a 16 MiB staging chunk, which is flushed to the device (and waited for, on the
+    /// calling thread: [`Self::stream_async`] awaits it instead) as it fills. `released(e)` is
+    /// called once expert `e` is on its way, so a caller can drop its pages. The weights are split across buffers as [`ExpertWeights::from_f32`] splits
     /// them, and are bit-identical to its on the same values.
     ///
     /// # Errors
@@ -803,14 +826,43 @@ impl ExpertWeights {
         Self::stream_in_chunks(ctx, dtype, shape, values, released, STREAM_CHUNK)
     }
 
+    /// [`Self::stream`] without blocking the awaiting thread: each flush of the staging chunk
+    /// is awaited (a thread of moeflow's polls the device and wakes the task).
+    ///
+    /// # Errors
+    /// As [`Self::stream`].
+    pub async fn stream_async<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        released: impl FnMut(u32),
+    ) -> Result<Self> {
+        Self::stream_with(ctx, dtype, shape, values, released, STREAM_CHUNK, Driver::Thread).await
+    }
+
     /// [`ExpertWeights::stream`] with `staging` bytes of staging.
     fn stream_in_chunks<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        released: impl FnMut(u32),
+        staging: usize,
+    ) -> Result<Self> {
+        pollster::block_on(Self::stream_with(ctx, dtype, shape, values, released, staging, Driver::Inline))
+    }
+
+    /// [`ExpertWeights::stream`] with `staging` bytes of staging, its flushes waited for as
+    /// `driver` says.
+    pub(crate) async fn stream_with<'a>(
         ctx: &Context,
         dtype: WeightDtype,
         shape: [u32; 3],
         mut values: impl FnMut(u32) -> Result<StoredValues<'a>>,
         mut released: impl FnMut(u32),
         staging: usize,
+        driver: Driver,
     ) -> Result<Self> {
         let [_, n, k] = shape;
         let plan = Self::chunks_for(ctx, dtype, shape)?;
@@ -822,19 +874,6 @@ impl ExpertWeights {
             let bytes = dtype.packed_bytes(rows, u64::from(k));
             let buffer = ctx.zeroed("expert weights", bytes)?;
             let mut offset = 0u64;
-            let flush = |pending: &mut Vec<u8>, offset: &mut u64, last: bool| -> Result<()> {
-                if last {
-                    pending.resize(pending.len().next_multiple_of(4), 0);
-                }
-                // Writes are whole u32 words; an odd half-word waits for the next expert.
-                let whole = pending.len() / 4 * 4;
-                ctx.checked("writing expert weights", || {
-                    ctx.queue().write_buffer(&buffer, *offset, &pending[..whole])
-                })?;
-                *offset += whole as u64;
-                pending.drain(..whole);
-                ctx.submit_and_wait(ctx.encoder("expert weights upload"))
-            };
             for e in es.clone() {
                 let v = values(e)?;
                 v.check(e, shape)?;
@@ -851,10 +890,10 @@ impl ExpertWeights {
                     released(e);
                 }
                 if pending.len() >= staging {
-                    flush(&mut pending, &mut offset, false)?;
+                    flush_staged(ctx, &buffer, &mut pending, &mut offset, false, driver).await?;
                 }
             }
-            flush(&mut pending, &mut offset, true)?;
+            flush_staged(ctx, &buffer, &mut pending, &mut offset, true, driver).await?;
             chunks.push(WeightChunk { buffer, experts: es, cols: cs, bytes });
         }
         Ok(Self::on_device(ctx, chunks, dtype, shape, narrow))
