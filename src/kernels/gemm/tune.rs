@@ -30,7 +30,7 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use super::variant::{self, FfnKernels, GemmOrder, GemmVariant};
-use super::{ExpertFfn, NONE, Params, down_pass, grouped_up_pass};
+use super::{ExpertFfn, NONE, Params, Pass};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
@@ -290,8 +290,8 @@ async fn measure(
             return Err(Error::invalid("the tuner lost a dispatch layout it made"));
         };
         let base = Params { k_route: 1, fixed_expert: NONE, ..Params::default() };
-        let up = grouped_up_pass(ffn, order, base, (&x).into(), layout, act.into());
-        let down = down_pass(&up, ffn, act.into(), (&partial).into());
+        let up = Pass::grouped_gate_up(ffn, order, base, (&x).into(), layout, act.into());
+        let down = Pass::down(&up, ffn, act.into(), (&partial).into());
         let scratch = Scratch::Own(ctx);
         Ok((
             up.gemm(scratch, v, Some(layout.tile_expert()))?,

@@ -1,0 +1,1105 @@
+//! Expert weights on the device: their storage dtypes ([`WeightDtype`]), upload from host
+//! values or stored checkpoint bytes (whole, or streamed one expert at a time through a staging
+//! chunk), their split into chunks past the device's binding limits, texture copies, and the
+//! FFN they form ([`ExpertFfn`]: gate, up and down projections, optional biases, activation).
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use bytemuck::Zeroable;
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+use super::quantised::{self, NarrowScales, QuantisedValues};
+use super::texture::TextureWeights;
+use super::{AdapterKind, FfnKernels, GemmOrder, PARAMS_BYTES, Params, UNPACK};
+use crate::context::Context;
+use crate::context::wait::Driver;
+use crate::error::{Error, Result};
+use crate::pipeline::Binding;
+use crate::sync::lock;
+
+/// Storage type of expert weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum WeightDtype {
+    /// 32-bit floats.
+    #[default]
+    F32,
+    /// IEEE half precision, two per u32 word (low half first).
+    F16,
+    /// bfloat16, two per u32 word (low half first).
+    Bf16,
+    /// ggml's Q8_0: blocks of 32 signed bytes with one f16 scale (8.5 bits a value).
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// ggml's Q4_0: blocks of 32 nibbles (value − 8) with one f16 scale (4.5 bits a value).
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    /// MXFP4 (OCP Microscaling): blocks of 32 FP4 e2m1 codes with one E8M0 scale (4.25 bits a
+    /// value), as gpt-oss ships its experts.
+    Mxfp4,
+    /// FP8 e4m3 with one f32 `scale_inv` per 128 values along K (8.25 bits a value on the
+    /// device); DeepSeek-V3's and Qwen3-FP8's 128 × 128 tiles give each row its tile's scale.
+    Fp8,
+}
+
+impl WeightDtype {
+    /// The `DTYPE` pipeline constant of kernels reading these weights as packed words.
+    pub(crate) fn code(self) -> f64 {
+        match self {
+            WeightDtype::F32 => 0.0,
+            WeightDtype::F16 => 1.0,
+            WeightDtype::Bf16 => 2.0,
+            WeightDtype::Q8_0 => 3.0,
+            WeightDtype::Q4_0 => 4.0,
+            WeightDtype::Mxfp4 => 5.0,
+            WeightDtype::Fp8 => 6.0,
+        }
+    }
+
+    /// Whether this is a block-quantised format (Q8_0, Q4_0, MXFP4, FP8).
+    pub fn is_quantised(self) -> bool {
+        quantised::group(self).is_some()
+    }
+
+    /// The values the shader sees for weight rows of `k` values (`data.len() / k` rows)
+    /// uploaded as this dtype: each value rounded to nearest even for f16 and bf16; for the
+    /// quantised formats, the rows quantised block by block along K and decoded exactly
+    /// ([`crate::quant`]'s decoders; see docs/quant.md for the rules).
+    ///
+    /// # Errors
+    /// For a quantised dtype: `k == 0`, a length that is not whole rows, or a value that is not
+    /// finite ([`Error::InvalidArgument`]). Float dtypes never fail.
+    pub fn round(self, data: &[f32], k: usize) -> Result<Vec<f32>> {
+        Ok(match self {
+            WeightDtype::F32 => data.to_vec(),
+            WeightDtype::F16 => data.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+            WeightDtype::Bf16 => data.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
+                quantised::quantise_rows(self, data, k)?.1
+            }
+        })
+    }
+
+    /// Packs weight rows of `k` values into the u32 words the kernels read (the f32 words,
+    /// halves low half first, or the quantised groups of docs/quant.md).
+    ///
+    /// # Errors
+    /// As [`WeightDtype::round`].
+    pub fn pack(self, data: &[f32], k: usize) -> Result<Vec<u32>> {
+        let halves: Vec<u16> = match self {
+            WeightDtype::F32 => return Ok(data.iter().map(|v| v.to_bits()).collect()),
+            WeightDtype::F16 => data.iter().map(|&v| f16::from_f32(v).to_bits()).collect(),
+            WeightDtype::Bf16 => data.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(),
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
+                return Ok(quantised::quantise_rows(self, data, k)?.0);
+            }
+        };
+        Ok(halves.chunks(2).map(|p| u32::from(p[0]) | (u32::from(*p.get(1).unwrap_or(&0)) << 16)).collect())
+    }
+
+    /// Bytes of one element for the float dtypes; None for the quantised formats, whose
+    /// values share their blocks' scales.
+    pub fn element_bytes(self) -> Option<usize> {
+        match self {
+            WeightDtype::F32 => Some(4),
+            WeightDtype::F16 | WeightDtype::Bf16 => Some(2),
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => None,
+        }
+    }
+
+    /// Bytes on the device of `rows` weight rows of `k` values.
+    pub fn packed_bytes(self, rows: u64, k: u64) -> u64 {
+        match self {
+            WeightDtype::F32 => 4 * rows * k,
+            WeightDtype::F16 | WeightDtype::Bf16 => 4 * (rows * k).div_ceil(2),
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
+                4 * rows * quantised::row_words(self, k)
+            }
+        }
+    }
+}
+
+/// Weights of `E` experts, each `[n, k]` (out x in), packed on the device: in one buffer, or
+/// in chunks of whole experts (or of output columns within an expert) where the tensor is past
+/// the device's storage-binding limit ([`ExpertWeights::chunk_count`]).
+#[derive(Debug)]
+pub struct ExpertWeights {
+    pub(super) chunks: Vec<WeightChunk>,
+    pub(super) dtype: WeightDtype,
+    pub(super) experts: u32,
+    pub(super) n: u32,
+    pub(super) k: u32,
+    pub(super) native_f16: bool,
+    /// MXFP4 weights whose every block scale below K is in [`quantised::MXFP4_NARROW_SCALES`]:
+    /// the kernels decode them with one product per value (`NARROW_SCALES` in
+    /// wgsl/gemm/common.wgsl). False for every other dtype.
+    pub(super) narrow_scales: bool,
+    /// The texture copy texture variants read, made on first use: None until then, then
+    /// Some(None) where the weights are past the device's texture limits.
+    pub(super) texture: Mutex<Option<Option<Arc<TextureWeights>>>>,
+}
+
+/// One expert's `[n, k]` values as a file stores them.
+#[derive(Clone, Copy, Debug)]
+pub enum StoredValues<'a> {
+    /// Little-endian elements of a float dtype (f32, f16 or bf16), `n * k` of them.
+    Float {
+        /// The element type of `bytes`.
+        dtype: WeightDtype,
+        /// `n * k` elements, little-endian.
+        bytes: &'a [u8],
+    },
+    /// Quantised blocks of one expert (`[1, n, k]` in [`QuantisedValues`]' terms).
+    Quantised(QuantisedValues<'a>),
+}
+
+impl StoredValues<'_> {
+    /// The dtype the values are stored in.
+    pub fn dtype(&self) -> WeightDtype {
+        match self {
+            StoredValues::Float { dtype, .. } => *dtype,
+            StoredValues::Quantised(q) => q.dtype(),
+        }
+    }
+
+    /// Checks that these are the `n * k` values of expert `e` of `[experts, n, k]`.
+    fn check(&self, e: u32, [experts, n, k]: [u32; 3]) -> Result<()> {
+        let StoredValues::Float { dtype, bytes } = *self else {
+            return Ok(()); // `QuantisedValues` checks its own lengths when it is read.
+        };
+        let per_expert = u64::from(n) * u64::from(k);
+        let want = per_expert * stored_element_bytes(dtype)? as u64;
+        if bytes.len() as u64 != want {
+            return Err(Error::shape(
+                format!("expert {e} of [{experts}, {n}, {k}]"),
+                format!("{per_expert} {dtype:?} elements ({want} bytes)"),
+                format!("{} bytes", bytes.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Appends rows `rows` of these `[n, k]` values to `out` as `to` lays them out on the
+    /// device (f32 words, halves low half first, or quantised groups): as stored when `to` is
+    /// their dtype, else rounded to nearest even for a narrower float and quantised for a
+    /// quantised `to`, exactly as [`WeightDtype::pack`] does from f32 (quantised values are
+    /// decoded to f32 first, by [`QuantisedValues::dequantise`]).
+    fn append_as(
+        &self,
+        to: WeightDtype,
+        [n, k]: [usize; 2],
+        rows: Range<usize>,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let values: Vec<f32> = match *self {
+            StoredValues::Float { dtype, bytes } => {
+                let eb = stored_element_bytes(dtype)?;
+                let bytes = &bytes[rows.start * k * eb..rows.end * k * eb];
+                if dtype == to {
+                    out.extend_from_slice(bytes);
+                    return Ok(());
+                }
+                bytes
+                    .chunks_exact(eb)
+                    .map(|b| match dtype {
+                        WeightDtype::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                        WeightDtype::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+                        _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                    })
+                    .collect()
+            }
+            StoredValues::Quantised(q) if q.dtype() == to => {
+                let words = q.device_words([1, n, k])?;
+                let row = quantised::row_words(to, k as u64) as usize;
+                out.extend_from_slice(bytemuck::cast_slice(&words[rows.start * row..rows.end * row]));
+                return Ok(());
+            }
+            StoredValues::Quantised(q) => q.dequantise([1, n, k])?[rows.start * k..rows.end * k].to_vec(),
+        };
+        match to {
+            // Element by element: a row of odd length leaves half a word for the next.
+            WeightDtype::F32 => values.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            WeightDtype::F16 => {
+                values.iter().for_each(|&v| out.extend_from_slice(&f16::from_f32(v).to_le_bytes()))
+            }
+            WeightDtype::Bf16 => {
+                values.iter().for_each(|&v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()))
+            }
+            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
+                out.extend_from_slice(bytemuck::cast_slice(&to.pack(&values, k)?));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of one stored element of `dtype`, which must be a float dtype.
+fn stored_element_bytes(dtype: WeightDtype) -> Result<usize> {
+    dtype.element_bytes().ok_or_else(|| {
+        Error::invalid(format!(
+            "expert values stored as {dtype:?} cannot be streamed as elements; stored values are f32, f16 or bf16"
+        ))
+    })
+}
+
+/// Host bytes [`ExpertWeights::stream`] gathers before each write to the device.
+pub(crate) const STREAM_CHUNK: usize = 16 << 20;
+
+/// Writes the whole u32 words of `pending` to `buffer` at `offset` (all of it, padded to a
+/// word, when `last`; an odd half-word otherwise waits for the next expert), moves `offset` past
+/// them, and waits (as `driver` says) until the device has taken them, so that the queue's
+/// staging memory stays one chunk.
+async fn flush_staged(
+    ctx: &Context,
+    buffer: &wgpu::Buffer,
+    pending: &mut Vec<u8>,
+    offset: &mut u64,
+    last: bool,
+    driver: Driver,
+) -> Result<()> {
+    if last {
+        pending.resize(pending.len().next_multiple_of(4), 0);
+    }
+    let whole = pending.len() / 4 * 4;
+    ctx.checked("writing expert weights", || ctx.queue().write_buffer(buffer, *offset, &pending[..whole]))?;
+    *offset += whole as u64;
+    pending.drain(..whole);
+    ctx.submitted(ctx.encoder("expert weights upload"), driver).await
+}
+
+/// One buffer of a projection's weights: experts `experts`, and of each the output columns
+/// `cols`, as `[experts.len(), cols.len(), k]` packed words from word 0.
+#[derive(Debug)]
+pub(super) struct WeightChunk {
+    pub(super) buffer: wgpu::Buffer,
+    pub(super) experts: Range<u32>,
+    pub(super) cols: Range<u32>,
+    pub(super) bytes: u64,
+}
+
+/// How `[experts, n, k]` weights of `dtype` split into chunks of at most `limit` bytes: whole
+/// experts, as many per chunk as fit; or, where one expert alone is past the limit, each
+/// expert in runs of whole output columns (rows of the weight matrix). K is never split.
+fn chunking(
+    dtype: WeightDtype,
+    [experts, n, k]: [u32; 3],
+    limit: u64,
+) -> Result<Vec<(Range<u32>, Range<u32>)>> {
+    // Word indices inside a chunk are u32; keep every element index below 2^32 too.
+    let limit = limit.min(u64::from(u32::MAX) + 1);
+    let (n64, k64) = (u64::from(n), u64::from(k));
+    let fits = |rows: u64| dtype.packed_bytes(rows, k64) <= limit && rows * k64 <= u64::from(u32::MAX) + 1;
+    if fits(n64) {
+        let mut per_chunk = (limit / dtype.packed_bytes(n64, k64).max(1)).max(1);
+        while per_chunk > 1 && !fits(per_chunk * n64) {
+            per_chunk -= 1;
+        }
+        let per_chunk = u32::try_from(per_chunk).unwrap_or(u32::MAX);
+        return Ok((0..experts)
+            .step_by(per_chunk as usize)
+            .map(|e0| (e0..e0.saturating_add(per_chunk).min(experts), 0..n))
+            .collect());
+    }
+    let mut per_chunk = limit / dtype.packed_bytes(1, k64).max(1);
+    while per_chunk > 0 && !fits(per_chunk) {
+        per_chunk -= 1;
+    }
+    if per_chunk == 0 {
+        return Err(Error::limit(
+            format!("one output column of the expert weights [{experts}, {n}, {k}] as {dtype:?}"),
+            dtype.packed_bytes(1, k64),
+            limit,
+            "max_storage_buffer_binding_size (weights split by expert and by output column, never along K)",
+        ));
+    }
+    let per_chunk = u32::try_from(per_chunk).unwrap_or(u32::MAX);
+    Ok((0..experts)
+        .flat_map(|e| {
+            (0..n)
+                .step_by(per_chunk as usize)
+                .map(move |c0| (e..e + 1, c0..c0.saturating_add(per_chunk).min(n)))
+        })
+        .collect())
+}
+
+impl ExpertWeights {
+    /// Checks `[experts, n, k]` as `dtype`; returns its chunks for this device's limits.
+    fn chunks_for(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+    ) -> Result<Vec<(Range<u32>, Range<u32>)>> {
+        let [experts, n, k] = shape;
+        if experts == 0 || n == 0 || k == 0 {
+            return Err(Error::invalid(format!(
+                "expert weights [{experts}, {n}, {k}] have an empty dimension"
+            )));
+        }
+        let limits = ctx.limits();
+        chunking(dtype, shape, limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) / 4 * 4)
+    }
+
+    /// `narrow_scales`: whether every MXFP4 block scale of the uploaded words is narrow.
+    fn on_device(
+        ctx: &Context,
+        chunks: Vec<WeightChunk>,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        narrow_scales: NarrowScales,
+    ) -> Self {
+        let [experts, n, k] = shape;
+        ExpertWeights {
+            chunks,
+            dtype,
+            experts,
+            n,
+            k,
+            native_f16: dtype == WeightDtype::F16 && ctx.capabilities().shader_f16,
+            narrow_scales: narrow_scales.hold(),
+            texture: Mutex::new(None),
+        }
+    }
+
+    /// The texture copy of these weights ([`texture`]), made on the device the first time it
+    /// is asked for; None where it would be past the device's texture limits.
+    pub(super) fn texture(&self, ctx: &Context) -> Result<Option<Arc<TextureWeights>>> {
+        let mut slot = lock(&self.texture);
+        if let Some(made) = &*slot {
+            return Ok(made.clone());
+        }
+        let made = TextureWeights::new(ctx, self)?;
+        *slot = Some(made.clone());
+        Ok(made)
+    }
+
+    /// Whether a texture copy of these weights is on the device (texture variants make it the
+    /// first time they are planned with these weights; it takes as many bytes again as the
+    /// packed weights, rows padded to whole texels).
+    pub fn has_texture(&self) -> bool {
+        matches!(*lock(&self.texture), Some(Some(_)))
+    }
+
+    /// Uploads `data[experts, n, k]`, rounding to `dtype`, split into as many buffers as the
+    /// device's binding limit needs (see [`ExpertWeights::chunk_count`]).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `data` is not `experts * n * k` values; [`Error::LimitExceeded`]
+    /// when a single expert matrix is past the binding limit; device errors while uploading.
+    pub fn from_f32(
+        ctx: &Context,
+        data: &[f32],
+        dtype: WeightDtype,
+        experts: u32,
+        n: u32,
+        k: u32,
+    ) -> Result<Self> {
+        let elems = u64::from(experts) * u64::from(n) * u64::from(k);
+        if data.len() as u64 != elems {
+            return Err(Error::shape(
+                "expert weights",
+                format!("[{experts}, {n}, {k}] = {elems} elements"),
+                data.len(),
+            ));
+        }
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        let (n64, k64) = (n as usize, k as usize);
+        Self::upload_chunks(ctx, dtype, [experts, n, k], plan, |es, cs| {
+            let mut values = Vec::new();
+            for e in es {
+                let row0 = (e as usize * n64 + cs.start as usize) * k64;
+                values.extend_from_slice(&data[row0..row0 + cs.len() * k64]);
+            }
+            dtype.pack(&values, k64)
+        })
+    }
+
+    /// Uploads `[experts, n, k]` weights of `dtype` in the chunks of `plan` ([`Self::chunks_for`]),
+    /// each chunk's device words from `words(experts, cols)`.
+    fn upload_chunks(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        plan: Vec<(Range<u32>, Range<u32>)>,
+        mut words: impl FnMut(Range<u32>, Range<u32>) -> Result<Vec<u32>>,
+    ) -> Result<Self> {
+        let mut narrow = NarrowScales::new(dtype, shape[2]);
+        let mut chunks = Vec::with_capacity(plan.len());
+        for (es, cs) in plan {
+            let chunk = words(es.clone(), cs.clone())?;
+            narrow.see(&chunk);
+            chunks.push(WeightChunk {
+                buffer: ctx.upload("expert weights", &chunk)?,
+                experts: es,
+                cols: cs,
+                bytes: chunk.len() as u64 * 4,
+            });
+        }
+        Ok(Self::on_device(ctx, chunks, dtype, shape, narrow))
+    }
+
+    /// Uploads `[experts, n, k]` weights a checkpoint stores quantised, as they are (no
+    /// requantisation): the kernels read exactly [`QuantisedValues::dequantise`]'s values. Split
+    /// across buffers as [`ExpertWeights::from_f32`] splits them.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when a length does not match the shape; [`Error::InvalidArgument`] for
+    /// Q8_0, Q4_0 or MXFP4 with K not a multiple of 32, or FP8 scale tiles that split a group
+    /// of 128 along K; as [`ExpertWeights::from_f32`] for sizes and device errors.
+    pub fn from_quantised(
+        ctx: &Context,
+        values: QuantisedValues<'_>,
+        experts: u32,
+        n: u32,
+        k: u32,
+    ) -> Result<Self> {
+        let dtype = values.dtype();
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        let words = values.device_words([experts as usize, n as usize, k as usize])?;
+        let row = quantised::row_words(dtype, u64::from(k)) as usize;
+        Self::upload_chunks(ctx, dtype, [experts, n, k], plan, |es, cs| {
+            let mut chunk = Vec::with_capacity(es.len() * cs.len() * row);
+            for e in es {
+                let first = e as usize * n as usize + cs.start as usize;
+                chunk.extend_from_slice(&words[first * row..(first + cs.len()) * row]);
+            }
+            Ok(chunk)
+        })
+    }
+
+    /// Uploads `[experts, n, k]` expert by expert without a host copy of the whole tensor:
+    /// `values(e)` gives expert `e`'s `[n, k]` values as stored (float elements or quantised
+    /// blocks, for example from a memory-mapped checkpoint tensor), converted to `dtype` one
+    /// expert at a time; values already in `dtype` reach the device as they are (quantised
+    /// blocks regrouped into the device layout, bit for bit as
+    /// [`ExpertWeights::from_quantised`] lays them out). Values converted to another dtype are
+    /// decoded to f32 first. Host memory beyond the caller's is one expert's converted values
+    /// plus a 16 MiB staging chunk, which is flushed to the device (and waited for, on the
+    /// calling thread: [`Self::stream_async`] awaits it instead) as it fills. `released(e)` is
+    /// called once expert `e` is on its way, so a caller can drop its pages. The weights are split across buffers as [`ExpertWeights::from_f32`] splits
+    /// them, and are bit-identical to its on the same values.
+    ///
+    /// # Errors
+    /// An empty dimension, a size past the device's limits, an expert whose byte length is
+    /// not `n * k` elements of its dtype (or whose blocks do not match `[1, n, k]`), an error
+    /// from `values`, or a device error.
+    pub fn stream<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        released: impl FnMut(u32),
+    ) -> Result<Self> {
+        Self::stream_in_chunks(ctx, dtype, shape, values, released, STREAM_CHUNK)
+    }
+
+    /// [`Self::stream`] without blocking the awaiting thread: each flush of the staging chunk
+    /// is awaited (a thread of moeflow's polls the device and wakes the task).
+    ///
+    /// # Errors
+    /// As [`Self::stream`].
+    pub async fn stream_async<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        released: impl FnMut(u32),
+    ) -> Result<Self> {
+        Self::stream_with(ctx, dtype, shape, values, released, STREAM_CHUNK, Driver::Thread).await
+    }
+
+    /// [`ExpertWeights::stream`] with `staging` bytes of staging.
+    pub(super) fn stream_in_chunks<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        released: impl FnMut(u32),
+        staging: usize,
+    ) -> Result<Self> {
+        pollster::block_on(Self::stream_with(ctx, dtype, shape, values, released, staging, Driver::Inline))
+    }
+
+    /// [`ExpertWeights::stream`] with `staging` bytes of staging, its flushes waited for as
+    /// `driver` says.
+    pub(crate) async fn stream_with<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        mut values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        mut released: impl FnMut(u32),
+        staging: usize,
+        driver: Driver,
+    ) -> Result<Self> {
+        let [_, n, k] = shape;
+        let plan = Self::chunks_for(ctx, dtype, shape)?;
+        let mut pending: Vec<u8> = Vec::with_capacity(staging + 4);
+        let mut narrow = NarrowScales::new(dtype, k);
+        let mut chunks = Vec::with_capacity(plan.len());
+        for (es, cs) in plan {
+            let rows = u64::from(es.end - es.start) * cs.len() as u64;
+            let bytes = dtype.packed_bytes(rows, u64::from(k));
+            let buffer = ctx.zeroed("expert weights", bytes)?;
+            let mut offset = 0u64;
+            for e in es.clone() {
+                let v = values(e)?;
+                v.check(e, shape)?;
+                let from = pending.len();
+                v.append_as(
+                    dtype,
+                    [n as usize, k as usize],
+                    cs.start as usize..cs.end as usize,
+                    &mut pending,
+                )?;
+                // Quantised rows are whole words: `pending` holds no half word before them.
+                narrow.see_bytes(&pending[from..]);
+                if cs.end == n {
+                    released(e);
+                }
+                if pending.len() >= staging {
+                    flush_staged(ctx, &buffer, &mut pending, &mut offset, false, driver).await?;
+                }
+            }
+            flush_staged(ctx, &buffer, &mut pending, &mut offset, true, driver).await?;
+            chunks.push(WeightChunk { buffer, experts: es, cols: cs, bytes });
+        }
+        Ok(Self::on_device(ctx, chunks, dtype, shape, narrow))
+    }
+
+    /// Whether these are MXFP4 weights whose every block scale (below K) is 2^-125 ..= 2^125
+    /// (E8M0 bytes 2 ..= 252; what [`crate::quant::mxfp4_quantize`] gives every block whose
+    /// largest magnitude is 2^-123 or more), which the kernels decode with one exact f32 product
+    /// per value: twice the FP4 magnitude, an integer up to 12, times 2^(s - 128). Other MXFP4
+    /// weights take the bit-by-bit decoding that is exact under every scale. Both give
+    /// [`crate::quant::mxfp4_dequantize`]'s values bit for bit. False for other dtypes.
+    pub fn narrow_scales(&self) -> bool {
+        self.narrow_scales
+    }
+
+    /// How many buffers (storage bindings) hold these weights: 1 unless they are past the
+    /// device's `max_storage_buffer_binding_size` (or `max_buffer_size`). Split weights run
+    /// one dispatch per chunk in every path, with the same results bit for bit.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Chooses native f16 loads (the default for f16 weights where the device has
+    /// shader-f16) or the packed integer unpacking; both see the same values. Asking for
+    /// native loads without shader-f16, or for non-f16 weights, is an error.
+    ///
+    /// # Errors
+    /// [`Error::MissingFeature`] without shader-f16; [`Error::InvalidArgument`] for weights
+    /// that are not f16.
+    pub fn with_native_f16(mut self, ctx: &Context, on: bool) -> Result<Self> {
+        if on && !ctx.capabilities().shader_f16 {
+            return Err(Error::MissingFeature("native f16 weights need the shader-f16 feature".into()));
+        }
+        if on && self.dtype != WeightDtype::F16 {
+            return Err(Error::invalid(format!(
+                "native f16 loads need f16 weights, these are {:?}",
+                self.dtype
+            )));
+        }
+        self.native_f16 = on;
+        Ok(self)
+    }
+
+    /// Whether the kernels load these weights as native f16.
+    pub fn native_f16(&self) -> bool {
+        self.native_f16
+    }
+
+    /// The one buffer holding every weight, as packed words; None when the weights are split
+    /// into chunks ([`Self::chunk_count`] above 1).
+    #[cfg(feature = "dag")]
+    pub(crate) fn whole_buffer(&self) -> Option<&wgpu::Buffer> {
+        match self.chunks.as_slice() {
+            [only] => Some(&only.buffer),
+            _ => None,
+        }
+    }
+
+    /// The values the kernels read from these weights, `[experts, n, k]` row-major, decoded on
+    /// the device by the kernels' own packed-word loads (native f16 loads see the same values)
+    /// and read back: for a quantised dtype exactly [`crate::quant`]'s decoding of the stored
+    /// blocks, for f16 and bf16 the widened halves. For checking an upload or a converted
+    /// checkpoint; not part of a forward.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when `experts · n · k` f32 values are past one storage binding;
+    /// device errors.
+    pub fn unpack(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let len = u64::from(self.experts) * u64::from(self.n) * u64::from(self.k);
+        let bytes = 4 * len;
+        let limits = ctx.limits();
+        let max = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        if bytes > max {
+            return Err(Error::limit(
+                "unpacked expert weights",
+                bytes,
+                max,
+                "max_storage_buffer_binding_size",
+            ));
+        }
+        let out = ctx.zeroed("unpacked expert weights", bytes)?;
+        let kernel = ctx.kernel(
+            &UNPACK,
+            &[("DTYPE", self.dtype.code()), ("NARROW_SCALES", f64::from(u8::from(self.narrow_scales)))],
+        )?;
+        let mut params = Vec::with_capacity(self.chunks.len());
+        for chunk in &self.chunks {
+            let p = Params {
+                n: self.n,
+                kdim: self.k,
+                expert_base: chunk.experts.start,
+                expert_count: chunk.experts.len() as u32,
+                col_base: chunk.cols.start,
+                cols: chunk.cols.len() as u32,
+                ..Params::zeroed()
+            };
+            params.push(ctx.uniform("unpack params", &p)?);
+        }
+        let mut dispatches = Vec::with_capacity(self.chunks.len());
+        for (chunk, p) in self.chunks.iter().zip(&params) {
+            let rows = chunk.experts.len() as u64 * chunk.cols.len() as u64;
+            let groups = UNPACK.groups(rows * u64::from(self.k.div_ceil(4)))?;
+            let bindings = [
+                Binding::new(0, p, PARAMS_BYTES),
+                Binding::new(2, &chunk.buffer, chunk.bytes),
+                Binding::new(3, &chunk.buffer, chunk.bytes),
+                Binding::new(6, &out, bytes),
+            ];
+            dispatches.push(ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "unpack weights")?)?);
+        }
+        ctx.run(&dispatches.iter().collect::<Vec<_>>())?;
+        ctx.read_back(&out, len as usize)
+    }
+
+    /// Storage dtype.
+    pub fn dtype(&self) -> WeightDtype {
+        self.dtype
+    }
+    /// `[experts, n, k]`.
+    pub fn shape(&self) -> [u32; 3] {
+        [self.experts, self.n, self.k]
+    }
+}
+
+/// The gated activation between an FFN's gate/up and down projections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Activation {
+    /// SwiGLU: `silu(g) · u`, computed as `g / (1 + exp(-g)) · u`.
+    #[default]
+    Swiglu,
+    /// gpt-oss's clamped SwiGLU: `g' = min(g, limit)`, `u' = clamp(u, -limit, limit)`, then
+    /// `(u' + 1) · g' · sigmoid(alpha · g')`, computed as
+    /// `(u' + 1) · (g' / (1 + exp(-(alpha · g'))))`. gpt-oss uses alpha 1.702 and limit 7.0
+    /// (`swiglu_limit`).
+    ClampedSwiglu {
+        /// The sigmoid's slope.
+        alpha: f32,
+        /// The clamp on gate (above) and up (both sides); positive.
+        limit: f32,
+    },
+}
+
+impl Activation {
+    /// gpt-oss's clamped SwiGLU with its published constants (alpha 1.702, limit 7.0).
+    pub const GPT_OSS: Activation = Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
+
+    /// Checks the constants.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an alpha that is not finite or a limit that is not
+    /// finite and positive.
+    pub fn validate(self) -> Result<()> {
+        if let Activation::ClampedSwiglu { alpha, limit } = self
+            && (!alpha.is_finite() || !limit.is_finite() || limit <= 0.0)
+        {
+            return Err(Error::invalid(format!(
+                "clamped SwiGLU needs a finite alpha and a finite, positive limit (alpha {alpha}, limit {limit})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The epilogue's pipeline constants (`ACTIVATION`, `GLU_ALPHA`, `GLU_LIMIT`).
+    pub(super) fn constants(self) -> [(&'static str, f64); 3] {
+        match self {
+            Activation::Swiglu => [("ACTIVATION", 0.0), ("GLU_ALPHA", 1.0), ("GLU_LIMIT", 1.0)],
+            Activation::ClampedSwiglu { alpha, limit } => {
+                [("ACTIVATION", 1.0), ("GLU_ALPHA", f64::from(alpha)), ("GLU_LIMIT", f64::from(limit))]
+            }
+        }
+    }
+}
+
+/// Biases of an expert FFN's projections on the device (gpt-oss): added to each projection's
+/// dot product before the activation (gate, up) or as the last step (down).
+#[derive(Debug)]
+pub struct ExpertBias {
+    /// `[E, F, 2]`: each column's (gate, up) pair.
+    pub(super) gate_up: wgpu::Buffer,
+    /// `[E, H]`.
+    pub(super) down: wgpu::Buffer,
+}
+
+impl ExpertBias {
+    /// Uploads gate and up biases `[experts, ffn]` and down biases `[experts, hidden]`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a length that does not match; device errors.
+    pub fn new(
+        ctx: &Context,
+        gate: &[f32],
+        up: &[f32],
+        down: &[f32],
+        [experts, ffn, hidden]: [u32; 3],
+    ) -> Result<Self> {
+        let (ef, eh) = (experts as usize * ffn as usize, experts as usize * hidden as usize);
+        for (what, v, cols, want) in
+            [("gate bias", gate, ffn, ef), ("up bias", up, ffn, ef), ("down bias", down, hidden, eh)]
+        {
+            if v.len() != want {
+                return Err(Error::shape(what, format!("[{experts}, {cols}] = {want} values"), v.len()));
+            }
+        }
+        let pairs: Vec<f32> = gate.iter().zip(up).flat_map(|(&g, &u)| [g, u]).collect();
+        Ok(ExpertBias {
+            gate_up: ctx.upload("expert gate/up biases", &pairs)?,
+            down: ctx.upload("expert down biases", down)?,
+        })
+    }
+}
+
+/// A gated expert FFN: `down(act(gate(x), up(x)))` per expert, `act` SwiGLU unless chosen
+/// otherwise ([`Activation`]), with optional biases ([`ExpertBias`]).
+#[derive(Debug)]
+pub struct ExpertFfn {
+    /// `[E, F, H]`.
+    pub gate: ExpertWeights,
+    /// `[E, F, H]`.
+    pub up: ExpertWeights,
+    /// `[E, H, F]`.
+    pub down: ExpertWeights,
+    /// The kernels and order; `None` runs the adapter's default ([`FfnKernels::default_for`])
+    /// in [`GemmOrder::Strict`].
+    pub(super) kernels: Option<FfnKernels>,
+    /// The activation between gate/up and down.
+    pub(super) activation: Activation,
+    /// Projection biases, where the model has them.
+    pub(super) bias: Option<ExpertBias>,
+}
+
+impl ExpertFfn {
+    /// Checks that the three projections fit together; returns it.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when up or down does not match gate's experts, rows and columns;
+    /// [`Error::InvalidArgument`] when the three mix dtypes or load paths.
+    pub fn new(gate: ExpertWeights, up: ExpertWeights, down: ExpertWeights) -> Result<Self> {
+        let [e, f, h] = gate.shape();
+        if up.shape() != [e, f, h] {
+            return Err(Error::shape(
+                "up projection",
+                format!("{:?}", [e, f, h]),
+                format!("{:?}", up.shape()),
+            ));
+        }
+        if down.shape() != [e, h, f] {
+            return Err(Error::shape(
+                "down projection",
+                format!("{:?}", [e, h, f]),
+                format!("{:?}", down.shape()),
+            ));
+        }
+        if gate.dtype != up.dtype || gate.dtype != down.dtype {
+            return Err(Error::invalid(format!(
+                "expert weights mix dtypes: gate {:?}, up {:?}, down {:?}",
+                gate.dtype, up.dtype, down.dtype
+            )));
+        }
+        if gate.native_f16 != up.native_f16 || gate.native_f16 != down.native_f16 {
+            return Err(Error::invalid("expert weights mix native f16 and packed loads"));
+        }
+        Ok(ExpertFfn { gate, up, down, kernels: None, activation: Activation::Swiglu, bias: None })
+    }
+
+    /// Runs `activation` between the projections instead of SwiGLU.
+    ///
+    /// # Errors
+    /// [`Activation::validate`]'s.
+    pub fn with_activation(mut self, activation: Activation) -> Result<Self> {
+        activation.validate()?;
+        self.activation = activation;
+        Ok(self)
+    }
+
+    /// Adds `bias` to the projections.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when the biases were made for other sizes than these weights'.
+    pub fn with_bias(mut self, bias: ExpertBias) -> Result<Self> {
+        let [e, f, h] = self.gate.shape();
+        let (want_gate_up, want_down) = (u64::from(e) * u64::from(f) * 8, u64::from(e) * u64::from(h) * 4);
+        if bias.gate_up.size() != want_gate_up || bias.down.size() != want_down {
+            return Err(Error::shape(
+                "expert biases",
+                format!(
+                    "gate/up [{e}, {f}, 2] and down [{e}, {h}] f32 ({want_gate_up} and {want_down} bytes)"
+                ),
+                format!("{} and {} bytes", bias.gate_up.size(), bias.down.size()),
+            ));
+        }
+        self.bias = Some(bias);
+        Ok(self)
+    }
+
+    /// The activation between the projections.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    /// Whether the projections add biases.
+    pub fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+
+    /// Runs these kernels (order and variants) instead of the adapter's default.
+    ///
+    /// # Errors
+    /// A variant out of its documented ranges.
+    pub fn with_kernels(mut self, kernels: FfnKernels) -> Result<Self> {
+        kernels.validate()?;
+        self.kernels = Some(kernels);
+        Ok(self)
+    }
+
+    /// The kernels this FFN runs on `ctx`.
+    pub fn kernels(&self, ctx: &Context) -> FfnKernels {
+        self.kernels
+            .unwrap_or_else(|| FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict))
+    }
+    /// Experts.
+    pub fn experts(&self) -> u32 {
+        self.gate.experts
+    }
+    /// Hidden size H.
+    pub fn hidden(&self) -> u32 {
+        self.gate.k
+    }
+    /// FFN size F.
+    pub fn ffn(&self) -> u32 {
+        self.gate.n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant;
+
+    fn stored(dtype: WeightDtype, values: &[f32], k: usize) -> Vec<u8> {
+        let eb = dtype.element_bytes().expect("a float dtype");
+        bytemuck::cast_slice(&dtype.pack(values, k).expect("pack"))
+            .iter()
+            .copied()
+            .take(values.len() * eb)
+            .collect()
+    }
+
+    /// Quantised blocks streamed one expert at a time hold `from_quantised`'s words when kept
+    /// in their format (through a staging chunk of a few bytes), and `from_f32`'s words of
+    /// their decoded values when converted.
+    #[test]
+    fn streamed_quantised_blocks_are_the_words_of_from_quantised() {
+        let ctxs = Context::all().expect("devices");
+        if ctxs.is_empty() {
+            assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
+            eprintln!("skipped: no adapter");
+            return;
+        }
+        let (e, n, k) = (3usize, 5usize, 160usize);
+        let values: Vec<f32> = (0..e * n * k).map(|i| (i as f32 * 0.391).sin() * 2.0 - 0.25).collect();
+        let q8 = quant::q8_0_quantize(&values).expect("q8_0");
+        let q4 = quant::q4_0_quantize(&values).expect("q4_0");
+        let (codes, scales) = quant::mxfp4_quantize(&values).expect("mxfp4");
+        let block = [2, 128];
+        let per_expert: Vec<(Vec<u8>, Vec<f32>)> = (0..e)
+            .map(|i| {
+                quant::fp8_block_quantize(&values[i * n * k..(i + 1) * n * k], [n, k], block).expect("fp8")
+            })
+            .collect();
+        let fp8_bytes: Vec<u8> = per_expert.iter().flat_map(|(w, _)| w.clone()).collect();
+        let fp8_scales: Vec<f32> = per_expert.iter().flat_map(|(_, s)| s.clone()).collect();
+        let whole = [
+            QuantisedValues::Q8_0(&q8),
+            QuantisedValues::Q4_0(&q4),
+            QuantisedValues::Mxfp4 { codes: &codes, scales: &scales },
+            QuantisedValues::Fp8 { weight: &fp8_bytes, scale_inv: &fp8_scales, block },
+        ];
+        /// Expert `i` of `q`, `[1, n, k]` (`rows` blocks of 32 values).
+        fn expert<'a>(
+            q: QuantisedValues<'a>,
+            fp8: &'a [(Vec<u8>, Vec<f32>)],
+            rows: usize,
+            i: usize,
+        ) -> StoredValues<'a> {
+            let part = |b: &'a [u8], per: usize| &b[i * per..(i + 1) * per];
+            StoredValues::Quantised(match q {
+                QuantisedValues::Q8_0(b) => QuantisedValues::Q8_0(part(b, rows * quant::Q8_0_BLOCK_BYTES)),
+                QuantisedValues::Q4_0(b) => QuantisedValues::Q4_0(part(b, rows * quant::Q4_0_BLOCK_BYTES)),
+                QuantisedValues::Mxfp4 { codes, scales } => QuantisedValues::Mxfp4 {
+                    codes: part(codes, rows * quant::MXFP4_BLOCK_BYTES),
+                    scales: part(scales, rows),
+                },
+                QuantisedValues::Fp8 { block, .. } => {
+                    QuantisedValues::Fp8 { weight: &fp8[i].0, scale_inv: &fp8[i].1, block }
+                }
+            })
+        }
+        let shape = [e as u32, n as u32, k as u32];
+        for ctx in &ctxs {
+            let words = |w: &ExpertWeights| -> Vec<Vec<u32>> {
+                w.chunks
+                    .iter()
+                    .map(|c| ctx.read_back::<u32>(&c.buffer, c.bytes as usize / 4).expect("read"))
+                    .collect()
+            };
+            for q in &whole {
+                let stored: Vec<StoredValues<'_>> =
+                    (0..e).map(|i| expert(*q, &per_expert, n * k / quant::BLOCK_VALUES, i)).collect();
+                let want =
+                    ExpertWeights::from_quantised(ctx, *q, shape[0], shape[1], shape[2]).expect("whole");
+                let got = ExpertWeights::stream_in_chunks(
+                    ctx,
+                    q.dtype(),
+                    shape,
+                    |i| Ok(stored[i as usize]),
+                    |_| {},
+                    6,
+                )
+                .expect("streamed");
+                assert_eq!(words(&got), words(&want), "{:?} as stored", q.dtype());
+                assert_eq!(got.narrow_scales(), q.dtype() == WeightDtype::Mxfp4, "{:?}", q.dtype());
+                assert_eq!(want.narrow_scales(), got.narrow_scales(), "{:?}", q.dtype());
+                let decoded = q.dequantise([e, n, k]).expect("decode");
+                let want =
+                    ExpertWeights::from_f32(ctx, &decoded, WeightDtype::F16, shape[0], shape[1], shape[2])
+                        .expect("from_f32");
+                let got =
+                    ExpertWeights::stream(ctx, WeightDtype::F16, shape, |i| Ok(stored[i as usize]), |_| {})
+                        .expect("converted");
+                assert_eq!(words(&got), words(&want), "{:?} to f16", q.dtype());
+            }
+            // One scale outside 2 ..= 252, in the last expert's last block: neither upload
+            // decodes these weights with the narrow product.
+            let mut wide = scales.clone();
+            *wide.last_mut().expect("scales") = 1;
+            let q = QuantisedValues::Mxfp4 { codes: &codes, scales: &wide };
+            let stored: Vec<StoredValues<'_>> =
+                (0..e).map(|i| expert(q, &per_expert, n * k / quant::BLOCK_VALUES, i)).collect();
+            let streamed =
+                ExpertWeights::stream_in_chunks(ctx, q.dtype(), shape, |i| Ok(stored[i as usize]), |_| {}, 6)
+                    .expect("streamed");
+            let whole = ExpertWeights::from_quantised(ctx, q, shape[0], shape[1], shape[2]).expect("whole");
+            assert!(!streamed.narrow_scales() && !whole.narrow_scales());
+            // Blocks that do not match one expert's [n, k] are an error.
+            let err = ExpertWeights::stream(
+                ctx,
+                WeightDtype::Q8_0,
+                shape,
+                |_| Ok(StoredValues::Quantised(QuantisedValues::Q8_0(&q8))),
+                |_| {},
+            )
+            .expect_err("three experts' blocks as one");
+            assert!(err.to_string().contains("Q8_0 bytes"), "{err}");
+        }
+    }
+
+    /// Streamed uploads hold the same words as `from_f32`, whatever the staging chunk (down to
+    /// a few bytes, so writes split inside experts and inside words), the element count's
+    /// parity, and the conversion between stored and device dtypes (quantised ones included,
+    /// from finite values).
+    #[test]
+    fn streamed_weights_are_the_packed_words_of_from_f32() {
+        let ctxs = Context::all().expect("devices");
+        if ctxs.is_empty() {
+            assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
+            eprintln!("skipped: no adapter");
+            return;
+        }
+        let dtypes = [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16];
+        let quantised = [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8];
+        for ctx in &ctxs {
+            for (shape, with_inf) in [[3u32, 5, 7], [4, 6, 8], [1, 1, 1], [2, 3, 67]]
+                .into_iter()
+                .flat_map(|s| [(s, true), (s, false)])
+            {
+                let [e, n, k] = shape;
+                let len = (e * n * k) as usize;
+                // Values that round differently in f16 and bf16, with ±0, subnormals and inf.
+                let values: Vec<f32> = (0..len)
+                    .map(|i| match i % 7 {
+                        0 => -0.0,
+                        1 => 1.0e-40,
+                        2 if with_inf => f32::INFINITY,
+                        2 => 65504.0,
+                        _ => (i as f32 * 0.7313).sin() * 3.0 + 1.0 / 3.0,
+                    })
+                    .collect();
+                for from in dtypes {
+                    let file = stored(from, &values, k as usize);
+                    let per = (n * k) as usize * from.element_bytes().expect("a float dtype");
+                    let finite = values.iter().all(|v| v.is_finite());
+                    let targets = dtypes.iter().chain(if finite { &quantised[..] } else { &[] });
+                    for &to in targets {
+                        let rounded = from.round(&values, k as usize).expect("round");
+                        let want = ExpertWeights::from_f32(ctx, &rounded, to, e, n, k).expect("from_f32");
+                        let want = ctx
+                            .read_back::<u32>(&want.chunks[0].buffer, want.chunks[0].bytes as usize / 4)
+                            .expect("read");
+                        for chunk in [2usize, 6, 1 << 20] {
+                            let mut released = Vec::new();
+                            let got = ExpertWeights::stream_in_chunks(
+                                ctx,
+                                to,
+                                shape,
+                                |i| {
+                                    Ok(StoredValues::Float {
+                                        dtype: from,
+                                        bytes: &file[i as usize * per..(i as usize + 1) * per],
+                                    })
+                                },
+                                |i| released.push(i),
+                                chunk,
+                            )
+                            .expect("stream");
+                            assert_eq!(got.shape(), shape);
+                            assert_eq!(got.dtype(), to);
+                            let got = ctx.read_back::<u32>(&got.chunks[0].buffer, want.len()).expect("read");
+                            assert_eq!(got, want, "{shape:?} {from:?} -> {to:?}, chunk {chunk}");
+                            assert_eq!(released, (0..e).collect::<Vec<_>>());
+                        }
+                    }
+                }
+                // A stored expert of the wrong length is an error naming the expert.
+                let err = ExpertWeights::stream(
+                    ctx,
+                    WeightDtype::F16,
+                    shape,
+                    |_| Ok(StoredValues::Float { dtype: WeightDtype::F16, bytes: &[0u8; 2] }),
+                    |_| {},
+                );
+                if len > 1 {
+                    let err = err.expect_err("short expert").to_string();
+                    assert!(err.contains("expert 0 of"), "{err}");
+                }
+            }
+        }
+    }
+}
