@@ -39,6 +39,7 @@ pub(crate) use tune::tune_with;
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
 pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
 pub(crate) use variant::{WINDOW_BYTES, WeightLoads};
+#[cfg(feature = "checkpoint")]
 pub(crate) use weights::STREAM_CHUNK;
 pub use weights::{Activation, ExpertBias, ExpertFfn, ExpertWeights, StoredValues, WeightDtype};
 
