@@ -142,7 +142,7 @@ impl<'a> Tensor<'a> {
     ///
     /// # Errors
     /// [`Error::Shape`] naming `what`, the expected and the given shape and type.
-    pub(crate) fn expect(&self, what: &str, shape: [u32; 2], dtype: DType) -> Result<()> {
+    pub(crate) fn check_shape(&self, what: &str, shape: [u32; 2], dtype: DType) -> Result<()> {
         if self.shape != shape || self.dtype != dtype {
             return Err(Error::shape(
                 format!("`{what}`"),

@@ -76,11 +76,11 @@ impl<'b> ForwardIo<'b> {
         if t == 0 {
             return Err(Error::invalid("a plan needs a maximum token count of at least 1 (rows of `x`)"));
         }
-        self.x.expect("x", [t, h], DType::F32)?;
-        self.y.expect("y", [t, h], DType::F32)?;
+        self.x.check_shape("x", [t, h], DType::F32)?;
+        self.y.check_shape("y", [t, h], DType::F32)?;
         if let Some((indices, weights)) = self.routing {
-            indices.expect("indices", [t, k], DType::U32)?;
-            weights.expect("weights", [t, k], DType::F32)?;
+            indices.check_shape("indices", [t, k], DType::U32)?;
+            weights.check_shape("weights", [t, k], DType::F32)?;
         }
         if let Some(logits) = self.logits {
             if !cfg.route_mode.writes_logits() {
@@ -90,7 +90,7 @@ impl<'b> ForwardIo<'b> {
                     cfg.route_mode
                 )));
             }
-            logits.expect("logits", [t, e], DType::F32)?;
+            logits.check_shape("logits", [t, e], DType::F32)?;
         }
         Ok(())
     }
