@@ -40,16 +40,48 @@ pub const MOE_TILE: u32 = 8;
 /// "No entry", "no expert" and "no shared gate" in the program and layout words (`MOE_NONE`).
 pub(crate) const MOE_NONE: u32 = u32::MAX;
 
-/// Task kinds (`MOE_ROUTE` ... in wgsl/dag/moe.wgsl).
-pub(crate) const KIND_ROUTE: u32 = 0;
-pub(crate) const KIND_LAYOUT: u32 = 1;
-pub(crate) const KIND_UP: u32 = 2;
-pub(crate) const KIND_DOWN: u32 = 3;
-pub(crate) const KIND_COMBINE: u32 = 4;
-pub(crate) const KIND_SHARED_UP: u32 = 5;
-pub(crate) const KIND_SHARED_DOWN: u32 = 6;
-pub(crate) const KIND_SHARED: u32 = 7;
-pub(crate) const KIND_EXPERT: u32 = 8;
+/// A task's kind, as the program's task table stores it (`MOE_ROUTE` ... in
+/// wgsl/dag/moe.wgsl; the contract test checks every code).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TaskKind {
+    /// Routes one token.
+    Route = 0,
+    /// Builds the expert layout once every token is routed.
+    Layout = 1,
+    /// One gate/up tile of a routed expert (fine tasks).
+    Up = 2,
+    /// One down tile of a routed expert (fine tasks).
+    Down = 3,
+    /// Combines one tile of tokens.
+    Combine = 4,
+    /// One gate/up tile of the shared expert (fine tasks).
+    SharedUp = 5,
+    /// One down tile of the shared expert (fine tasks).
+    SharedDown = 6,
+    /// One tile of the shared expert, gate/up and down (coarse tasks).
+    Shared = 7,
+    /// One routed expert tile, gate/up and down (coarse tasks).
+    Expert = 8,
+}
+
+/// One task of the program's table.
+#[derive(Debug)]
+struct TaskEntry {
+    kind: TaskKind,
+    /// Its index among the tasks of its kind.
+    index: u32,
+    /// The signals it waits for before it runs.
+    need: u32,
+    /// The tasks (by ticket) it signals when done.
+    consumers: Vec<u32>,
+}
+
+impl TaskEntry {
+    fn new(kind: TaskKind, index: u32, need: u32, consumers: Vec<u32>) -> Self {
+        TaskEntry { kind, index, need, consumers }
+    }
+}
 
 /// The part of a combine tile's dependency count that [`CombineRule::OwnEntries`] fills at
 /// run time (`RUN_TIME_NEED` in wgsl/dag/moe.wgsl).
@@ -754,11 +786,11 @@ fn encode(
     let combiners =
         |combine0: u32| if own_entries { Vec::new() } else { (combine0..combine0 + t.combine).collect() };
     let routed_need = |n: u32| if own_entries { RUN_TIME_NEED } else { n };
-    // (kind, index, dependencies, consumers) per task.
-    let mut table: Vec<(u32, u32, u32, Vec<u32>)> = Vec::new();
+    let mut table: Vec<TaskEntry> = Vec::new();
+    let mut push = |kind, index, need, consumers| table.push(TaskEntry::new(kind, index, need, consumers));
     let layout0 = t.route;
     for r in 0..t.route {
-        table.push((KIND_ROUTE, r, 0, vec![layout0]));
+        push(TaskKind::Route, r, 0, vec![layout0]);
     }
     match t.size {
         // Ticket order: route, layout, shared gate/up, gate/up, shared down, down, combine.
@@ -768,25 +800,25 @@ fn encode(
             let shared_down0 = up0 + t.up;
             let down0 = shared_down0 + t.shared_down;
             let combine0 = down0 + t.down;
-            table.push((KIND_LAYOUT, 0, t.route, (up0..up0 + t.up).collect()));
+            push(TaskKind::Layout, 0, t.route, (up0..up0 + t.up).collect());
             for i in 0..t.shared_up {
                 let first = shared_down0 + i / shared_tiles * down_tiles;
-                table.push((KIND_SHARED_UP, i, 0, (first..first + down_tiles).collect()));
+                push(TaskKind::SharedUp, i, 0, (first..first + down_tiles).collect());
             }
             for i in 0..t.up {
                 let first = down0 + i / up_tiles * down_tiles;
-                table.push((KIND_UP, i, 1, (first..first + down_tiles).collect()));
+                push(TaskKind::Up, i, 1, (first..first + down_tiles).collect());
             }
             for i in 0..t.shared_down {
-                table.push((KIND_SHARED_DOWN, i, shared_tiles, vec![combine0 + i / down_tiles]));
+                push(TaskKind::SharedDown, i, shared_tiles, vec![combine0 + i / down_tiles]);
             }
             for i in 0..t.down {
-                table.push((KIND_DOWN, i, up_tiles, combiners(combine0)));
+                push(TaskKind::Down, i, up_tiles, combiners(combine0));
             }
             header.combine_first = combine0;
             let shared_need = if t.shared_down > 0 { down_tiles } else { 0 };
             for c in 0..t.combine {
-                table.push((KIND_COMBINE, c, routed_need(t.down) + shared_need, Vec::new()));
+                push(TaskKind::Combine, c, routed_need(t.down) + shared_need, Vec::new());
             }
         }
         // Ticket order: route, layout, shared tiles, expert tiles, combine.
@@ -794,30 +826,30 @@ fn encode(
             let shared0 = layout0 + t.layout;
             let expert0 = shared0 + t.shared;
             let combine0 = expert0 + t.expert;
-            table.push((KIND_LAYOUT, 0, t.route, (expert0..expert0 + t.expert).collect()));
+            push(TaskKind::Layout, 0, t.route, (expert0..expert0 + t.expert).collect());
             for i in 0..t.shared {
-                table.push((KIND_SHARED, i, 0, vec![combine0 + i]));
+                push(TaskKind::Shared, i, 0, vec![combine0 + i]);
             }
             for s in 0..t.expert {
-                table.push((KIND_EXPERT, s, 1, combiners(combine0)));
+                push(TaskKind::Expert, s, 1, combiners(combine0));
             }
             header.combine_first = combine0;
             for c in 0..t.combine {
-                table.push((KIND_COMBINE, c, routed_need(t.expert) + u32::from(t.shared > 0), Vec::new()));
+                push(TaskKind::Combine, c, routed_need(t.expert) + u32::from(t.shared > 0), Vec::new());
             }
         }
     }
     // Every task waits for exactly the tasks that name it as a consumer.
     // (Rule 1's combine tiles: the listed signals are their shared tasks', past RUN_TIME_NEED.)
     let mut producers = vec![0u32; table.len()];
-    for (_, _, _, consumers) in &table {
-        for &c in consumers {
+    for task in &table {
+        for &c in &task.consumers {
             producers[c as usize] += 1;
         }
     }
-    let listed = |(kind, _, need, _): &(u32, u32, u32, Vec<u32>)| match *kind {
-        KIND_COMBINE if own_entries => need - RUN_TIME_NEED,
-        _ => *need,
+    let listed = |task: &TaskEntry| match task.kind {
+        TaskKind::Combine if own_entries => task.need - RUN_TIME_NEED,
+        _ => task.need,
     };
     if let Some(i) = (0..table.len()).find(|&i| producers[i] != listed(&table[i])) {
         return Err(Error::invalid(format!(
@@ -840,17 +872,17 @@ fn encode(
     words.extend(gate);
     let cons_start = u64::from(header.task_off) + 5 * table.len() as u64;
     let mut cons: Vec<u32> = Vec::new();
-    for (i, (kind, index, need, consumers)) in table.iter().enumerate() {
+    for (i, task) in table.iter().enumerate() {
         let stalled = stall.is_some_and(|s| s as usize == i);
         let first = cons_start + cons.len() as u64;
         words.extend([
-            *kind,
-            *index,
-            need + u32::from(stalled),
+            task.kind as u32,
+            task.index,
+            task.need + u32::from(stalled),
             to_u32("program words", usize::try_from(first).unwrap_or(usize::MAX))?,
-            to_u32("consumers", consumers.len())?,
+            to_u32("consumers", task.consumers.len())?,
         ]);
-        cons.extend(consumers);
+        cons.extend(&task.consumers);
     }
     words.extend(cons);
     Ok(words)
