@@ -331,6 +331,93 @@ pub struct MoeTasks {
     pub combine: u32,
 }
 
+/// Where the task program keeps its values: offsets in u32 words of the `state` buffer (the
+/// queue's words and counters, the expert layout, the top-k indices) and in f32 values of the
+/// `work` buffer (routing weights, SwiGLU rows, expert outputs, the shared expert's rows), each
+/// region right after the one before, and each buffer's length. The header names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ProgramLayout {
+    /// Rows per expert `[E]`, after the queue's header and one done-word per task.
+    counts: u32,
+    /// Each expert's first row `[E]`.
+    bases: u32,
+    /// Row -> entry `[slots * MOE_TILE]`.
+    row_entry: u32,
+    /// Slot -> expert `[slots]`.
+    tile_expert: u32,
+    /// Per-lane expert chunks `[QUEUE_LANES * E]`.
+    chunks: u32,
+    /// `indices[tokens, k]`.
+    indices: u32,
+    /// Words of `state`.
+    state_len: u32,
+    /// `weights[tokens, k]`.
+    weights: u32,
+    /// SwiGLU rows `[slots * MOE_TILE, F]`.
+    rows_h: u32,
+    /// Expert outputs `[tokens * k, H]`.
+    partial: u32,
+    /// The shared expert's SwiGLU rows `[tokens rounded up to MOE_TILE, Fs]`.
+    shared_h: u32,
+    /// The shared expert's outputs `[tokens, H]` (none without one).
+    shared_out: u32,
+    /// Values of `work`.
+    work_len: u32,
+}
+
+impl ProgramLayout {
+    /// The layout of `tasks` over `tokens` tokens of a layer of `[hidden, ffn, experts, k]`
+    /// with a shared expert of `shared_ffn` columns (0: none).
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] for a buffer past u32 indices.
+    fn new(tasks: &MoeTasks, tokens: u32, [h, f, e, k]: [u32; 4], shared_ffn: u32) -> Result<Self> {
+        let (t, h, f, e, k, fs) = (
+            u64::from(tokens),
+            u64::from(h),
+            u64::from(f),
+            u64::from(e),
+            u64::from(k),
+            u64::from(shared_ffn),
+        );
+        let (slots, tile) = (u64::from(tasks.slots), u64::from(MOE_TILE));
+        let counts = u64::from(STATE_HEADER) + tasks.total();
+        let bases = counts + e;
+        let row_entry = bases + e;
+        let tile_expert = row_entry + slots * tile;
+        let chunks = tile_expert + slots;
+        let indices = chunks + u64::from(QUEUE_LANES) * e;
+        let state_len = indices + t * k;
+        let weights = 0u64;
+        let rows_h = weights + t * k;
+        let partial = rows_h + slots * tile * f;
+        let shared_h = partial + t * k * h;
+        let shared_out = shared_h + t.next_multiple_of(tile) * fs;
+        let work_len = shared_out + if fs > 0 { t * h } else { 0 };
+        let word = |what: &str, n: u64| {
+            u32::try_from(n)
+                .map_err(|_| Error::limit(what, n, u32::MAX.into(), "u32 indices in the MoE program"))
+        };
+        let state = |n| word("MoE program state words", n);
+        let work = |n| word("MoE program work values", n);
+        Ok(ProgramLayout {
+            counts: state(counts)?,
+            bases: state(bases)?,
+            row_entry: state(row_entry)?,
+            tile_expert: state(tile_expert)?,
+            chunks: state(chunks)?,
+            indices: state(indices)?,
+            state_len: state(state_len)?,
+            weights: work(weights)?,
+            rows_h: work(rows_h)?,
+            partial: work(partial)?,
+            shared_h: work(shared_h)?,
+            shared_out: work(shared_out)?,
+            work_len: work(work_len)?,
+        })
+    }
+}
+
 impl MoeTasks {
     fn new(
         size: TaskSize,
@@ -518,31 +605,9 @@ impl MoeProgram {
         ctx.check_view("x", &x, t64 * h64 * 4, Read)?;
         ctx.check_view("y", &y, t64 * h64 * 4, ReadWrite)?;
 
-        // `state`: the queue's words and counters, the layout, the top-k indices.
-        let slots = u64::from(tasks.slots);
-        let e64 = u64::from(e);
-        let counts = u64::from(STATE_HEADER) + tasks.total();
-        let bases = counts + e64;
-        let row_entry = bases + e64;
-        let tile_expert = row_entry + slots * u64::from(MOE_TILE);
-        let chunks = tile_expert + slots;
-        let indices = chunks + u64::from(QUEUE_LANES) * e64;
-        let state_len = indices + t64 * k64;
-        // `work`: routing weights, SwiGLU rows, expert outputs, the shared expert's rows.
-        let weights = 0u64;
-        let rows_h = weights + t64 * k64;
-        let partial = rows_h + slots * u64::from(MOE_TILE) * u64::from(f);
-        let fs = u64::from(cfg.shared_ffn.unwrap_or(0));
-        let shared_h = partial + t64 * k64 * h64;
-        let shared_out = shared_h + t64.next_multiple_of(u64::from(MOE_TILE)) * fs;
-        let work_len = shared_out + if fs > 0 { t64 * h64 } else { 0 };
-        for (what, n) in [("MoE program state words", state_len), ("MoE program work values", work_len)] {
-            if n > u64::from(u32::MAX) {
-                return Err(Error::limit(what, n, u32::MAX.into(), "u32 indices in the MoE program"));
-            }
-        }
-        let state = ctx.storage_scratch("moe program state", state_len * 4)?;
-        let work = ctx.storage_scratch("moe program work", work_len * 4)?;
+        let at = ProgramLayout::new(&tasks, tokens, [h, f, e, k], cfg.shared_ffn.unwrap_or(0))?;
+        let state = ctx.storage_scratch("moe program state", u64::from(at.state_len) * 4)?;
+        let work = ctx.storage_scratch("moe program work", u64::from(at.work_len) * 4)?;
         let u = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
 
         // The selection bias and the shared gate travel in the program words, the shared
@@ -584,23 +649,23 @@ impl MoeProgram {
             up_tiles: f.div_ceil(QUEUE_LANES),
             down_tiles: h.div_ceil(QUEUE_LANES),
             slots: tasks.slots,
-            counts: u("state offset", counts)?,
-            bases: u("state offset", bases)?,
-            row_entry: u("state offset", row_entry)?,
-            tile_expert: u("state offset", tile_expert)?,
-            chunks: u("state offset", chunks)?,
-            indices: u("state offset", indices)?,
-            rows_h: u("work offset", rows_h)?,
-            partial: u("work offset", partial)?,
-            weights: u("work offset", weights)?,
+            counts: at.counts,
+            bases: at.bases,
+            row_entry: at.row_entry,
+            tile_expert: at.tile_expert,
+            chunks: at.chunks,
+            indices: at.indices,
+            rows_h: at.rows_h,
+            partial: at.partial,
+            weights: at.weights,
             bias: MOE_NONE,
             shared_ffn: cfg.shared_ffn.unwrap_or(0),
             shared_up_tiles: cfg.shared_ffn.unwrap_or(0).div_ceil(QUEUE_LANES),
             shared_gate: MOE_NONE,
             shared_up_off,
             shared_down_off,
-            shared_h: u("work offset", shared_h)?,
-            shared_out: u("work offset", shared_out)?,
+            shared_h: at.shared_h,
+            shared_out: at.shared_out,
             combine_rule: u32::from(shape.combine == CombineRule::OwnEntries),
             combine_first: 0,
             entry_signals: match size {
@@ -625,7 +690,7 @@ impl MoeProgram {
         let bindings = [
             Binding::new(0, &params, ROUTE_PARAMS_BYTES),
             x.bind(1, t64 * h64 * 4),
-            Binding::new(2, router, e64 * h64 * 4),
+            Binding::new(2, router, u64::from(e) * h64 * 4),
             whole_binding(7, &program),
             whole_binding(8, whole(&ffn.gate)?),
             whole_binding(9, whole(&ffn.up)?),
@@ -886,4 +951,54 @@ fn encode(
     }
     words.extend(cons);
     Ok(words)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each region starts where the one before ends, with the lengths the kernel indexes by;
+    /// the shared expert's regions are empty without one; past u32 words is an error naming
+    /// the buffer.
+    #[test]
+    fn program_layout_regions_follow_one_another() {
+        let (h, f, e, k) = (48u32, 40u32, 8u32, 2u32);
+        for size in [TaskSize::Fine, TaskSize::Coarse] {
+            for (tokens, fs) in [(1u32, 0u32), (37, 0), (37, 24), (9, 64)] {
+                let shared = (fs > 0).then_some(fs);
+                let tasks = MoeTasks::new(size, tokens, h, f, e, k, shared).unwrap();
+                let l = ProgramLayout::new(&tasks, tokens, [h, f, e, k], fs).unwrap();
+                let (slots, tile) = (tasks.slots, MOE_TILE);
+                let what = format!("{size:?}, {tokens} tokens, Fs = {fs}");
+                let total = u32::try_from(tasks.total()).unwrap();
+                assert_eq!(l.counts, STATE_HEADER + total, "{what}: after the header and done-words");
+                assert_eq!(
+                    [l.bases - l.counts, l.row_entry - l.bases, l.tile_expert - l.row_entry],
+                    [e, e, slots * tile],
+                    "{what}"
+                );
+                assert_eq!(
+                    [l.chunks - l.tile_expert, l.indices - l.chunks, l.state_len - l.indices],
+                    [slots, QUEUE_LANES * e, tokens * k],
+                    "{what}"
+                );
+                assert_eq!(
+                    [l.weights, l.rows_h - l.weights, l.partial - l.rows_h, l.shared_h - l.partial],
+                    [0, tokens * k, slots * tile * f, tokens * k * h],
+                    "{what}"
+                );
+                let shared_rows = tokens.next_multiple_of(tile) * fs;
+                let shared_out = if fs > 0 { tokens * h } else { 0 };
+                assert_eq!(
+                    [l.shared_out - l.shared_h, l.work_len - l.shared_out],
+                    [shared_rows, shared_out],
+                    "{what}"
+                );
+            }
+        }
+        let tokens = 1 << 24;
+        let tasks = MoeTasks::new(TaskSize::Fine, tokens, 4096, 64, 8, 8, None).unwrap();
+        let err = ProgramLayout::new(&tasks, tokens, [4096, 64, 8, 8], 0).unwrap_err().to_string();
+        assert!(err.contains("MoE program work values"), "{err}");
+    }
 }
