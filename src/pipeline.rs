@@ -276,6 +276,22 @@ impl<'a> BufferView<'a> {
         BufferView { buffer, offset, size }
     }
 
+    /// Checks that the view lies within its buffer.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] naming `what` for a range past the buffer's end.
+    pub(crate) fn check_in_buffer(&self, what: &str) -> Result<()> {
+        let end = self.offset.checked_add(self.size);
+        if end.is_none_or(|end| end > self.buffer.size()) {
+            return Err(Error::shape(
+                what,
+                format!("a range within the buffer's {} bytes", self.buffer.size()),
+                format!("bytes {} .. {}", self.offset, self.offset.saturating_add(self.size)),
+            ));
+        }
+        Ok(())
+    }
+
     /// The first `bytes` bytes of the view, bound at `binding`.
     pub(crate) fn bind(&self, binding: u32, bytes: u64) -> Binding<'a> {
         Binding { binding, buffer: self.buffer, size: bytes, offset: self.offset }

@@ -61,14 +61,7 @@ impl<'a> Tensor<'a> {
 
     /// [`Self::new`], its errors naming the tensor `what`.
     pub(crate) fn named(what: &str, view: BufferView<'a>, shape: [u32; 2], dtype: DType) -> Result<Self> {
-        let end = view.offset.checked_add(view.size);
-        if end.is_none_or(|end| end > view.buffer.size()) {
-            return Err(Error::shape(
-                format!("view of `{what}`"),
-                format!("a range within the buffer's {} bytes", view.buffer.size()),
-                format!("bytes {} .. {}", view.offset, view.offset.saturating_add(view.size)),
-            ));
-        }
+        view.check_in_buffer(&format!("view of `{what}`"))?;
         let bytes = u64::from(shape[0]) * u64::from(shape[1]) * dtype.bytes();
         if view.size < bytes {
             return Err(Error::shape(

@@ -333,14 +333,7 @@ impl Workspace {
     /// past the device's storage-binding limit.
     pub fn new<'b>(ctx: &Context, layout: &WorkspaceLayout, view: impl Into<BufferView<'b>>) -> Result<Self> {
         let view = view.into();
-        let end = view.offset.checked_add(view.size);
-        if end.is_none_or(|end| end > view.buffer.size()) {
-            return Err(Error::shape(
-                "workspace view",
-                format!("a range within the buffer's {} bytes", view.buffer.size()),
-                format!("bytes {} .. {}", view.offset, view.offset.saturating_add(view.size)),
-            ));
-        }
+        view.check_in_buffer("workspace view")?;
         if view.size < layout.bytes {
             return Err(Error::shape(
                 "workspace",

@@ -231,14 +231,7 @@ impl Context {
         bytes: u64,
         access: Access,
     ) -> Result<()> {
-        let end = view.offset.checked_add(view.size);
-        if end.is_none_or(|end| end > view.buffer.size()) {
-            return Err(Error::shape(
-                format!("view of `{what}`"),
-                format!("a range within the buffer's {} bytes", view.buffer.size()),
-                format!("bytes {} .. {}", view.offset, view.offset.saturating_add(view.size)),
-            ));
-        }
+        view.check_in_buffer(&format!("view of `{what}`"))?;
         if view.size < bytes {
             return Err(Error::shape(
                 what,
