@@ -849,6 +849,7 @@ impl MoeLayer {
     /// planning errors.
     pub fn plan(&self, ctx: &Context, io: ForwardIo<'_>) -> Result<ForwardPlan> {
         let workspace = Workspace::own(ctx, &self.workspace_for(ctx, &io)?)?;
+        // `workspace_for` checked `io`.
         self.plan_with(ctx, &io, &workspace)
     }
 
@@ -864,6 +865,7 @@ impl MoeLayer {
     /// As [`Self::plan`]; [`Error::InvalidArgument`] for a workspace without a region this plan
     /// takes, or one too small.
     pub fn plan_in(&self, ctx: &Context, io: ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
+        io.check(&self.cfg)?;
         self.plan_with(ctx, &io, workspace)
     }
 
@@ -901,9 +903,9 @@ impl MoeLayer {
         )
     }
 
-    /// Plans a forward with its scratch taken from `workspace`.
+    /// Plans a forward of `io` (checked against the layer by the caller) with its scratch taken
+    /// from `workspace`.
     fn plan_with(&self, ctx: &Context, io: &ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
-        io.check(&self.cfg)?;
         let c = &self.cfg;
         let (max_tokens, x, y) = (io.max_tokens(), io.x.view(), io.y.view());
         let (t, h, k) = (u64::from(max_tokens), u64::from(c.route.hidden), u64::from(c.route.k));

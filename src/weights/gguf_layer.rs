@@ -539,8 +539,7 @@ async fn stream_ffn(
     driver: Driver,
 ) -> Result<ExpertFfn> {
     let e = if shared { 1 } else { cfg.route.experts };
-    let mut parts = Vec::with_capacity(3);
-    for (name, [n, k]) in p.projections(shared) {
+    let upload = async |(name, [n, k]): (String, [usize; 2])| -> Result<ExpertWeights> {
         let (bytes, ty) = p.stored(&name)?;
         let stored = stored_dtype(&name, ty)?;
         // ggml's MXFP4 blocks regrouped as gpt-oss's codes and scales (the same values).
@@ -569,14 +568,10 @@ async fn stream_ffn(
             })
         };
         let shape = [e, n as u32, k as u32];
-        parts.push(
-            ExpertWeights::stream_with(ctx, cfg.weight_dtype, shape, values, |_| {}, STREAM_CHUNK, driver)
-                .await?,
-        );
-    }
-    let [a, b, c]: [ExpertWeights; 3] =
-        parts.try_into().map_err(|_| Error::invalid("a layer has three expert projections"))?;
-    let ffn = ExpertFfn::new(a, b, c)?;
+        ExpertWeights::stream_with(ctx, cfg.weight_dtype, shape, values, |_| {}, STREAM_CHUNK, driver).await
+    };
+    let [a, b, c] = p.projections(shared);
+    let ffn = ExpertFfn::new(upload(a).await?, upload(b).await?, upload(c).await?)?;
     match (&p.expert_bias, shared) {
         (Some(b), false) => {
             let (f, h) = (cfg.ffn, cfg.route.hidden);

@@ -753,8 +753,7 @@ async fn stream_ffn(
     shared: bool,
     driver: Driver,
 ) -> Result<ExpertFfn> {
-    let mut parts = Vec::with_capacity(3);
-    for (names, [n, k]) in plan.projections(shared) {
+    let upload = async |(names, [n, k]): (Vec<String>, [usize; 2])| -> Result<ExpertWeights> {
         // FP8 experts' scales (1/16384 of their values for 128 x 128 tiles), read first.
         let scales = names
             .iter()
@@ -763,7 +762,7 @@ async fn stream_ffn(
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        let weights = ExpertWeights::stream_with(
+        ExpertWeights::stream_with(
             ctx,
             dtype,
             [names.len() as u32, n as u32, k as u32],
@@ -772,12 +771,10 @@ async fn stream_ffn(
             STREAM_CHUNK,
             driver,
         )
-        .await?;
-        parts.push(weights);
-    }
-    let [g, u, d]: [ExpertWeights; 3] =
-        parts.try_into().map_err(|_| Error::invalid("a layer has three expert projections"))?;
-    ExpertFfn::new(g, u, d)
+        .await
+    };
+    let [g, u, d] = plan.projections(shared);
+    ExpertFfn::new(upload(g).await?, upload(u).await?, upload(d).await?)
 }
 
 /// `adjust(loaded)`, which may change the modes (route, combine, kernels, GEMM order) but not
