@@ -53,9 +53,15 @@ fn the_tuner_picks_a_candidate_and_its_cache_survives_a_restart() {
         assert!(!fresh.from_cache, "{what}: a corrupt cache is ignored");
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{what}: the cache was rewritten");
-        // A stale entry naming a variant that is no candidate is ignored, not run.
-        let doctored = text.replace("\"rows\": 4", "\"rows\": 2");
-        std::fs::write(&path, doctored).unwrap();
+        // A stale entry naming a variant that is no candidate is ignored, not run. Every
+        // entry is doctored to name one (whichever candidates the timings above picked).
+        let mut doctored: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let stale = serde_json::to_value(GemmVariant::Direct { rows: 2, cols: 2, lanes: 8 }).unwrap();
+        for entry in doctored["entries"].as_object_mut().unwrap().values_mut() {
+            entry["up"] = stale.clone();
+            entry["down"] = stale.clone();
+        }
+        std::fs::write(&path, doctored.to_string()).unwrap();
         let only_tiled = TuneOptions { candidates: vec![GemmVariant::Tiled { bk4: 2 }], ..opts.clone() };
         let t = tune(&ctx, &ffn, GemmOrder::Fast, &only_tiled).unwrap();
         assert_eq!(t.kernels.up, GemmVariant::Tiled { bk4: 2 }, "{what}: only candidates are chosen");
