@@ -26,6 +26,7 @@ pub mod error;
 pub mod gpu;
 pub mod kernels;
 pub mod layer;
+mod live;
 pub mod pipeline;
 pub mod quant;
 pub mod reference;

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::kernels::sizing::{LiveCount, LiveValue, Sizing};
+use crate::live::{LiveCount, LiveValue, Sizing};
 use crate::shader::ShaderSource;
 use crate::sync::lock;
 
@@ -349,7 +349,7 @@ pub struct Dispatch {
     pub(crate) bindings: Vec<BoundBuffer>,
     pub(crate) textures: Vec<BoundTexture>,
     pub(crate) workgroups: [u32; 3],
-    /// How it follows a plan's live token count (see [`crate::kernels::sizing`]).
+    /// How it follows a plan's live token count (see [`crate::live`]).
     pub(crate) sizing: Option<Sizing>,
     /// Where its grid is read from when it follows the live count: three u32 that a sizing
     /// dispatch before it writes (`workgroups` is the grid at the plan's maximum).

@@ -8,8 +8,6 @@ mod pipelines;
 mod resources;
 pub(crate) mod wait;
 
-pub(crate) use pipelines::spill;
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, GpuErrorKind, Result};

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::{BoundsChecks, Context};
 use crate::error::{Error, Result};
+use crate::live::spill;
 use crate::pipeline::{
     Access, Binding, BoundBuffer, BoundTexture, BufferView, Constants, DUMP_PIPELINES, Dispatch, Kernel,
     KernelSpec, PipelineKey, TextureBinding, dump_pipeline,
@@ -352,16 +353,4 @@ impl Context {
             indirect: None,
         })
     }
-}
-
-/// `groups` workgroups as a grid spilled into y past `max` per dimension (x fastest), as
-/// `size_plan` spills them on the device; (0, 1, 1) for none; None where y passes `max` too.
-pub(crate) fn spill(groups: u64, max: u32) -> Option<[u32; 3]> {
-    if groups == 0 {
-        return Some([0, 1, 1]);
-    }
-    let x = groups.min(u64::from(max.max(1)));
-    let y = u32::try_from(groups.div_ceil(x)).ok().filter(|&y| y <= max)?;
-    // x <= max, a u32.
-    Some([x as u32, y, 1])
 }

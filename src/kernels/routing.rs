@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::sizing::{LiveCount, LiveGrid, LiveValue, Sizing};
+use crate::live::{LiveCount, LiveGrid, LiveValue, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 

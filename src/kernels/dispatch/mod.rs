@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::sizing::{LiveCount, LiveGrid, Sizing};
+use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 use crate::workspace::{DispatchPart, Region, Scratch, ScratchKey};

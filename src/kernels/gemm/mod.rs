@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
-use crate::kernels::sizing::LiveCount;
+use crate::live::LiveCount;
 use crate::pipeline::{Access, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 use crate::workspace::{Scratch, ScratchKey};

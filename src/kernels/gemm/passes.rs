@@ -18,7 +18,7 @@ use super::{
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::DispatchLayout;
-use crate::kernels::sizing::{LiveCount, LiveGrid, Sizing};
+use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Binding, BufferView, Dispatch, KernelSpec, TextureBinding};
 use crate::workspace::{Region, Scratch, ScratchKey};
 
