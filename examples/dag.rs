@@ -6,7 +6,7 @@
 //! time of a run and a bit-for-bit check against `MoeLayer`'s own forward. Its stages are
 //! whole-stage dispatches, so fused passes run the layer's task program instead (route,
 //! layout, expert-tile and combine tasks: five static passes of fine tasks for
-//! `Fused(None)`, four of coarse ones for `Fused(Neighbours)`) and the queue runs the same
+//! `MoeExecutor::Passes` of fine tasks, four for coarse ones) and the queue runs the same
 //! tasks in one persistent dispatch (fine and coarse), where the layer has a task form
 //! (dropless, unsplit weights, 10 storage bindings); otherwise the graph's passes run (the
 //! report says why).
@@ -21,7 +21,8 @@ use moeflow::bench::Sampler;
 use moeflow::bench::verdict::median;
 use moeflow::dag::moe::passes as task_passes;
 use moeflow::dag::{
-    Executor, Fusion, Granularity, LayerRun, QueueOptions, RowGraph, RowInputs, RowRun, TaskSize, plan, probe,
+    Executor, Fusion, Granularity, LayerRun, MoeExecutor, QueueOptions, RowGraph, RowInputs, RowRun,
+    TaskShape, TaskSize, plan, probe,
 };
 use moeflow::layer::{MoeConfig, MoeLayer};
 use moeflow::reference::dag as reference;
@@ -166,12 +167,12 @@ fn run(args: &Args) -> Result<()> {
         vec![Executor::Staged, Executor::Fused(Fusion::Neighbours), Executor::Fused(Fusion::Full)];
     match workers {
         Some(w) => {
-            executors.push(Executor::Queue(QueueOptions::new(w, Granularity::Fine)));
-            executors.push(Executor::Queue(QueueOptions::new(w, Granularity::Coarse(Fusion::Neighbours))));
-            executors.push(Executor::Queue(QueueOptions {
-                coordination_only: true,
-                ..QueueOptions::new(w, Granularity::Fine)
-            }));
+            executors.push(Executor::Queue(Granularity::Fine, QueueOptions::new(w)));
+            executors.push(Executor::Queue(Granularity::Coarse(Fusion::Neighbours), QueueOptions::new(w)));
+            executors.push(Executor::Queue(
+                Granularity::Fine,
+                QueueOptions { coordination_only: true, ..QueueOptions::new(w) },
+            ));
         }
         None => println!("queue: refused on this adapter, static executors only"),
     }
@@ -180,7 +181,7 @@ fn run(args: &Args) -> Result<()> {
     for e in executors {
         let r = RowRun::prepare(&ctx, &graph, &inputs, e)?;
         let (ms, clock, stopped) = time(&ctx, &r, args.runs)?;
-        let coordination = matches!(e, Executor::Queue(q) if q.coordination_only);
+        let coordination = matches!(e, Executor::Queue(_, q) if q.coordination_only);
         let check = if coordination {
             "not compared (diagnostic, no arithmetic)".to_string()
         } else {
@@ -220,12 +221,11 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
     let x = synth.uniform((args.tokens * args.hidden) as usize, 1.0);
     let want = moeflow::bits::canonical(&layer.forward_host(ctx, &x)?.y);
     let xb = ctx.upload("x", &x)?;
-    // Fused(None): fine task passes; Fused(Neighbours): coarse ones.
-    let mut executors =
-        vec![Executor::Staged, Executor::Fused(Fusion::None), Executor::Fused(Fusion::Neighbours)];
+    let (fine, coarse) = (TaskShape::new(TaskSize::Fine), TaskShape::new(TaskSize::Coarse));
+    let mut executors = vec![MoeExecutor::Staged, MoeExecutor::Passes(fine), MoeExecutor::Passes(coarse)];
     if let Some(w) = workers {
-        executors.push(Executor::Queue(QueueOptions::new(w, Granularity::Fine)));
-        executors.push(Executor::Queue(QueueOptions::new(w, Granularity::Coarse(Fusion::Neighbours))));
+        executors.push(MoeExecutor::Queue(fine, QueueOptions::new(w)));
+        executors.push(MoeExecutor::Queue(coarse, QueueOptions::new(w)));
     }
     let mut all_ok = true;
     for e in executors {
@@ -285,7 +285,9 @@ fn run_moe(ctx: &Context, args: &Args, workers: Option<u32>) -> Result<()> {
         println!(
             "{:<28} {:>8.3} ms wall (median of {})  {}{fallback}\n    {shape}",
             match e {
-                Executor::Queue(q) => format!("Queue({} workers, {:?})", q.workers, q.granularity),
+                MoeExecutor::Queue(shape, q) =>
+                    format!("Queue({} workers, {})", q.workers, shape.size.name()),
+                MoeExecutor::Passes(shape) => format!("Passes({})", shape.size.name()),
                 other => format!("{other:?}"),
             },
             median(&mut wall) * 1e3,

@@ -10,8 +10,8 @@ use std::sync::{Mutex, MutexGuard};
 use common::{assert_close, bits, contexts};
 use moeflow::Context;
 use moeflow::dag::{
-    CombineRule, Executor, Fusion, Granularity, Graph, LayerRun, MoeProgram, ProbeVerdict, QueueOptions,
-    Reach, Read, RowGraph, RowInputs, RowOp, RowRun, Source, TaskShape, TaskSize, plan, probe,
+    CombineRule, Executor, Fusion, Granularity, Graph, LayerRun, MoeExecutor, MoeProgram, ProbeVerdict,
+    QueueOptions, Reach, Read, RowGraph, RowInputs, RowOp, RowRun, Source, TaskShape, TaskSize, plan, probe,
 };
 use moeflow::kernels::dispatch::OverflowPolicy;
 use moeflow::kernels::gemm::{GemmOrder, WeightDtype};
@@ -99,7 +99,7 @@ fn no_clean_run(ctx: &Context, what: &str, workers: u32, stops: &[String]) {
 /// The workers of a queue executor.
 fn workers_of(e: Executor) -> Option<u32> {
     match e {
-        Executor::Queue(q) => Some(q.workers),
+        Executor::Queue(_, q) => Some(q.workers),
         _ => None,
     }
 }
@@ -225,12 +225,12 @@ fn every_executor_is_bit_identical_to_staged_and_staged_matches_the_oracle() {
                 let mut counts = vec![1, 3.min(max), max.min(20)];
                 counts.dedup();
                 for w in counts {
-                    executors.push(Executor::Queue(QueueOptions::new(w, Granularity::Fine)));
+                    executors.push(Executor::Queue(Granularity::Fine, QueueOptions::new(w)));
                     executors
-                        .push(Executor::Queue(QueueOptions::new(w, Granularity::Coarse(Fusion::Neighbours))));
+                        .push(Executor::Queue(Granularity::Coarse(Fusion::Neighbours), QueueOptions::new(w)));
                 }
                 executors
-                    .push(Executor::Queue(QueueOptions::new(4.min(max), Granularity::Coarse(Fusion::Full))));
+                    .push(Executor::Queue(Granularity::Coarse(Fusion::Full), QueueOptions::new(4.min(max))));
             }
             for e in executors {
                 run_checked(&ctx, &g, &inputs, e, own, Some(&staged));
@@ -267,7 +267,7 @@ fn probe_verdicts_are_consistent_and_cached() {
                 assert!(!reason.is_empty());
                 let g = RowGraph::seed_chain(4, 64, 0).unwrap();
                 let inputs = RowInputs::upload(&ctx, &g, &vec![0.5; 256]).unwrap();
-                let q = Executor::Queue(QueueOptions::new(1, Granularity::Fine));
+                let q = Executor::Queue(Granularity::Fine, QueueOptions::new(1));
                 let run = RowRun::prepare(&ctx, &g, &inputs, q).unwrap();
                 assert!(run.refused().is_some());
                 assert!(run.run(&ctx).unwrap().fallback.is_some(), "a refused queue reports its fallback");
@@ -293,12 +293,9 @@ fn a_forced_timeout_falls_back_to_fused_passes_instead_of_hanging() {
         let (_, staged) =
             run_checked(&ctx, &g, &inputs, Executor::Staged, moeflow::dag::lanes_for(&ctx), None);
         for granularity in [Granularity::Fine, Granularity::Coarse(Fusion::Neighbours)] {
-            let opts = QueueOptions {
-                spin_limit: 1 << 12,
-                stall_task: Some(9),
-                ..QueueOptions::new(4.min(max), granularity)
-            };
-            let r = RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(opts)).unwrap();
+            let opts =
+                QueueOptions { spin_limit: 1 << 12, stall_task: Some(9), ..QueueOptions::new(4.min(max)) };
+            let r = RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(granularity, opts)).unwrap();
             let started = std::time::Instant::now();
             let report = r.run(&ctx).unwrap();
             let status = r.queue_status(&ctx).unwrap();
@@ -326,9 +323,8 @@ fn coordination_only_schedules_every_task() {
         let inputs = RowInputs::upload(&ctx, &g, &vec![1.0; 32 * 256]).unwrap();
         // One worker (which never waits), then up to eight.
         for workers in [1, max.min(8)] {
-            let opts =
-                QueueOptions { coordination_only: true, ..QueueOptions::new(workers, Granularity::Fine) };
-            let r = RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(opts)).unwrap();
+            let opts = QueueOptions { coordination_only: true, ..QueueOptions::new(workers) };
+            let r = RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(Granularity::Fine, opts)).unwrap();
             assert!(r.label().contains("coordination only"));
             // As in run_checked: a multi-worker run that stops early is tried again.
             let tries = if workers > 1 { 3 } else { 1 };
@@ -362,14 +358,15 @@ fn bad_requests_are_errors() {
         let err = RowInputs::upload(&ctx, &g, &[0.0; 31]).unwrap_err();
         assert!(err.to_string().contains("row graph input"), "{err}");
         let inputs = RowInputs::upload(&ctx, &g, &[0.0; 32]).unwrap();
-        let q = |o: QueueOptions| RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(o)).map(|_| ());
+        let q = |o: QueueOptions| {
+            RowRun::prepare(&ctx, &g, &inputs, Executor::Queue(Granularity::Fine, o)).map(|_| ())
+        };
         if let Ok(max) = probe(&ctx).unwrap().max_workers() {
-            let err = q(QueueOptions::new(0, Granularity::Fine)).unwrap_err();
+            let err = q(QueueOptions::new(0)).unwrap_err();
             assert!(err.to_string().contains("at least one worker"), "{err}");
-            let err = q(QueueOptions::new(max + 1, Granularity::Fine)).unwrap_err();
+            let err = q(QueueOptions::new(max + 1)).unwrap_err();
             assert!(err.to_string().contains("queue workers"), "{err}");
-            let err = q(QueueOptions { stall_task: Some(32), ..QueueOptions::new(1, Granularity::Fine) })
-                .unwrap_err();
+            let err = q(QueueOptions { stall_task: Some(32), ..QueueOptions::new(1) }).unwrap_err();
             assert!(err.to_string().contains("stall task 32"), "{err}");
         }
         let err = RowRun::prepare_with_lanes(&ctx, &g, &inputs, Executor::Staged, 48).unwrap_err();
@@ -393,12 +390,13 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
         // Four workers, or the probe's bound if lower (a busy machine can lower it to 1; where
         // the probe refuses the queue, the count is not checked and the run falls back).
         let workers = probe(&ctx).unwrap().max_workers().map_or(4, |max| max.min(4));
+        let (fine, coarse) = (TaskShape::new(TaskSize::Fine), TaskShape::new(TaskSize::Coarse));
         for e in [
-            Executor::Staged,
-            Executor::Fused(Fusion::None),
-            Executor::Fused(Fusion::Neighbours),
-            Executor::Queue(QueueOptions::new(workers, Granularity::Fine)),
-            Executor::Queue(QueueOptions::new(workers, Granularity::Coarse(Fusion::Neighbours))),
+            MoeExecutor::Staged,
+            MoeExecutor::Passes(fine),
+            MoeExecutor::Passes(coarse),
+            MoeExecutor::Queue(fine, QueueOptions::new(workers)),
+            MoeExecutor::Queue(coarse, QueueOptions::new(workers)),
         ] {
             let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
             let run = LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), e).unwrap();
@@ -409,7 +407,7 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
                 let names: Vec<&str> = graph.stages().iter().map(|s| s.name.as_str()).collect();
                 assert_eq!(names, ["size", "route", "dispatch", "experts", "shared", "combine"]);
                 match e {
-                    Executor::Staged => assert_eq!(plan.passes.len(), 6),
+                    MoeExecutor::Staged => assert_eq!(plan.passes.len(), 6),
                     // The shared expert reads only the input and the sizes, so it joins the
                     // experts' pass.
                     _ => assert_eq!(plan.passes.len(), 5, "{:?}", plan.cuts),
@@ -417,17 +415,17 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
             }
             let form = moeflow::dag::moe::unsupported(&ctx, &layer);
             match e {
-                Executor::Staged => assert!(run.program().is_none()),
+                MoeExecutor::Staged => assert!(run.program().is_none()),
                 // A device with too few storage bindings runs the graph's passes and says so.
                 _ if form.is_some() => {
                     assert!(report.fallback.as_deref().unwrap_or_default().contains("no task form"));
                     assert!(report.ran.contains("whole-stage"), "{}", report.ran);
                 }
-                Executor::Fused(Fusion::None) => {
+                MoeExecutor::Passes(s) if s == fine => {
                     assert_eq!(report.ran, "5 static passes of fine MoE tasks");
                     assert_eq!(report.fallback, None);
                 }
-                Executor::Fused(_) => {
+                MoeExecutor::Passes(_) => {
                     assert_eq!(report.ran, "4 static passes of coarse MoE tasks");
                     assert_eq!(report.fallback, None);
                 }
@@ -451,8 +449,8 @@ fn the_moe_layer_as_a_graph_matches_its_forward_plan() {
         let layer = MoeLayer::new(&ctx, bounded, &Synth::new(6).moe_weights(&bounded)).unwrap();
         let want = layer.forward_host(&ctx, &x).unwrap().y;
         for e in [
-            Executor::Fused(Fusion::Neighbours),
-            Executor::Queue(QueueOptions::new(workers.min(2), Granularity::Fine)),
+            MoeExecutor::Passes(TaskShape::new(TaskSize::Coarse)),
+            MoeExecutor::Queue(TaskShape::new(TaskSize::Fine), QueueOptions::new(workers.min(2))),
         ] {
             let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
             let run = LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), e).unwrap();
@@ -574,18 +572,15 @@ fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
                 let want = layer.forward_host(&ctx, &x).unwrap();
                 let xb = ctx.upload("x", &x).unwrap();
                 let what = format!("{name}, {tokens} tokens, {}", ctx.adapter().slug());
-                for (fusion, granularity) in [
-                    (Fusion::None, Granularity::Fine),
-                    (Fusion::Neighbours, Granularity::Coarse(Fusion::Neighbours)),
-                ] {
-                    let what = format!("{what}, {granularity:?}");
+                for size in [TaskSize::Fine, TaskSize::Coarse] {
+                    let what = format!("{what}, {size:?}");
                     // The static passes of the task program.
                     let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
                     let run = LayerRun::prepare(
                         &ctx,
                         &layer,
                         layer.io(&xb, &y, tokens as u32).unwrap(),
-                        Executor::Fused(fusion),
+                        MoeExecutor::Passes(TaskShape::new(size)),
                     )
                     .unwrap();
                     assert_eq!(run.run(&ctx).unwrap().fallback, None, "{what}");
@@ -599,7 +594,7 @@ fn the_moe_task_program_gives_the_layers_bits_on_adversarial_routing() {
                     for w in queue_workers(workers) {
                         let what = format!("{what}, {w} workers");
                         let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-                        let q = Executor::Queue(QueueOptions::new(w, granularity));
+                        let q = MoeExecutor::Queue(TaskShape::new(size), QueueOptions::new(w));
                         let run =
                             LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, tokens as u32).unwrap(), q)
                                 .unwrap();
@@ -667,7 +662,7 @@ fn both_combine_rules_give_the_layers_bits_at_both_task_sizes() {
                         let what =
                             format!("{name}, {size:?}, {rule:?}, {w} workers, {}", ctx.adapter().slug());
                         let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
-                        let q = QueueOptions::new(w, Granularity::Fine);
+                        let q = QueueOptions::new(w);
                         let shape = TaskShape::with_combine(size, rule);
                         let program =
                             MoeProgram::new(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), shape, Some(&q))
@@ -710,13 +705,10 @@ fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
         let xb = ctx.upload("x", &x).unwrap();
         let y = ctx.zeroed("y", x.len() as u64 * 4).unwrap();
         // Task 37 is the layout task (after one route task per token), at either task size.
-        let opts = QueueOptions {
-            spin_limit: 1 << 12,
-            stall_task: Some(37),
-            ..QueueOptions::new(max.min(2), Granularity::Fine)
-        };
-        for granularity in [Granularity::Fine, Granularity::Coarse(Fusion::Neighbours)] {
-            let q = Executor::Queue(QueueOptions { granularity, ..opts });
+        let opts =
+            QueueOptions { spin_limit: 1 << 12, stall_task: Some(37), ..QueueOptions::new(max.min(2)) };
+        for size in [TaskSize::Fine, TaskSize::Coarse] {
+            let q = MoeExecutor::Queue(TaskShape::new(size), opts);
             let run = LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), q).unwrap();
             // The first run also pays for the driver's shader compiles; the second is timed.
             for timed in [false, true] {
@@ -732,11 +724,23 @@ fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
         // Bad queue requests are errors, not hangs.
         let bad = QueueOptions { stall_task: Some(1 << 20), ..opts };
         assert!(
-            LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), Executor::Queue(bad)).is_err()
+            LayerRun::prepare(
+                &ctx,
+                &layer,
+                layer.io(&xb, &y, 37).unwrap(),
+                MoeExecutor::Queue(TaskShape::new(TaskSize::Fine), bad)
+            )
+            .is_err()
         );
-        let none = QueueOptions::new(0, Granularity::Fine);
+        let none = QueueOptions::new(0);
         assert!(
-            LayerRun::prepare(&ctx, &layer, layer.io(&xb, &y, 37).unwrap(), Executor::Queue(none)).is_err()
+            LayerRun::prepare(
+                &ctx,
+                &layer,
+                layer.io(&xb, &y, 37).unwrap(),
+                MoeExecutor::Queue(TaskShape::new(TaskSize::Fine), none)
+            )
+            .is_err()
         );
         // The task program keeps its routing in its own state: caller's routing tensors are
         // refused by name, not left unwritten.
@@ -745,7 +749,8 @@ fn a_stalled_moe_queue_falls_back_with_the_same_bits() {
             moeflow::Tensor::u32(&routing, [37, k]).unwrap(),
             moeflow::Tensor::f32(&routing, [37, k]).unwrap(),
         );
-        let err = LayerRun::prepare(&ctx, &layer, io, Executor::Fused(Fusion::None)).unwrap_err();
+        let err = LayerRun::prepare(&ctx, &layer, io, MoeExecutor::Passes(TaskShape::new(TaskSize::Fine)))
+            .unwrap_err();
         assert!(err.to_string().contains("own state"), "{err}");
     }
 }

@@ -41,11 +41,11 @@ impl Side {
             Side::Staged => Executor::Staged,
             Side::Fused => Executor::Fused(Fusion::Neighbours),
             Side::Halo => Executor::Fused(Fusion::Full),
-            Side::Queue(g) => Executor::Queue(QueueOptions::new(workers, g)),
-            Side::Coordination => Executor::Queue(QueueOptions {
-                coordination_only: true,
-                ..QueueOptions::new(workers, Granularity::Fine)
-            }),
+            Side::Queue(g) => Executor::Queue(g, QueueOptions::new(workers)),
+            Side::Coordination => Executor::Queue(
+                Granularity::Fine,
+                QueueOptions { coordination_only: true, ..QueueOptions::new(workers) },
+            ),
         }
     }
 
@@ -395,7 +395,7 @@ impl Comparison for MoeComparison {
                         0 => bound,
                         w => w.min(bound),
                     };
-                    let q = QueueOptions::new(workers, Granularity::Fine);
+                    let q = QueueOptions::new(workers);
                     let program = MoeProgram::new(ctx, &layer, layer.io(&xb, &y, m)?, shape, Some(&q))?;
                     let dispatches = program.queue_dispatches().unwrap_or_default().to_vec();
                     prime(

@@ -38,7 +38,7 @@ impl RowRun {
             return Err(Error::invalid(format!("lanes must be a power of two from 1 to 64, not {lanes}")));
         }
         let refused = match executor {
-            Executor::Queue(q) => probe(ctx)?.gate(q.workers)?,
+            Executor::Queue(_, q) => probe(ctx)?.gate(q.workers)?,
             Executor::Staged | Executor::Fused(_) => None,
         };
         Self::build(ctx, graph, inputs, executor, refused, lanes)

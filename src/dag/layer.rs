@@ -4,11 +4,14 @@
 //! independent stages into one pass; fused passes and the queue run the layer as a program of
 //! finer tasks instead ([`super::moe`]). [`LayerRun`] runs a layer on any executor.
 
-use super::executor::{Executor, RunReport};
+use serde::Serialize;
+
+use super::executor::RunReport;
 use super::graph::{Graph, Reach, Read, Source};
-use super::moe::{self, MoeProgram, TaskShape, TaskSize};
+use super::moe::{self, MoeProgram, TaskShape};
 use super::plan::{Fusion, Plan, plan};
 use super::probe::probe;
+use super::queue::QueueOptions;
 use crate::context::Context;
 use crate::error::Result;
 use crate::layer::{ForwardIo, ForwardPlan, ForwardStage, MoeLayer};
@@ -42,13 +45,38 @@ pub fn layer_graph(forward: ForwardPlan) -> Result<DispatchGraph> {
     Ok(graph)
 }
 
-/// The passes of a dispatch graph for an executor (a queue's are those of
-/// [`Fusion::Neighbours`], which run where the layer has no task program).
-pub fn dispatch_plan(graph: &DispatchGraph, executor: Executor) -> Plan {
+/// How a MoE layer's forward runs ([`LayerRun`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum MoeExecutor {
+    /// The layer's own kernels, one dispatch per stage, as the stages of [`layer_graph`].
+    Staged,
+    /// The layer's task program ([`MoeProgram`]) of this shape as static passes
+    /// ([`moe::passes`]).
+    Passes(TaskShape),
+    /// The task program of this shape on the persistent queue with these options (where the
+    /// adapter's probe allows it), and its static passes as the fallback.
+    Queue(TaskShape, QueueOptions),
+}
+
+impl MoeExecutor {
+    /// The task program's shape, for the executors that run it.
+    pub fn shape(self) -> Option<TaskShape> {
+        match self {
+            MoeExecutor::Staged => None,
+            MoeExecutor::Passes(shape) | MoeExecutor::Queue(shape, _) => Some(shape),
+        }
+    }
+}
+
+/// The passes of a layer's dispatch graph for an executor: one stage per pass for
+/// [`MoeExecutor::Staged`]; [`Fusion::Neighbours`]'s passes for the others, which run them
+/// where the layer has no task program.
+pub fn dispatch_plan(graph: &DispatchGraph, executor: MoeExecutor) -> Plan {
     match executor {
-        Executor::Staged => plan(graph, Fusion::None),
-        Executor::Fused(f) => plan(graph, f),
-        Executor::Queue(_) => plan(graph, Fusion::Neighbours),
+        MoeExecutor::Staged => plan(graph, Fusion::None),
+        MoeExecutor::Passes(_) | MoeExecutor::Queue(..) => plan(graph, Fusion::Neighbours),
     }
 }
 
@@ -61,18 +89,16 @@ pub fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &Dispatc
     }
 }
 
-/// A MoE layer's forward of a fixed token count prepared for one executor: `Staged` runs the
-/// layer's own kernels as the graph's stages; `Fused(f)` runs the layer's task program
-/// ([`MoeProgram`]) as its static passes ([`moe::passes`]), with fine tasks for
-/// [`Fusion::None`] and coarse ones (a tile's gate/up and down in one task) for any fusion;
-/// `Queue(q)` runs that program on the persistent queue with the task size of its
-/// granularity ([`TaskSize::of`]), and the same program's static passes as its fallback.
-/// Every executor writes the bits of the layer's own forward. A layer without a task form
+/// A MoE layer's forward of a fixed token count prepared for one [`MoeExecutor`]: `Staged`
+/// runs the layer's own kernels as the graph's stages; `Passes(shape)` runs the layer's task
+/// program ([`MoeProgram`]) of that shape as its static passes ([`moe::passes`]);
+/// `Queue(shape, q)` runs that program on the persistent queue, and the same program's static
+/// passes as its fallback. Every executor writes the bits of the layer's own forward. A layer without a task form
 /// ([`moe::unsupported`]) runs the graph's whole-stage dispatches in passes instead, and
 /// [`Self::refused`] says why.
 #[derive(Debug)]
 pub struct LayerRun {
-    executor: Executor,
+    executor: MoeExecutor,
     runs: Runs,
     refused: Option<String>,
 }
@@ -94,25 +120,26 @@ impl LayerRun {
     /// # Errors
     /// [`MoeLayer::plan`]'s and [`MoeProgram::new`]'s errors; [`crate::Error::LimitExceeded`] for
     /// more workers than the probe allows; device errors while probing.
-    pub fn prepare(ctx: &Context, layer: &MoeLayer, io: ForwardIo<'_>, executor: Executor) -> Result<Self> {
-        let (size, queue, refused) = match executor {
-            Executor::Staged => (None, None, None),
-            Executor::Fused(Fusion::None) => (Some(TaskSize::Fine), None, None),
-            Executor::Fused(_) => (Some(TaskSize::Coarse), None, None),
-            Executor::Queue(q) => match probe(ctx)?.gate(q.workers)? {
-                Some(why) => (Some(TaskSize::of(q.granularity)), None, Some(why)),
-                None => (Some(TaskSize::of(q.granularity)), Some(q), None),
+    pub fn prepare(
+        ctx: &Context,
+        layer: &MoeLayer,
+        io: ForwardIo<'_>,
+        executor: MoeExecutor,
+    ) -> Result<Self> {
+        let (queue, refused) = match executor {
+            MoeExecutor::Staged | MoeExecutor::Passes(_) => (None, None),
+            MoeExecutor::Queue(_, q) => match probe(ctx)?.gate(q.workers)? {
+                Some(why) => (None, Some(why)),
+                None => (Some(q), None),
             },
         };
         // A layer without a task form runs its own forward instead, and says why.
-        let (size, refused) = match size.map(|s| (s, moe::unsupported(ctx, layer))) {
+        let (shape, refused) = match executor.shape().map(|s| (s, moe::unsupported(ctx, layer))) {
             Some((_, Some(why))) => (None, Some(refused.unwrap_or(format!("no task form: {why}")))),
             other => (other.map(|(s, _)| s), refused),
         };
-        let runs = match size {
-            Some(size) => {
-                Runs::Program(MoeProgram::new(ctx, layer, io, TaskShape::new(size), queue.as_ref())?)
-            }
+        let runs = match shape {
+            Some(shape) => Runs::Program(MoeProgram::new(ctx, layer, io, shape, queue.as_ref())?),
             None => {
                 let graph = layer_graph(layer.plan(ctx, io)?)?;
                 let plan = dispatch_plan(&graph, executor);
@@ -123,7 +150,7 @@ impl LayerRun {
     }
 
     /// The executor asked for.
-    pub fn executor(&self) -> Executor {
+    pub fn executor(&self) -> MoeExecutor {
         self.executor
     }
 

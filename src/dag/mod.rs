@@ -18,7 +18,7 @@ pub mod run;
 pub use chain::{RowGraph, RowOp};
 pub use executor::{Executor, RowRun, RunReport, lanes_for};
 pub use graph::{Graph, Reach, Read, Source, Stage};
-pub use layer::LayerRun;
+pub use layer::{LayerRun, MoeExecutor};
 pub use moe::{CombineRule, MoeProgram, MoeTasks, TaskShape, TaskSize};
 pub use plan::{Fusion, Pass, Plan, Step, Task, plan};
 pub use probe::{ProbeReport, ProbeVerdict, probe};

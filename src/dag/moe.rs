@@ -23,8 +23,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::program::to_u32;
 use super::queue::{
-    DONE, FAULTS, Granularity, MAX_SPINS, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER, STATUS,
-    TICKET,
+    DONE, FAULTS, MAX_SPINS, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER, STATUS, TICKET,
 };
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -141,16 +140,6 @@ impl TaskShape {
 }
 
 impl TaskSize {
-    /// The task size a queue of `granularity` runs: fine tasks for [`Granularity::Fine`],
-    /// coarse ones for any [`Granularity::Coarse`] (the fusion names the row chain's passes;
-    /// the MoE program has one coarse form).
-    pub fn of(granularity: Granularity) -> Self {
-        match granularity {
-            Granularity::Fine => TaskSize::Fine,
-            Granularity::Coarse(_) => TaskSize::Coarse,
-        }
-    }
-
     /// `fine` or `coarse`.
     pub fn name(self) -> &'static str {
         match self {
@@ -544,7 +533,7 @@ pub struct MoeProgram {
 impl MoeProgram {
     /// Builds the program for a forward of `layer` from `io`'s `x[tokens, H]` into its
     /// `y[tokens, H]` with tasks of `shape`: its static passes, and the queue with
-    /// `queue`'s options where given (its granularity is ignored: `shape` decides). The probe
+    /// `queue`'s options where given. The probe
     /// is not consulted here (see [`super::layer::LayerRun`]).
     ///
     /// # Errors
@@ -565,7 +554,7 @@ impl MoeProgram {
         queue: Option<&QueueOptions>,
     ) -> Result<Self> {
         let (size, tokens) = (shape.size, io.max_tokens());
-        let q = queue.copied().unwrap_or(QueueOptions::new(1, Granularity::Fine));
+        let q = queue.copied().unwrap_or(QueueOptions::new(1));
         storage_limit(ctx)?;
         if let Some(why) = layer_unsupported(layer) {
             return Err(Error::invalid(format!("this layer has no task form: {why}")));

@@ -314,8 +314,8 @@ fn progress_run(ctx: &Context, workers: u32) -> Result<Progress> {
     let inputs = RowInputs::upload(ctx, &graph, &x)?;
     let staged = RowRun::prepare_unprobed(ctx, &graph, &inputs, Executor::Staged)?;
     staged.run(ctx)?;
-    let opts = QueueOptions { spin_limit: PROBE_SPIN_LIMIT, ..QueueOptions::new(workers, Granularity::Fine) };
-    let queue = RowRun::prepare_unprobed(ctx, &graph, &inputs, Executor::Queue(opts))?;
+    let opts = QueueOptions { spin_limit: PROBE_SPIN_LIMIT, ..QueueOptions::new(workers) };
+    let queue = RowRun::prepare_unprobed(ctx, &graph, &inputs, Executor::Queue(Granularity::Fine, opts))?;
     ctx.run(&queue.dispatches().iter().collect::<Vec<_>>())?;
     let status = queue.queue_status(ctx)?;
     let (want, got) = (staged.read_all(ctx)?, queue.read_all(ctx)?);

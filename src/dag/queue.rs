@@ -27,7 +27,7 @@ pub(crate) const STATUS_LOOP_LIMIT: u32 = 2;
 /// Default bound on one dependency wait, in polls of the leader invocation.
 pub const DEFAULT_SPIN_LIMIT: u32 = 1 << 24;
 
-/// Task size of the persistent queue.
+/// Task size of a row graph's persistent queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
@@ -38,13 +38,12 @@ pub enum Granularity {
     Coarse(Fusion),
 }
 
-/// Settings of the persistent queue.
+/// Settings of the persistent queue (of a row graph or a MoE layer; the task size is the
+/// executor's: [`super::Executor::Queue`], [`super::MoeExecutor::Queue`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct QueueOptions {
     /// Worker workgroups (at least 1, at most the probe's bound).
     pub workers: u32,
-    /// Task size.
-    pub granularity: Granularity,
     /// Diagnostic: run the scheduling (tickets, waits, signals) without the arithmetic. Not
     /// equivalent work; its outputs are not valid.
     pub coordination_only: bool,
@@ -56,15 +55,9 @@ pub struct QueueOptions {
 }
 
 impl QueueOptions {
-    /// `workers` workers at `granularity`, real work, the default spin bound.
-    pub fn new(workers: u32, granularity: Granularity) -> Self {
-        QueueOptions {
-            workers,
-            granularity,
-            coordination_only: false,
-            spin_limit: DEFAULT_SPIN_LIMIT,
-            stall_task: None,
-        }
+    /// `workers` workers, real work, the default spin bound.
+    pub fn new(workers: u32) -> Self {
+        QueueOptions { workers, coordination_only: false, spin_limit: DEFAULT_SPIN_LIMIT, stall_task: None }
     }
 }
 

@@ -78,9 +78,9 @@ pub enum Executor {
     Staged,
     /// One dispatch per pass of the planner's plan with this fusion.
     Fused(Fusion),
-    /// One dispatch of persistent workers taking tasks from a ready queue (plus one that
-    /// clears the queue's state).
-    Queue(QueueOptions),
+    /// One dispatch of persistent workers taking tasks of this size from a ready queue (plus
+    /// one that clears the queue's state).
+    Queue(Granularity, QueueOptions),
 }
 
 /// What a run did.
@@ -179,8 +179,8 @@ impl RowRun {
         let (main_plan, queue) = match executor {
             Executor::Staged => (plan(g, Fusion::None), None),
             Executor::Fused(f) => (plan(g, f), None),
-            Executor::Queue(q) => {
-                let tasks_plan = match q.granularity {
+            Executor::Queue(granularity, q) => {
+                let tasks_plan = match granularity {
                     Granularity::Fine => plan(g, Fusion::None),
                     Granularity::Coarse(f) => plan(g, f),
                 };
@@ -201,10 +201,10 @@ impl RowRun {
                 {
                     return Err(Error::invalid(format!("stall task {s} is not one of the {total} tasks")));
                 }
-                (tasks_plan, Some(q))
+                (tasks_plan, Some((granularity, q)))
             }
         };
-        let slots = queue.map_or(0, |q| q.workers).max(g.tiles());
+        let slots = queue.map_or(0, |(_, q)| q.workers).max(g.tiles());
         let stage_elems = g.stages().len() as u64 * u64::from(g.rows()) * u64::from(graph.cols());
         let layout = Layout {
             stage_elems,
@@ -230,9 +230,10 @@ impl RowRun {
         let state = ctx.zeroed("queue state", state_words * 4)?;
         let b = Buffers { graph, inputs, vals: &vals, state: &state, layout, lanes };
         let (main, fallback) = match (queue, &refused) {
-            (Some(q), None) => {
-                (b.queue(ctx, main_plan, &q)?, Some(b.fused(ctx, fallback_plan, "fused (fallback)".into())?))
-            }
+            (Some((granularity, q)), None) => (
+                b.queue(ctx, main_plan, granularity, &q)?,
+                Some(b.fused(ctx, fallback_plan, "fused (fallback)".into())?),
+            ),
             (Some(_), Some(_)) => (b.fused(ctx, fallback_plan, "fused (queue refused)".into())?, None),
             (None, _) => {
                 let label = match executor {
@@ -305,8 +306,15 @@ impl Buffers<'_> {
         Ok(Prepared { label, plan, dispatches, tasks: 0 })
     }
 
-    /// A state reset and one persistent dispatch of `q.workers` workers over `plan`'s tasks.
-    fn queue(&self, ctx: &Context, plan: Plan, q: &QueueOptions) -> Result<Prepared> {
+    /// A state reset and one persistent dispatch of `q.workers` workers over `plan`'s tasks
+    /// (of `granularity`).
+    fn queue(
+        &self,
+        ctx: &Context,
+        plan: Plan,
+        granularity: Granularity,
+        q: &QueueOptions,
+    ) -> Result<Prepared> {
         let (program, params) = self.program(ctx, &plan, Some(q))?;
         let u = ctx.uniform("dag queue", &params)?;
         let reset = ctx.dispatch(
@@ -323,7 +331,7 @@ impl Buffers<'_> {
         ];
         let kernel = ctx.kernel(&PERSISTENT, &Self::constants(QUEUE_LANES))?;
         let persistent = ctx.dispatch(&kernel, &bindings, [q.workers, 1, 1])?;
-        let kind = match q.granularity {
+        let kind = match granularity {
             Granularity::Fine => "fine".to_string(),
             Granularity::Coarse(_) => format!("coarse, {} passes", plan.passes.len()),
         };
