@@ -14,7 +14,7 @@ use naga::back::{glsl, hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 use crate::pipeline::{Access, KernelSpec, Workgroup};
-use crate::shader::ShaderSource;
+use crate::shader::{Override, ShaderSource};
 
 /// Every shader module moeflow builds.
 fn all_shaders() -> Vec<&'static ShaderSource> {
@@ -169,7 +169,7 @@ fn every_spec_matches_its_wgsl() {
                 assert_eq!(ep.workgroup_size[1..], [1, 1], "{what}: workgroup size in y and z");
                 let x = sizes[0].unwrap_or_else(|| panic!("{what}: x is not overridable"));
                 let uses_override = match module.global_expressions[x] {
-                    naga::Expression::Override(o) => module.overrides[o].name.as_deref() == Some(name),
+                    naga::Expression::Override(o) => module.overrides[o].name.as_deref() == Some(name.name()),
                     _ => false,
                 };
                 assert!(uses_override, "{what}: the workgroup size is not the override `{name}`");
@@ -481,6 +481,44 @@ fn every_module_validates_and_translates_to_every_backend() {
             }
         }
     }
+}
+
+/// Every module's override constants, as naga reflects them, are those its parts declare in
+/// [`Override::declared_in`]: a pipeline's typed constants name what its WGSL has.
+#[test]
+fn every_modules_overrides_are_its_parts_declared_ones() {
+    for source in all_shaders() {
+        let (module, _) = validate(source);
+        let mut wgsl: Vec<&str> = module.overrides.iter().filter_map(|(_, o)| o.name.as_deref()).collect();
+        wgsl.sort_unstable();
+        let mut declared: Vec<&str> = source.overrides().iter().map(|o| o.name()).collect();
+        declared.sort_unstable();
+        assert_eq!(wgsl, declared, "{}: the WGSL's overrides against Override::declared_in", source.name);
+    }
+}
+
+/// Module names are labels (the caches key on the source's address), and unique: the pipeline
+/// records of `MOEFLOW_DUMP_PIPELINES` and every error message name one module each.
+#[test]
+fn every_module_has_its_own_name() {
+    let mut by_name: BTreeMap<&str, Vec<crate::shader::ModuleKey>> = BTreeMap::new();
+    for s in all_shaders() {
+        let keys = by_name.entry(s.name).or_default();
+        if !keys.contains(&s.key()) {
+            keys.push(s.key());
+        }
+    }
+    let shared: Vec<&str> = by_name.iter().filter(|(_, k)| k.len() > 1).map(|(n, _)| *n).collect();
+    assert!(shared.is_empty(), "modules that share a name: {shared:?}");
+}
+
+/// A kernel is refused a constant its module does not declare, by name, and takes its own.
+#[test]
+fn a_kernel_is_refused_a_constant_its_module_lacks() {
+    let spec = crate::kernels::combine::SPECS[0];
+    assert!(spec.check_constants(&[(Override::HasShared, 1.0), (Override::SharedGated, 0.0)]).is_ok());
+    let err = spec.check_constants(&[(Override::HasShared, 1.0), (Override::Dtype, 0.0)]).unwrap_err();
+    assert!(err.to_string().contains("no override constant DTYPE"), "{err}");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveValue, Sizing};
-use crate::shader::ShaderSource;
+use crate::shader::{ModuleKey, Override, ShaderSource};
 use crate::sync::lock;
 
 /// How a kernel binds one resource.
@@ -39,7 +39,7 @@ pub enum Workgroup {
     Fixed(u32),
     /// `@workgroup_size(NAME)` with the pipeline-overridable constant `NAME`, which the
     /// planner sets (one in y and z).
-    Override(&'static str),
+    Override(Override),
 }
 
 /// A compute entry point, its explicit bind-group layout (group 0), and the rest of its
@@ -62,6 +62,23 @@ pub struct KernelSpec {
 }
 
 impl KernelSpec {
+    /// Checks that the kernel's module declares every constant of `constants`
+    /// ([`ShaderSource::overrides`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first constant the module does not declare (a
+    /// moeflow bug, which the tests would catch).
+    pub(crate) fn check_constants(&self, constants: &Constants) -> Result<()> {
+        let declared = self.shader.overrides();
+        match constants.iter().find(|(k, _)| !declared.contains(k)) {
+            None => Ok(()),
+            Some((k, _)) => Err(Error::invalid(format!(
+                "`{}` has no override constant {k} (its module `{}` declares {declared:?})",
+                self.entry, self.shader.name
+            ))),
+        }
+    }
+
     /// Workgroups of a fixed size that cover `invocations`.
     ///
     /// # Errors
@@ -113,10 +130,10 @@ impl KernelSpec {
     /// [`Error::InvalidArgument`] when the module does not parse or has no such entry point
     /// (a moeflow bug: `src/contract.rs` checks every kernel).
     pub(crate) fn reflect(&self) -> Result<Reflected> {
-        type Modules = HashMap<&'static str, (naga::Module, naga::valid::ModuleInfo)>;
+        type Modules = HashMap<ModuleKey, (naga::Module, naga::valid::ModuleInfo)>;
         static MODULES: std::sync::OnceLock<Mutex<Modules>> = std::sync::OnceLock::new();
         let mut modules = lock(MODULES.get_or_init(Default::default));
-        let (module, info) = match modules.entry(self.shader.name) {
+        let (module, info) = match modules.entry(self.shader.key()) {
             std::collections::hash_map::Entry::Occupied(m) => m.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let text = self.shader.compose();
@@ -145,7 +162,7 @@ impl KernelSpec {
             .sum();
         let invocations = match self.workgroup {
             Workgroup::Fixed(n) => n,
-            Workgroup::Override(name) => override_default(module, name).ok_or_else(|| {
+            Workgroup::Override(name) => override_default(module, name.name()).ok_or_else(|| {
                 Error::invalid(format!("{}: no default for the override `{name}`", self.shader.name))
             })?,
         };
@@ -206,21 +223,22 @@ fn override_default(module: &naga::Module, name: &str) -> Option<u32> {
 #[derive(Debug)]
 pub struct Kernel {
     pub(crate) spec: &'static KernelSpec,
-    pub(crate) constants: Vec<(&'static str, f64)>,
+    pub(crate) constants: Vec<(Override, f64)>,
     pub(crate) pipeline: wgpu::ComputePipeline,
     pub(crate) layout: wgpu::BindGroupLayout,
     /// Whether its module was built with runtime bounds checks.
     pub(crate) bounds_checked: bool,
 }
 
-/// Pipeline-constant values, as wgpu takes them.
-pub type Constants = [(&'static str, f64)];
+/// Pipeline-constant values by their typed keys (each one declared by the kernel's module:
+/// [`ShaderSource::overrides`]).
+pub type Constants = [(Override, f64)];
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PipelineKey {
-    pub(crate) shader: &'static str,
+    pub(crate) shader: ModuleKey,
     pub(crate) entry: &'static str,
-    pub(crate) constants: Vec<(&'static str, u64)>,
+    pub(crate) constants: Vec<(Override, u64)>,
     pub(crate) bounds_checked: bool,
 }
 
@@ -229,7 +247,7 @@ pub(crate) struct PipelineKey {
 #[derive(Debug, Default)]
 pub(crate) struct PipelineCache {
     /// Modules by name and whether they were built with bounds checks.
-    pub(crate) modules: Mutex<HashMap<(&'static str, bool), wgpu::ShaderModule>>,
+    pub(crate) modules: Mutex<HashMap<(ModuleKey, bool), wgpu::ShaderModule>>,
     pub(crate) pipelines: Mutex<HashMap<PipelineKey, Arc<Kernel>>>,
     pub(crate) driver: Mutex<Option<wgpu::PipelineCache>>,
 }
@@ -437,7 +455,7 @@ impl Dispatch {
     }
 
     /// The override constants the pipeline was specialised with, in the order given.
-    pub fn constants(&self) -> &[(&'static str, f64)] {
+    pub fn constants(&self) -> &[(Override, f64)] {
         &self.kernel.constants
     }
 
@@ -468,7 +486,7 @@ pub const DUMP_PIPELINES: &str = "MOEFLOW_DUMP_PIPELINES";
 /// bytes). A failure is logged and otherwise ignored: recording never changes a run.
 pub(crate) fn dump_pipeline(dir: &Path, spec: &KernelSpec, constants: &Constants) {
     let module = spec.shader.name.replace('/', "__");
-    let mut sorted: Vec<(&str, f64)> = constants.to_vec();
+    let mut sorted: Vec<(&str, f64)> = constants.iter().map(|&(k, v)| (k.name(), v)).collect();
     sorted.sort_by(|a, b| a.0.cmp(b.0));
     let tag: String = sorted.iter().map(|(k, v)| format!("-{k}{v}")).collect();
     let record = serde_json::json!({

@@ -18,7 +18,7 @@ pub struct ShaderPart {
 /// A shader module built from parts, with the entry points it defines.
 #[derive(Debug)]
 pub struct ShaderSource {
-    /// Module name (also the cache key of its `wgpu::ShaderModule`).
+    /// Module name: its label (the caches key on [`Self::key`]), unique among the modules.
     pub name: &'static str,
     /// Fragments in composition order.
     pub parts: &'static [ShaderPart],
@@ -28,6 +28,13 @@ pub struct ShaderSource {
     /// built without runtime bounds checks (see [`Indexing`]).
     pub indexing: Indexing,
 }
+
+/// A shader module's identity, which the module and pipeline caches key on: its source, by
+/// address. Every source is a `static` or generated once per typed description and kept for
+/// the process (a GEMM variant's `(GemmVariant, GemmOrder, WeightLoads)`), so one address is
+/// one module; its name is a label (unique too: `src/contract.rs` checks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ModuleKey(usize);
 
 /// Whether a module's indices are in range by its contract.
 ///
@@ -62,6 +69,110 @@ impl ShaderSource {
             out.push('\n');
         }
         out
+    }
+
+    /// The module's identity ([`ModuleKey`]).
+    pub fn key(&'static self) -> ModuleKey {
+        ModuleKey(std::ptr::from_ref(self).addr())
+    }
+
+    /// The override constants the module declares: those of its parts
+    /// ([`Override::declared_in`]).
+    pub fn overrides(&self) -> Vec<Override> {
+        self.parts.iter().flat_map(|p| Override::declared_in(p.path)).copied().collect()
+    }
+}
+
+/// An override constant of the WGSL modules (`override NAME` in one of their files): the
+/// typed key of a pipeline's specialisation ([`crate::pipeline::Constants`]). Which file
+/// declares which constants is one table ([`Override::declared_in`]); a module's constants are
+/// those of its parts ([`ShaderSource::overrides`]), which the contract test checks against
+/// naga's reflection of every module, and a pipeline is refused a constant its module does not
+/// declare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Override {
+    /// `ACTIVATION` (`gemm/epilogue.wgsl`): the gated activation, 0 SwiGLU, 1 clamped SwiGLU.
+    Activation,
+    /// `BIAS` (`gemm/epilogue.wgsl`): which bias the epilogue adds.
+    Bias,
+    /// `DTYPE` (`gemm/common.wgsl`, `dag/moe.wgsl`): the weights' storage code.
+    Dtype,
+    /// `FAST_ORDER` (`gemm/order.wgsl`): the fast accumulation order.
+    FastOrder,
+    /// `GATING` (`routing/select.wgsl`): the gating function's code.
+    Gating,
+    /// `GLU_ALPHA` (`gemm/epilogue.wgsl`): the clamped SwiGLU's alpha.
+    GluAlpha,
+    /// `GLU_LIMIT` (`gemm/epilogue.wgsl`): the clamped SwiGLU's limit.
+    GluLimit,
+    /// `HAS_BIAS` (`routing/select.wgsl`): a selection bias.
+    HasBias,
+    /// `HAS_GROUPS` (`routing/select.wgsl`): group-limited choice.
+    HasGroups,
+    /// `HAS_SHARED` (`combine/combine.wgsl`): a shared expert's rows to add.
+    HasShared,
+    /// `LANES` (`dag/program.wgsl`, `dag/moe.wgsl`): workgroup size of the DAG kernels.
+    Lanes,
+    /// `MATVEC_WG` (`routing/gate_matvec.wgsl`): workgroup size of the gate matvec.
+    MatvecWg,
+    /// `NARROW_SCALES` (`gemm/common.wgsl`): block scales stored narrow.
+    NarrowScales,
+    /// `RENORMALIZE` (`routing/select.wgsl`): renormalise the top-k weights.
+    Renormalize,
+    /// `SHARED_GATED` (`combine/combine.wgsl`): the shared expert has a gate.
+    SharedGated,
+    /// `SWIGLU` (`gemm/common.wgsl`): the pass applies the gated activation.
+    Swiglu,
+    /// `WRITE_LOGITS` (`routing/route_fused.wgsl`): the fused route writes its logits.
+    WriteLogits,
+}
+
+impl Override {
+    /// The constant's name in the WGSL.
+    pub fn name(self) -> &'static str {
+        match self {
+            Override::Activation => "ACTIVATION",
+            Override::Bias => "BIAS",
+            Override::Dtype => "DTYPE",
+            Override::FastOrder => "FAST_ORDER",
+            Override::Gating => "GATING",
+            Override::GluAlpha => "GLU_ALPHA",
+            Override::GluLimit => "GLU_LIMIT",
+            Override::HasBias => "HAS_BIAS",
+            Override::HasGroups => "HAS_GROUPS",
+            Override::HasShared => "HAS_SHARED",
+            Override::Lanes => "LANES",
+            Override::MatvecWg => "MATVEC_WG",
+            Override::NarrowScales => "NARROW_SCALES",
+            Override::Renormalize => "RENORMALIZE",
+            Override::SharedGated => "SHARED_GATED",
+            Override::Swiglu => "SWIGLU",
+            Override::WriteLogits => "WRITE_LOGITS",
+        }
+    }
+
+    /// The constants the WGSL file `path` (relative to `wgsl/`) declares, in its order.
+    pub fn declared_in(path: &str) -> &'static [Override] {
+        use Override::*;
+        match path {
+            "combine/combine.wgsl" => &[HasShared, SharedGated],
+            "dag/moe.wgsl" => &[Lanes, Dtype],
+            "dag/program.wgsl" => &[Lanes],
+            "gemm/common.wgsl" => &[Dtype, NarrowScales, Swiglu],
+            "gemm/epilogue.wgsl" => &[Bias, Activation, GluAlpha, GluLimit],
+            "gemm/order.wgsl" => &[FastOrder],
+            "routing/gate_matvec.wgsl" => &[MatvecWg],
+            "routing/route_fused.wgsl" => &[WriteLogits],
+            "routing/select.wgsl" => &[Gating, HasBias, HasGroups, Renormalize],
+            _ => &[],
+        }
+    }
+}
+
+impl std::fmt::Display for Override {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -13,7 +13,7 @@ use crate::pipeline::{
     Access, Binding, BoundBuffer, BoundTexture, BufferView, Constants, DUMP_PIPELINES, Dispatch, Kernel,
     KernelSpec, PipelineKey, TextureBinding, dump_pipeline,
 };
-use crate::shader::Indexing;
+use crate::shader::{Indexing, Override};
 use crate::sync::lock;
 
 impl Context {
@@ -86,12 +86,13 @@ impl Context {
 
     /// The pipeline for `spec` specialised with `constants`, built on first use.
     pub(crate) fn kernel(&self, spec: &'static KernelSpec, constants: &Constants) -> Result<Arc<Kernel>> {
-        let mut sorted: Vec<(&'static str, u64)> = constants.iter().map(|&(k, v)| (k, v.to_bits())).collect();
+        spec.check_constants(constants)?;
+        let mut sorted: Vec<(Override, u64)> = constants.iter().map(|&(k, v)| (k, v.to_bits())).collect();
         sorted.sort_unstable();
         let bounds_checked =
             spec.shader.indexing == Indexing::Checked || self.bounds_checks() == BoundsChecks::Everywhere;
         let key =
-            PipelineKey { shader: spec.shader.name, entry: spec.entry, constants: sorted, bounds_checked };
+            PipelineKey { shader: spec.shader.key(), entry: spec.entry, constants: sorted, bounds_checked };
         if let Some(k) = lock(&self.pipelines().pipelines).get(&key) {
             return Ok(k.clone());
         }
@@ -119,7 +120,7 @@ impl Context {
         let device = self.device();
         let module = {
             let mut modules = lock(&self.pipelines().modules);
-            match modules.get(&(spec.shader.name, bounds_checked)) {
+            match modules.get(&(spec.shader.key(), bounds_checked)) {
                 Some(m) => m.clone(),
                 None => {
                     let desc = wgpu::ShaderModuleDescriptor {
@@ -142,12 +143,13 @@ impl Context {
                             unsafe { device.create_shader_module_trusted(desc, checks) }
                         }
                     })?;
-                    modules.insert((spec.shader.name, bounds_checked), m.clone());
+                    modules.insert((spec.shader.key(), bounds_checked), m.clone());
                     m
                 }
             }
         };
         let driver_cache = lock(&self.pipelines().driver).clone();
+        let named: Vec<(&str, f64)> = constants.iter().map(|&(k, v)| (k.name(), v)).collect();
         let kernel = self.checked(spec.entry, || {
             let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some(spec.entry),
@@ -164,7 +166,7 @@ impl Context {
                 module: &module,
                 entry_point: Some(spec.entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
-                    constants,
+                    constants: &named,
                     zero_initialize_workgroup_memory: true,
                 },
                 cache: driver_cache.as_ref(),

@@ -31,7 +31,7 @@ use crate::kernels::gemm::{Activation, ExpertWeights};
 use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
 use crate::layer::{CallerOutputs, Capacity, ForwardIo, MoeLayer};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::shader::{Indexing, Override, ShaderSource, wgsl};
 
 /// Rows per expert tile of the queue (`MOE_TILE` in wgsl/dag/moe.wgsl).
 pub const MOE_TILE: u32 = 8;
@@ -233,7 +233,7 @@ static MOE_PERSISTENT: KernelSpec = KernelSpec {
         (15, Read),
     ],
     params_bytes: ROUTE_PARAMS_BYTES,
-    workgroup: Workgroup::Override("LANES"),
+    workgroup: Workgroup::Override(Override::Lanes),
 };
 /// What a static pass binds: the workers' bindings and its ticket range (3).
 static MOE_PASS: KernelSpec = KernelSpec {
@@ -254,7 +254,7 @@ static MOE_PASS: KernelSpec = KernelSpec {
         (15, Read),
     ],
     params_bytes: ROUTE_PARAMS_BYTES,
-    workgroup: Workgroup::Override("LANES"),
+    workgroup: Workgroup::Override(Override::Lanes),
 };
 /// The MoE task program's kernels (for the contract test, `src/contract.rs`).
 #[cfg(test)]
@@ -692,9 +692,9 @@ impl MoeProgram {
         let mut constants = cfg.route.constants().to_vec();
         let order = ffn.kernels(ctx).order;
         constants.extend([
-            ("LANES", f64::from(QUEUE_LANES)),
-            ("DTYPE", cfg.weight_dtype.code()),
-            ("FAST_ORDER", f64::from(u8::from(order == crate::kernels::gemm::GemmOrder::Fast))),
+            (Override::Lanes, f64::from(QUEUE_LANES)),
+            (Override::Dtype, cfg.weight_dtype.code()),
+            (Override::FastOrder, f64::from(u8::from(order == crate::kernels::gemm::GemmOrder::Fast))),
         ]);
         let persistent = ctx.kernel(&MOE_PERSISTENT, &constants)?;
         let queue = match queue {

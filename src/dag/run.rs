@@ -15,7 +15,7 @@ use super::queue::{
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::shader::{Indexing, Override, ShaderSource, wgsl};
 
 static STATIC_SHADER: ShaderSource = ShaderSource {
     name: "dag/static",
@@ -42,7 +42,7 @@ static STATIC_PASS: KernelSpec = KernelSpec {
     entry: "static_pass",
     bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite)],
     params_bytes: PARAMS_BYTES,
-    workgroup: Workgroup::Override("LANES"),
+    workgroup: Workgroup::Override(Override::Lanes),
 };
 static RESET_QUEUE: KernelSpec = KernelSpec {
     shader: &QUEUE_SHADER,
@@ -56,7 +56,7 @@ static PERSISTENT: KernelSpec = KernelSpec {
     entry: "persistent",
     bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite), (4, ReadWrite)],
     params_bytes: PARAMS_BYTES,
-    workgroup: Workgroup::Override("LANES"),
+    workgroup: Workgroup::Override(Override::Lanes),
 };
 /// The run's kernels (for the contract test, `src/contract.rs`).
 #[cfg(test)]
@@ -271,8 +271,8 @@ struct Buffers<'a> {
 }
 
 impl Buffers<'_> {
-    fn constants(lanes: u32) -> [(&'static str, f64); 1] {
-        [("LANES", f64::from(lanes))]
+    fn constants(lanes: u32) -> [(Override, f64); 1] {
+        [(Override::Lanes, f64::from(lanes))]
     }
 
     fn program(

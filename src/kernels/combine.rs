@@ -12,7 +12,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::shader::{Indexing, Override, ShaderSource, wgsl};
 
 static COMBINE_SHADER: ShaderSource = ShaderSource {
     name: "combine/combine",
@@ -138,11 +138,11 @@ impl Bound<'_> {
     }
 }
 
-fn constants(bufs: &CombineBuffers<'_>) -> [(&'static str, f64); 2] {
+fn constants(bufs: &CombineBuffers<'_>) -> [(Override, f64); 2] {
     let b = |v: bool| f64::from(u8::from(v));
     [
-        ("HAS_SHARED", b(bufs.shared.is_some())),
-        ("SHARED_GATED", b(bufs.shared.is_some_and(|s| s.gate_logits.is_some()))),
+        (Override::HasShared, b(bufs.shared.is_some())),
+        (Override::SharedGated, b(bufs.shared.is_some_and(|s| s.gate_logits.is_some()))),
     ]
 }
 

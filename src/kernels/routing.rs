@@ -27,7 +27,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, LiveValue, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::shader::{Indexing, Override, ShaderSource, wgsl};
 
 /// Invocations per top-k workgroup. The softmax sum's reduction tree depends on it, so it is
 /// part of the numeric contract.
@@ -82,7 +82,7 @@ static GATE_MATVEC: KernelSpec = KernelSpec {
     entry: "gate_matvec",
     bindings: &[(0, Access::Uniform), (1, Access::ReadWrite), (2, Access::Read), (3, Access::ReadWrite)],
     params_bytes: PARAMS_BYTES,
-    workgroup: Workgroup::Override("MATVEC_WG"),
+    workgroup: Workgroup::Override(Override::MatvecWg),
 };
 static TOPK: KernelSpec = KernelSpec {
     shader: &TOPK_SHADER,
@@ -292,12 +292,12 @@ impl RouteConfig {
     }
 
     /// The pipeline constants of the top-k kernels (gating, bias, groups, renormalisation).
-    pub(crate) fn constants(&self) -> [(&'static str, f64); 4] {
+    pub(crate) fn constants(&self) -> [(Override, f64); 4] {
         [
-            ("GATING", self.gating.code()),
-            ("HAS_BIAS", f64::from(u8::from(self.bias))),
-            ("HAS_GROUPS", f64::from(u8::from(self.groups.is_some()))),
-            ("RENORMALIZE", f64::from(u8::from(self.renormalize))),
+            (Override::Gating, self.gating.code()),
+            (Override::HasBias, f64::from(u8::from(self.bias))),
+            (Override::HasGroups, f64::from(u8::from(self.groups.is_some()))),
+            (Override::Renormalize, f64::from(u8::from(self.renormalize))),
         ]
     }
 }
@@ -480,7 +480,7 @@ pub fn plan_route(
     let per_token = ctx.grid(t, "routing (one workgroup per token)")?;
     let dispatches = match mode {
         RouteMode::Unfused => {
-            let matvec = ctx.kernel(&GATE_MATVEC, &[("MATVEC_WG", f64::from(MATVEC_WG))])?;
+            let matvec = ctx.kernel(&GATE_MATVEC, &[(Override::MatvecWg, f64::from(MATVEC_WG))])?;
             let topk = ctx.kernel(&TOPK, &cfg.constants())?;
             let groups = ctx.grid((t * e).div_ceil(u64::from(MATVEC_WG)), "gate matvec")?;
             let matvec_groups = LiveCount::tokens().times(cfg.experts).div_ceil(MATVEC_WG);
@@ -492,7 +492,7 @@ pub fn plan_route(
         }
         RouteMode::Fused { write_logits } => {
             let mut constants = cfg.constants().to_vec();
-            constants.push(("WRITE_LOGITS", f64::from(u8::from(write_logits))));
+            constants.push((Override::WriteLogits, f64::from(u8::from(write_logits))));
             let fused = ctx.kernel(&ROUTE_FUSED, &constants)?;
             vec![
                 ctx.dispatch(&fused, &[params, x, gate, logits, bias, indices, weights], per_token)?

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::kernels::dispatch::DispatchLayout;
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Binding, BufferView, Dispatch, KernelSpec, TextureBinding};
+use crate::shader::Override;
 use crate::workspace::{Region, Scratch, ScratchKey};
 
 /// What a pass computes (the kernels' `SWIGLU`, `FLAG_GATHER` and `FLAG_OUT_ENTRY`).
@@ -181,7 +182,7 @@ impl<'a> Pass<'a> {
         self.kind == PassKind::GateUp
     }
 
-    fn constants(&self) -> Vec<(&'static str, f64)> {
+    fn constants(&self) -> Vec<(Override, f64)> {
         let bias = match (self.bias, self.swiglu()) {
             (None, _) => 0.0,
             (Some(_), false) => 1.0,
@@ -190,10 +191,10 @@ impl<'a> Pass<'a> {
         // One constant for both bound weights (w_up is w outside SwiGLU): narrow when both are.
         let narrow = self.w.narrow_scales && self.w_up.narrow_scales;
         let mut c = vec![
-            ("DTYPE", self.w.dtype.code()),
-            ("NARROW_SCALES", f64::from(u8::from(narrow))),
-            ("SWIGLU", f64::from(u8::from(self.swiglu()))),
-            ("BIAS", bias),
+            (Override::Dtype, self.w.dtype.code()),
+            (Override::NarrowScales, f64::from(u8::from(narrow))),
+            (Override::Swiglu, f64::from(u8::from(self.swiglu()))),
+            (Override::Bias, bias),
         ];
         c.extend(self.activation.constants());
         c
@@ -447,7 +448,7 @@ impl<'a> Pass<'a> {
             RowSource::Storage | RowSource::Window => None,
         };
         let mut constants = self.constants();
-        constants.push(("FAST_ORDER", f64::from(u8::from(self.order == GemmOrder::Fast))));
+        constants.push((Override::FastOrder, f64::from(u8::from(self.order == GemmOrder::Fast))));
         let x = match windows {
             None => RowX::Storage,
             Some(_) if ctx.capabilities().subgroups => RowX::WindowShared,

@@ -17,6 +17,7 @@ use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::pipeline::Binding;
+use crate::shader::Override;
 use crate::sync::lock;
 
 /// Storage type of expert weights.
@@ -646,7 +647,10 @@ impl ExpertWeights {
         let out = ctx.zeroed("unpacked expert weights", bytes)?;
         let kernel = ctx.kernel(
             &UNPACK,
-            &[("DTYPE", self.dtype.code()), ("NARROW_SCALES", f64::from(u8::from(self.narrow_scales)))],
+            &[
+                (Override::Dtype, self.dtype.code()),
+                (Override::NarrowScales, f64::from(u8::from(self.narrow_scales))),
+            ],
         )?;
         let mut params = Vec::with_capacity(self.chunks.len());
         for chunk in &self.chunks {
@@ -728,12 +732,16 @@ impl Activation {
     }
 
     /// The epilogue's pipeline constants (`ACTIVATION`, `GLU_ALPHA`, `GLU_LIMIT`).
-    pub(super) fn constants(self) -> [(&'static str, f64); 3] {
+    pub(super) fn constants(self) -> [(Override, f64); 3] {
         match self {
-            Activation::Swiglu => [("ACTIVATION", 0.0), ("GLU_ALPHA", 1.0), ("GLU_LIMIT", 1.0)],
-            Activation::ClampedSwiglu { alpha, limit } => {
-                [("ACTIVATION", 1.0), ("GLU_ALPHA", f64::from(alpha)), ("GLU_LIMIT", f64::from(limit))]
+            Activation::Swiglu => {
+                [(Override::Activation, 0.0), (Override::GluAlpha, 1.0), (Override::GluLimit, 1.0)]
             }
+            Activation::ClampedSwiglu { alpha, limit } => [
+                (Override::Activation, 1.0),
+                (Override::GluAlpha, f64::from(alpha)),
+                (Override::GluLimit, f64::from(limit)),
+            ],
         }
     }
 }
