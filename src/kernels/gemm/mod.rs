@@ -34,11 +34,11 @@ pub use quantised::QuantisedValues;
 #[cfg(test)]
 pub(crate) use passes::ROWWISE_SUBGROUP_ROW_ALIGN;
 pub(crate) use passes::window_bytes_bound;
-use passes::{LiveRows, Pass, RowMap, RowSource};
+use passes::{LiveRows, Pass, RowMap};
 pub(crate) use tune::tune_with;
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
 pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
-pub(crate) use variant::{WINDOW_BYTES, WeightLoads};
+pub(crate) use variant::{OperandSource, WINDOW_BYTES, WeightLoads};
 #[cfg(feature = "checkpoint")]
 pub(crate) use weights::STREAM_CHUNK;
 pub use weights::{Activation, ExpertBias, ExpertFfn, ExpertWeights, StoredValues, WeightDtype};
@@ -493,7 +493,7 @@ pub(crate) fn plan_ffn_with(
     let kernels = ffn.kernels(ctx);
     let order = kernels.order;
     // The row-wise passes read x and the weights as the block kernels do.
-    let source = RowSource::like(kernels.up);
+    let source = kernels.up.source();
     let mut ds = Vec::new();
     match routing {
         FfnRouting::Grouped(layout) => {
@@ -723,7 +723,7 @@ pub(crate) fn plan_dense_with(
         }
         DenseKernel::Rowwise => {
             let count = ctx.upload("dense rows", &[rows])?;
-            pass.rowwise(scratch, None, (&count).into(), RowSource::Storage)?
+            pass.rowwise(scratch, None, (&count).into(), OperandSource::Storage)?
         }
     };
     Ok(FfnPlan { dispatches })

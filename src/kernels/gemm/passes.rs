@@ -7,7 +7,7 @@ use std::mem::offset_of;
 use std::sync::Arc;
 
 use super::texture::TextureWeights;
-use super::variant::{self, GemmVariant};
+use super::variant::{self, GemmVariant, OperandSource};
 use super::{
     Activation, AdapterKind, ExpertFfn, ExpertWeights, FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES,
     FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY, GemmOrder, PARAMS_BYTES, Params, ROWWISE, ROWWISE_F16,
@@ -320,13 +320,13 @@ impl<'a> Pass<'a> {
     ) -> Result<Vec<Dispatch>> {
         let ctx = scratch.ctx();
         // A texture variant without texture copies runs as the window variant of its block.
-        let textures = match variant {
-            GemmVariant::Texture { .. } => self.textures(ctx)?,
-            _ => None,
+        let textures = match variant.source() {
+            OperandSource::Texture => self.textures(ctx)?,
+            OperandSource::Storage | OperandSource::Window => None,
         };
         let variant = if textures.is_some() { variant } else { variant.without_texture() };
         let (variant, windows) = Windows::choose(ctx, variant, self.params.rows, self.params.kdim);
-        let textures = textures.filter(|_| matches!(variant, GemmVariant::Texture { .. }));
+        let textures = textures.filter(|_| variant.source() == OperandSource::Texture);
         let constants = self.constants();
         let bytes = variant.workgroup_bytes();
         if bytes > ctx.limits().max_compute_workgroup_storage_size {
@@ -434,18 +434,18 @@ impl<'a> Pass<'a> {
         scratch: Scratch<'_>,
         indices: Option<BufferView<'_>>,
         count: BufferView<'_>,
-        source: RowSource,
+        source: OperandSource,
     ) -> Result<Vec<Dispatch>> {
         let ctx = scratch.ctx();
         let windows = match source {
-            RowSource::Storage => None,
-            RowSource::Window | RowSource::Texture => {
+            OperandSource::Storage => None,
+            OperandSource::Window | OperandSource::Texture => {
                 Windows::fit(ctx, self.params.rows, self.params.kdim, 1)
             }
         };
         let textures = match source {
-            RowSource::Texture => self.textures(ctx)?,
-            RowSource::Storage | RowSource::Window => None,
+            OperandSource::Texture => self.textures(ctx)?,
+            OperandSource::Storage | OperandSource::Window => None,
         };
         let mut constants = self.constants();
         constants.push((Override::FastOrder, f64::from(u8::from(self.order == GemmOrder::Fast))));
@@ -543,33 +543,6 @@ fn texture_bindings(textures: &Option<[Arc<TextureWeights>; 2]>) -> Vec<TextureB
             ]
         })
         .collect()
-}
-
-/// Where a row-wise pass reads x and the weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum RowSource {
-    /// Both from storage.
-    Storage,
-    /// x from uniform windows, the weights from storage.
-    Window,
-    /// x from uniform windows, the weights from their texture copies.
-    Texture,
-}
-
-impl RowSource {
-    /// The source of the row-wise passes beside block kernels `variant`: as they read x and
-    /// the weights.
-    pub(super) fn like(variant: GemmVariant) -> Self {
-        match variant {
-            GemmVariant::Texture { .. } => RowSource::Texture,
-            GemmVariant::Window { .. } => RowSource::Window,
-            GemmVariant::Tiled { .. }
-            | GemmVariant::TiledWide { .. }
-            | GemmVariant::Tile { .. }
-            | GemmVariant::TileF16 { .. }
-            | GemmVariant::Direct { .. } => RowSource::Storage,
-        }
-    }
 }
 
 /// Where a window pass keeps its x rows: `count` uniform windows of `rows` rows each,

@@ -338,8 +338,34 @@ impl GemmVariant {
 
     /// Whether x comes from uniform windows (window and texture variants).
     pub fn reads_windows(self) -> bool {
-        matches!(self, GemmVariant::Window { .. } | GemmVariant::Texture { .. })
+        self.source() != OperandSource::Storage
     }
+
+    /// Where the variant's blocks read x and the weights.
+    pub(crate) fn source(self) -> OperandSource {
+        match self {
+            GemmVariant::Texture { .. } => OperandSource::Texture,
+            GemmVariant::Window { .. } => OperandSource::Window,
+            GemmVariant::Tiled { .. }
+            | GemmVariant::TiledWide { .. }
+            | GemmVariant::Tile { .. }
+            | GemmVariant::TileF16 { .. }
+            | GemmVariant::Direct { .. } => OperandSource::Storage,
+        }
+    }
+}
+
+/// Where a kernel reads its operands: a variant's blocks ([`GemmVariant::source`]) and the
+/// row-wise passes beside them, which read as the blocks do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OperandSource {
+    /// x and the weights from storage.
+    Storage,
+    /// x from the dispatch's uniform window (rows `params.win_row0 ..`, `ceil(K / 4)` vec4 per
+    /// row, zero past K and in rows without an entry), the weights from storage.
+    Window,
+    /// x from the window, the weights from their texture copy (zero past K).
+    Texture,
 }
 
 /// The kernels of one expert FFN: an order, and a variant for each projection (the SwiGLU
@@ -686,9 +712,9 @@ fn zero(order: GemmOrder) -> &'static str {
 pub(crate) fn generate(variant: GemmVariant, order: GemmOrder, quantised: bool) -> String {
     let direct = |rows, cols, lanes, source| direct(rows, cols, lanes, order, source, quantised);
     match variant {
-        GemmVariant::Direct { rows, cols, lanes } => direct(rows, cols, lanes, Source::Storage),
-        GemmVariant::Window { rows, cols, lanes } => direct(rows, cols, lanes, Source::Window),
-        GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, Source::Texture),
+        GemmVariant::Direct { rows, cols, lanes }
+        | GemmVariant::Window { rows, cols, lanes }
+        | GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, variant.source()),
         GemmVariant::Tiled { bk4 } => tiled(TileShape::wide(32, 4, bk4), order),
         GemmVariant::TiledWide { cols, tn, bk4 } => tiled(TileShape::wide(cols, tn, bk4), order),
         GemmVariant::Tile { rows, cols, tm, tn, bk4 } => {
@@ -726,31 +752,26 @@ const EXPERT_SHARED: &str = "    if lid == 0u {
     }
 ";
 
-/// Where a direct-shaped block reads its operands.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Source {
-    /// x and the weights from storage.
-    Storage,
-    /// x from the dispatch's uniform window (rows `params.win_row0 ..`, `ceil(K / 4)` vec4 per
-    /// row, zero past K and in rows without an entry), the weights from storage.
-    Window,
-    /// x from the window, the weights from their texture copy (zero past K).
-    Texture,
-}
-
 /// The direct block, reading its operands from `source` (quantised weights block by block
 /// with `quantised`).
-fn direct(rows: u32, cols: u32, lanes: u32, order: GemmOrder, source: Source, quantised: bool) -> String {
+fn direct(
+    rows: u32,
+    cols: u32,
+    lanes: u32,
+    order: GemmOrder,
+    source: OperandSource,
+    quantised: bool,
+) -> String {
     let mut s = String::new();
-    let window = source != Source::Storage;
+    let window = source != OperandSource::Storage;
     let (what, from, first_row) = match source {
-        Source::Storage => ("Direct", "reading x and the weights straight from memory", ""),
-        Source::Window => (
+        OperandSource::Storage => ("Direct", "reading x and the weights straight from memory", ""),
+        OperandSource::Window => (
             "Window",
             "reading x from the dispatch's uniform window and the weights from memory",
             "params.win_row0 + ",
         ),
-        Source::Texture => (
+        OperandSource::Texture => (
             "Texture",
             "reading x from the dispatch's uniform window and the weights from their texture",
             "params.win_row0 + ",
@@ -810,8 +831,8 @@ fn gemm(
     }
     for j in 0..cols {
         let (name, at) = match source {
-            Source::Texture => ("t", "weight_texel_row"),
-            Source::Storage | Source::Window => ("b", "weight_row"),
+            OperandSource::Texture => ("t", "weight_texel_row"),
+            OperandSource::Storage | OperandSource::Window => ("b", "weight_row"),
         };
         let _ = writeln!(
             s,
@@ -891,12 +912,12 @@ fn live_copies(rows: u32) -> Vec<u32> {
 /// bounded path in the last, partial group of four (a branch that is the same for every
 /// invocation), so the unrolled FMAs are emitted once per copy. Windows and textures hold
 /// zeros past K: their loads need no bound.
-fn k_loop(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source) {
+fn k_loop(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: OperandSource) {
     let _ = writeln!(s, "    for (var k = 0u; k < kdim; k += 4u) {{");
     x_loads(s, rows, source, "        ");
     k_step(s, rows, cols, order, "        ", |j, up| match source {
-        Source::Texture => format!("weight_texel({up}, w{j}t, k / 4u)"),
-        Source::Storage | Source::Window => format!("weight_group({up}, w{j}b, k, kdim)"),
+        OperandSource::Texture => format!("weight_texel({up}, w{j}t, k / 4u)"),
+        OperandSource::Storage | OperandSource::Window => format!("weight_group({up}, w{j}b, k, kdim)"),
     });
     s.push_str("    }\n");
 }
@@ -906,7 +927,7 @@ fn k_loop(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source
 /// steps of four in K order, each with the same values as weight_group's (block_vec4: 0.0 at
 /// K and past it), so the same bits. The steps run as a loop that stops at K (a branch the
 /// same for every invocation).
-fn k_loop_quantised(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: Source) {
+fn k_loop_quantised(s: &mut String, rows: u32, cols: u32, order: GemmOrder, source: OperandSource) {
     let _ = writeln!(s, "    for (var k0 = 0u; k0 < kdim; k0 += 32u) {{");
     for j in 0..cols {
         let _ = writeln!(s, "        let b{j} = row_block(w{j}b, k0);");
@@ -925,13 +946,13 @@ fn k_loop_quantised(s: &mut String, rows: u32, cols: u32, order: GemmOrder, sour
 }
 
 /// The step's x of rows 0 .. `rows` (`x{i}`, values k .. k + 3), from storage or the window.
-fn x_loads(s: &mut String, rows: u32, source: Source, indent: &str) {
+fn x_loads(s: &mut String, rows: u32, source: OperandSource, indent: &str) {
     for i in 0..rows {
         match source {
-            Source::Storage => {
+            OperandSource::Storage => {
                 let _ = writeln!(s, "{indent}let x{i} = x_group(x{i}b, k, kdim);");
             }
-            Source::Window | Source::Texture => {
+            OperandSource::Window | OperandSource::Texture => {
                 let _ = writeln!(s, "{indent}let x{i} = xw[x{i}b + k / 4u];");
             }
         }
