@@ -93,9 +93,9 @@ pub fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &Dispatc
 /// runs the layer's own kernels as the graph's stages; `Passes(shape)` runs the layer's task
 /// program ([`MoeProgram`]) of that shape as its static passes ([`moe::passes`]);
 /// `Queue(shape, q)` runs that program on the persistent queue, and the same program's static
-/// passes as its fallback. Every executor writes the bits of the layer's own forward. A layer without a task form
-/// ([`moe::unsupported`]) runs the graph's whole-stage dispatches in passes instead, and
-/// [`Self::refused`] says why.
+/// passes as its fallback. Every executor writes the bits of the layer's own forward. A layer
+/// without a task form ([`moe::unsupported`]) runs the graph's whole-stage dispatches in passes
+/// instead, and [`Self::refused`] says why.
 #[derive(Debug)]
 pub struct LayerRun {
     executor: MoeExecutor,
