@@ -911,6 +911,17 @@ mod tests {
     use super::*;
     use crate::quant;
 
+    /// Every adapter's context; none (the test passes, saying it skipped) only where
+    /// `MOEFLOW_REQUIRE_ADAPTER` is not 1.
+    fn contexts() -> Vec<Context> {
+        let ctxs = Context::all().expect("devices");
+        if ctxs.is_empty() {
+            assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
+            eprintln!("skipped: no adapter");
+        }
+        ctxs
+    }
+
     fn stored(dtype: WeightDtype, values: &[f32], k: usize) -> Vec<u8> {
         let eb = dtype.element_bytes().expect("a float dtype");
         bytemuck::cast_slice(&dtype.pack(values, k).expect("pack"))
@@ -925,12 +936,7 @@ mod tests {
     /// their decoded values when converted.
     #[test]
     fn streamed_quantised_blocks_are_the_words_of_from_quantised() {
-        let ctxs = Context::all().expect("devices");
-        if ctxs.is_empty() {
-            assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
-            eprintln!("skipped: no adapter");
-            return;
-        }
+        let ctxs = contexts();
         let (e, n, k) = (3usize, 5usize, 160usize);
         let values: Vec<f32> = (0..e * n * k).map(|i| (i as f32 * 0.391).sin() * 2.0 - 0.25).collect();
         let q8 = quant::q8_0_quantize(&values).expect("q8_0");
@@ -1035,12 +1041,7 @@ mod tests {
     /// from finite values).
     #[test]
     fn streamed_weights_are_the_packed_words_of_from_f32() {
-        let ctxs = Context::all().expect("devices");
-        if ctxs.is_empty() {
-            assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
-            eprintln!("skipped: no adapter");
-            return;
-        }
+        let ctxs = contexts();
         let dtypes = [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16];
         let quantised = [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8];
         for ctx in &ctxs {
