@@ -97,7 +97,7 @@ impl MoeConfig {
         {
             limits.max_uniform_buffer_binding_size = WINDOW_BYTES;
         }
-        if variants.iter().any(|v| matches!(v, GemmVariant::Texture { .. })) {
+        if variants.iter().any(|v| matches!(v, GemmVariant::Texture(_))) {
             // The weights' texture copies: one texel row per weight row, rows over layers.
             limits.max_texture_dimension_2d = have.max_texture_dimension_2d;
             limits.max_texture_array_layers = have.max_texture_array_layers;

@@ -11,8 +11,8 @@ use moeflow::kernels::dispatch::{
 };
 use moeflow::kernels::gemm::{
     Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
-    FfnRouting, GemmOrder, GemmVariant, StoredValues, WeightDtype, plan_dense, plan_dense_ffn, plan_ffn,
-    plan_ffn_all_experts,
+    FfnRouting, GemmOrder, GemmVariant, LaneBlock, StoredValues, TileBlock, WeightDtype, plan_dense,
+    plan_dense_ffn, plan_ffn, plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use moeflow::shader::Indexing;
@@ -321,13 +321,10 @@ fn bad_input_is_an_error() {
         let err = plan_dense_ffn(&ctx, &ffn, 4, &x, &out).unwrap_err().to_string();
         assert!(err.contains("a dense FFN has one expert; this one has 2"), "{err}");
         for (bad, says) in [
-            (
-                GemmVariant::Tile { rows: 48, cols: 64, tm: 4, tn: 4, bk4: 4 },
-                "rows and cols must be 32, 64 or 128",
-            ),
-            (GemmVariant::TileF16 { rows: 64, cols: 64, tm: 2, tn: 4, bk4: 4 }, "each must be 4 or 8"),
-            (GemmVariant::Tile { rows: 128, cols: 128, tm: 4, tn: 4, bk4: 4 }, "1024 invocations"),
-            (GemmVariant::Tile { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 0 }, "bk4 = 0"),
+            (GemmVariant::Tile(TileBlock::new(48, 64, 4, 4, 4)), "rows and cols must be 32, 64 or 128"),
+            (GemmVariant::TileF16(TileBlock::new(64, 64, 2, 4, 4)), "each must be 4 or 8"),
+            (GemmVariant::Tile(TileBlock::new(128, 128, 4, 4, 4)), "1024 invocations"),
+            (GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 0)), "bk4 = 0"),
         ] {
             let err = FfnKernels { order: GemmOrder::Strict, up: bad, down: bad }
                 .validate()
@@ -453,16 +450,16 @@ fn variants_under_test(ctx: &Context) -> Vec<GemmVariant> {
     let mut v = vec![
         d.up,
         d.down,
-        GemmVariant::Direct { rows: 1, cols: 1, lanes: 1 },
-        GemmVariant::Direct { rows: 4, cols: 3, lanes: 5 },
-        GemmVariant::Direct { rows: 32, cols: 2, lanes: 8 },
-        GemmVariant::Texture { rows: 4, cols: 3, lanes: 5 },
+        GemmVariant::Direct(LaneBlock::new(1, 1, 1)),
+        GemmVariant::Direct(LaneBlock::new(4, 3, 5)),
+        GemmVariant::Direct(LaneBlock::new(32, 2, 8)),
+        GemmVariant::Texture(LaneBlock::new(4, 3, 5)),
         GemmVariant::Tiled { bk4: 1 },
         GemmVariant::Tiled { bk4: 3 },
         GemmVariant::TiledWide { cols: 64, tn: 4, bk4: 1 },
         GemmVariant::TiledWide { cols: 128, tn: 8, bk4: 3 },
-        GemmVariant::Tile { rows: 64, cols: 32, tm: 4, tn: 4, bk4: 2 },
-        GemmVariant::Tile { rows: 128, cols: 64, tm: 8, tn: 8, bk4: 1 },
+        GemmVariant::Tile(TileBlock::new(64, 32, 4, 4, 2)),
+        GemmVariant::Tile(TileBlock::new(128, 64, 8, 8, 1)),
     ];
     v.dedup();
     v
@@ -571,7 +568,7 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
             // variant; compiling all of variants_under_test per format takes minutes on the CPU
             // adapters and in CI's Tint check), with a direct block: with the window ones, the
             // blocks that read quantised rows block by block (x from storage there).
-            let direct = GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 };
+            let direct = GemmVariant::Direct(LaneBlock::new(4, 4, 64));
             assert_every_path_agrees(&ctx, &m, &x, &idx, k, &[direct], &what);
         }
     }
@@ -719,12 +716,12 @@ fn window_kernels_span_windows_and_fall_back_bitwise() {
                     let ffn = m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
                     run(&ctx, &ffn, &x, &idx, k, Path::Grouped)
                 };
-                let direct = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
+                let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
                 let want = run_with(direct, direct);
                 let reference = m.reference_in(order, &x, &idx, k);
                 assert_rows_close(&format!("{what} direct vs reference"), &want, &reference, 1);
                 for (rows, cols) in [(16, 8), (32, 4)] {
-                    let window = GemmVariant::Window { rows, cols, lanes: 8 };
+                    let window = GemmVariant::Window(LaneBlock::new(rows, cols, 8));
                     let got = run_with(window, window);
                     assert_eq!(bits(&got), bits(&want), "{what}: {} vs {}", window.name(), direct.name());
                 }
@@ -754,7 +751,7 @@ fn small_uniform_bindings_run_without_windows_bitwise() {
         // compiler takes minutes over a bf16 16 x 8 block on each of the two fresh devices).
         let mut kernels = FfnKernels::default_for(AdapterKind::of(full.adapter()), GemmOrder::Strict);
         if !kernels.up.reads_windows() {
-            let window = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
+            let window = GemmVariant::Window(LaneBlock::new(16, 8, 8));
             kernels = FfnKernels { up: window, down: window, ..kernels };
         }
         for path in [Path::Grouped, Path::Decode, Path::Bucketed(2)] {
@@ -847,8 +844,8 @@ fn texture_weights_give_the_window_results_bitwise() {
             let idx = routes(72, tokens, e, k, true);
             for order in [GemmOrder::Strict, GemmOrder::Fast] {
                 // Blocks of four columns: quick to compile on every adapter.
-                let window = GemmVariant::Window { rows: 16, cols: 4, lanes: 8 };
-                let texture = GemmVariant::Texture { rows: 16, cols: 4, lanes: 8 };
+                let window = GemmVariant::Window(LaneBlock::new(16, 4, 8));
+                let texture = GemmVariant::Texture(LaneBlock::new(16, 4, 8));
                 let with = |ctx: &Context, v| {
                     m.upload(ctx).with_kernels(FfnKernels { order, up: v, down: v }).unwrap()
                 };
@@ -1047,12 +1044,12 @@ fn f16_staged_tiles_give_the_bits_of_f16_rounded_operands() {
             let want = m.reference_with(order, true, &x, &idx, k);
             for (up, down) in [
                 (
-                    GemmVariant::TileF16 { rows: 64, cols: 32, tm: 4, tn: 4, bk4: 2 },
-                    GemmVariant::TileF16 { rows: 64, cols: 64, tm: 8, tn: 4, bk4: 3 },
+                    GemmVariant::TileF16(TileBlock::new(64, 32, 4, 4, 2)),
+                    GemmVariant::TileF16(TileBlock::new(64, 64, 8, 4, 3)),
                 ),
                 (
-                    GemmVariant::TileF16 { rows: 128, cols: 64, tm: 8, tn: 8, bk4: 1 },
-                    GemmVariant::TileF16 { rows: 128, cols: 64, tm: 8, tn: 8, bk4: 1 },
+                    GemmVariant::TileF16(TileBlock::new(128, 64, 8, 8, 1)),
+                    GemmVariant::TileF16(TileBlock::new(128, 64, 8, 8, 1)),
                 ),
             ] {
                 let ffn = m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
@@ -1100,7 +1097,7 @@ fn f16_staged_tiles_stay_within_their_bound_of_f32() {
         let wb = ExpertWeights::from_f32(&ctx, &w, WeightDtype::F32, 1, n, kd).unwrap();
         let xb = ctx.upload("x", &x).unwrap();
         let y = ctx.zeroed("y", u64::from(rows * n) * 4).unwrap();
-        let tile = GemmVariant::TileF16 { rows: 64, cols: 32, tm: 4, tn: 4, bk4: 4 };
+        let tile = GemmVariant::TileF16(TileBlock::new(64, 32, 4, 4, 4));
         let plan = plan_dense(&ctx, &wb, rows, &xb, &y, DenseKernel::Block(tile), GemmOrder::Strict).unwrap();
         ctx.run(&plan.dispatches()).unwrap();
         let got: Vec<f32> = ctx.read_back(&y, (rows * n) as usize).unwrap();

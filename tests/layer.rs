@@ -7,7 +7,7 @@ mod common;
 use common::{assert_rows_close, bits, contexts};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::OverflowPolicy;
-use moeflow::kernels::gemm::{Activation, GemmVariant, WeightDtype};
+use moeflow::kernels::gemm::{Activation, GemmVariant, TileBlock, WeightDtype};
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
 use moeflow::layer::{Capacity, KernelChoice, MoeConfig, MoeLayer};
 use moeflow::reference::layer as reference;
@@ -91,8 +91,8 @@ fn f16_staged_tiles_run_a_layer_within_their_precision() {
         let exact = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(48, 40, 8, 2) };
         let cfg = MoeConfig {
             kernels: KernelChoice::Fixed {
-                up: GemmVariant::TileF16 { rows: 128, cols: 64, tm: 8, tn: 8, bk4: 1 },
-                down: GemmVariant::TileF16 { rows: 64, cols: 32, tm: 4, tn: 4, bk4: 2 },
+                up: GemmVariant::TileF16(TileBlock::new(128, 64, 8, 8, 1)),
+                down: GemmVariant::TileF16(TileBlock::new(64, 32, 4, 4, 2)),
             },
             ..exact
         };

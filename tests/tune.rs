@@ -5,16 +5,16 @@
 mod common;
 
 use moeflow::kernels::gemm::{
-    AdapterKind, ExpertFfn, ExpertWeights, FfnKernels, GemmOrder, GemmVariant, TUNE_DEFAULT_MARGIN,
-    TuneOptions, WeightDtype, tune,
+    AdapterKind, ExpertFfn, ExpertWeights, FfnKernels, GemmOrder, GemmVariant, LaneBlock,
+    TUNE_DEFAULT_MARGIN, TuneOptions, WeightDtype, tune,
 };
 use moeflow::layer::{KernelChoice, MoeConfig, MoeLayer};
 use moeflow::synth::Synth;
 
 fn small_candidates() -> Vec<GemmVariant> {
     vec![
-        GemmVariant::Direct { rows: 4, cols: 2, lanes: 8 },
-        GemmVariant::Direct { rows: 8, cols: 4, lanes: 8 },
+        GemmVariant::Direct(LaneBlock::new(4, 2, 8)),
+        GemmVariant::Direct(LaneBlock::new(8, 4, 8)),
         GemmVariant::Tiled { bk4: 2 },
     ]
 }
@@ -56,7 +56,7 @@ fn the_tuner_picks_a_candidate_and_its_cache_survives_a_restart() {
         // A stale entry naming a variant that is no candidate is ignored, not run. Every
         // entry is doctored to name one (whichever candidates the timings above picked).
         let mut doctored: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let stale = serde_json::to_value(GemmVariant::Direct { rows: 2, cols: 2, lanes: 8 }).unwrap();
+        let stale = serde_json::to_value(GemmVariant::Direct(LaneBlock::new(2, 2, 8))).unwrap();
         for entry in doctored["entries"].as_object_mut().unwrap().values_mut() {
             entry["up"] = stale.clone();
             entry["down"] = stale.clone();

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
 use crate::kernels::gemm::{
     AdapterKind, DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
-    GemmVariant, TuneOptions, WeightDtype, plan_dense, plan_ffn, tune,
+    GemmVariant, LaneBlock, TileBlock, TuneOptions, WeightDtype, plan_dense, plan_ffn, tune,
 };
 use crate::pipeline::Dispatch;
 use crate::reference::gemm as reference;
@@ -442,7 +442,7 @@ impl Comparison for DenseWideVsDefault {
         let kind = AdapterKind::of(ctx.adapter());
         let default = FfnKernels::default_for(kind, GemmOrder::Strict).down;
         let wide = if ctx.adapter().is_cpu() {
-            GemmVariant::Window { rows: 32, cols: 4, lanes: 8 }
+            GemmVariant::Window(LaneBlock::new(32, 4, 8))
         } else {
             GemmVariant::Tiled { bk4: 16 }
         };
@@ -512,7 +512,7 @@ impl PairBuffers {
 /// Whether `k` stages its operands in f16 (both projections [`GemmVariant::TileF16`]): its
 /// outputs are checked against the reference on f16-rounded operands.
 fn stages_f16(k: FfnKernels) -> bool {
-    matches!(k.up, GemmVariant::TileF16 { .. }) && matches!(k.down, GemmVariant::TileF16 { .. })
+    matches!(k.up, GemmVariant::TileF16(_)) && matches!(k.down, GemmVariant::TileF16(_))
 }
 
 /// The grouped FFN with kernels `a` (A) and `b` (B): outputs checked against the reference in
@@ -621,7 +621,7 @@ impl TileVsTile {
     /// The GPU tile family's comparisons.
     pub fn all() -> Vec<TileVsTile> {
         let tiled = GemmVariant::Tiled { bk4: 8 };
-        let tile64 = GemmVariant::Tile { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 4 };
+        let tile64 = GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 4));
         vec![
             TileVsTile {
                 name: "gemm/tile64-vs-tiled",
@@ -640,7 +640,7 @@ impl TileVsTile {
                 variants: ("tiled", "tile128"),
                 order: GemmOrder::Fast,
                 a: tiled,
-                b: GemmVariant::Tile { rows: 128, cols: 128, tm: 8, tn: 8, bk4: 2 },
+                b: GemmVariant::Tile(TileBlock::new(128, 128, 8, 8, 2)),
             },
             TileVsTile {
                 name: "gemm/f16-staged-vs-f32-tile",
@@ -650,7 +650,7 @@ impl TileVsTile {
                 variants: ("f32 tiles", "f16 tiles"),
                 order: GemmOrder::Strict,
                 a: tile64,
-                b: GemmVariant::TileF16 { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 4 },
+                b: GemmVariant::TileF16(TileBlock::new(64, 64, 4, 4, 4)),
             },
         ]
     }
@@ -694,7 +694,7 @@ impl Comparison for DirectVsTiled {
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let tiled = GemmVariant::Tiled { bk4: 8 };
-        let direct = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
+        let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
         let a = FfnKernels { order: GemmOrder::Strict, up: tiled, down: tiled };
         grouped_pair(ctx, size, seed, a, FfnKernels { up: direct, down: direct, ..a })
     }
@@ -720,8 +720,8 @@ impl Comparison for WindowVsDirect {
         layer_shape_sizes(set, held_out)
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let direct = GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 };
-        let window = GemmVariant::Window { rows: 16, cols: 8, lanes: 8 };
+        let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
+        let window = GemmVariant::Window(LaneBlock::new(16, 8, 8));
         let a = FfnKernels { order: GemmOrder::Strict, up: direct, down: direct };
         grouped_pair(ctx, size, seed, a, FfnKernels { up: window, down: window, ..a })
     }
@@ -754,8 +754,8 @@ impl Comparison for TextureVsWindow {
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let cols = texture_cols(ctx);
-        let window = GemmVariant::Window { rows: 16, cols, lanes: 8 };
-        let texture = GemmVariant::Texture { rows: 16, cols, lanes: 8 };
+        let window = GemmVariant::Window(LaneBlock::new(16, cols, 8));
+        let texture = GemmVariant::Texture(LaneBlock::new(16, cols, 8));
         let a = FfnKernels { order: GemmOrder::Strict, up: window, down: window };
         grouped_pair(ctx, size, seed, a, FfnKernels { up: texture, down: texture, ..a })
     }
@@ -781,8 +781,8 @@ impl Comparison for DenseTextureVsWindow {
         DenseWideVsDefault.sizes(set, held_out)
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let window = GemmVariant::Window { rows: 32, cols: 4, lanes: 8 };
-        let texture = GemmVariant::Texture { rows: 32, cols: texture_cols(ctx), lanes: 8 };
+        let window = GemmVariant::Window(LaneBlock::new(32, 4, 8));
+        let texture = GemmVariant::Texture(LaneBlock::new(32, texture_cols(ctx), 8));
         dense_pair(ctx, size, seed, DenseKernel::Block(window), DenseKernel::Block(texture))
     }
 }

@@ -24,6 +24,7 @@ use crate::workspace::{Scratch, ScratchKey};
 
 mod passes;
 mod quantised;
+mod slots;
 mod texture;
 mod tune;
 mod variant;
@@ -37,7 +38,7 @@ pub(crate) use passes::window_bytes_bound;
 use passes::{LiveRows, Pass, RowMap};
 pub(crate) use tune::tune_with;
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
-pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, candidates};
+pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, LaneBlock, TileBlock, candidates};
 pub(crate) use variant::{OperandSource, WINDOW_BYTES, WeightLoads};
 #[cfg(feature = "checkpoint")]
 pub(crate) use weights::STREAM_CHUNK;
@@ -217,8 +218,8 @@ pub(crate) fn specs_for(
 /// candidates), once each: the variants the contract tests build.
 fn contract_variants() -> Vec<GemmVariant> {
     let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
-    variants.push(GemmVariant::TileF16 { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 4 });
-    variants.push(GemmVariant::TileF16 { rows: 128, cols: 128, tm: 8, tn: 8, bk4: 2 });
+    variants.push(GemmVariant::TileF16(TileBlock::new(64, 64, 4, 4, 4)));
+    variants.push(GemmVariant::TileF16(TileBlock::new(128, 128, 8, 8, 2)));
     variants.sort_by_key(|v| v.name());
     variants.dedup();
     variants
@@ -264,71 +265,33 @@ static UNPACK_SHADER: ShaderSource = ShaderSource {
     indexing: Indexing::Checked,
 };
 
-use Access::{Read, ReadWrite, TextureU32, Uniform};
+use Access::{Read, ReadWrite, Uniform};
 /// Bytes of `GemmParams` (wgsl/gemm/common.wgsl).
 pub(crate) const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
 static STAGE: KernelSpec = KernelSpec {
     shader: &STAGE_SHADER,
     entry: "stage",
-    bindings: &[(0, Uniform), (1, ReadWrite), (4, ReadWrite), (7, ReadWrite)],
+    bindings: &[
+        (slots::PARAMS, Uniform),
+        (slots::X, ReadWrite),
+        (slots::ROW_ENTRY, ReadWrite),
+        (slots::WINDOW, ReadWrite),
+    ],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
 static UNPACK: KernelSpec = KernelSpec {
     shader: &UNPACK_SHADER,
     entry: "unpack",
-    bindings: &[(0, Uniform), (2, Read), (3, Read), (6, ReadWrite)],
+    bindings: &[(slots::PARAMS, Uniform), (slots::W, Read), (slots::W_UP, Read), (slots::OUT, ReadWrite)],
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
-/// Bindings of the row-wise kernel reading x from a window (9) instead of storage (1).
-const ROWWISE_WINDOW_BINDINGS: &[(u32, Access)] = &[
-    (0, Uniform),
-    (2, Read),
-    (3, Read),
-    (4, ReadWrite),
-    (6, ReadWrite),
-    (7, ReadWrite),
-    (8, ReadWrite),
-    (9, Uniform),
-    (10, ReadWrite),
-];
-/// Bindings of the row-wise kernel reading x from storage.
-const ROWWISE_BINDINGS: &[(u32, Access)] = &[
-    (0, Uniform),
-    (1, ReadWrite),
-    (2, Read),
-    (3, Read),
-    (4, ReadWrite),
-    (6, ReadWrite),
-    (7, ReadWrite),
-    (8, ReadWrite),
-    (10, ReadWrite),
-];
-/// [`ROWWISE_WINDOW_BINDINGS`] with the weights (2, 3) as textures.
-const ROWWISE_WINDOW_TEXTURE_BINDINGS: &[(u32, Access)] = &[
-    (0, Uniform),
-    (2, TextureU32),
-    (3, TextureU32),
-    (4, ReadWrite),
-    (6, ReadWrite),
-    (7, ReadWrite),
-    (8, ReadWrite),
-    (9, Uniform),
-    (10, ReadWrite),
-];
-/// [`ROWWISE_BINDINGS`] with the weights (2, 3) as textures.
-const ROWWISE_TEXTURE_BINDINGS: &[(u32, Access)] = &[
-    (0, Uniform),
-    (1, ReadWrite),
-    (2, TextureU32),
-    (3, TextureU32),
-    (4, ReadWrite),
-    (6, ReadWrite),
-    (7, ReadWrite),
-    (8, ReadWrite),
-    (10, ReadWrite),
-];
+/// The row-wise kernels' bindings, by where they read x and the weights.
+static ROWWISE_BINDINGS: [(u32, Access); 9] = slots::rowwise_bindings(false, false);
+static ROWWISE_TEXTURE_BINDINGS: [(u32, Access); 9] = slots::rowwise_bindings(false, true);
+static ROWWISE_WINDOW_BINDINGS: [(u32, Access); 9] = slots::rowwise_bindings(true, false);
+static ROWWISE_WINDOW_TEXTURE_BINDINGS: [(u32, Access); 9] = slots::rowwise_bindings(true, true);
 /// A row-wise kernel: 64 invocations per workgroup, one per (row, column) output.
 const fn rowwise(shader: &'static ShaderSource, bindings: &'static [(u32, Access)]) -> KernelSpec {
     KernelSpec {
@@ -339,20 +302,20 @@ const fn rowwise(shader: &'static ShaderSource, bindings: &'static [(u32, Access
         workgroup: Workgroup::Fixed(64),
     }
 }
-static ROWWISE: KernelSpec = rowwise(&ROWWISE_SHADER, ROWWISE_BINDINGS);
-static ROWWISE_F16: KernelSpec = rowwise(&ROWWISE_F16_SHADER, ROWWISE_BINDINGS);
-static ROWWISE_QUANT: KernelSpec = rowwise(&ROWWISE_QUANT_SHADER, ROWWISE_BINDINGS);
-static ROWWISE_TEXTURE: KernelSpec = rowwise(&ROWWISE_TEXTURE_SHADER, ROWWISE_TEXTURE_BINDINGS);
-static ROWWISE_WINDOW: KernelSpec = rowwise(&ROWWISE_WINDOW_SHADER, ROWWISE_WINDOW_BINDINGS);
-static ROWWISE_WINDOW_F16: KernelSpec = rowwise(&ROWWISE_WINDOW_F16_SHADER, ROWWISE_WINDOW_BINDINGS);
-static ROWWISE_WINDOW_QUANT: KernelSpec = rowwise(&ROWWISE_WINDOW_QUANT_SHADER, ROWWISE_WINDOW_BINDINGS);
+static ROWWISE: KernelSpec = rowwise(&ROWWISE_SHADER, &ROWWISE_BINDINGS);
+static ROWWISE_F16: KernelSpec = rowwise(&ROWWISE_F16_SHADER, &ROWWISE_BINDINGS);
+static ROWWISE_QUANT: KernelSpec = rowwise(&ROWWISE_QUANT_SHADER, &ROWWISE_BINDINGS);
+static ROWWISE_TEXTURE: KernelSpec = rowwise(&ROWWISE_TEXTURE_SHADER, &ROWWISE_TEXTURE_BINDINGS);
+static ROWWISE_WINDOW: KernelSpec = rowwise(&ROWWISE_WINDOW_SHADER, &ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_WINDOW_F16: KernelSpec = rowwise(&ROWWISE_WINDOW_F16_SHADER, &ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_WINDOW_QUANT: KernelSpec = rowwise(&ROWWISE_WINDOW_QUANT_SHADER, &ROWWISE_WINDOW_BINDINGS);
 static ROWWISE_WINDOW_TEXTURE: KernelSpec =
-    rowwise(&ROWWISE_WINDOW_TEXTURE_SHADER, ROWWISE_WINDOW_TEXTURE_BINDINGS);
-static ROWWISE_SUBGROUP: KernelSpec = rowwise(&ROWWISE_SUBGROUP_SHADER, ROWWISE_WINDOW_BINDINGS);
-static ROWWISE_SUBGROUP_F16: KernelSpec = rowwise(&ROWWISE_SUBGROUP_F16_SHADER, ROWWISE_WINDOW_BINDINGS);
-static ROWWISE_SUBGROUP_QUANT: KernelSpec = rowwise(&ROWWISE_SUBGROUP_QUANT_SHADER, ROWWISE_WINDOW_BINDINGS);
+    rowwise(&ROWWISE_WINDOW_TEXTURE_SHADER, &ROWWISE_WINDOW_TEXTURE_BINDINGS);
+static ROWWISE_SUBGROUP: KernelSpec = rowwise(&ROWWISE_SUBGROUP_SHADER, &ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_SUBGROUP_F16: KernelSpec = rowwise(&ROWWISE_SUBGROUP_F16_SHADER, &ROWWISE_WINDOW_BINDINGS);
+static ROWWISE_SUBGROUP_QUANT: KernelSpec = rowwise(&ROWWISE_SUBGROUP_QUANT_SHADER, &ROWWISE_WINDOW_BINDINGS);
 static ROWWISE_SUBGROUP_TEXTURE: KernelSpec =
-    rowwise(&ROWWISE_SUBGROUP_TEXTURE_SHADER, ROWWISE_WINDOW_TEXTURE_BINDINGS);
+    rowwise(&ROWWISE_SUBGROUP_TEXTURE_SHADER, &ROWWISE_WINDOW_TEXTURE_BINDINGS);
 
 /// How rows reach the expert projections.
 #[derive(Clone, Copy, Debug)]

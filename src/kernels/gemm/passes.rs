@@ -6,8 +6,9 @@
 use std::mem::offset_of;
 use std::sync::Arc;
 
+use super::slots;
 use super::texture::TextureWeights;
-use super::variant::{self, GemmVariant, OperandSource};
+use super::variant::{self, GemmVariant, LaneBlock, OperandSource};
 use super::{
     Activation, AdapterKind, ExpertFfn, ExpertWeights, FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES,
     FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY, GemmOrder, PARAMS_BYTES, Params, ROWWISE, ROWWISE_F16,
@@ -245,14 +246,14 @@ impl<'a> Pass<'a> {
     /// own, as WebGPU refuses two writable bindings of one range in a dispatch).
     fn common<'b>(&'b self, params: &'b wgpu::Buffer, no_bias: &'b wgpu::Buffer) -> Vec<Binding<'b>> {
         let bias = match self.bias {
-            Some(b) => Binding::new(10, b, b.size()),
-            None => Binding::new(10, no_bias, no_bias.size()),
+            Some(b) => Binding::new(slots::BIAS, b, b.size()),
+            None => Binding::new(slots::BIAS, no_bias, no_bias.size()),
         };
         vec![
-            Binding::new(0, params, PARAMS_BYTES),
-            self.x.bind(1, self.x.size),
-            self.rows.view().bind(4, self.rows.view().size),
-            self.out.bind(6, self.out.size),
+            Binding::new(slots::PARAMS, params, PARAMS_BYTES),
+            self.x.bind(slots::X, self.x.size),
+            self.rows.view().bind(slots::ROW_ENTRY, self.rows.view().size),
+            self.out.bind(slots::OUT, self.out.size),
             bias,
         ]
     }
@@ -266,8 +267,8 @@ impl<'a> Pass<'a> {
     ) -> Vec<Binding<'b>> {
         let (w, u) = (&self.w.chunks[chunk], &self.w_up.chunks[chunk]);
         let mut bindings = self.common(params, no_bias);
-        bindings.push(Binding::new(2, &w.buffer, w.bytes));
-        bindings.push(Binding::new(3, &u.buffer, u.bytes));
+        bindings.push(Binding::new(slots::W, &w.buffer, w.bytes));
+        bindings.push(Binding::new(slots::W_UP, &u.buffer, u.bytes));
         bindings
     }
 
@@ -361,8 +362,8 @@ impl<'a> Pass<'a> {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
                 let mut bindings = self.bindings(spec, &params, &no_bias, chunk);
-                bindings.push(tiles.bind(5, tiles.size));
-                bindings.extend(staged.as_ref().map(|st| st.binding(7, index)));
+                bindings.push(tiles.bind(slots::TILE_EXPERT, tiles.size));
+                bindings.extend(staged.as_ref().map(|st| st.binding(slots::WINDOW, index)));
                 let grid = [span.covered(p.rows).div_ceil(variant.block_rows()), col_groups, 1];
                 let per_row = PerRow::Block(variant.block_rows());
                 let sizing = self.span_sizing(spec, span, staged.is_some(), per_row)?;
@@ -468,9 +469,9 @@ impl<'a> Pass<'a> {
                 let p = Params { win_rows: span.rows, win_row0: span.row0, ..p };
                 let params = ctx.uniform("gemm params", &p)?;
                 let mut bindings = self.bindings(spec, &params, &no_bias, chunk);
-                bindings.push(count.bind(7, count.size));
-                bindings.push(indices.bind(8, indices.size));
-                bindings.extend(staged.as_ref().map(|st| st.binding(9, index)));
+                bindings.push(count.bind(slots::ROW_COUNT, count.size));
+                bindings.push(indices.bind(slots::EXPERT_OF_ENTRY, indices.size));
+                bindings.extend(staged.as_ref().map(|st| st.binding(slots::ROWWISE_WINDOW, index)));
                 let lanes = x.row_lanes(p.cols);
                 let grid =
                     ctx.grid(spec.groups(u64::from(span.covered(p.rows)) * lanes)?, "row-wise GEMM")?;
@@ -538,8 +539,8 @@ fn texture_bindings(textures: &Option<[Arc<TextureWeights>; 2]>) -> Vec<TextureB
         .iter()
         .flat_map(|[w, u]| {
             [
-                TextureBinding { binding: 2, texture: &w.texture },
-                TextureBinding { binding: 3, texture: &u.texture },
+                TextureBinding { binding: slots::W, texture: &w.texture },
+                TextureBinding { binding: slots::W_UP, texture: &u.texture },
             ]
         })
         .collect()
@@ -600,16 +601,14 @@ impl Windows {
     /// original block. Other variants as they are. Every choice computes the same operations in
     /// the same order.
     fn choose(ctx: &Context, variant: GemmVariant, rows: u32, kdim: u32) -> (GemmVariant, Option<Self>) {
-        let (GemmVariant::Window { rows: block_rows, cols, .. }
-        | GemmVariant::Texture { rows: block_rows, cols, .. }) = variant
-        else {
+        let (GemmVariant::Window(block) | GemmVariant::Texture(block)) = variant else {
             return (variant, None);
         };
-        let max_cols = AdapterKind::of(ctx.adapter()).max_block_cols().max(cols);
-        let (mut r, mut c) = (block_rows, cols);
+        let max_cols = AdapterKind::of(ctx.adapter()).max_block_cols().max(block.cols);
+        let (mut r, mut c) = (block.rows, block.cols);
         loop {
             if let Some(w) = Windows::fit(ctx, rows, kdim, r) {
-                return (variant.with_block(r, c), Some(w));
+                return (variant.with_block(LaneBlock { rows: r, cols: c, ..block }), Some(w));
             }
             if r / 2 < 8 {
                 return (variant.without_window(), None);
@@ -735,10 +734,10 @@ impl Staged {
         let groups = STAGE.groups(u64::from(p.rows) * u64::from(p.kdim.div_ceil(4)))?;
         let live_groups = STAGE.live_groups(pass.live.rows.times(p.kdim.div_ceil(4)))?;
         let bindings = [
-            Binding::new(0, &params, PARAMS_BYTES),
-            pass.x.bind(1, pass.x.size),
-            pass.rows.view().bind(4, pass.rows.view().size),
-            buffer.bind(7, windows.bytes()),
+            Binding::new(slots::PARAMS, &params, PARAMS_BYTES),
+            pass.x.bind(slots::X, pass.x.size),
+            pass.rows.view().bind(slots::ROW_ENTRY, pass.rows.view().size),
+            buffer.bind(slots::WINDOW, windows.bytes()),
         ];
         let grid = ctx.grid(groups, "GEMM staging")?;
         out.push(ctx.dispatch(&kernel, &bindings, grid)?.sized(pass.sizing(LiveGrid::Spilled(live_groups))));

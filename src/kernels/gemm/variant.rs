@@ -53,7 +53,7 @@ use crate::pipeline::{Access, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderPart, ShaderSource, wgsl};
 use crate::sync::lock;
 
-use super::WeightDtype;
+use super::{WeightDtype, slots};
 
 /// The accumulation order of every expert projection: the numeric contract of a mode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -92,22 +92,8 @@ pub enum GemmVariant {
         /// Groups of four K values staged per chunk.
         bk4: u32,
     },
-    /// Workgroup-memory tiles of `rows` × `cols` outputs: `rows / tm` × `cols / tn`
-    /// invocations (64 to 256), each `tm` rows × `tn` columns (rows `tm·ty + i`, columns
-    /// `tx + (cols / tn)·j`), K staged `4·bk4` at a time. `rows` and `cols` are 32, 64 or 128,
-    /// `tm` and `tn` 4 or 8, `bk4` in 1..=16. The dispatch tile is a multiple of `rows`.
-    Tile {
-        /// Output rows per workgroup (entries of one expert's tile).
-        rows: u32,
-        /// Output columns per workgroup.
-        cols: u32,
-        /// Output rows per invocation.
-        tm: u32,
-        /// Output columns per invocation.
-        tn: u32,
-        /// Groups of four K values staged per chunk.
-        bk4: u32,
-    },
+    /// Workgroup-memory tiles of `rows` × `cols` outputs (see [`TileBlock`]).
+    Tile(TileBlock),
     /// A precision mode, not an exact variant: [`GemmVariant::Tile`] with x and the weights
     /// (the activations and the weights in the down pass) rounded to f16 as they are staged in
     /// workgroup memory (to nearest, ties to even, by integer operations: the same bits on every
@@ -119,49 +105,125 @@ pub enum GemmVariant {
     /// within ±65504 (past it they round to infinity). Chosen only by the caller
     /// (`KernelChoice::Fixed`, [`FfnKernels`]); never a default or a tuning candidate; the
     /// row-wise decode path stays exact, so a layer with these tiles is not batch-invariant.
-    /// Same ranges as `Tile`.
-    TileF16 {
-        /// Output rows per workgroup.
-        rows: u32,
-        /// Output columns per workgroup.
-        cols: u32,
-        /// Output rows per invocation.
-        tm: u32,
-        /// Output columns per invocation.
-        tn: u32,
-        /// Groups of four K values staged per chunk.
-        bk4: u32,
-    },
-    /// No workgroup memory: `lanes` invocations (1..=256) share `rows` rows (1, 2, 4, 8, 16
-    /// or 32), each computing `cols` columns (1..=32) spaced `lanes` apart.
-    Direct {
-        /// Rows per block (divides 32, so no block straddles two experts' tiles).
-        rows: u32,
-        /// Columns per invocation.
-        cols: u32,
-        /// Invocations per workgroup.
-        lanes: u32,
-    },
+    /// Same tiles as `Tile`.
+    TileF16(TileBlock),
+    /// No workgroup memory: a [`LaneBlock`] reading x and the weights from storage.
+    Direct(LaneBlock),
     /// [`GemmVariant::Direct`]'s block with x read from a uniform-buffer window (see the
-    /// module docs); same ranges.
-    Window {
-        /// Rows per block (divides 32).
-        rows: u32,
-        /// Columns per invocation.
-        cols: u32,
-        /// Invocations per workgroup.
-        lanes: u32,
-    },
+    /// module docs).
+    Window(LaneBlock),
     /// [`GemmVariant::Window`]'s block with the weights read from a texture copy (see the
-    /// module docs); same ranges.
-    Texture {
-        /// Rows per block (divides 32).
-        rows: u32,
-        /// Columns per invocation.
-        cols: u32,
-        /// Invocations per workgroup.
-        lanes: u32,
-    },
+    /// module docs).
+    Texture(LaneBlock),
+}
+
+/// The block of [`GemmVariant::Direct`], [`GemmVariant::Window`] and [`GemmVariant::Texture`]
+/// (which differ only in where they read x and the weights): `lanes` invocations (1..=256)
+/// share `rows` rows (1, 2, 4, 8, 16 or 32), each computing `cols` columns (1..=32) spaced
+/// `lanes` apart, with at most 1024 accumulators (`2·rows·cols`, both SwiGLU halves).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LaneBlock {
+    /// Rows per block (divides 32, so no block straddles two experts' tiles).
+    pub rows: u32,
+    /// Columns per invocation.
+    pub cols: u32,
+    /// Invocations per workgroup.
+    pub lanes: u32,
+}
+
+impl LaneBlock {
+    /// `rows` rows, `cols` columns per invocation, `lanes` invocations.
+    pub const fn new(rows: u32, cols: u32, lanes: u32) -> Self {
+        LaneBlock { rows, cols, lanes }
+    }
+
+    /// Checks the block against its documented ranges.
+    fn validate(self) -> Result<()> {
+        let LaneBlock { rows, cols, lanes } = self;
+        if !matches!(rows, 1 | 2 | 4 | 8 | 16 | 32) {
+            return Err(Error::invalid(format!("direct GEMM rows = {rows} must be 1, 2, 4, 8, 16 or 32")));
+        }
+        if !(1..=32).contains(&cols) {
+            return Err(Error::invalid(format!("direct GEMM cols = {cols} must be in 1..=32")));
+        }
+        if !(1..=256).contains(&lanes) {
+            return Err(Error::invalid(format!("direct GEMM lanes = {lanes} must be in 1..=256")));
+        }
+        if 2 * rows * cols > MAX_OUTPUTS {
+            return Err(Error::invalid(format!(
+                "direct GEMM {rows} x {cols} needs {} accumulators with SwiGLU, past {MAX_OUTPUTS}",
+                2 * rows * cols
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The workgroup-memory tile of [`GemmVariant::Tile`] and [`GemmVariant::TileF16`]: `rows` ×
+/// `cols` outputs by `rows / tm` × `cols / tn` invocations (64 to 256), each `tm` rows × `tn`
+/// columns (rows `tm·ty + i`, columns `tx + (cols / tn)·j`), K staged `4·bk4` at a time.
+/// `rows` and `cols` are 32, 64 or 128, `tm` and `tn` 4 or 8, `bk4` in 1..=16. The dispatch
+/// tile is a multiple of `rows`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TileBlock {
+    /// Output rows per workgroup (entries of one expert's tile).
+    pub rows: u32,
+    /// Output columns per workgroup.
+    pub cols: u32,
+    /// Output rows per invocation.
+    pub tm: u32,
+    /// Output columns per invocation.
+    pub tn: u32,
+    /// Groups of four K values staged per chunk.
+    pub bk4: u32,
+}
+
+impl TileBlock {
+    /// `rows` × `cols` outputs, `tm` × `tn` per invocation, `bk4` groups of four staged.
+    pub const fn new(rows: u32, cols: u32, tm: u32, tn: u32, bk4: u32) -> Self {
+        TileBlock { rows, cols, tm, tn, bk4 }
+    }
+
+    /// 32 rows × `cols`, 4 × `tn` per invocation: the tile of [`GemmVariant::TiledWide`]
+    /// (and of [`GemmVariant::Tiled`], `wide(32, 4, bk4)`).
+    const fn wide(cols: u32, tn: u32, bk4: u32) -> Self {
+        TileBlock { rows: 32, cols, tm: 4, tn, bk4 }
+    }
+
+    /// Invocations per workgroup.
+    const fn invocations(self) -> u32 {
+        (self.rows / self.tm) * (self.cols / self.tn)
+    }
+
+    /// The short name's shape part, e.g. `r64c64-m4n4-bk4`.
+    fn name(self) -> String {
+        let TileBlock { rows, cols, tm, tn, bk4 } = self;
+        format!("r{rows}c{cols}-m{tm}n{tn}-bk{bk4}")
+    }
+
+    /// Checks the tile against its documented ranges.
+    fn validate(self) -> Result<()> {
+        let TileBlock { rows, cols, tm, tn, bk4 } = self;
+        if !(1..=16).contains(&bk4) {
+            return Err(Error::invalid(format!("tiled GEMM bk4 = {bk4} must be in 1..=16")));
+        }
+        if !matches!(rows, 32 | 64 | 128) || !matches!(cols, 32 | 64 | 128) {
+            return Err(Error::invalid(format!(
+                "GEMM tile {rows} x {cols}: rows and cols must be 32, 64 or 128"
+            )));
+        }
+        if !matches!(tm, 4 | 8) || !matches!(tn, 4 | 8) {
+            return Err(Error::invalid(format!("GEMM tile tm = {tm}, tn = {tn}: each must be 4 or 8")));
+        }
+        if !(64..=256).contains(&self.invocations()) {
+            return Err(Error::invalid(format!(
+                "GEMM tile {}: {} invocations, must be 64 to 256",
+                self.name(),
+                self.invocations()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Largest accumulator count (outputs per invocation, both SwiGLU halves counted) a variant
@@ -173,10 +235,8 @@ impl GemmVariant {
     pub fn block_rows(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => 32,
-            GemmVariant::Tile { rows, .. } | GemmVariant::TileF16 { rows, .. } => rows,
-            GemmVariant::Direct { rows, .. }
-            | GemmVariant::Window { rows, .. }
-            | GemmVariant::Texture { rows, .. } => rows,
+            GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.rows,
+            GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.rows,
         }
     }
 
@@ -184,12 +244,9 @@ impl GemmVariant {
     pub fn block_cols(self) -> u32 {
         match self {
             GemmVariant::Tiled { .. } => 32,
-            GemmVariant::TiledWide { cols, .. }
-            | GemmVariant::Tile { cols, .. }
-            | GemmVariant::TileF16 { cols, .. } => cols,
-            GemmVariant::Direct { cols, lanes, .. }
-            | GemmVariant::Window { cols, lanes, .. }
-            | GemmVariant::Texture { cols, lanes, .. } => cols * lanes,
+            GemmVariant::TiledWide { cols, .. } => cols,
+            GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.cols,
+            GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.cols * b.lanes,
         }
     }
 
@@ -198,18 +255,8 @@ impl GemmVariant {
     /// # Errors
     /// [`Error::InvalidArgument`] naming the parameter.
     pub fn validate(self) -> Result<()> {
-        if let GemmVariant::Window { rows, cols, lanes } | GemmVariant::Texture { rows, cols, lanes } = self {
-            return GemmVariant::Direct { rows, cols, lanes }.validate();
-        }
-        if let GemmVariant::TileF16 { rows, cols, tm, tn, bk4 } = self {
-            return GemmVariant::Tile { rows, cols, tm, tn, bk4 }.validate();
-        }
         match self {
-            GemmVariant::Tiled { bk4 }
-            | GemmVariant::TiledWide { bk4, .. }
-            | GemmVariant::Tile { bk4, .. }
-                if !(1..=16).contains(&bk4) =>
-            {
+            GemmVariant::Tiled { bk4 } | GemmVariant::TiledWide { bk4, .. } if !(1..=16).contains(&bk4) => {
                 Err(Error::invalid(format!("tiled GEMM bk4 = {bk4} must be in 1..=16")))
             }
             GemmVariant::TiledWide { cols, .. } if !matches!(cols, 32 | 64 | 128) => {
@@ -218,33 +265,9 @@ impl GemmVariant {
             GemmVariant::TiledWide { tn, .. } if !matches!(tn, 4 | 8) => {
                 Err(Error::invalid(format!("wide tiled GEMM tn = {tn} must be 4 or 8")))
             }
-            GemmVariant::Tile { rows, cols, .. }
-                if !matches!(rows, 32 | 64 | 128) || !matches!(cols, 32 | 64 | 128) =>
-            {
-                Err(Error::invalid(format!("GEMM tile {rows} x {cols}: rows and cols must be 32, 64 or 128")))
-            }
-            GemmVariant::Tile { tm, tn, .. } if !matches!(tm, 4 | 8) || !matches!(tn, 4 | 8) => {
-                Err(Error::invalid(format!("GEMM tile tm = {tm}, tn = {tn}: each must be 4 or 8")))
-            }
-            GemmVariant::Tile { .. } if !(64..=256).contains(&self.invocations()) => Err(Error::invalid(
-                format!("GEMM tile {}: {} invocations, must be 64 to 256", self.name(), self.invocations()),
-            )),
-            GemmVariant::Direct { rows, .. } if !matches!(rows, 1 | 2 | 4 | 8 | 16 | 32) => {
-                Err(Error::invalid(format!("direct GEMM rows = {rows} must be 1, 2, 4, 8, 16 or 32")))
-            }
-            GemmVariant::Direct { cols, .. } if !(1..=32).contains(&cols) => {
-                Err(Error::invalid(format!("direct GEMM cols = {cols} must be in 1..=32")))
-            }
-            GemmVariant::Direct { lanes, .. } if !(1..=256).contains(&lanes) => {
-                Err(Error::invalid(format!("direct GEMM lanes = {lanes} must be in 1..=256")))
-            }
-            GemmVariant::Direct { rows, cols, .. } if 2 * rows * cols > MAX_OUTPUTS => {
-                Err(Error::invalid(format!(
-                    "direct GEMM {rows} x {cols} needs {} accumulators with SwiGLU, past {MAX_OUTPUTS}",
-                    2 * rows * cols
-                )))
-            }
-            _ => Ok(()),
+            GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => Ok(()),
+            GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.validate(),
+            GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.validate(),
         }
     }
 
@@ -253,43 +276,42 @@ impl GemmVariant {
         match self {
             GemmVariant::Tiled { bk4 } => format!("tiled-bk{bk4}"),
             GemmVariant::TiledWide { cols, tn, bk4 } => format!("tiledw-c{cols}t{tn}-bk{bk4}"),
-            GemmVariant::TileF16 { rows, cols, tm, tn, bk4 } => {
-                format!("tileh-r{rows}c{cols}-m{tm}n{tn}-bk{bk4}")
+            GemmVariant::TileF16(t) => format!("tileh-{}", t.name()),
+            GemmVariant::Tile(t) => format!("tile-{}", t.name()),
+            GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => {
+                let kind = match self.source() {
+                    OperandSource::Storage => "direct",
+                    OperandSource::Window => "window",
+                    OperandSource::Texture => "texture",
+                };
+                format!("{kind}-r{}c{}l{}", b.rows, b.cols, b.lanes)
             }
-            GemmVariant::Tile { rows, cols, tm, tn, bk4 } => {
-                format!("tile-r{rows}c{cols}-m{tm}n{tn}-bk{bk4}")
-            }
-            GemmVariant::Direct { rows, cols, lanes } => format!("direct-r{rows}c{cols}l{lanes}"),
-            GemmVariant::Window { rows, cols, lanes } => format!("window-r{rows}c{cols}l{lanes}"),
-            GemmVariant::Texture { rows, cols, lanes } => format!("texture-r{rows}c{cols}l{lanes}"),
         }
     }
 
     /// Workgroup memory the variant uses, in bytes.
     pub fn workgroup_bytes(self) -> u32 {
-        match self.tile_shape() {
+        match self.shape() {
             // An x tile of `rows` rows, w and up tiles of `cols` rows, each row `tile_stride`
             // groups of four (a vec4 of f32, or of f16 packed in a vec2<u32>), plus the block's
             // entries and its expert.
-            Some(t) => {
-                (t.rows + 2 * t.cols) * tile_stride(t.bk4) * if t.f16 { 8 } else { 16 } + t.rows * 4 + 4
+            Shape::Tile { tile: t, f16 } => {
+                (t.rows + 2 * t.cols) * tile_stride(t.bk4) * if f16 { 8 } else { 16 } + t.rows * 4 + 4
             }
-            None => 0,
+            Shape::Lanes(_) => 0,
         }
     }
 
-    /// The workgroup-memory tile of a tiled variant (`Tiled`, `TiledWide`, `Tile`, `TileF16`).
-    fn tile_shape(self) -> Option<TileShape> {
+    /// The kernel shape the variant's WGSL is generated from.
+    fn shape(self) -> Shape {
         match self {
-            GemmVariant::Tiled { bk4 } => Some(TileShape::wide(32, 4, bk4)),
-            GemmVariant::TiledWide { cols, tn, bk4 } => Some(TileShape::wide(cols, tn, bk4)),
-            GemmVariant::Tile { rows, cols, tm, tn, bk4 } => {
-                Some(TileShape { rows, cols, tm, tn, bk4, f16: false })
+            GemmVariant::Tiled { bk4 } => Shape::Tile { tile: TileBlock::wide(32, 4, bk4), f16: false },
+            GemmVariant::TiledWide { cols, tn, bk4 } => {
+                Shape::Tile { tile: TileBlock::wide(cols, tn, bk4), f16: false }
             }
-            GemmVariant::TileF16 { rows, cols, tm, tn, bk4 } => {
-                Some(TileShape { rows, cols, tm, tn, bk4, f16: true })
-            }
-            GemmVariant::Direct { .. } | GemmVariant::Window { .. } | GemmVariant::Texture { .. } => None,
+            GemmVariant::Tile(tile) => Shape::Tile { tile, f16: false },
+            GemmVariant::TileF16(tile) => Shape::Tile { tile, f16: true },
+            GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => Shape::Lanes(b),
         }
     }
 
@@ -298,11 +320,8 @@ impl GemmVariant {
         match self {
             GemmVariant::Tiled { .. } => 64,
             GemmVariant::TiledWide { cols, tn, .. } => 8 * cols / tn,
-            GemmVariant::Tile { rows, cols, tm, tn, .. }
-            | GemmVariant::TileF16 { rows, cols, tm, tn, .. } => (rows / tm) * (cols / tn),
-            GemmVariant::Direct { lanes, .. }
-            | GemmVariant::Window { lanes, .. }
-            | GemmVariant::Texture { lanes, .. } => lanes,
+            GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.invocations(),
+            GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.lanes,
         }
     }
 
@@ -310,9 +329,7 @@ impl GemmVariant {
     /// fits); other variants unchanged.
     pub fn without_window(self) -> Self {
         match self {
-            GemmVariant::Window { rows, cols, lanes } | GemmVariant::Texture { rows, cols, lanes } => {
-                GemmVariant::Direct { rows, cols, lanes }
-            }
+            GemmVariant::Window(b) | GemmVariant::Texture(b) => GemmVariant::Direct(b),
             other => other,
         }
     }
@@ -321,17 +338,17 @@ impl GemmVariant {
     /// texture copy); other variants unchanged.
     pub fn without_texture(self) -> Self {
         match self {
-            GemmVariant::Texture { rows, cols, lanes } => GemmVariant::Window { rows, cols, lanes },
+            GemmVariant::Texture(b) => GemmVariant::Window(b),
             other => other,
         }
     }
 
-    /// The same kind of block with `rows` rows and `cols` columns per invocation (window and
-    /// texture variants, whose rows the window fallback halves); other variants unchanged.
-    pub(crate) fn with_block(self, rows: u32, cols: u32) -> Self {
+    /// The same kind of block with `block` (window and texture variants, whose rows the window
+    /// fallback halves); other variants unchanged.
+    pub(crate) fn with_block(self, block: LaneBlock) -> Self {
         match self {
-            GemmVariant::Window { lanes, .. } => GemmVariant::Window { rows, cols, lanes },
-            GemmVariant::Texture { lanes, .. } => GemmVariant::Texture { rows, cols, lanes },
+            GemmVariant::Window(_) => GemmVariant::Window(block),
+            GemmVariant::Texture(_) => GemmVariant::Texture(block),
             other => other,
         }
     }
@@ -344,13 +361,13 @@ impl GemmVariant {
     /// Where the variant's blocks read x and the weights.
     pub(crate) fn source(self) -> OperandSource {
         match self {
-            GemmVariant::Texture { .. } => OperandSource::Texture,
-            GemmVariant::Window { .. } => OperandSource::Window,
+            GemmVariant::Texture(_) => OperandSource::Texture,
+            GemmVariant::Window(_) => OperandSource::Window,
             GemmVariant::Tiled { .. }
             | GemmVariant::TiledWide { .. }
-            | GemmVariant::Tile { .. }
-            | GemmVariant::TileF16 { .. }
-            | GemmVariant::Direct { .. } => OperandSource::Storage,
+            | GemmVariant::Tile(_)
+            | GemmVariant::TileF16(_)
+            | GemmVariant::Direct(_) => OperandSource::Storage,
         }
     }
 }
@@ -432,8 +449,8 @@ impl FfnKernels {
     pub fn default_for(kind: AdapterKind, order: GemmOrder) -> Self {
         let block = match kind {
             AdapterKind::Gpu => GemmVariant::Tiled { bk4: 8 },
-            AdapterKind::Cpu => GemmVariant::Texture { rows: 16, cols: 8, lanes: 8 },
-            AdapterKind::SwiftShader => GemmVariant::Window { rows: 16, cols: 4, lanes: 8 },
+            AdapterKind::Cpu => GemmVariant::Texture(LaneBlock::new(16, 8, 8)),
+            AdapterKind::SwiftShader => GemmVariant::Window(LaneBlock::new(16, 4, 8)),
         };
         FfnKernels { order, up: block, down: block }
     }
@@ -453,43 +470,10 @@ impl FfnKernels {
     }
 }
 
-/// Bindings of the generated GEMM kernels that read x from storage (tiled and direct); 10 is
-/// the biases (`wgsl/gemm/epilogue.wgsl`).
-pub(crate) const BINDINGS: &[(u32, Access)] = &[
-    (0, Access::Uniform),
-    (1, Access::ReadWrite),
-    (2, Access::Read),
-    (3, Access::Read),
-    (4, Access::ReadWrite),
-    (5, Access::ReadWrite),
-    (6, Access::ReadWrite),
-    (10, Access::ReadWrite),
-];
-
-/// Bindings of a window GEMM kernel: [`BINDINGS`] with the x window (7) in place of x in
-/// storage (1).
-pub(crate) const WINDOW_BINDINGS: &[(u32, Access)] = &[
-    (0, Access::Uniform),
-    (2, Access::Read),
-    (3, Access::Read),
-    (4, Access::ReadWrite),
-    (5, Access::ReadWrite),
-    (6, Access::ReadWrite),
-    (7, Access::Uniform),
-    (10, Access::ReadWrite),
-];
-
-/// Bindings of a texture GEMM kernel: a window kernel's, with the weights (2, 3) as textures.
-pub(crate) const TEXTURE_BINDINGS: &[(u32, Access)] = &[
-    (0, Access::Uniform),
-    (2, Access::TextureU32),
-    (3, Access::TextureU32),
-    (4, Access::ReadWrite),
-    (5, Access::ReadWrite),
-    (6, Access::ReadWrite),
-    (7, Access::Uniform),
-    (10, Access::ReadWrite),
-];
+/// The generated block kernels' bindings, by where they read their operands.
+static STORAGE_BINDINGS: [(u32, Access); 8] = slots::block_bindings(OperandSource::Storage);
+static WINDOW_BINDINGS: [(u32, Access); 8] = slots::block_bindings(OperandSource::Window);
+static TEXTURE_BINDINGS: [(u32, Access); 8] = slots::block_bindings(OperandSource::Texture);
 
 /// Bytes of the x window a window kernel declares (`array<vec4<f32>, 4096>`): WebGPU's
 /// default `max_uniform_buffer_binding_size`.
@@ -528,7 +512,7 @@ impl WeightLoads {
 /// texture copies), generated and built once per process.
 pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -> &'static KernelSpec {
     type Key = (GemmVariant, GemmOrder, WeightLoads);
-    let loads = if matches!(variant, GemmVariant::Texture { .. }) { WeightLoads::Packed } else { loads };
+    let loads = if matches!(variant, GemmVariant::Texture(_)) { WeightLoads::Packed } else { loads };
     static SPECS: OnceLock<Mutex<HashMap<Key, &'static KernelSpec>>> = OnceLock::new();
     let mut specs = lock(SPECS.get_or_init(Default::default));
     specs.entry((variant, order, loads)).or_insert_with(|| {
@@ -547,7 +531,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
         );
         let quantised = loads == WeightLoads::Quantised;
         let body = ShaderPart { path: "gemm (generated)", text: leak(generate(variant, order, quantised)) };
-        let mut parts: Vec<ShaderPart> = if matches!(variant, GemmVariant::Texture { .. }) {
+        let mut parts: Vec<ShaderPart> = if matches!(variant, GemmVariant::Texture(_)) {
             vec![
                 wgsl!("gemm/common.wgsl"),
                 wgsl!("gemm/order.wgsl"),
@@ -587,7 +571,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
                 body,
             ]
         };
-        if matches!(variant, GemmVariant::TileF16 { .. }) {
+        if matches!(variant, GemmVariant::TileF16(_)) {
             // The exact widening of staged values (already there but for native f16 loads),
             // then the staging functions, before the generated body.
             let at = parts.len() - 1;
@@ -608,14 +592,10 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
             // x_tail / weight4_tail, and texels within the copies' extents.
             indexing: Indexing::Proven,
         }));
-        let bindings = match variant {
-            GemmVariant::Window { .. } => WINDOW_BINDINGS,
-            GemmVariant::Texture { .. } => TEXTURE_BINDINGS,
-            GemmVariant::Tiled { .. }
-            | GemmVariant::TiledWide { .. }
-            | GemmVariant::Tile { .. }
-            | GemmVariant::TileF16 { .. }
-            | GemmVariant::Direct { .. } => BINDINGS,
+        let bindings = match variant.source() {
+            OperandSource::Window => &WINDOW_BINDINGS,
+            OperandSource::Texture => &TEXTURE_BINDINGS,
+            OperandSource::Storage => &STORAGE_BINDINGS,
         };
         Box::leak(Box::new(KernelSpec {
             shader: source,
@@ -638,28 +618,28 @@ pub fn candidates(kind: AdapterKind) -> Vec<GemmVariant> {
         // No tiled kernel: 22x slower than the texture blocks on lavapipe, and the slowest
         // candidate timed (docs/gemm.md, the tuner).
         AdapterKind::Cpu => vec![
-            GemmVariant::Direct { rows: 8, cols: 8, lanes: 8 },
-            GemmVariant::Direct { rows: 16, cols: 8, lanes: 8 },
-            GemmVariant::Direct { rows: 16, cols: 16, lanes: 8 },
-            GemmVariant::Window { rows: 16, cols: 8, lanes: 8 },
-            GemmVariant::Window { rows: 32, cols: 4, lanes: 8 },
-            GemmVariant::Texture { rows: 16, cols: 8, lanes: 8 },
-            GemmVariant::Texture { rows: 32, cols: 8, lanes: 8 },
+            GemmVariant::Direct(LaneBlock::new(8, 8, 8)),
+            GemmVariant::Direct(LaneBlock::new(16, 8, 8)),
+            GemmVariant::Direct(LaneBlock::new(16, 16, 8)),
+            GemmVariant::Window(LaneBlock::new(16, 8, 8)),
+            GemmVariant::Window(LaneBlock::new(32, 4, 8)),
+            GemmVariant::Texture(LaneBlock::new(16, 8, 8)),
+            GemmVariant::Texture(LaneBlock::new(32, 8, 8)),
         ],
         // Blocks of at most 4 columns: the ones Subzero compiles in seconds.
         AdapterKind::SwiftShader => vec![
-            GemmVariant::Window { rows: 16, cols: 4, lanes: 8 },
-            GemmVariant::Window { rows: 8, cols: 4, lanes: 8 },
-            GemmVariant::Window { rows: 4, cols: 4, lanes: 16 },
-            GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 },
+            GemmVariant::Window(LaneBlock::new(16, 4, 8)),
+            GemmVariant::Window(LaneBlock::new(8, 4, 8)),
+            GemmVariant::Window(LaneBlock::new(4, 4, 16)),
+            GemmVariant::Direct(LaneBlock::new(4, 4, 64)),
             GemmVariant::Tiled { bk4: 2 },
         ],
         AdapterKind::Gpu => vec![
             GemmVariant::Tiled { bk4: 4 },
             GemmVariant::Tiled { bk4: 8 },
             GemmVariant::Tiled { bk4: 16 },
-            GemmVariant::Direct { rows: 4, cols: 4, lanes: 64 },
-            GemmVariant::Direct { rows: 8, cols: 4, lanes: 32 },
+            GemmVariant::Direct(LaneBlock::new(4, 4, 64)),
+            GemmVariant::Direct(LaneBlock::new(8, 4, 32)),
             GemmVariant::TiledWide { cols: 64, tn: 4, bk4: 4 },
             GemmVariant::TiledWide { cols: 64, tn: 8, bk4: 4 },
             GemmVariant::TiledWide { cols: 128, tn: 4, bk4: 2 },
@@ -667,11 +647,11 @@ pub fn candidates(kind: AdapterKind) -> Vec<GemmVariant> {
             // 128 x 128 outputs of 128 invocations): more outputs per staged value, for
             // experts with many rows. A tile past the device's workgroup memory is refused and
             // never chosen.
-            GemmVariant::Tile { rows: 64, cols: 64, tm: 4, tn: 4, bk4: 4 },
-            GemmVariant::Tile { rows: 64, cols: 64, tm: 8, tn: 4, bk4: 4 },
-            GemmVariant::Tile { rows: 64, cols: 128, tm: 4, tn: 8, bk4: 4 },
-            GemmVariant::Tile { rows: 128, cols: 64, tm: 8, tn: 4, bk4: 4 },
-            GemmVariant::Tile { rows: 128, cols: 128, tm: 8, tn: 8, bk4: 2 },
+            GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 4)),
+            GemmVariant::Tile(TileBlock::new(64, 64, 8, 4, 4)),
+            GemmVariant::Tile(TileBlock::new(64, 128, 4, 8, 4)),
+            GemmVariant::Tile(TileBlock::new(128, 64, 8, 4, 4)),
+            GemmVariant::Tile(TileBlock::new(128, 128, 8, 8, 2)),
         ],
     }
 }
@@ -710,19 +690,9 @@ fn zero(order: GemmOrder) -> &'static str {
 /// point `gemm`. With `quantised`, direct and window blocks read the weights block by block
 /// (after weights_quant.wgsl, quant.wgsl and quant_blocks.wgsl).
 pub(crate) fn generate(variant: GemmVariant, order: GemmOrder, quantised: bool) -> String {
-    let direct = |rows, cols, lanes, source| direct(rows, cols, lanes, order, source, quantised);
-    match variant {
-        GemmVariant::Direct { rows, cols, lanes }
-        | GemmVariant::Window { rows, cols, lanes }
-        | GemmVariant::Texture { rows, cols, lanes } => direct(rows, cols, lanes, variant.source()),
-        GemmVariant::Tiled { bk4 } => tiled(TileShape::wide(32, 4, bk4), order),
-        GemmVariant::TiledWide { cols, tn, bk4 } => tiled(TileShape::wide(cols, tn, bk4), order),
-        GemmVariant::Tile { rows, cols, tm, tn, bk4 } => {
-            tiled(TileShape { rows, cols, tm, tn, bk4, f16: false }, order)
-        }
-        GemmVariant::TileF16 { rows, cols, tm, tn, bk4 } => {
-            tiled(TileShape { rows, cols, tm, tn, bk4, f16: true }, order)
-        }
+    match variant.shape() {
+        Shape::Lanes(b) => direct(b.rows, b.cols, b.lanes, order, variant.source(), quantised),
+        Shape::Tile { tile, f16 } => tiled(tile, f16, order),
     }
 }
 
@@ -986,23 +956,14 @@ fn k_step(
     let _ = writeln!(s, "{indent}}}");
 }
 
-/// A tiled variant's workgroup-memory tile (see [`GemmVariant::Tile`]).
+/// The two kernel shapes the variants are generated from.
 #[derive(Clone, Copy, Debug)]
-struct TileShape {
-    rows: u32,
-    cols: u32,
-    tm: u32,
-    tn: u32,
-    bk4: u32,
-    /// Staged as f16 (packed by `pack2x16float`) instead of f32.
-    f16: bool,
-}
-
-impl TileShape {
-    /// 32 rows × `cols`, 4 × `tn` per invocation ([`GemmVariant::Tiled`] is `wide(32, 4, bk4)`).
-    fn wide(cols: u32, tn: u32, bk4: u32) -> Self {
-        TileShape { rows: 32, cols, tm: 4, tn, bk4, f16: false }
-    }
+enum Shape {
+    /// A lane block (direct, window and texture variants), no workgroup memory.
+    Lanes(LaneBlock),
+    /// A workgroup-memory tile (every tiled variant), staged as f16 (packed by
+    /// `pack2x16float`) or as f32.
+    Tile { tile: TileBlock, f16: bool },
 }
 
 /// vec4 per row of a staged tile: `bk4` rounded up to an odd count, so that invocations reading
@@ -1013,8 +974,8 @@ fn tile_stride(bk4: u32) -> u32 {
 }
 
 /// The tiled kernel on `t.rows` × `t.cols` tiles, `t.tm` × `t.tn` outputs per invocation.
-fn tiled(t: TileShape, order: GemmOrder) -> String {
-    let TileShape { rows, cols, tm, tn, bk4, f16 } = t;
+fn tiled(t: TileBlock, f16: bool, order: GemmOrder) -> String {
+    let TileBlock { rows, cols, tm, tn, bk4 } = t;
     // A staged group of four: a vec4 of f32, or four f16 packed in two words (rounded to nearest
     // even by stage_f16, widened back exactly by unstage_f16).
     let (group, staged) = if f16 {

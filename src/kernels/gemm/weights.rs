@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::quantised::{self, NarrowScales, QuantisedValues};
 use super::texture::TextureWeights;
-use super::{AdapterKind, FfnKernels, GemmOrder, PARAMS_BYTES, Params, UNPACK};
+use super::{AdapterKind, FfnKernels, GemmOrder, PARAMS_BYTES, Params, UNPACK, slots};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
@@ -670,10 +670,10 @@ impl ExpertWeights {
             let rows = chunk.experts.len() as u64 * chunk.cols.len() as u64;
             let groups = UNPACK.groups(rows * u64::from(self.k.div_ceil(4)))?;
             let bindings = [
-                Binding::new(0, p, PARAMS_BYTES),
-                Binding::new(2, &chunk.buffer, chunk.bytes),
-                Binding::new(3, &chunk.buffer, chunk.bytes),
-                Binding::new(6, &out, bytes),
+                Binding::new(slots::PARAMS, p, PARAMS_BYTES),
+                Binding::new(slots::W, &chunk.buffer, chunk.bytes),
+                Binding::new(slots::W_UP, &chunk.buffer, chunk.bytes),
+                Binding::new(slots::OUT, &out, bytes),
             ];
             dispatches.push(ctx.dispatch(&kernel, &bindings, ctx.grid(groups, "unpack weights")?)?);
         }
