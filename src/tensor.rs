@@ -16,11 +16,20 @@ pub enum DType {
     U32,
 }
 
+/// Bytes of one 32-bit word: an element of every [`DType`], and the unit moeflow's device
+/// buffers hold (f32 values, u32 indices and counts, packed weights).
+pub(crate) const WORD_BYTES: u64 = 4;
+
+/// Bytes of `n` 32-bit words.
+pub(crate) const fn word_bytes(n: u64) -> u64 {
+    n * WORD_BYTES
+}
+
 impl DType {
     /// Bytes per element.
     pub fn bytes(self) -> u64 {
         match self {
-            DType::F32 | DType::U32 => 4,
+            DType::F32 | DType::U32 => WORD_BYTES,
         }
     }
 

@@ -10,7 +10,7 @@ use common::contexts;
 use moeflow::bench::calibrate::calibrate;
 use moeflow::bench::comparison::Work;
 use moeflow::bench::record::Calibration;
-use moeflow::bench::routing::{FusedRoute, GateShare};
+use moeflow::bench::routing::{fused_route, gate_share};
 use moeflow::bench::{Case, Comparison, Settings, Size, SizeSet, Verdict, run_case, run_comparison};
 use moeflow::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use moeflow::{Context, Error, Result};
@@ -110,7 +110,7 @@ fn validation_runs_before_and_after_and_optionally_after_every_sample() {
 fn a_registered_comparison_records_blocks_on_both_clocks() {
     for ctx in contexts() {
         let size = Size::of(&[("M", 4), ("H", 64), ("E", 16), ("k", 2)]);
-        let case = FusedRoute.build(&ctx, &size, 1).unwrap();
+        let case = fused_route().build(&ctx, &size, 1).unwrap();
         let rec = run_case(&ctx, &size, &case, &quick(), &calibration()).unwrap();
         assert_eq!(rec.blocks_wall.len(), 3);
         assert!(rec.reps >= 1);
@@ -138,7 +138,7 @@ fn a_registered_comparison_records_blocks_on_both_clocks() {
 fn gate_share_times_the_routes_own_matvec_against_the_route() {
     for ctx in contexts() {
         let size = Size::of(&[("M", 5), ("H", 70), ("E", 13), ("k", 3)]);
-        let case = GateShare.build(&ctx, &size, 7).unwrap();
+        let case = gate_share().build(&ctx, &size, 7).unwrap();
         assert_eq!((case.a.dispatches(), case.b.dispatches()), (2, 1), "route, then its matvec alone");
         let rec = run_case(&ctx, &size, &case, &quick(), &calibration()).unwrap();
         assert!(rec.ratio.is_finite() && rec.ratio > 0.0);

@@ -12,6 +12,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::tensor::word_bytes;
 
 static COPY_SHADER: ShaderSource = ShaderSource {
     name: "probe/copy",
@@ -100,12 +101,15 @@ pub fn calibrate(ctx: &Context, set: SizeSet) -> Result<Calibration> {
     )?;
     let (copy_s, clock) = time(ctx, &d)?;
 
-    let sink = ctx.zeroed("fma sink", u64::from(invocations) * 4)?;
+    let sink = ctx.zeroed("fma sink", word_bytes(u64::from(invocations)))?;
     let fma_params = ctx.uniform("fma params", &Params { a: invocations, b: iters, pad: [0; 2] })?;
     let fma = ctx.kernel(&FMA, &[])?;
     let d = ctx.dispatch(
         &fma,
-        &[Binding::new(0, &fma_params, PARAMS_BYTES), Binding::new(1, &sink, u64::from(invocations) * 4)],
+        &[
+            Binding::new(0, &fma_params, PARAMS_BYTES),
+            Binding::new(1, &sink, word_bytes(u64::from(invocations))),
+        ],
         ctx.grid(FMA.groups(invocations.into())?, "fma probe")?,
     )?;
     let (fma_s, _) = time(ctx, &d)?;

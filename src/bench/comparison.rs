@@ -126,3 +126,43 @@ pub trait Comparison {
     /// features, device errors).
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case>;
 }
+
+/// The sizes of a set (`held_out`: the confirmation sizes).
+pub type SizesFn = Box<dyn Fn(SizeSet, bool) -> Vec<Size>>;
+
+/// Builds the case for one size with data from a seed.
+pub type BuildFn = Box<dyn Fn(&Context, &Size, u64) -> Result<Case>>;
+
+/// A comparison written as data: its names, its sizes and how one size is built. Most of
+/// moeflow's comparisons are values of it (each module's functions return them); the trait is
+/// for comparisons whose configuration is a type of its own.
+pub struct Registered {
+    /// Stable name, e.g. `route/fused-vs-unfused`.
+    pub name: &'static str,
+    /// One sentence: what is compared and why.
+    pub description: &'static str,
+    /// Names of variants A and B.
+    pub variants: (&'static str, &'static str),
+    /// Sizes per set.
+    pub sizes: SizesFn,
+    /// One size's case.
+    pub build: BuildFn,
+}
+
+impl Comparison for Registered {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn description(&self) -> &'static str {
+        self.description
+    }
+    fn variants(&self) -> (&'static str, &'static str) {
+        self.variants
+    }
+    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
+        (self.sizes)(set, held_out)
+    }
+    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+        (self.build)(ctx, size, seed)
+    }
+}

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::layer::{MoeConfig, MoeLayer};
 use crate::reference::dag as reference;
 use crate::synth::Synth;
+use crate::tensor::word_bytes;
 
 /// Rows of the chain: 32 one-row tiles, as in the experiment.
 const ROWS: u32 = 32;
@@ -378,7 +379,7 @@ impl Comparison for MoeComparison {
         let mut queues = Vec::new();
         let mut notes = Vec::new();
         for side in [self.a, self.b] {
-            let y = ctx.zeroed("y", u64::from(m * h) * 4)?;
+            let y = ctx.zeroed("y", word_bytes(u64::from(m * h)))?;
             let work = match side {
                 MoeSide::Staged => layer.plan(ctx, layer.io(&xb, &y, m)?)?.dispatches_at(m)?,
                 MoeSide::Passes(tasks) => {

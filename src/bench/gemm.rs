@@ -1,7 +1,7 @@
 //! Expert-projection comparisons: grouped GEMM against a dense GEMM of equal FLOPs, against
 //! the bucketed path with overflow, and the row-wise decode path against the grouped one.
 
-use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use super::comparison::{Case, Comparison, Registered, Size, SizeSet, Work};
 use super::dispatch::skewed_indices;
 use crate::bits::bit_identical;
 use crate::context::{BoundsChecks, Context};
@@ -14,6 +14,7 @@ use crate::kernels::gemm::{
 use crate::pipeline::Dispatch;
 use crate::reference::gemm as reference;
 use crate::synth::Synth;
+use crate::tensor::word_bytes;
 
 /// Entries checked against the CPU reference at each validation (first and last ones).
 const CHECKED_ENTRIES: usize = 8;
@@ -193,176 +194,154 @@ fn gemm_sizes(set: SizeSet, held_out: bool, decode: bool) -> Vec<Size> {
 }
 
 /// Grouped GEMM (B) against three dense GEMMs of the same FLOPs (A).
-pub struct GroupedVsDense;
+pub fn grouped_vs_dense() -> Registered {
+    Registered {
+        name: "gemm/grouped-vs-dense",
+        description: "SwiGLU expert FFN as padded-tile grouped GEMMs with the dispatch (B) against dense GEMMs of \
+                      the same FLOPs on one weight matrix (A): the throughput yardstick",
+        variants: ("dense", "grouped"),
+        sizes: Box::new(|set, held_out| gemm_sizes(set, held_out, false)),
+        build: Box::new(build_grouped_vs_dense),
+    }
+}
 
-impl Comparison for GroupedVsDense {
-    fn name(&self) -> &'static str {
-        "gemm/grouped-vs-dense"
-    }
-    fn description(&self) -> &'static str {
-        "SwiGLU expert FFN as padded-tile grouped GEMMs with the dispatch (B) against dense GEMMs of \
-         the same FLOPs on one weight matrix (A): the throughput yardstick"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("dense", "grouped")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        gemm_sizes(set, held_out, false)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
-        let partial = ctx.zeroed("partial", u64::from(p.entries() * p.h) * 4)?;
-        let b = grouped(ctx, &p, &ffn, &x, &idx, &partial)?;
-        // Dense: [entries, H] x [F, H]^T twice, then [entries, F] x [H, F]^T.
-        let rows = p.entries();
-        let xd = ctx.upload("dense x", &Synth::new(seed + 1).uniform((rows * p.f.max(p.h)) as usize, 1.0))?;
-        let one =
-            |d: &[f32], n, k| ExpertWeights::from_f32(ctx, &d[..(n * k) as usize], WeightDtype::F32, 1, n, k);
-        let (wg, wu, wd) = (one(&p.gate, p.f, p.h)?, one(&p.up, p.f, p.h)?, one(&p.down, p.h, p.f)?);
-        let (yg, yu, yd) = (
-            ctx.zeroed("dense gate", u64::from(rows * p.f) * 4)?,
-            ctx.zeroed("dense up", u64::from(rows * p.f) * 4)?,
-            ctx.zeroed("dense down", u64::from(rows * p.h) * 4)?,
-        );
-        let kernels = ffn.kernels(ctx);
-        let dense = DenseKernel::Block(kernels.down);
-        let order = kernels.order;
-        let mut a = plan_dense(ctx, &wg, rows, &xd, &yg, dense, order)?.into_dispatches();
-        a.extend(plan_dense(ctx, &wu, rows, &xd, &yu, dense, order)?.into_dispatches());
-        a.extend(plan_dense(ctx, &wd, rows, &xd, &yd, dense, order)?.into_dispatches());
-        let (flops, tokens) = (p.flops(), p.tokens);
-        let validate = move |ctx: &Context| p.check(ctx, &partial, "grouped").map(|_| ());
-        Ok(Case {
-            a: Work::Gpu(a),
-            b: Work::Gpu(b),
-            flops,
-            bytes: 0.0,
-            tokens,
-            validate: Box::new(validate),
-            note: None,
-        })
-    }
+fn build_grouped_vs_dense(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
+    let partial = ctx.zeroed("partial", word_bytes(u64::from(p.entries() * p.h)))?;
+    let b = grouped(ctx, &p, &ffn, &x, &idx, &partial)?;
+    // Dense: [entries, H] x [F, H]^T twice, then [entries, F] x [H, F]^T.
+    let rows = p.entries();
+    let xd = ctx.upload("dense x", &Synth::new(seed + 1).uniform((rows * p.f.max(p.h)) as usize, 1.0))?;
+    let one =
+        |d: &[f32], n, k| ExpertWeights::from_f32(ctx, &d[..(n * k) as usize], WeightDtype::F32, 1, n, k);
+    let (wg, wu, wd) = (one(&p.gate, p.f, p.h)?, one(&p.up, p.f, p.h)?, one(&p.down, p.h, p.f)?);
+    let (yg, yu, yd) = (
+        ctx.zeroed("dense gate", word_bytes(u64::from(rows * p.f)))?,
+        ctx.zeroed("dense up", word_bytes(u64::from(rows * p.f)))?,
+        ctx.zeroed("dense down", word_bytes(u64::from(rows * p.h)))?,
+    );
+    let kernels = ffn.kernels(ctx);
+    let dense = DenseKernel::Block(kernels.down);
+    let order = kernels.order;
+    let mut a = plan_dense(ctx, &wg, rows, &xd, &yg, dense, order)?.into_dispatches();
+    a.extend(plan_dense(ctx, &wu, rows, &xd, &yu, dense, order)?.into_dispatches());
+    a.extend(plan_dense(ctx, &wd, rows, &xd, &yd, dense, order)?.into_dispatches());
+    let (flops, tokens) = (p.flops(), p.tokens);
+    let validate = move |ctx: &Context| p.check(ctx, &partial, "grouped").map(|_| ());
+    Ok(Case {
+        a: Work::Gpu(a),
+        b: Work::Gpu(b),
+        flops,
+        bytes: 0.0,
+        tokens,
+        validate: Box::new(validate),
+        note: None,
+    })
 }
 
 /// Grouped GEMM (B) against seed 000's path (A): one grouped matmul per bucket with a bound of
 /// the mean load, plus a row-wise overflow pass. Outputs are bitwise equal.
-pub struct GroupedVsBucketed;
-
-impl Comparison for GroupedVsBucketed {
-    fn name(&self) -> &'static str {
-        "gemm/grouped-vs-bucketed"
-    }
-    fn description(&self) -> &'static str {
-        "padded-tile grouped GEMM (B) against per-bucket grouped matmuls bounded at the mean load \
-         with an overflow pass (A); both include their dispatch, outputs bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("bucketed", "grouped")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        gemm_sizes(set, held_out, false)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
-        let bytes = u64::from(p.entries() * p.h) * 4;
-        let (pa, pb) = (ctx.zeroed("bucketed partial", bytes)?, ctx.zeroed("grouped partial", bytes)?);
-        let b = grouped(ctx, &p, &ffn, &x, &idx, &pb)?;
-        let bound = p.entries().div_ceil(p.e).max(1);
-        let buckets = BucketLayout::new(
-            ctx,
-            BucketConfig { n_caps: p.e, bound, policy: OverflowPolicy::Overflow },
-            p.entries(),
-        )?;
-        let mut a = buckets.plan(ctx, &idx)?;
-        let bufs = FfnBuffers { x: (&x).into(), indices: (&idx).into(), partial: (&pa).into() };
-        a.extend(
-            plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Bucketed(&buckets))?.into_dispatches(),
-        );
-        let (flops, tokens) = (p.flops(), p.tokens);
-        let validate = move |ctx: &Context| p.check_pair(ctx, (&pa, "bucketed"), (&pb, "grouped"));
-        Ok(Case {
-            a: Work::Gpu(a),
-            b: Work::Gpu(b),
-            flops,
-            bytes: 0.0,
-            tokens,
-            validate: Box::new(validate),
-            note: None,
-        })
+pub fn grouped_vs_bucketed() -> Registered {
+    Registered {
+        name: "gemm/grouped-vs-bucketed",
+        description: "padded-tile grouped GEMM (B) against per-bucket grouped matmuls bounded at the mean load \
+                      with an overflow pass (A); both include their dispatch, outputs bitwise equal",
+        variants: ("bucketed", "grouped"),
+        sizes: Box::new(|set, held_out| gemm_sizes(set, held_out, false)),
+        build: Box::new(build_grouped_vs_bucketed),
     }
 }
 
-/// Row-wise decode path (B) against the grouped path with its dispatch (A) at decode sizes.
-pub struct DecodeVsGrouped;
+fn build_grouped_vs_bucketed(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
+    let bytes = word_bytes(u64::from(p.entries() * p.h));
+    let (pa, pb) = (ctx.zeroed("bucketed partial", bytes)?, ctx.zeroed("grouped partial", bytes)?);
+    let b = grouped(ctx, &p, &ffn, &x, &idx, &pb)?;
+    let bound = p.entries().div_ceil(p.e).max(1);
+    let buckets = BucketLayout::new(
+        ctx,
+        BucketConfig { n_caps: p.e, bound, policy: OverflowPolicy::Overflow },
+        p.entries(),
+    )?;
+    let mut a = buckets.plan(ctx, &idx)?;
+    let bufs = FfnBuffers { x: (&x).into(), indices: (&idx).into(), partial: (&pa).into() };
+    a.extend(plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Bucketed(&buckets))?.into_dispatches());
+    let (flops, tokens) = (p.flops(), p.tokens);
+    let validate = move |ctx: &Context| p.check_pair(ctx, (&pa, "bucketed"), (&pb, "grouped"));
+    Ok(Case {
+        a: Work::Gpu(a),
+        b: Work::Gpu(b),
+        flops,
+        bytes: 0.0,
+        tokens,
+        validate: Box::new(validate),
+        note: None,
+    })
+}
 
-impl Comparison for DecodeVsGrouped {
-    fn name(&self) -> &'static str {
-        "gemm/decode-vs-grouped"
+/// Row-wise decode path (B) against the grouped path with its dispatch (A) at decode sizes.
+pub fn decode_vs_grouped() -> Registered {
+    Registered {
+        name: "gemm/decode-vs-grouped",
+        description: "row-wise expert FFN over the routed entries (B) against dispatch + grouped GEMM (A) for a \
+                      few tokens; bandwidth counts the selected experts' weights; outputs bitwise equal",
+        variants: ("grouped", "decode"),
+        sizes: Box::new(|set, held_out| gemm_sizes(set, held_out, true)),
+        build: Box::new(build_decode_vs_grouped),
     }
-    fn description(&self) -> &'static str {
-        "row-wise expert FFN over the routed entries (B) against dispatch + grouped GEMM (A) for a \
-         few tokens; bandwidth counts the selected experts' weights; outputs bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("grouped", "decode")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        gemm_sizes(set, held_out, true)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
-        let bytes = u64::from(p.entries() * p.h) * 4;
-        let (pa, pb) = (ctx.zeroed("grouped partial", bytes)?, ctx.zeroed("decode partial", bytes)?);
-        let a = grouped(ctx, &p, &ffn, &x, &idx, &pa)?;
-        let bufs = FfnBuffers { x: (&x).into(), indices: (&idx).into(), partial: (&pb).into() };
-        let b = plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Decode)?.into_dispatches();
-        let mut distinct = p.idx.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let weight_bytes = 3.0 * 4.0 * distinct.len() as f64 * f64::from(p.h) * f64::from(p.f);
-        let (flops, tokens) = (p.flops(), p.tokens);
-        let validate = move |ctx: &Context| p.check_pair(ctx, (&pb, "decode"), (&pa, "grouped"));
-        Ok(Case {
-            a: Work::Gpu(a),
-            b: Work::Gpu(b),
-            flops,
-            bytes: weight_bytes,
-            tokens,
-            validate: Box::new(validate),
-            note: None,
-        })
-    }
+}
+
+fn build_decode_vs_grouped(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let (p, ffn, x, idx) = Problem::setup(ctx, size, seed)?;
+    let bytes = word_bytes(u64::from(p.entries() * p.h));
+    let (pa, pb) = (ctx.zeroed("grouped partial", bytes)?, ctx.zeroed("decode partial", bytes)?);
+    let a = grouped(ctx, &p, &ffn, &x, &idx, &pa)?;
+    let bufs = FfnBuffers { x: (&x).into(), indices: (&idx).into(), partial: (&pb).into() };
+    let b = plan_ffn(ctx, &ffn, p.tokens, p.k, &bufs, FfnRouting::Decode)?.into_dispatches();
+    let mut distinct = p.idx.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let weight_bytes = 3.0 * 4.0 * distinct.len() as f64 * f64::from(p.h) * f64::from(p.f);
+    let (flops, tokens) = (p.flops(), p.tokens);
+    let validate = move |ctx: &Context| p.check_pair(ctx, (&pb, "decode"), (&pa, "grouped"));
+    Ok(Case {
+        a: Work::Gpu(a),
+        b: Work::Gpu(b),
+        flops,
+        bytes: weight_bytes,
+        tokens,
+        validate: Box::new(validate),
+        note: None,
+    })
 }
 
 /// The dense GEMM through the adapter's default block kernel (B) against one output per
 /// invocation read straight from memory (A). Bit-identical outputs.
-pub struct TiledVsRowwise;
+pub fn tiled_vs_rowwise() -> Registered {
+    Registered {
+        name: "gemm/block-vs-rowwise-dense",
+        description: "dense GEMM with the adapter's default block kernel (B: 16x8 register blocks reading x from \
+                      uniform windows on CPU adapters, 32x32 workgroup-memory tiles elsewhere) against one output \
+                      per invocation (A); bit-identical",
+        variants: ("rowwise", "block"),
+        sizes: Box::new(tiled_vs_rowwise_sizes),
+        build: Box::new(build_tiled_vs_rowwise),
+    }
+}
 
-impl Comparison for TiledVsRowwise {
-    fn name(&self) -> &'static str {
-        "gemm/block-vs-rowwise-dense"
-    }
-    fn description(&self) -> &'static str {
-        "dense GEMM with the adapter's default block kernel (B: 16x8 register blocks reading x from \
-         uniform windows on CPU adapters, 32x32 workgroup-memory tiles elsewhere) against one output \
-         per invocation (A); bit-identical"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("rowwise", "block")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        let shapes: &[(u32, u32, u32)] = match (set, held_out) {
-            (SizeSet::Gpu, false) => &[(4096, 512, 1024), (4096, 1024, 512)],
-            (SizeSet::Gpu, true) => &[(2048, 2048, 1024)],
-            (SizeSet::Cpu, false) => &[(256, 128, 256), (256, 256, 128)],
-            (SizeSet::Cpu, true) => &[(512, 128, 256)],
-        };
-        shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let block = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict).down;
-        dense_pair(ctx, size, seed, DenseKernel::Rowwise, DenseKernel::Block(block))
-    }
+fn tiled_vs_rowwise_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
+    let shapes: &[(u32, u32, u32)] = match (set, held_out) {
+        (SizeSet::Gpu, false) => &[(4096, 512, 1024), (4096, 1024, 512)],
+        (SizeSet::Gpu, true) => &[(2048, 2048, 1024)],
+        (SizeSet::Cpu, false) => &[(256, 128, 256), (256, 256, 128)],
+        (SizeSet::Cpu, true) => &[(512, 128, 256)],
+    };
+    shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
+}
+
+fn build_tiled_vs_rowwise(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let block = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict).down;
+    dense_pair(ctx, size, seed, DenseKernel::Rowwise, DenseKernel::Block(block))
 }
 
 /// Dense GEMMs `y = x . w^T` of one f32 weight matrix (`rows`, `N`, `K` from `size`) with
@@ -374,7 +353,7 @@ fn dense_pair(ctx: &Context, size: &Size, seed: u64, a: DenseKernel, b: DenseKer
     let (x, w) = (s.uniform((rows * k) as usize, 1.0), s.uniform((n * k) as usize, 1.0 / (k as f32).sqrt()));
     let weights = ExpertWeights::from_f32(ctx, &w, WeightDtype::F32, 1, n, k)?;
     let xb = ctx.upload("x", &x)?;
-    let bytes = u64::from(rows * n) * 4;
+    let bytes = word_bytes(u64::from(rows * n));
     let (ya, yb) = (ctx.zeroed("y A", bytes)?, ctx.zeroed("y B", bytes)?);
     let plan = |kernel, y| plan_dense(ctx, &weights, rows, &xb, y, kernel, GemmOrder::Strict);
     let (wa, wb) = (plan(a, &ya)?.into_dispatches(), plan(b, &yb)?.into_dispatches());
@@ -415,39 +394,37 @@ fn dense_pair(ctx: &Context, size: &Size, seed: u64, a: DenseKernel, b: DenseKer
 /// The dense GEMM with the widest block candidate (B: window 32 x 4 blocks on CPU adapters,
 /// tiles with a 64-deep K chunk elsewhere) against the adapter's default block (A), strict
 /// order; bitwise equal. The dense target of the kernel work is read from B.
-pub struct DenseWideVsDefault;
+pub fn dense_wide_vs_default() -> Registered {
+    Registered {
+        name: "gemm/dense-wide-vs-default",
+        description: "dense GEMM y = x . w^T on one f32 weight matrix with the widest block candidate (B: window \
+                      32x4 register blocks on CPU adapters, 32x32 tiles with a 64-deep K chunk elsewhere) against \
+                      the adapter's default block (A), strict order; bitwise equal",
+        variants: ("default", "wide"),
+        sizes: Box::new(dense_wide_vs_default_sizes),
+        build: Box::new(build_dense_wide_vs_default),
+    }
+}
 
-impl Comparison for DenseWideVsDefault {
-    fn name(&self) -> &'static str {
-        "gemm/dense-wide-vs-default"
-    }
-    fn description(&self) -> &'static str {
-        "dense GEMM y = x . w^T on one f32 weight matrix with the widest block candidate (B: window \
-         32x4 register blocks on CPU adapters, 32x32 tiles with a 64-deep K chunk elsewhere) against \
-         the adapter's default block (A), strict order; bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("default", "wide")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        let shapes: &[(u32, u32, u32)] = match (set, held_out) {
-            (SizeSet::Gpu, false) => &[(4096, 1024, 512), (4096, 4096, 1024)],
-            (SizeSet::Gpu, true) => &[(2048, 2048, 2048)],
-            (SizeSet::Cpu, false) => &[(256, 1024, 512)],
-            (SizeSet::Cpu, true) => &[(384, 768, 512)],
-        };
-        shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let kind = AdapterKind::of(ctx.adapter());
-        let default = FfnKernels::default_for(kind, GemmOrder::Strict).down;
-        let wide = if ctx.adapter().is_cpu() {
-            GemmVariant::Window(LaneBlock::new(32, 4, 8))
-        } else {
-            GemmVariant::Tiled { bk4: 16 }
-        };
-        dense_pair(ctx, size, seed, DenseKernel::Block(default), DenseKernel::Block(wide))
-    }
+fn dense_wide_vs_default_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
+    let shapes: &[(u32, u32, u32)] = match (set, held_out) {
+        (SizeSet::Gpu, false) => &[(4096, 1024, 512), (4096, 4096, 1024)],
+        (SizeSet::Gpu, true) => &[(2048, 2048, 2048)],
+        (SizeSet::Cpu, false) => &[(256, 1024, 512)],
+        (SizeSet::Cpu, true) => &[(384, 768, 512)],
+    };
+    shapes.iter().map(|&(r, n, k)| Size::of(&[("rows", r), ("N", n), ("K", k)])).collect()
+}
+
+fn build_dense_wide_vs_default(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let kind = AdapterKind::of(ctx.adapter());
+    let default = FfnKernels::default_for(kind, GemmOrder::Strict).down;
+    let wide = if ctx.adapter().is_cpu() {
+        GemmVariant::Window(LaneBlock::new(32, 4, 8))
+    } else {
+        GemmVariant::Tiled { bk4: 16 }
+    };
+    dense_pair(ctx, size, seed, DenseKernel::Block(default), DenseKernel::Block(wide))
 }
 
 /// The layer-shape sizes of the GEMM mode and variant comparisons: the peers' layer
@@ -475,7 +452,7 @@ struct PairBuffers {
 
 impl PairBuffers {
     fn new(ctx: &Context, p: &Problem) -> Result<Self> {
-        let bytes = u64::from(p.entries() * p.h) * 4;
+        let bytes = word_bytes(u64::from(p.entries() * p.h));
         Ok(PairBuffers {
             x: ctx.upload("x", &p.x)?,
             idx: ctx.upload("indices", &p.idx)?,
@@ -544,64 +521,52 @@ fn grouped_pair(ctx: &Context, size: &Size, seed: u64, a: FfnKernels, b: FfnKern
 
 /// The grouped FFN in the fast order (B) against the strict order (A), same variants: what the
 /// strict order costs.
-pub struct FastVsStrict;
+pub fn fast_vs_strict() -> Registered {
+    Registered {
+        name: "gemm/fast-vs-strict",
+        description: "grouped expert FFN with one accumulator per output (B, GemmOrder::Fast) against four lane \
+                      accumulators (A, GemmOrder::Strict), the adapter's default variants: the cost of the strict order",
+        variants: ("strict", "fast"),
+        sizes: Box::new(layer_shape_sizes),
+        build: Box::new(build_fast_vs_strict),
+    }
+}
 
-impl Comparison for FastVsStrict {
-    fn name(&self) -> &'static str {
-        "gemm/fast-vs-strict"
-    }
-    fn description(&self) -> &'static str {
-        "grouped expert FFN with one accumulator per output (B, GemmOrder::Fast) against four lane \
-         accumulators (A, GemmOrder::Strict), the adapter's default variants: the cost of the strict order"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("strict", "fast")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        layer_shape_sizes(set, held_out)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let a = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-        grouped_pair(ctx, size, seed, a, FfnKernels { order: GemmOrder::Fast, ..a })
-    }
+fn build_fast_vs_strict(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let a = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
+    grouped_pair(ctx, size, seed, a, FfnKernels { order: GemmOrder::Fast, ..a })
 }
 
 /// The grouped FFN with the GEMM modules built without runtime bounds checks (B, the default)
 /// against the same kernels built with them (A): what the checks cost.
-pub struct UncheckedVsChecked;
+pub fn unchecked_vs_checked() -> Registered {
+    Registered {
+        name: "gemm/unchecked-vs-checked",
+        description: "grouped expert FFN, the adapter's default variants, strict order, built without runtime bounds \
+                      checks (B, BoundsChecks::WhereUnproven) against every module built with them (A, \
+                      BoundsChecks::Everywhere); bitwise equal",
+        variants: ("checked", "unchecked"),
+        sizes: Box::new(layer_shape_sizes),
+        build: Box::new(build_unchecked_vs_checked),
+    }
+}
 
-impl Comparison for UncheckedVsChecked {
-    fn name(&self) -> &'static str {
-        "gemm/unchecked-vs-checked"
-    }
-    fn description(&self) -> &'static str {
-        "grouped expert FFN, the adapter's default variants, strict order, built without runtime bounds \
-         checks (B, BoundsChecks::WhereUnproven) against every module built with them (A, \
-         BoundsChecks::Everywhere); bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("checked", "unchecked")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        layer_shape_sizes(set, held_out)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let kernels = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-        let p = Problem::new(size, seed);
-        let ffn = p.ffn_with(ctx, kernels)?;
-        let bufs = PairBuffers::new(ctx, &p)?;
-        // The context's choice applies to the pipelines built while it holds.
-        let before = ctx.bounds_checks();
-        ctx.set_bounds_checks(BoundsChecks::Everywhere);
-        let wa = bufs.grouped(ctx, &p, &ffn, false);
-        ctx.set_bounds_checks(BoundsChecks::WhereUnproven);
-        let wb = bufs.grouped(ctx, &p, &ffn, true);
-        ctx.set_bounds_checks(before);
-        let note = format!("{} / {} {:?}", kernels.up.name(), kernels.down.name(), kernels.order);
-        Ok(bufs.case(p, (wa?, wb?), note, |p, bufs, ctx| {
-            p.check_pair(ctx, (&bufs.a, "checked"), (&bufs.b, "unchecked"))
-        }))
-    }
+fn build_unchecked_vs_checked(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let kernels = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
+    let p = Problem::new(size, seed);
+    let ffn = p.ffn_with(ctx, kernels)?;
+    let bufs = PairBuffers::new(ctx, &p)?;
+    // The context's choice applies to the pipelines built while it holds.
+    let before = ctx.bounds_checks();
+    ctx.set_bounds_checks(BoundsChecks::Everywhere);
+    let wa = bufs.grouped(ctx, &p, &ffn, false);
+    ctx.set_bounds_checks(BoundsChecks::WhereUnproven);
+    let wb = bufs.grouped(ctx, &p, &ffn, true);
+    ctx.set_bounds_checks(before);
+    let note = format!("{} / {} {:?}", kernels.up.name(), kernels.down.name(), kernels.order);
+    Ok(bufs.case(p, (wa?, wb?), note, |p, bufs, ctx| {
+        p.check_pair(ctx, (&bufs.a, "checked"), (&bufs.b, "unchecked"))
+    }))
 }
 
 /// The grouped FFN on another workgroup-memory tile (B) against the GPU default, `Tiled`'s
@@ -676,55 +641,43 @@ impl Comparison for TileVsTile {
 }
 
 /// The grouped FFN with direct (CPU-shaped) blocks (B) against workgroup-memory tiles (A).
-pub struct DirectVsTiled;
+pub fn direct_vs_tiled() -> Registered {
+    Registered {
+        name: "gemm/direct-vs-tiled",
+        description: "grouped expert FFN with direct 16x8 register blocks of 8 lanes, no workgroup memory (B), \
+                      against 32x32 workgroup-memory tiles of 4x4 blocks (A), strict order; bitwise equal",
+        variants: ("tiled", "direct"),
+        sizes: Box::new(layer_shape_sizes),
+        build: Box::new(build_direct_vs_tiled),
+    }
+}
 
-impl Comparison for DirectVsTiled {
-    fn name(&self) -> &'static str {
-        "gemm/direct-vs-tiled"
-    }
-    fn description(&self) -> &'static str {
-        "grouped expert FFN with direct 16x8 register blocks of 8 lanes, no workgroup memory (B), \
-         against 32x32 workgroup-memory tiles of 4x4 blocks (A), strict order; bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("tiled", "direct")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        layer_shape_sizes(set, held_out)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let tiled = GemmVariant::Tiled { bk4: 8 };
-        let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
-        let a = FfnKernels { order: GemmOrder::Strict, up: tiled, down: tiled };
-        grouped_pair(ctx, size, seed, a, FfnKernels { up: direct, down: direct, ..a })
-    }
+fn build_direct_vs_tiled(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let tiled = GemmVariant::Tiled { bk4: 8 };
+    let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
+    let a = FfnKernels { order: GemmOrder::Strict, up: tiled, down: tiled };
+    grouped_pair(ctx, size, seed, a, FfnKernels { up: direct, down: direct, ..a })
 }
 
 /// The grouped FFN with window blocks (B: x read from uniform-buffer windows a staging pass
 /// fills) against the same direct blocks reading x from storage (A).
-pub struct WindowVsDirect;
+pub fn window_vs_direct() -> Registered {
+    Registered {
+        name: "gemm/window-vs-direct",
+        description: "grouped expert FFN with 16x8 register blocks of 8 lanes reading x from uniform-buffer \
+                      windows filled by a staging pass (B) against the same blocks reading x from storage (A), \
+                      strict order; bitwise equal",
+        variants: ("direct", "window"),
+        sizes: Box::new(layer_shape_sizes),
+        build: Box::new(build_window_vs_direct),
+    }
+}
 
-impl Comparison for WindowVsDirect {
-    fn name(&self) -> &'static str {
-        "gemm/window-vs-direct"
-    }
-    fn description(&self) -> &'static str {
-        "grouped expert FFN with 16x8 register blocks of 8 lanes reading x from uniform-buffer \
-         windows filled by a staging pass (B) against the same blocks reading x from storage (A), \
-         strict order; bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("direct", "window")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        layer_shape_sizes(set, held_out)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
-        let window = GemmVariant::Window(LaneBlock::new(16, 8, 8));
-        let a = FfnKernels { order: GemmOrder::Strict, up: direct, down: direct };
-        grouped_pair(ctx, size, seed, a, FfnKernels { up: window, down: window, ..a })
-    }
+fn build_window_vs_direct(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
+    let window = GemmVariant::Window(LaneBlock::new(16, 8, 8));
+    let a = FfnKernels { order: GemmOrder::Strict, up: direct, down: direct };
+    grouped_pair(ctx, size, seed, a, FfnKernels { up: window, down: window, ..a })
 }
 
 /// The texture blocks' columns on `ctx`: 8, or 4 on SwiftShader (whose compiler takes minutes
@@ -735,96 +688,78 @@ fn texture_cols(ctx: &Context) -> u32 {
 
 /// The grouped FFN with texture blocks (B: the weights read from texture copies made on the
 /// device) against the same window blocks reading the weights from storage (A).
-pub struct TextureVsWindow;
+pub fn texture_vs_window() -> Registered {
+    Registered {
+        name: "gemm/texture-vs-window",
+        description: "grouped expert FFN with 16x8 register blocks of 8 lanes (16x4 on SwiftShader) reading the \
+                      weights from texture copies (B) against the same blocks reading them from storage (A), x \
+                      from uniform windows in both, strict order; bitwise equal",
+        variants: ("window", "texture"),
+        sizes: Box::new(layer_shape_sizes),
+        build: Box::new(build_texture_vs_window),
+    }
+}
 
-impl Comparison for TextureVsWindow {
-    fn name(&self) -> &'static str {
-        "gemm/texture-vs-window"
-    }
-    fn description(&self) -> &'static str {
-        "grouped expert FFN with 16x8 register blocks of 8 lanes (16x4 on SwiftShader) reading the \
-         weights from texture copies (B) against the same blocks reading them from storage (A), x \
-         from uniform windows in both, strict order; bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("window", "texture")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        layer_shape_sizes(set, held_out)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let cols = texture_cols(ctx);
-        let window = GemmVariant::Window(LaneBlock::new(16, cols, 8));
-        let texture = GemmVariant::Texture(LaneBlock::new(16, cols, 8));
-        let a = FfnKernels { order: GemmOrder::Strict, up: window, down: window };
-        grouped_pair(ctx, size, seed, a, FfnKernels { up: texture, down: texture, ..a })
-    }
+fn build_texture_vs_window(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let cols = texture_cols(ctx);
+    let window = GemmVariant::Window(LaneBlock::new(16, cols, 8));
+    let texture = GemmVariant::Texture(LaneBlock::new(16, cols, 8));
+    let a = FfnKernels { order: GemmOrder::Strict, up: window, down: window };
+    grouped_pair(ctx, size, seed, a, FfnKernels { up: texture, down: texture, ..a })
 }
 
 /// The dense GEMM with texture blocks of 32 rows (B) against window 32 x 4 blocks (A, the
 /// widest storage-weight block), strict order; bitwise equal.
-pub struct DenseTextureVsWindow;
+pub fn dense_texture_vs_window() -> Registered {
+    Registered {
+        name: "gemm/dense-texture-vs-window",
+        description: "dense GEMM y = x . w^T on one f32 weight matrix with 32x8 register blocks (32x4 on \
+                      SwiftShader) reading the weights from a texture copy (B) against window 32x4 blocks reading \
+                      them from storage (A), strict order; bitwise equal",
+        variants: ("window", "texture"),
+        sizes: Box::new(dense_wide_vs_default_sizes),
+        build: Box::new(build_dense_texture_vs_window),
+    }
+}
 
-impl Comparison for DenseTextureVsWindow {
-    fn name(&self) -> &'static str {
-        "gemm/dense-texture-vs-window"
-    }
-    fn description(&self) -> &'static str {
-        "dense GEMM y = x . w^T on one f32 weight matrix with 32x8 register blocks (32x4 on \
-         SwiftShader) reading the weights from a texture copy (B) against window 32x4 blocks reading \
-         them from storage (A), strict order; bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("window", "texture")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        DenseWideVsDefault.sizes(set, held_out)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let window = GemmVariant::Window(LaneBlock::new(32, 4, 8));
-        let texture = GemmVariant::Texture(LaneBlock::new(32, texture_cols(ctx), 8));
-        dense_pair(ctx, size, seed, DenseKernel::Block(window), DenseKernel::Block(texture))
-    }
+fn build_dense_texture_vs_window(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let window = GemmVariant::Window(LaneBlock::new(32, 4, 8));
+    let texture = GemmVariant::Texture(LaneBlock::new(32, texture_cols(ctx), 8));
+    dense_pair(ctx, size, seed, DenseKernel::Block(window), DenseKernel::Block(texture))
 }
 
 /// The grouped FFN with the tuner's choice (B) against the adapter's fixed default (A); the
 /// note says which variants the tuner chose.
-pub struct TunedVsDefault;
+pub fn tuned_vs_default() -> Registered {
+    Registered {
+        name: "gemm/tuned-vs-default",
+        description: "grouped expert FFN with the variants the tuner picked on this adapter (B; the note names \
+                      them) against the adapter's fixed default (A), strict order; bitwise equal",
+        variants: ("default", "tuned"),
+        sizes: Box::new(layer_shape_sizes),
+        build: Box::new(build_tuned_vs_default),
+    }
+}
 
-impl Comparison for TunedVsDefault {
-    fn name(&self) -> &'static str {
-        "gemm/tuned-vs-default"
-    }
-    fn description(&self) -> &'static str {
-        "grouped expert FFN with the variants the tuner picked on this adapter (B; the note names \
-         them) against the adapter's fixed default (A), strict order; bitwise equal"
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("default", "tuned")
-    }
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        layer_shape_sizes(set, held_out)
-    }
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let a = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-        let p = Problem::new(size, seed);
-        let opts = TuneOptions { cache: None, ..TuneOptions::for_context(ctx) };
-        let tuned = tune(ctx, &p.ffn(ctx)?, GemmOrder::Strict, &opts)?;
-        let mut case = grouped_pair(ctx, size, seed, a, tuned.kernels)?;
-        let timings: Vec<String> = tuned
-            .timings
-            .iter()
-            .map(|(v, u, d)| format!("{} {:.1}/{:.1} ms", v.name(), u * 1e3, d * 1e3))
-            .collect();
-        case.note = Some(format!(
-            "tuned: up {}, down {} (up/down on every expert, 3/4 and 5/4 of {} rows alternately: {})",
-            tuned.kernels.up.name(),
-            tuned.kernels.down.name(),
-            opts.rows,
-            timings.join(", ")
-        ));
-        Ok(case)
-    }
+fn build_tuned_vs_default(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let a = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
+    let p = Problem::new(size, seed);
+    let opts = TuneOptions { cache: None, ..TuneOptions::for_context(ctx) };
+    let tuned = tune(ctx, &p.ffn(ctx)?, GemmOrder::Strict, &opts)?;
+    let mut case = grouped_pair(ctx, size, seed, a, tuned.kernels)?;
+    let timings: Vec<String> = tuned
+        .timings
+        .iter()
+        .map(|(v, u, d)| format!("{} {:.1}/{:.1} ms", v.name(), u * 1e3, d * 1e3))
+        .collect();
+    case.note = Some(format!(
+        "tuned: up {}, down {} (up/down on every expert, 3/4 and 5/4 of {} rows alternately: {})",
+        tuned.kernels.up.name(),
+        tuned.kernels.down.name(),
+        opts.rows,
+        timings.join(", ")
+    ));
+    Ok(case)
 }
 
 /// Quantised expert weights (B) against f16 weights (A) on one path: the row-wise decode path
@@ -912,7 +847,7 @@ impl Comparison for QuantVsF16 {
         };
         let (fa, fb) = (on_device(WeightDtype::F16)?, on_device(self.dtype)?);
         let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
-        let out_bytes = u64::from(p.entries() * p.h) * 4;
+        let out_bytes = word_bytes(u64::from(p.entries() * p.h));
         let (pa, pb) = (ctx.zeroed("partial A", out_bytes)?, ctx.zeroed("partial B", out_bytes)?);
         let work = |ffn: &ExpertFfn, partial: &wgpu::Buffer| -> Result<Vec<Dispatch>> {
             if self.decode {

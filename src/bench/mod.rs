@@ -19,7 +19,7 @@ pub mod verdict;
 /// The two clocks of a sample (moved to the crate root, where the tuner uses them too).
 pub use crate::timer;
 
-pub use comparison::{Case, Comparison, Size, SizeSet};
+pub use comparison::{Case, Comparison, Registered, Size, SizeSet};
 pub use record::{Calibration, RunRecord, Settings};
 pub use runner::{run_case, run_comparison};
 pub use timer::Sampler;
@@ -27,26 +27,28 @@ pub use verdict::{Block, Rules, Summary, Verdict};
 
 /// Every registered comparison, in matrix order.
 pub fn comparisons() -> Vec<Box<dyn Comparison>> {
-    let mut all: Vec<Box<dyn Comparison>> = vec![
-        Box::new(routing::FusedRoute),
-        Box::new(routing::GateShare),
-        Box::new(dispatch::DeviceDispatch),
-        Box::new(gemm::GroupedVsDense),
-        Box::new(gemm::GroupedVsBucketed),
-        Box::new(gemm::DecodeVsGrouped),
-        Box::new(gemm::TiledVsRowwise),
-        Box::new(gemm::FastVsStrict),
-        Box::new(gemm::UncheckedVsChecked),
-        Box::new(gemm::DirectVsTiled),
-        Box::new(gemm::WindowVsDirect),
-        Box::new(gemm::DenseWideVsDefault),
-        Box::new(gemm::TextureVsWindow),
-        Box::new(gemm::DenseTextureVsWindow),
-        Box::new(gemm::TunedVsDefault),
-        Box::new(layer::OneLaunchCombine),
-        Box::new(layer::LayerRoute),
-        Box::new(layer::LayerLive),
+    let registered = [
+        routing::fused_route(),
+        routing::gate_share(),
+        dispatch::device_dispatch(),
+        gemm::grouped_vs_dense(),
+        gemm::grouped_vs_bucketed(),
+        gemm::decode_vs_grouped(),
+        gemm::tiled_vs_rowwise(),
+        gemm::fast_vs_strict(),
+        gemm::unchecked_vs_checked(),
+        gemm::direct_vs_tiled(),
+        gemm::window_vs_direct(),
+        gemm::dense_wide_vs_default(),
+        gemm::texture_vs_window(),
+        gemm::dense_texture_vs_window(),
+        gemm::tuned_vs_default(),
+        layer::one_launch_combine(),
+        layer::layer_route(),
+        layer::layer_live(),
     ];
+    let mut all: Vec<Box<dyn Comparison>> =
+        registered.into_iter().map(|c| Box::new(c) as Box<dyn Comparison>).collect();
     all.extend(gemm::TileVsTile::all().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
     all.extend(gemm::QuantVsF16::all().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
     all.extend(dag::comparisons().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));

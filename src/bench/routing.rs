@@ -1,7 +1,7 @@
 //! Routing comparisons: fused vs unfused route, and the gate matvec's share of the unfused
 //! route (how much a fused route could save at most).
 
-use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use super::comparison::{Case, Registered, Size, SizeSet, Work};
 use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -9,15 +9,7 @@ use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::pipeline::Dispatch;
 use crate::reference::{routing as reference, within};
 use crate::synth::Synth;
-
-/// Fused route (one dispatch, logits in workgroup memory) against gate matvec + top-k.
-pub struct FusedRoute;
-
-/// The unfused route (gate matvec + top-k) against its gate matvec alone: B/A is the matvec's
-/// share of the route, and 1 - B/A what the top-k dispatch adds (its launch, the logits it
-/// reads back and the selection), the most a fused route can save unless its own matvec is
-/// faster. At E=256, k=8: why the fused route does or does not reach 1.3x.
-pub struct GateShare;
+use crate::tensor::word_bytes;
 
 /// The route sizes at E=256, k=8 (both route comparisons).
 fn route_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
@@ -65,12 +57,15 @@ impl RouteInputs {
     /// the (logits, indices, weights) buffers (no logits buffer where `mode` writes none).
     fn plan(&self, ctx: &Context, tag: &str, mode: RouteMode) -> Result<(Vec<Dispatch>, RouteOutputs)> {
         let (nl, ns) = self.counts();
-        let logits =
-            if mode.writes_logits() { Some(ctx.zeroed(&format!("{tag} logits"), nl * 4)?) } else { None };
+        let logits = if mode.writes_logits() {
+            Some(ctx.zeroed(&format!("{tag} logits"), word_bytes(nl))?)
+        } else {
+            None
+        };
         let out = RouteOutputs {
             logits,
-            indices: ctx.zeroed(&format!("{tag} indices"), ns * 4)?,
-            weights: ctx.zeroed(&format!("{tag} weights"), ns * 4)?,
+            indices: ctx.zeroed(&format!("{tag} indices"), word_bytes(ns))?,
+            weights: ctx.zeroed(&format!("{tag} weights"), word_bytes(ns))?,
         };
         let bufs = RouteBuffers {
             x: (&self.x).into(),
@@ -118,107 +113,96 @@ fn logits_of(out: &RouteOutputs) -> Result<&wgpu::Buffer> {
     out.logits.as_ref().ok_or_else(|| Error::invalid("the unfused route wrote no logits buffer"))
 }
 
-impl Comparison for FusedRoute {
-    fn name(&self) -> &'static str {
-        "route/fused-vs-unfused"
-    }
-
-    fn description(&self) -> &'static str {
-        "gate matvec + top-k in one dispatch (B) against two dispatches through a logits buffer (A); \
-         softmax, renormalised, bit-identical outputs"
-    }
-
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("unfused", "fused")
-    }
-
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        route_sizes(set, held_out)
-    }
-
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let inputs = RouteInputs::new(ctx, size, seed)?;
-        let (a, a_out) = inputs.plan(ctx, "A", RouteMode::Unfused)?;
-        let (b, b_out) = inputs.plan(ctx, "B", RouteMode::Fused { write_logits: false })?;
-        let (flops, input_bytes) = (inputs.flops(), inputs.input_bytes());
-        let (_, n) = inputs.counts();
-        let tokens = inputs.tokens;
-        let validate = move |ctx: &Context| -> Result<()> {
-            let n = n as usize;
-            let logits = inputs.checked_logits(ctx, logits_of(&a_out)?)?;
-            let (ref_idx, ref_w) = reference::topk(&inputs.cfg, &logits, None);
-            let (ai, aw): (Vec<u32>, Vec<f32>) =
-                (ctx.read_back(&a_out.indices, n)?, ctx.read_back(&a_out.weights, n)?);
-            if ai != ref_idx || aw.iter().zip(&ref_w).any(|(g, w)| !within(*g, *w)) {
-                return Err(Error::Validation("unfused top-k disagrees with the CPU reference".into()));
-            }
-            let (bi, bw): (Vec<u32>, Vec<f32>) =
-                (ctx.read_back(&b_out.indices, n)?, ctx.read_back(&b_out.weights, n)?);
-            if bi != ai || !bit_identical(&bw, &aw) {
-                return Err(Error::Validation("fused route is not bit-identical to unfused".into()));
-            }
-            Ok(())
-        };
-        Ok(Case {
-            a: Work::Gpu(a),
-            b: Work::Gpu(b),
-            flops,
-            bytes: input_bytes + 4.0 * 2.0 * n as f64,
-            tokens,
-            validate: Box::new(validate),
-            note: None,
-        })
+/// Fused route (one dispatch, logits in workgroup memory) against gate matvec + top-k.
+pub fn fused_route() -> Registered {
+    Registered {
+        name: "route/fused-vs-unfused",
+        description: "gate matvec + top-k in one dispatch (B) against two dispatches through a logits buffer (A); \
+                      softmax, renormalised, bit-identical outputs",
+        variants: ("unfused", "fused"),
+        sizes: Box::new(route_sizes),
+        build: Box::new(build_fused_route),
     }
 }
 
-impl Comparison for GateShare {
-    fn name(&self) -> &'static str {
-        "route/gate-share"
-    }
-
-    fn description(&self) -> &'static str {
-        "the unfused route's gate matvec alone (B) against the whole unfused route, matvec + top-k \
-         (A): B/A is the matvec's share, 1 - B/A the most a fused route can save; logits bit-identical"
-    }
-
-    fn variants(&self) -> (&'static str, &'static str) {
-        ("unfused route", "gate matvec")
-    }
-
-    fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
-        route_sizes(set, held_out)
-    }
-
-    fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let inputs = RouteInputs::new(ctx, size, seed)?;
-        let (a, a_out) = inputs.plan(ctx, "A", RouteMode::Unfused)?;
-        let (mut b, b_out) = inputs.plan(ctx, "B", RouteMode::Unfused)?;
-        // The unfused route is the gate matvec, then top-k; B keeps the matvec.
-        if b.len() != 2 {
-            return Err(Error::invalid(format!("the unfused route has {} dispatches, not 2", b.len())));
+fn build_fused_route(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let inputs = RouteInputs::new(ctx, size, seed)?;
+    let (a, a_out) = inputs.plan(ctx, "A", RouteMode::Unfused)?;
+    let (b, b_out) = inputs.plan(ctx, "B", RouteMode::Fused { write_logits: false })?;
+    let (flops, input_bytes) = (inputs.flops(), inputs.input_bytes());
+    let (_, n) = inputs.counts();
+    let tokens = inputs.tokens;
+    let validate = move |ctx: &Context| -> Result<()> {
+        let n = n as usize;
+        let logits = inputs.checked_logits(ctx, logits_of(&a_out)?)?;
+        let (ref_idx, ref_w) = reference::topk(&inputs.cfg, &logits, None);
+        let (ai, aw): (Vec<u32>, Vec<f32>) =
+            (ctx.read_back(&a_out.indices, n)?, ctx.read_back(&a_out.weights, n)?);
+        if ai != ref_idx || aw.iter().zip(&ref_w).any(|(g, w)| !within(*g, *w)) {
+            return Err(Error::Validation("unfused top-k disagrees with the CPU reference".into()));
         }
-        b.truncate(1);
-        let (flops, input_bytes) = (inputs.flops(), inputs.input_bytes());
-        let (nl, _) = inputs.counts();
-        let tokens = inputs.tokens;
-        let validate = move |ctx: &Context| -> Result<()> {
-            let al = inputs.checked_logits(ctx, logits_of(&a_out)?)?;
-            let bl: Vec<f32> = ctx.read_back(logits_of(&b_out)?, al.len())?;
-            if !bit_identical(&al, &bl) {
-                return Err(Error::Validation(
-                    "the gate matvec alone is not bit-identical to the route's".into(),
-                ));
-            }
-            Ok(())
-        };
-        Ok(Case {
-            a: Work::Gpu(a),
-            b: Work::Gpu(b),
-            flops,
-            bytes: input_bytes + 4.0 * nl as f64,
-            tokens,
-            validate: Box::new(validate),
-            note: None,
-        })
+        let (bi, bw): (Vec<u32>, Vec<f32>) =
+            (ctx.read_back(&b_out.indices, n)?, ctx.read_back(&b_out.weights, n)?);
+        if bi != ai || !bit_identical(&bw, &aw) {
+            return Err(Error::Validation("fused route is not bit-identical to unfused".into()));
+        }
+        Ok(())
+    };
+    Ok(Case {
+        a: Work::Gpu(a),
+        b: Work::Gpu(b),
+        flops,
+        bytes: input_bytes + 4.0 * 2.0 * n as f64,
+        tokens,
+        validate: Box::new(validate),
+        note: None,
+    })
+}
+
+/// The unfused route (gate matvec + top-k) against its gate matvec alone: B/A is the matvec's
+/// share of the route, and 1 - B/A what the top-k dispatch adds (its launch, the logits it
+/// reads back and the selection), the most a fused route can save unless its own matvec is
+/// faster. At E=256, k=8: why the fused route does or does not reach 1.3x.
+pub fn gate_share() -> Registered {
+    Registered {
+        name: "route/gate-share",
+        description: "the unfused route's gate matvec alone (B) against the whole unfused route, matvec + top-k \
+                      (A): B/A is the matvec's share, 1 - B/A the most a fused route can save; logits bit-identical",
+        variants: ("unfused route", "gate matvec"),
+        sizes: Box::new(route_sizes),
+        build: Box::new(build_gate_share),
     }
+}
+
+fn build_gate_share(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
+    let inputs = RouteInputs::new(ctx, size, seed)?;
+    let (a, a_out) = inputs.plan(ctx, "A", RouteMode::Unfused)?;
+    let (mut b, b_out) = inputs.plan(ctx, "B", RouteMode::Unfused)?;
+    // The unfused route is the gate matvec, then top-k; B keeps the matvec.
+    if b.len() != 2 {
+        return Err(Error::invalid(format!("the unfused route has {} dispatches, not 2", b.len())));
+    }
+    b.truncate(1);
+    let (flops, input_bytes) = (inputs.flops(), inputs.input_bytes());
+    let (nl, _) = inputs.counts();
+    let tokens = inputs.tokens;
+    let validate = move |ctx: &Context| -> Result<()> {
+        let al = inputs.checked_logits(ctx, logits_of(&a_out)?)?;
+        let bl: Vec<f32> = ctx.read_back(logits_of(&b_out)?, al.len())?;
+        if !bit_identical(&al, &bl) {
+            return Err(Error::Validation(
+                "the gate matvec alone is not bit-identical to the route's".into(),
+            ));
+        }
+        Ok(())
+    };
+    Ok(Case {
+        a: Work::Gpu(a),
+        b: Work::Gpu(b),
+        flops,
+        bytes: input_bytes + 4.0 * nl as f64,
+        tokens,
+        validate: Box::new(validate),
+        note: None,
+    })
 }

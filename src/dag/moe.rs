@@ -32,6 +32,7 @@ use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
 use crate::layer::{CallerOutputs, Capacity, ForwardIo, MoeLayer};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
+use crate::tensor::word_bytes;
 
 /// Rows per expert tile of the queue (`MOE_TILE` in wgsl/dag/moe.wgsl).
 pub const MOE_TILE: u32 = 8;
@@ -591,12 +592,12 @@ impl MoeProgram {
         }
         let (x, y) = (io.x().view(), io.y().view());
         let (t64, h64, k64) = (u64::from(tokens), u64::from(h), u64::from(k));
-        ctx.check_view("x", &x, t64 * h64 * 4, Read)?;
-        ctx.check_view("y", &y, t64 * h64 * 4, ReadWrite)?;
+        ctx.check_view("x", &x, word_bytes(t64 * h64), Read)?;
+        ctx.check_view("y", &y, word_bytes(t64 * h64), ReadWrite)?;
 
         let at = ProgramLayout::new(&tasks, tokens, [h, f, e, k], cfg.shared_ffn.unwrap_or(0))?;
-        let state = ctx.storage_scratch("moe program state", u64::from(at.state_len) * 4)?;
-        let work = ctx.storage_scratch("moe program work", u64::from(at.work_len) * 4)?;
+        let state = ctx.storage_scratch("moe program state", word_bytes(u64::from(at.state_len)))?;
+        let work = ctx.storage_scratch("moe program work", word_bytes(u64::from(at.work_len)))?;
         let u = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
 
         // The selection bias and the shared gate travel in the program words, the shared
@@ -678,14 +679,14 @@ impl MoeProgram {
         let ffn = layer.routed_experts();
         let bindings = [
             Binding::new(0, &params, ROUTE_PARAMS_BYTES),
-            x.bind(1, t64 * h64 * 4),
-            Binding::new(2, router, u64::from(e) * h64 * 4),
+            x.bind(1, word_bytes(t64 * h64)),
+            Binding::new(2, router, word_bytes(u64::from(e) * h64)),
             whole_binding(7, &program),
             whole_binding(8, whole(&ffn.gate)?),
             whole_binding(9, whole(&ffn.up)?),
             whole_binding(10, whole(&ffn.down)?),
             whole_binding(12, &work),
-            y.bind(13, t64 * h64 * 4),
+            y.bind(13, word_bytes(t64 * h64)),
             whole_binding(14, &state),
             whole_binding(15, &shared_w),
         ];

@@ -19,6 +19,7 @@ use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 use crate::sync::lock;
 use crate::synth::Synth;
+use crate::tensor::word_bytes;
 
 static MP_SHADER: ShaderSource = ShaderSource {
     name: "probe/message_passing",
@@ -267,8 +268,8 @@ pub fn run_probe(ctx: &Context) -> Result<ProbeReport> {
 
 fn message_passing(ctx: &Context) -> Result<MessagePassing> {
     let kernel = ctx.kernel(&MESSAGE_PASSING, &[])?;
-    let data = ctx.zeroed("litmus data", u64::from((MP_PAIRS + MP_STRESSORS) * MP_WORDS) * 4)?;
-    let flags = ctx.zeroed("litmus flags", u64::from(MP_PAIRS) * 4)?;
+    let data = ctx.zeroed("litmus data", word_bytes(u64::from((MP_PAIRS + MP_STRESSORS) * MP_WORDS)))?;
+    let flags = ctx.zeroed("litmus flags", word_bytes(u64::from(MP_PAIRS)))?;
     let results = ctx.zeroed("litmus results", 16)?;
     let mut out = MessagePassing {
         rounds: MP_ROUNDS,

@@ -10,6 +10,7 @@ use super::queue::QueueOptions;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::Access;
+use crate::tensor::word_bytes;
 
 /// "No stage" / "no step" in program words.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -67,7 +68,7 @@ impl RowInputs {
             data.extend(stage.kernel.params());
         }
         let buffer = ctx.upload("row graph inputs", &data)?;
-        ctx.check_binding("row graph inputs", &buffer, data.len() as u64 * 4, Access::Read)?;
+        ctx.check_binding("row graph inputs", &buffer, word_bytes(data.len() as u64), Access::Read)?;
         Ok(RowInputs { buffer, param_off })
     }
 }

@@ -16,6 +16,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
+use crate::tensor::word_bytes;
 
 static STATIC_SHADER: ShaderSource = ShaderSource {
     name: "dag/static",
@@ -221,13 +222,13 @@ impl RowRun {
                 "u32 indices in the DAG shaders",
             ));
         }
-        let vals = ctx.zeroed("row graph values", elems * 4)?;
-        ctx.check_binding("row graph values", &vals, elems * 4, ReadWrite)?;
+        let vals = ctx.zeroed("row graph values", word_bytes(elems))?;
+        ctx.check_binding("row graph values", &vals, word_bytes(elems), ReadWrite)?;
         let state_words = match queue {
             Some(_) => u64::from(STATE_HEADER) + main_plan.passes.len() as u64 * u64::from(g.tiles()),
             None => 1,
         };
-        let state = ctx.zeroed("queue state", state_words * 4)?;
+        let state = ctx.zeroed("queue state", word_bytes(state_words))?;
         let b = Buffers { graph, inputs, vals: &vals, state: &state, layout, lanes };
         let (main, fallback) = match (queue, &refused) {
             (Some((granularity, q)), None) => (

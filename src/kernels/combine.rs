@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
+use crate::tensor::word_bytes;
 
 static COMBINE_SHADER: ShaderSource = ShaderSource {
     name: "combine/combine",
@@ -118,17 +119,17 @@ impl Bound<'_> {
             .map(|&(b, _)| {
                 Ok(match b {
                     0 => Binding { binding: 0, buffer: &self.params, size: PARAMS_BYTES, offset },
-                    1 => self.bufs.weights.bind(1, self.t * self.k * 4),
-                    2 => self.bufs.partial.bind(2, self.t * self.k * self.h * 4),
+                    1 => self.bufs.weights.bind(1, word_bytes(self.t * self.k)),
+                    2 => self.bufs.partial.bind(2, word_bytes(self.t * self.k * self.h)),
                     3 => match shared {
-                        Some(s) => s.rows.bind(3, self.t * self.h * 4),
+                        Some(s) => s.rows.bind(3, word_bytes(self.t * self.h)),
                         None => Binding::new(3, &self.placeholders[0], 4),
                     },
                     4 => match shared.and_then(|s| s.gate_logits) {
-                        Some(g) => g.bind(4, self.t * 4),
+                        Some(g) => g.bind(4, word_bytes(self.t)),
                         None => Binding::new(4, &self.placeholders[1], 4),
                     },
-                    5 => self.bufs.y.bind(5, self.t * self.h * 4),
+                    5 => self.bufs.y.bind(5, word_bytes(self.t * self.h)),
                     other => {
                         return Err(Error::invalid(format!("the combine has no buffer for binding {other}")));
                     }
@@ -164,13 +165,13 @@ fn check(
         )));
     }
     let (t, h, kk) = (u64::from(tokens), u64::from(hidden), u64::from(k));
-    ctx.check_view("weights", &bufs.weights, t * kk * 4, Read)?;
-    ctx.check_view("partial", &bufs.partial, t * kk * h * 4, Read)?;
-    ctx.check_view("y", &bufs.y, t * h * 4, ReadWrite)?;
+    ctx.check_view("weights", &bufs.weights, word_bytes(t * kk), Read)?;
+    ctx.check_view("partial", &bufs.partial, word_bytes(t * kk * h), Read)?;
+    ctx.check_view("y", &bufs.y, word_bytes(t * h), ReadWrite)?;
     if let Some(s) = bufs.shared {
-        ctx.check_view("shared", &s.rows, t * h * 4, Read)?;
+        ctx.check_view("shared", &s.rows, word_bytes(t * h), Read)?;
         if let Some(g) = s.gate_logits {
-            ctx.check_view("shared gate logits", &g, t * 4, Read)?;
+            ctx.check_view("shared gate logits", &g, word_bytes(t), Read)?;
         }
     }
     if t * kk * h > u64::from(u32::MAX) {
@@ -274,10 +275,10 @@ pub(crate) fn plan_fill_zero_per_token(
     elems: u32,
     per_token: u32,
 ) -> Result<Dispatch> {
-    ctx.check_view("fill target", &buf, u64::from(elems) * 4, ReadWrite)?;
+    ctx.check_view("fill target", &buf, word_bytes(u64::from(elems)), ReadWrite)?;
     let params = ctx.uniform("fill params", &Params { tokens: elems, hidden: 1, ..Params::default() })?;
     let kernel = ctx.kernel(&FILL_ZERO, &[])?;
-    let bindings = [Binding::new(0, &params, PARAMS_BYTES), buf.bind(5, u64::from(elems.max(1)) * 4)];
+    let bindings = [Binding::new(0, &params, PARAMS_BYTES), buf.bind(5, word_bytes(u64::from(elems.max(1))))];
     let live = match per_token {
         0 => LiveCount::constant(elems),
         n => LiveCount::tokens().times(n),

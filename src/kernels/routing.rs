@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, LiveValue, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
+use crate::tensor::word_bytes;
 
 /// Invocations per top-k workgroup. The softmax sum's reduction tree depends on it, so it is
 /// part of the numeric contract.
@@ -459,7 +460,7 @@ pub fn plan_route(
     ctx.check_view("x", &bufs.x, t * h * F32, Access::Read)?;
     let gate_len = (e * h + if cfg.router_bias { e } else { 0 }) * F32;
     ctx.check_binding("gate", bufs.gate, gate_len, Access::Read)?;
-    ctx.check_view("indices", &bufs.indices, t * k * 4, Access::ReadWrite)?;
+    ctx.check_view("indices", &bufs.indices, word_bytes(t * k), Access::ReadWrite)?;
     ctx.check_view("weights", &bufs.weights, t * k * F32, Access::ReadWrite)?;
     let logits = match (bufs.logits, mode.writes_logits()) {
         (Some(l), true) => {
@@ -475,7 +476,7 @@ pub fn plan_route(
     let x = bufs.x.bind(1, t * h * F32);
     let gate = Binding::new(2, bufs.gate, gate_len);
     let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
-    let indices = bufs.indices.bind(5, t * k * 4);
+    let indices = bufs.indices.bind(5, word_bytes(t * k));
     let weights = bufs.weights.bind(6, t * k * F32);
     let per_token = ctx.grid(t, "routing (one workgroup per token)")?;
     let dispatches = match mode {
@@ -523,14 +524,14 @@ pub fn plan_topk(
     }
     let (t, e, k) = (u64::from(tokens), u64::from(cfg.experts), u64::from(cfg.k));
     ctx.check_binding("logits", logits, t * e * F32, Access::Read)?;
-    ctx.check_binding("indices", indices, t * k * 4, Access::ReadWrite)?;
+    ctx.check_binding("indices", indices, word_bytes(t * k), Access::ReadWrite)?;
     ctx.check_binding("weights", weights, t * k * F32, Access::ReadWrite)?;
     let topk = ctx.kernel(&TOPK, &cfg.constants())?;
     let bindings = [
         Binding::new(0, &c.params, PARAMS_BYTES),
         Binding::new(3, logits, t * e * F32),
         bias_binding(cfg, bias, &c.no_bias),
-        Binding::new(5, indices, t * k * 4),
+        Binding::new(5, indices, word_bytes(t * k)),
         Binding::new(6, weights, t * k * F32),
     ];
     let grid = ctx.grid(t, "top-k (one workgroup per token)")?;
@@ -682,7 +683,7 @@ impl Outputs {
         let t = u64::from(tokens);
         Ok(Outputs {
             logits: ctx.storage_scratch("logits", t * u64::from(cfg.experts) * F32)?,
-            indices: ctx.storage_scratch("topk indices", t * u64::from(cfg.k) * 4)?,
+            indices: ctx.storage_scratch("topk indices", word_bytes(t * u64::from(cfg.k)))?,
             weights: ctx.storage_scratch("topk weights", t * u64::from(cfg.k) * F32)?,
         })
     }

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::live::{LiveGrid, LiveValue, Sizing};
 use crate::pipeline::{Access, Binding, Dispatch, Indirect, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::tensor::word_bytes;
 
 static SIZING_SHADER: ShaderSource = ShaderSource {
     name: "sizing/sizing",
@@ -158,7 +159,7 @@ pub(crate) fn plan_sizing(
             let u = &mut units[at];
             (u.from, u.to) = (u.from.min(from), u.to.max(to));
             for &(word, v) in sizing.words() {
-                if u64::from(word) * 4 >= params.size {
+                if word_bytes(u64::from(word)) >= params.size {
                     return Err(Error::invalid(format!(
                         "`{entry}` sizes word {word} of {} bytes of parameters",
                         params.size
@@ -205,7 +206,7 @@ pub(crate) fn plan_sizing(
             None => units.push(Unit { buffer: None, rules: vec![r], from, to }),
         }
         grids.extend(planned);
-        indirect.push((index, u64::from(word) * 4));
+        indirect.push((index, word_bytes(u64::from(word))));
     }
     if units.is_empty() {
         return Ok(Vec::new());

@@ -25,6 +25,7 @@ use crate::kernels::gemm::{
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::kernels::sizing::plan_sizing;
 use crate::pipeline::{BufferView, Dispatch};
+use crate::tensor::word_bytes;
 use crate::tensor::{DType, Tensor};
 use crate::workspace::{Region, Scratch, ScratchKey, Workspace, WorkspaceLayout};
 
@@ -467,7 +468,7 @@ impl ForwardPlan {
     /// As [`Self::check_live`].
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder, tokens: u32) -> Result<()> {
         self.check_live(tokens)?;
-        encoder.copy_buffer_to_buffer(&self.counts, u64::from(tokens) * 4, &self.live, 0, 4);
+        encoder.copy_buffer_to_buffer(&self.counts, word_bytes(u64::from(tokens)), &self.live, 0, 4);
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("moeflow"),
             timestamp_writes: None,
@@ -918,16 +919,18 @@ impl MoeLayer {
         let (indices, weights) = match io.routing {
             Some((i, w)) => (Region::of(i.view()), Region::of(w.view())),
             None => (
-                scratch.take(ScratchKey::TopkIndices, t * k * 4)?,
-                scratch.take(ScratchKey::TopkWeights, t * k * 4)?,
+                scratch.take(ScratchKey::TopkIndices, word_bytes(t * k))?,
+                scratch.take(ScratchKey::TopkWeights, word_bytes(t * k))?,
             ),
         };
         let logits = match (c.route_mode.writes_logits(), io.logits) {
             (true, Some(l)) => Some(Region::of(l.view())),
-            (true, None) => Some(scratch.take(ScratchKey::RouterLogits, t * u64::from(c.route.experts) * 4)?),
+            (true, None) => {
+                Some(scratch.take(ScratchKey::RouterLogits, word_bytes(t * u64::from(c.route.experts)))?)
+            }
             (false, _) => None,
         };
-        let partial = scratch.take(ScratchKey::ExpertOutputs, t * k * h * 4)?;
+        let partial = scratch.take(ScratchKey::ExpertOutputs, word_bytes(t * k * h))?;
         let mut stages = Vec::new();
         let route_bufs = RouteBuffers {
             x,
@@ -1003,11 +1006,11 @@ impl MoeLayer {
         }
         let mut shared = None;
         if let Some(s) = &self.shared {
-            let rows = scratch.take(ScratchKey::SharedOutput, t * h * 4)?;
+            let rows = scratch.take(ScratchKey::SharedOutput, word_bytes(t * h))?;
             let mut ds = plan_dense_ffn_with(scratch, s, max_tokens, x, rows.view())?.into_dispatches();
             let gate_logits = match &self.shared_gate {
                 Some(g) => {
-                    let gl = scratch.take(ScratchKey::SharedGateLogits, t * 4)?;
+                    let gl = scratch.take(ScratchKey::SharedGateLogits, word_bytes(t))?;
                     let (kernel, order) = (DenseKernel::Rowwise, c.gemm_order);
                     ds.extend(
                         plan_dense_with(scratch, g, max_tokens, x, gl.view(), kernel, order)?
@@ -1082,7 +1085,7 @@ impl MoeLayer {
         }
         let before = ctx.pipeline_count();
         let start = std::time::Instant::now();
-        let rows = u64::from(max_tokens) * u64::from(self.cfg.route.hidden) * 4;
+        let rows = word_bytes(u64::from(max_tokens) * u64::from(self.cfg.route.hidden));
         let x = ctx.storage_scratch("prepare x", rows)?;
         let y = ctx.storage_scratch("prepare y", rows)?;
         self.plan(ctx, self.io(&x, &y, max_tokens)?)?;
@@ -1123,7 +1126,7 @@ impl MoeLayer {
         let tokens = u32::try_from(x.len() / h)
             .map_err(|_| Error::limit("tokens", (x.len() / h) as u64, u32::MAX.into(), "u32"))?;
         let xb = ctx.upload("x", x)?;
-        let yb = ctx.zeroed("y", x.len() as u64 * 4)?;
+        let yb = ctx.zeroed("y", word_bytes(x.len() as u64))?;
         let plan = self.plan(ctx, self.io(&xb, &yb, tokens)?)?;
         let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         plan.record(&mut encoder, tokens)?;

@@ -20,6 +20,7 @@ use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
 use crate::live::LiveCount;
 use crate::pipeline::{Access, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::tensor::word_bytes;
 use crate::workspace::{Scratch, ScratchKey};
 
 mod passes;
@@ -436,9 +437,9 @@ pub(crate) fn plan_ffn_with(
     let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
     let FfnBuffers { x, indices, partial } = *bufs;
     let entries = u64::from(tokens) * u64::from(k);
-    ctx.check_view("x", &x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
-    ctx.check_view("indices", &indices, entries * 4, Access::Read)?;
-    ctx.check_view("partial", &partial, entries * u64::from(h) * 4, Access::ReadWrite)?;
+    ctx.check_view("x", &x, word_bytes(u64::from(tokens) * u64::from(h)), Access::Read)?;
+    ctx.check_view("indices", &indices, word_bytes(entries), Access::Read)?;
+    ctx.check_view("partial", &partial, word_bytes(entries * u64::from(h)), Access::ReadWrite)?;
     for w in [&ffn.gate, &ffn.up, &ffn.down] {
         for c in &w.chunks {
             ctx.check_binding("expert weights", &c.buffer, c.bytes, Access::Read)?;
@@ -479,7 +480,7 @@ pub(crate) fn plan_ffn_with(
                 )));
             }
             let rows = layout.max_rows();
-            let act = scratch.take(ScratchKey::Activations, u64::from(rows) * u64::from(f) * 4)?;
+            let act = scratch.take(ScratchKey::Activations, word_bytes(u64::from(rows) * u64::from(f)))?;
             let p = Pass::grouped_gate_up(ffn, order, base, x, layout, act.view());
             ds.extend(p.gemm(scratch, kernels.up, Some(layout.tile_expert()))?);
             let down = Pass::down(&p, ffn, act.view(), partial);
@@ -495,8 +496,8 @@ pub(crate) fn plan_ffn_with(
                 )));
             }
             let bound = buckets.config().bound;
-            let act =
-                scratch.take(ScratchKey::Activations, u64::from(e) * u64::from(bound) * u64::from(f) * 4)?;
+            let act = scratch
+                .take(ScratchKey::Activations, word_bytes(u64::from(e) * u64::from(bound) * u64::from(f)))?;
             for expert in 0..e {
                 let live =
                     LiveRows::new(LiveCount::constant(bound)).offset(LiveCount::constant(expert * bound));
@@ -508,7 +509,8 @@ pub(crate) fn plan_ffn_with(
                 ds.extend(p.gemm(scratch, kernels.up, None)?);
                 ds.extend(Pass::down(&p, ffn, act.view(), partial).gemm(scratch, kernels.down, None)?);
             }
-            let over_act = scratch.take(ScratchKey::OverflowActivations, entries * u64::from(f) * 4)?;
+            let over_act =
+                scratch.take(ScratchKey::OverflowActivations, word_bytes(entries * u64::from(f)))?;
             let live = LiveRows::new(LiveCount::tokens().times(k));
             let mut p =
                 Pass::gate_up(ffn, order, base, x, RowMap::Listed(buckets.overflow()), over_act.view(), live);
@@ -519,7 +521,7 @@ pub(crate) fn plan_ffn_with(
             ds.extend(down.rowwise(scratch, Some(indices), inner.meta(), source)?);
         }
         FfnRouting::Decode => {
-            let act = scratch.take(ScratchKey::Activations, entries * u64::from(f) * 4)?;
+            let act = scratch.take(ScratchKey::Activations, word_bytes(entries * u64::from(f)))?;
             let count = ctx.upload("decode rows", &[entries32])?;
             // Entries are their own rows: the rows binding is not read (and is not `count`,
             // which the kernel binds too: WebGPU refuses two writable bindings of one range).
@@ -598,9 +600,9 @@ fn every_expert_on_every_token(
     let ctx = scratch.ctx();
     let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
     let rows = u64::from(e) * u64::from(tokens);
-    ctx.check_view("x", &x, u64::from(tokens) * u64::from(h) * 4, Access::Read)?;
-    ctx.check_view("all-expert output", &all, rows * u64::from(h) * 4, Access::ReadWrite)?;
-    let act = scratch.take(act_key, rows * u64::from(f) * 4)?;
+    ctx.check_view("x", &x, word_bytes(u64::from(tokens) * u64::from(h)), Access::Read)?;
+    ctx.check_view("all-expert output", &all, word_bytes(rows * u64::from(h)), Access::ReadWrite)?;
+    let act = scratch.take(act_key, word_bytes(rows * u64::from(f)))?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
     let kernels = ffn.kernels(ctx);
     let mut ds = Vec::new();
@@ -665,8 +667,8 @@ pub(crate) fn plan_dense_with(
 ) -> Result<FfnPlan> {
     let ctx = scratch.ctx();
     let [_, n, k] = w.shape();
-    ctx.check_view("x", &x, u64::from(rows) * u64::from(k) * 4, Access::Read)?;
-    ctx.check_view("y", &y, u64::from(rows) * u64::from(n) * 4, Access::ReadWrite)?;
+    ctx.check_view("x", &x, word_bytes(u64::from(rows) * u64::from(k)), Access::Read)?;
+    ctx.check_view("y", &y, word_bytes(u64::from(rows) * u64::from(n)), Access::ReadWrite)?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
     let params = Params {
         rows,

@@ -22,6 +22,7 @@ use crate::error::Result;
 use crate::gpu::record;
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::tensor::word_bytes;
 
 pub(super) static PACK_SHADER: ShaderSource = ShaderSource {
     name: "gemm/pack_texture",
@@ -134,7 +135,7 @@ impl TextureWeights {
             u64::from(layout.width) * u64::from(layout.height) * u64::from(layout.layers) * 16,
         );
         let row_words = layout.width * TEXEL_WORDS;
-        let pitch = (u64::from(row_words) * 4).next_multiple_of(COPY_ROW_ALIGN);
+        let pitch = word_bytes(u64::from(row_words)).next_multiple_of(COPY_ROW_ALIGN);
         // Rows packed per copy: a layer's, at most as many as one storage binding holds.
         let batch = (ctx.limits().max_storage_buffer_binding_size.min(ctx.limits().max_buffer_size) / pitch)
             .clamp(1, u64::from(layout.height));

@@ -36,6 +36,7 @@ use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use crate::pipeline::Dispatch;
+use crate::tensor::word_bytes;
 use crate::timer::{Sample, Sampler};
 use crate::workspace::Scratch;
 
@@ -271,7 +272,7 @@ async fn measure(
         .map_err(|_| Error::limit("tuner rows", experts.len() as u64, u32::MAX.into(), "u32 entries"))?;
     let x = ctx.upload("tune x", &vec![0.25f32; tokens as usize * h as usize])?;
     let indices = ctx.upload("tune indices", &experts)?;
-    let partial = ctx.storage_scratch("tune output", u64::from(tokens) * u64::from(h) * 4)?;
+    let partial = ctx.storage_scratch("tune output", word_bytes(u64::from(tokens) * u64::from(h)))?;
     // One dispatch layout (filled once, untimed, before the warm-up) and activation buffer per
     // row tile in use.
     let mut layouts: Vec<(u32, DispatchLayout, wgpu::Buffer)> = Vec::new();
@@ -282,8 +283,10 @@ async fn measure(
         if !layouts.iter().any(|(t, ..)| *t == tile) {
             let layout = DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile }, tokens, 0)?;
             fills.extend(layout.plan(ctx, &indices)?);
-            let act =
-                ctx.storage_scratch("tune activations", u64::from(layout.max_rows()) * u64::from(f) * 4)?;
+            let act = ctx.storage_scratch(
+                "tune activations",
+                word_bytes(u64::from(layout.max_rows()) * u64::from(f)),
+            )?;
             layouts.push((tile, layout, act));
         }
         let Some((_, layout, act)) = layouts.iter().find(|(t, ..)| *t == tile) else {

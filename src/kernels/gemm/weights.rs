@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::pipeline::Binding;
 use crate::shader::Override;
 use crate::sync::lock;
+use crate::tensor::word_bytes;
 
 /// Storage type of expert weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -435,7 +436,7 @@ impl ExpertWeights {
                 buffer: ctx.upload("expert weights", &chunk)?,
                 experts: es,
                 cols: cs,
-                bytes: chunk.len() as u64 * 4,
+                bytes: word_bytes(chunk.len() as u64),
             });
         }
         Ok(Self::on_device(ctx, chunks, dtype, shape, narrow))
@@ -853,7 +854,9 @@ impl ExpertFfn {
     /// [`Error::Shape`] when the biases were made for other sizes than these weights'.
     pub fn with_bias(mut self, bias: ExpertBias) -> Result<Self> {
         let [e, f, h] = self.gate.shape();
-        let (want_gate_up, want_down) = (u64::from(e) * u64::from(f) * 8, u64::from(e) * u64::from(h) * 4);
+        // Gate and up biases interleaved: two words per (expert, column).
+        let want_gate_up = word_bytes(u64::from(e) * u64::from(f) * 2);
+        let want_down = word_bytes(u64::from(e) * u64::from(h));
         if bias.gate_up.size() != want_gate_up || bias.down.size() != want_down {
             return Err(Error::shape(
                 "expert biases",
