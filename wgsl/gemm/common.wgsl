@@ -1,7 +1,7 @@
 // Shared by the expert-projection kernels (with order.wgsl: silu_mul, lanes_sum and the order
-// steps): parameters, bindings (the weights, bindings 2 and 3,
-// come from weights_packed.wgsl or weights_f16.wgsl, which define weight_from, weight4 and
-// weight4_tail), and the K-accumulation orders that make every path batch-invariant.
+// steps): parameters, bindings (the weights, bindings 2 and 3, come from a weights file:
+// weights_packed.wgsl or weights_f16.wgsl with weight_groups.wgsl, weights_quant.wgsl or
+// weights_texture.wgsl), and the K-accumulation orders that make every path batch-invariant.
 //
 // Accumulation orders (mirrored by reference::gemm::dot): K is taken in groups of four,
 // k = 4g .. 4g + 3 for every g with 4g < K (entries at k >= K read as 0.0).

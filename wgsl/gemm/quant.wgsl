@@ -1,7 +1,6 @@
 // Quantised expert weights (DTYPE 3..6), unpacked with integer operations and at most one f32
 // product per value, so every adapter sees exactly the values of moeflow::quant's CPU
-// decoders. Composed after a weights module (weights_packed.wgsl or weights_quant.wgsl:
-// weight_word) and half.wgsl (f16_bits_to_f32).
+// decoders. Composed after weights_quant.wgsl (weight_word) and half.wgsl (f16_bits_to_f32).
 //
 // A weight row (one output column of one expert, K values) holds groups = ceil(K / G) groups
 // of G values (docs/quant.md): first the groups' header words, zero words up to a multiple of

@@ -1,6 +1,7 @@
 // Expert weights as native f16 (adapters with shader-f16): the same buffer bytes and the same
 // values as the packed half path, converted to f32 before any arithmetic, so results are
-// bit-identical to it. Composed after enable_f16.wgsl. Same functions as weights_packed.wgsl.
+// bit-identical to it. Composed after enable_f16.wgsl. Same functions as weights_packed.wgsl
+// (weight_groups.wgsl, composed after this file, reads groups of four from them).
 
 // Weights [E, N, K].
 @group(0) @binding(2) var<storage, read> w: array<f16>;
@@ -26,22 +27,4 @@ fn weight4(buf_is_up: bool, idx: u32) -> vec4<f32> {
         weight_from(buf_is_up, idx + 2u),
         weight_from(buf_is_up, idx + 3u),
     );
-}
-
-fn weight4_tail(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if k + j < kdim {
-            v[j] = weight_from(buf_is_up, base + k + j);
-        }
-    }
-    return v;
-}
-
-// weight4 where the whole group is inside K, else weight4_tail.
-fn weight_group(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
-    if k + 4u <= kdim {
-        return weight4(buf_is_up, base + k);
-    }
-    return weight4_tail(buf_is_up, base, k, kdim);
 }

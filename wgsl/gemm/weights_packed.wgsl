@@ -1,11 +1,10 @@
 // Expert weights packed in u32 words, unpacked with integer operations so every adapter runs
 // every dtype: DTYPE 0 is f32 (one per word), 1 is IEEE half and 2 is bfloat16 (two per word,
-// low half first); 3..6 are the quantised formats of quant.wgsl (composed after this module).
-// A row starts at weight_row(expert, col): its first element's index for DTYPE 0..2, its first
-// word for the quantised formats. weight_from(is_up, idx) returns element idx of w (or w_up)
-// as f32 (DTYPE 0..2); weight4(is_up, idx) elements idx .. idx + 3 (all inside the buffer),
-// reading each word once; weight4_tail(is_up, base, k, kdim) and weight_group (every DTYPE)
-// values k .. k + 3 of the row at base, 0.0 at k >= kdim.
+// low half first; half.wgsl widens them). The quantised formats (DTYPE 3..6) have their own
+// weights file, weights_quant.wgsl. A row starts at weight_row(expert, col), its first
+// element's index. weight_from(is_up, idx) returns element idx of w (or w_up) as f32;
+// weight4(is_up, idx) elements idx .. idx + 3 (all inside the buffer), reading each word once;
+// weight_groups.wgsl (composed after this file) reads groups of four at any k from them.
 
 // Weights [E, N, K].
 @group(0) @binding(2) var<storage, read> w: array<u32>;
@@ -13,9 +12,6 @@
 @group(0) @binding(3) var<storage, read> w_up: array<u32>;
 
 fn weight_row(expert: u32, col: u32) -> u32 {
-    if DTYPE >= DTYPE_Q8_0 {
-        return weight_row_index(expert, col) * quant_row_words(params.kdim);
-    }
     return weight_row_index(expert, col) * params.kdim;
 }
 
@@ -63,28 +59,4 @@ fn weight4(buf_is_up: bool, idx: u32) -> vec4<f32> {
     }
     let c = weight_word(buf_is_up, i + 2u);
     return vec4<f32>(half_to_f32(a >> 16u), half_to_f32(b & 0xffffu), half_to_f32(b >> 16u), half_to_f32(c & 0xffffu));
-}
-
-fn weight4_tail(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
-    if DTYPE >= DTYPE_Q8_0 {
-        return quant_group4(buf_is_up, base, k, kdim);
-    }
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if k + j < kdim {
-            v[j] = weight_from(buf_is_up, base + k + j);
-        }
-    }
-    return v;
-}
-
-// weight4 where the whole group is inside K, else weight4_tail.
-fn weight_group(buf_is_up: bool, base: u32, k: u32, kdim: u32) -> vec4<f32> {
-    if DTYPE >= DTYPE_Q8_0 {
-        return quant_group4(buf_is_up, base, k, kdim);
-    }
-    if k + 4u <= kdim {
-        return weight4(buf_is_up, base + k);
-    }
-    return weight4_tail(buf_is_up, base, k, kdim);
 }

@@ -1,7 +1,7 @@
-// Quantised expert weights (DTYPE 3..6) for the row-wise kernel, bound as vec4s of words: the
-// same buffer words as weights_packed.wgsl (rows are whole vec4s, quant.wgsl), so a block's
-// code words are one or two vec4 loads (weight_words4) where weights_packed.wgsl reads word by
-// word. Same weight_row, weight_word and weight4_tail as weights_packed.wgsl for these formats.
+// Quantised expert weights (DTYPE 3..6), bound as vec4s of words (rows are whole vec4s,
+// quant.wgsl), so a block's code words are one or two vec4 loads (weight_words4): the weights
+// file of every kernel that reads quantised rows (the generated blocks, the row-wise kernel and
+// the unpacking kernel), with weight_row, weight_word and weight4_tail.
 
 // Weights [E, N, K] in quantised rows.
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;

@@ -84,8 +84,8 @@ macro_rules! rowwise_shader {
             "gemm/common.wgsl",
             "gemm/order.wgsl",
             "gemm/weights_packed.wgsl",
+            "gemm/weight_groups.wgsl",
             "gemm/half.wgsl",
-            "gemm/quant.wgsl",
             "gemm/rowwise_w_packed.wgsl",
             "gemm/rowwise_dots.wgsl",
             "gemm/epilogue.wgsl"
@@ -116,6 +116,7 @@ macro_rules! rowwise_shader {
             "gemm/common.wgsl",
             "gemm/order.wgsl",
             "gemm/weights_f16.wgsl",
+            "gemm/weight_groups.wgsl",
             "gemm/rowwise_w_packed.wgsl",
             "gemm/rowwise_dots.wgsl",
             "gemm/epilogue.wgsl"
@@ -171,6 +172,7 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
         &ROWWISE_SUBGROUP_TEXTURE_SHADER,
         &STAGE_SHADER,
         &UNPACK_SHADER,
+        &UNPACK_QUANT_SHADER,
         &texture::PACK_SHADER,
     ];
     for v in contract_variants() {
@@ -232,7 +234,7 @@ fn contract_variants() -> Vec<GemmVariant> {
 #[cfg(test)]
 pub(crate) fn specs() -> Vec<&'static KernelSpec> {
     let variants = contract_variants();
-    let mut all: Vec<&'static KernelSpec> = vec![&UNPACK];
+    let mut all: Vec<&'static KernelSpec> = vec![&UNPACK, &UNPACK_QUANT];
     for order in [GemmOrder::Strict, GemmOrder::Fast] {
         for loads in WeightLoads::ALL {
             for spec in specs_for(&variants, order, loads) {
@@ -252,12 +254,27 @@ static STAGE_SHADER: ShaderSource = ShaderSource {
     indexing: Indexing::Checked,
 };
 
-/// The weights' values as the kernels load them (`ExpertWeights::unpack`).
+/// The weights' values as the kernels load them (`ExpertWeights::unpack`): f32, f16 and bf16
+/// through the packed loads.
 static UNPACK_SHADER: ShaderSource = ShaderSource {
     name: "gemm/unpack",
     parts: &[
         wgsl!("gemm/common.wgsl"),
         wgsl!("gemm/weights_packed.wgsl"),
+        wgsl!("gemm/weight_groups.wgsl"),
+        wgsl!("gemm/half.wgsl"),
+        wgsl!("gemm/unpack.wgsl"),
+    ],
+    entry_points: &["unpack"],
+    indexing: Indexing::Checked,
+};
+
+/// [`UNPACK_SHADER`] for the quantised formats, through the quantised loads.
+static UNPACK_QUANT_SHADER: ShaderSource = ShaderSource {
+    name: "gemm/unpack-quant",
+    parts: &[
+        wgsl!("gemm/common.wgsl"),
+        wgsl!("gemm/weights_quant.wgsl"),
         wgsl!("gemm/half.wgsl"),
         wgsl!("gemm/quant.wgsl"),
         wgsl!("gemm/unpack.wgsl"),
@@ -281,13 +298,18 @@ static STAGE: KernelSpec = KernelSpec {
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
-static UNPACK: KernelSpec = KernelSpec {
-    shader: &UNPACK_SHADER,
-    entry: "unpack",
-    bindings: &[(slots::PARAMS, Uniform), (slots::W, Read), (slots::W_UP, Read), (slots::OUT, ReadWrite)],
-    params_bytes: PARAMS_BYTES,
-    workgroup: Workgroup::Fixed(64),
-};
+static UNPACK: KernelSpec = unpack(&UNPACK_SHADER);
+static UNPACK_QUANT: KernelSpec = unpack(&UNPACK_QUANT_SHADER);
+/// An unpacking kernel: one invocation per group of four values.
+const fn unpack(shader: &'static ShaderSource) -> KernelSpec {
+    KernelSpec {
+        shader,
+        entry: "unpack",
+        bindings: &[(slots::PARAMS, Uniform), (slots::W, Read), (slots::W_UP, Read), (slots::OUT, ReadWrite)],
+        params_bytes: PARAMS_BYTES,
+        workgroup: Workgroup::Fixed(64),
+    }
+}
 /// The row-wise kernels' bindings, by where they read x and the weights.
 static ROWWISE_BINDINGS: [(u32, Access); 9] = slots::rowwise_bindings(false, false);
 static ROWWISE_TEXTURE_BINDINGS: [(u32, Access); 9] = slots::rowwise_bindings(false, true);

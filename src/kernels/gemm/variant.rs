@@ -546,6 +546,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
                 wgsl!("gemm/common.wgsl"),
                 wgsl!("gemm/order.wgsl"),
                 wgsl!("gemm/weights_f16.wgsl"),
+                wgsl!("gemm/weight_groups.wgsl"),
                 wgsl!("gemm/epilogue.wgsl"),
                 body,
             ]
@@ -565,8 +566,8 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
                 wgsl!("gemm/common.wgsl"),
                 wgsl!("gemm/order.wgsl"),
                 wgsl!("gemm/weights_packed.wgsl"),
+                wgsl!("gemm/weight_groups.wgsl"),
                 wgsl!("gemm/half.wgsl"),
-                wgsl!("gemm/quant.wgsl"),
                 wgsl!("gemm/epilogue.wgsl"),
                 body,
             ]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::quantised::{self, NarrowScales, QuantisedValues};
 use super::texture::TextureWeights;
-use super::{AdapterKind, FfnKernels, GemmOrder, PARAMS_BYTES, Params, UNPACK, slots};
+use super::{AdapterKind, FfnKernels, GemmOrder, PARAMS_BYTES, Params, UNPACK, UNPACK_QUANT, slots};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
@@ -624,8 +624,8 @@ impl ExpertWeights {
     }
 
     /// The values the kernels read from these weights, `[experts, n, k]` row-major, decoded on
-    /// the device by the kernels' own packed-word loads (native f16 loads see the same values)
-    /// and read back: for a quantised dtype exactly [`crate::quant`]'s decoding of the stored
+    /// the device by the kernels' own loads (packed words, or quantised rows; native f16 loads
+    /// see the same values as packed ones) and read back: for a quantised dtype exactly [`crate::quant`]'s decoding of the stored
     /// blocks, for f16 and bf16 the widened halves. For checking an upload or a converted
     /// checkpoint; not part of a forward.
     ///
@@ -634,7 +634,7 @@ impl ExpertWeights {
     /// device errors.
     pub fn unpack(&self, ctx: &Context) -> Result<Vec<f32>> {
         let len = u64::from(self.experts) * u64::from(self.n) * u64::from(self.k);
-        let bytes = 4 * len;
+        let bytes = word_bytes(len);
         let limits = ctx.limits();
         let max = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         if bytes > max {
@@ -646,8 +646,9 @@ impl ExpertWeights {
             ));
         }
         let out = ctx.zeroed("unpacked expert weights", bytes)?;
+        let spec = if self.dtype.is_quantised() { &UNPACK_QUANT } else { &UNPACK };
         let kernel = ctx.kernel(
-            &UNPACK,
+            spec,
             &[
                 (Override::Dtype, self.dtype.code()),
                 (Override::NarrowScales, f64::from(u8::from(self.narrow_scales))),
@@ -669,7 +670,7 @@ impl ExpertWeights {
         let mut dispatches = Vec::with_capacity(self.chunks.len());
         for (chunk, p) in self.chunks.iter().zip(&params) {
             let rows = chunk.experts.len() as u64 * chunk.cols.len() as u64;
-            let groups = UNPACK.groups(rows * u64::from(self.k.div_ceil(4)))?;
+            let groups = spec.groups(rows * u64::from(self.k.div_ceil(4)))?;
             let bindings = [
                 Binding::new(slots::PARAMS, p, PARAMS_BYTES),
                 Binding::new(slots::W, &chunk.buffer, chunk.bytes),
