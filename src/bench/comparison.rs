@@ -2,6 +2,7 @@
 //! two size sets (GPU and CPU adapters), each with held-out sizes for confirmation.
 
 use std::fmt;
+use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
@@ -164,5 +165,28 @@ impl Comparison for Registered {
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         (self.build)(ctx, size, seed)
+    }
+}
+
+impl Registered {
+    /// A comparison of a table of one kind: `sizes` and `build` take the comparison's
+    /// configuration (`config`, e.g. the two executors or formats it compares) first.
+    pub fn configured<C: 'static>(
+        name: &'static str,
+        description: &'static str,
+        variants: (&'static str, &'static str),
+        config: C,
+        sizes: fn(&C, SizeSet, bool) -> Vec<Size>,
+        build: fn(&C, &Context, &Size, u64) -> Result<Case>,
+    ) -> Self {
+        let config = Rc::new(config);
+        let sized = Rc::clone(&config);
+        Registered {
+            name,
+            description,
+            variants,
+            sizes: Box::new(move |set, held_out| sizes(&sized, set, held_out)),
+            build: Box::new(move |ctx, size, seed| build(&config, ctx, size, seed)),
+        }
     }
 }

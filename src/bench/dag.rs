@@ -4,7 +4,7 @@
 //! program (route, layout, expert and combine tiles) in static passes and on the persistent
 //! queue against its staged forward.
 
-use super::comparison::{Case, Comparison, Size, SizeSet, Work};
+use super::comparison::{Case, Registered, Size, SizeSet, Work};
 use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::dag::{
@@ -56,10 +56,7 @@ impl Side {
 }
 
 /// One DAG comparison: two executors on the chain.
-pub struct DagComparison {
-    name: &'static str,
-    description: &'static str,
-    variants: (&'static str, &'static str),
+struct DagComparison {
     a: Side,
     b: Side,
 }
@@ -68,56 +65,62 @@ const FINE: Side = Side::Queue(Granularity::Fine);
 const COARSE: Side = Side::Queue(Granularity::Coarse(Fusion::Neighbours));
 
 /// The registered DAG comparisons.
-pub fn comparisons() -> Vec<DagComparison> {
+pub fn comparisons() -> Vec<Registered> {
     vec![
-        DagComparison {
-            name: "dag/fused-vs-staged",
-            description: "the eight-stage chain as three fused static passes (B) against one dispatch per \
-                          stage (A); bit-identical, every intermediate kept",
-            variants: ("8 dispatches", "3 fused passes"),
-            a: Side::Staged,
-            b: Side::Fused,
-        },
-        DagComparison {
-            name: "dag/halo-vs-fused",
-            description: "one pass recomputing a three-row halo (B) against three fused passes (A); \
-                          bit-identical",
-            variants: ("3 fused passes", "1 pass + halo"),
-            a: Side::Fused,
-            b: Side::Halo,
-        },
-        DagComparison {
-            name: "dag/fine-queue-vs-staged",
-            description: "persistent queue, one task per stage and tile (B, 256 tasks), against one \
-                          dispatch per stage (A); W=0 is the probe's worker bound",
-            variants: ("8 dispatches", "fine queue"),
-            a: Side::Staged,
-            b: FINE,
-        },
-        DagComparison {
-            name: "dag/coarse-vs-fine-queue",
-            description: "persistent queue with one task per fused pass and tile (B, 96 tasks) against \
-                          one per stage and tile (A, 256 tasks), same workers",
-            variants: ("fine queue", "coarse queue"),
-            a: FINE,
-            b: COARSE,
-        },
-        DagComparison {
-            name: "dag/coarse-queue-vs-fused",
-            description: "coarse persistent queue (B) against the same three passes as static \
-                          dispatches (A): the price of dynamic scheduling",
-            variants: ("3 fused passes", "coarse queue"),
-            a: Side::Fused,
-            b: COARSE,
-        },
-        DagComparison {
-            name: "dag/coordination-vs-fine-queue",
-            description: "diagnostic, not equivalent work: the fine queue's tickets, waits and signals \
-                          without arithmetic (B) against the fine queue (A)",
-            variants: ("fine queue", "coordination only"),
-            a: FINE,
-            b: Side::Coordination,
-        },
+        Registered::configured(
+            "dag/fused-vs-staged",
+            "the eight-stage chain as three fused static passes (B) against one dispatch per \
+             stage (A); bit-identical, every intermediate kept",
+            ("8 dispatches", "3 fused passes"),
+            DagComparison { a: Side::Staged, b: Side::Fused },
+            DagComparison::sizes,
+            DagComparison::build,
+        ),
+        Registered::configured(
+            "dag/halo-vs-fused",
+            "one pass recomputing a three-row halo (B) against three fused passes (A); \
+             bit-identical",
+            ("3 fused passes", "1 pass + halo"),
+            DagComparison { a: Side::Fused, b: Side::Halo },
+            DagComparison::sizes,
+            DagComparison::build,
+        ),
+        Registered::configured(
+            "dag/fine-queue-vs-staged",
+            "persistent queue, one task per stage and tile (B, 256 tasks), against one \
+             dispatch per stage (A); W=0 is the probe's worker bound",
+            ("8 dispatches", "fine queue"),
+            DagComparison { a: Side::Staged, b: FINE },
+            DagComparison::sizes,
+            DagComparison::build,
+        ),
+        Registered::configured(
+            "dag/coarse-vs-fine-queue",
+            "persistent queue with one task per fused pass and tile (B, 96 tasks) against \
+             one per stage and tile (A, 256 tasks), same workers",
+            ("fine queue", "coarse queue"),
+            DagComparison { a: FINE, b: COARSE },
+            DagComparison::sizes,
+            DagComparison::build,
+        ),
+        Registered::configured(
+            "dag/coarse-queue-vs-fused",
+            "coarse persistent queue (B) against the same three passes as static \
+             dispatches (A): the price of dynamic scheduling",
+            ("3 fused passes", "coarse queue"),
+            DagComparison { a: Side::Fused, b: COARSE },
+            DagComparison::sizes,
+            DagComparison::build,
+        ),
+        Registered::configured(
+            "dag/coordination-vs-fine-queue",
+            "diagnostic, not equivalent work: the fine queue's tickets, waits and signals \
+             without arithmetic (B) against the fine queue (A)",
+            ("fine queue", "coordination only"),
+            DagComparison { a: FINE, b: Side::Coordination },
+            DagComparison::sizes,
+            DagComparison::build,
+        ),
     ]
 }
 
@@ -159,19 +162,7 @@ fn prime(label: &str, mut run_clean: impl FnMut() -> Result<bool>, clear: impl F
 /// Most untimed runs a queue gets to complete once cleanly before it is measured.
 const PRIMING_RUNS: usize = 3;
 
-impl Comparison for DagComparison {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn description(&self) -> &'static str {
-        self.description
-    }
-
-    fn variants(&self) -> (&'static str, &'static str) {
-        self.variants
-    }
-
+impl DagComparison {
     fn sizes(&self, _set: SizeSet, held_out: bool) -> Vec<Size> {
         let workers: &[u32] = if self.a.is_queue() || self.b.is_queue() { WORKERS } else { &[0] };
         workers
@@ -270,77 +261,76 @@ impl MoeSide {
 }
 
 /// One MoE layer comparison between two executors (no shared expert).
-pub struct MoeComparison {
-    name: &'static str,
-    description: &'static str,
-    variants: (&'static str, &'static str),
+struct MoeComparison {
     a: MoeSide,
     b: MoeSide,
 }
 
 /// The registered MoE layer executor comparisons.
-pub fn moe_comparisons() -> Vec<MoeComparison> {
+pub fn moe_comparisons() -> Vec<Registered> {
     vec![
-        MoeComparison {
-            name: "dag/moe-passes-vs-staged",
-            description: "the MoE layer as its task program in five static passes of fine tasks (route, \
-                          layout, gate/up, down, combine tiles; B) against its staged forward, one \
-                          dispatch per kernel (A); bit-identical",
-            variants: ("staged forward", "fine task passes"),
-            a: MoeSide::Staged,
-            b: MoeSide::Passes(TaskSize::Fine),
-        },
-        MoeComparison {
-            name: "dag/moe-coarse-vs-fine-passes",
-            description: "the task program's static passes with coarse tasks (B: four passes, a tile's \
-                          gate/up and down in one workgroup) against fine tasks (A: five passes, one \
-                          64-column tile of one projection per task); bit-identical",
-            variants: ("fine task passes", "coarse task passes"),
-            a: MoeSide::Passes(TaskSize::Fine),
-            b: MoeSide::Passes(TaskSize::Coarse),
-        },
-        MoeComparison {
-            name: "dag/moe-queue-vs-passes",
-            description: "the MoE task program on the persistent queue (B) against the same fine tasks in \
-                          five static passes (A): the price or gain of dynamic scheduling with the same \
-                          task bodies; W=0 is the probe's worker bound",
-            variants: ("fine task passes", "fine task queue"),
-            a: MoeSide::Passes(TaskSize::Fine),
-            b: MoeSide::Queue(TaskShape::new(TaskSize::Fine)),
-        },
-        MoeComparison {
-            name: "dag/moe-coarse-vs-fine-queue",
-            description: "the MoE task program on the persistent queue with coarse tasks (B) against fine \
-                          tasks (A), same workers; W=0 is the probe's worker bound",
-            variants: ("fine task queue", "coarse task queue"),
-            a: MoeSide::Queue(TaskShape::new(TaskSize::Fine)),
-            b: MoeSide::Queue(TaskShape::new(TaskSize::Coarse)),
-        },
-        MoeComparison {
-            name: "dag/moe-own-vs-all-combine",
-            description: "the fine task queue with combine tiles that wait only for the expert tasks \
-                          holding their tokens' entries (B: counts written by the layout at run time) \
-                          against combine tiles that wait for every expert task (A), same workers",
-            variants: ("combine after all experts", "combine after own entries"),
-            a: MoeSide::Queue(TaskShape::with_combine(TaskSize::Fine, CombineRule::AllExperts)),
-            b: MoeSide::Queue(TaskShape::with_combine(TaskSize::Fine, CombineRule::OwnEntries)),
-        },
+        Registered::configured(
+            "dag/moe-passes-vs-staged",
+            "the MoE layer as its task program in five static passes of fine tasks (route, \
+             layout, gate/up, down, combine tiles; B) against its staged forward, one \
+             dispatch per kernel (A); bit-identical",
+            ("staged forward", "fine task passes"),
+            MoeComparison { a: MoeSide::Staged, b: MoeSide::Passes(TaskSize::Fine) },
+            MoeComparison::sizes,
+            MoeComparison::build,
+        ),
+        Registered::configured(
+            "dag/moe-coarse-vs-fine-passes",
+            "the task program's static passes with coarse tasks (B: four passes, a tile's \
+             gate/up and down in one workgroup) against fine tasks (A: five passes, one \
+             64-column tile of one projection per task); bit-identical",
+            ("fine task passes", "coarse task passes"),
+            MoeComparison { a: MoeSide::Passes(TaskSize::Fine), b: MoeSide::Passes(TaskSize::Coarse) },
+            MoeComparison::sizes,
+            MoeComparison::build,
+        ),
+        Registered::configured(
+            "dag/moe-queue-vs-passes",
+            "the MoE task program on the persistent queue (B) against the same fine tasks in \
+             five static passes (A): the price or gain of dynamic scheduling with the same \
+             task bodies; W=0 is the probe's worker bound",
+            ("fine task passes", "fine task queue"),
+            MoeComparison {
+                a: MoeSide::Passes(TaskSize::Fine),
+                b: MoeSide::Queue(TaskShape::new(TaskSize::Fine)),
+            },
+            MoeComparison::sizes,
+            MoeComparison::build,
+        ),
+        Registered::configured(
+            "dag/moe-coarse-vs-fine-queue",
+            "the MoE task program on the persistent queue with coarse tasks (B) against fine \
+             tasks (A), same workers; W=0 is the probe's worker bound",
+            ("fine task queue", "coarse task queue"),
+            MoeComparison {
+                a: MoeSide::Queue(TaskShape::new(TaskSize::Fine)),
+                b: MoeSide::Queue(TaskShape::new(TaskSize::Coarse)),
+            },
+            MoeComparison::sizes,
+            MoeComparison::build,
+        ),
+        Registered::configured(
+            "dag/moe-own-vs-all-combine",
+            "the fine task queue with combine tiles that wait only for the expert tasks \
+             holding their tokens' entries (B: counts written by the layout at run time) \
+             against combine tiles that wait for every expert task (A), same workers",
+            ("combine after all experts", "combine after own entries"),
+            MoeComparison {
+                a: MoeSide::Queue(TaskShape::with_combine(TaskSize::Fine, CombineRule::AllExperts)),
+                b: MoeSide::Queue(TaskShape::with_combine(TaskSize::Fine, CombineRule::OwnEntries)),
+            },
+            MoeComparison::sizes,
+            MoeComparison::build,
+        ),
     ]
 }
 
-impl Comparison for MoeComparison {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn description(&self) -> &'static str {
-        self.description
-    }
-
-    fn variants(&self) -> (&'static str, &'static str) {
-        self.variants
-    }
-
+impl MoeComparison {
     fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
         let (tokens, h, f, e, k): (&[u32], u32, u32, u32, u32) = match (set, held_out) {
             (SizeSet::Gpu, false) => (&[1, 4, 64, 256], 512, 1024, 16, 2),

@@ -1,7 +1,7 @@
 //! Expert-projection comparisons: grouped GEMM against a dense GEMM of equal FLOPs, against
 //! the bucketed path with overflow, and the row-wise decode path against the grouped one.
 
-use super::comparison::{Case, Comparison, Registered, Size, SizeSet, Work};
+use super::comparison::{Case, Registered, Size, SizeSet, Work};
 use super::dispatch::skewed_indices;
 use crate::bits::bit_identical;
 use crate::context::{BoundsChecks, Context};
@@ -573,64 +573,58 @@ fn build_unchecked_vs_checked(ctx: &Context, size: &Size, seed: u64) -> Result<C
 /// 32 × 32 tiles (A), in one order: what a tile of the GPU family does at the layer shapes
 /// (the figures that decide a tile per rows per expert), or what f16 staging does against the
 /// same tile in f32.
-pub struct TileVsTile {
-    name: &'static str,
-    description: &'static str,
-    variants: (&'static str, &'static str),
+struct TileVsTile {
     order: GemmOrder,
     a: GemmVariant,
     b: GemmVariant,
 }
 
-impl TileVsTile {
-    /// The GPU tile family's comparisons.
-    pub fn all() -> Vec<TileVsTile> {
-        let tiled = GemmVariant::Tiled { bk4: 8 };
-        let tile64 = GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 4));
-        vec![
+/// The GPU tile family's comparisons.
+pub fn tile_comparisons() -> Vec<Registered> {
+    let tiled = GemmVariant::Tiled { bk4: 8 };
+    let tile64 = GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 4));
+    vec![
+        Registered::configured(
+            "gemm/tile64-vs-tiled",
+            "grouped expert FFN on 64x64 tiles of 256 invocations, 4x4 outputs each, K chunks of \
+             16 (B) against the default 32x32 tiles of 64 invocations (A), strict order; bitwise equal",
+            ("tiled", "tile64"),
+            TileVsTile { order: GemmOrder::Strict, a: tiled, b: tile64 },
+            TileVsTile::sizes,
+            TileVsTile::build,
+        ),
+        Registered::configured(
+            "gemm/tile128-vs-tiled",
+            "grouped expert FFN on 128x128 tiles of 256 invocations, 8x8 outputs each, K chunks of \
+             8 (B) against the default 32x32 tiles (A), fast order (one accumulator per output); \
+             bitwise equal",
+            ("tiled", "tile128"),
             TileVsTile {
-                name: "gemm/tile64-vs-tiled",
-                description: "grouped expert FFN on 64x64 tiles of 256 invocations, 4x4 outputs each, K chunks of \
-                              16 (B) against the default 32x32 tiles of 64 invocations (A), strict order; bitwise equal",
-                variants: ("tiled", "tile64"),
-                order: GemmOrder::Strict,
-                a: tiled,
-                b: tile64,
-            },
-            TileVsTile {
-                name: "gemm/tile128-vs-tiled",
-                description: "grouped expert FFN on 128x128 tiles of 256 invocations, 8x8 outputs each, K chunks of \
-                              8 (B) against the default 32x32 tiles (A), fast order (one accumulator per output); \
-                              bitwise equal",
-                variants: ("tiled", "tile128"),
                 order: GemmOrder::Fast,
                 a: tiled,
                 b: GemmVariant::Tile(TileBlock::new(128, 128, 8, 8, 2)),
             },
+            TileVsTile::sizes,
+            TileVsTile::build,
+        ),
+        Registered::configured(
+            "gemm/f16-staged-vs-f32-tile",
+            "grouped expert FFN on 64x64 tiles staging x and the weights in f16 (B, the \
+             TileF16 precision mode) against the same tiles in f32 (A), strict order; B checked \
+             against the reference on f16-rounded operands",
+            ("f32 tiles", "f16 tiles"),
             TileVsTile {
-                name: "gemm/f16-staged-vs-f32-tile",
-                description: "grouped expert FFN on 64x64 tiles staging x and the weights in f16 (B, the \
-                              TileF16 precision mode) against the same tiles in f32 (A), strict order; B checked \
-                              against the reference on f16-rounded operands",
-                variants: ("f32 tiles", "f16 tiles"),
                 order: GemmOrder::Strict,
                 a: tile64,
                 b: GemmVariant::TileF16(TileBlock::new(64, 64, 4, 4, 4)),
             },
-        ]
-    }
+            TileVsTile::sizes,
+            TileVsTile::build,
+        ),
+    ]
 }
 
-impl Comparison for TileVsTile {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn description(&self) -> &'static str {
-        self.description
-    }
-    fn variants(&self) -> (&'static str, &'static str) {
-        self.variants
-    }
+impl TileVsTile {
     fn sizes(&self, set: SizeSet, held_out: bool) -> Vec<Size> {
         layer_shape_sizes(set, held_out)
     }
@@ -767,22 +761,30 @@ fn build_tuned_vs_default(ctx: &Context, size: &Size, seed: u64) -> Result<Case>
 /// default kernels in strict order. `bytes` are B's: the selected experts' quantised weights
 /// (the note gives A's). Each side is checked against the CPU reference on its own rounded
 /// weights.
-pub struct QuantVsF16 {
+struct QuantVsF16 {
     /// B's format.
-    pub dtype: WeightDtype,
+    dtype: WeightDtype,
     /// Decode sizes and the row-wise path, else prefill sizes and the grouped path.
-    pub decode: bool,
+    decode: bool,
 }
 
-impl QuantVsF16 {
-    /// One comparison per quantised format and path.
-    pub fn all() -> Vec<QuantVsF16> {
-        let formats = [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8];
-        [true, false]
-            .into_iter()
-            .flat_map(|decode| formats.map(|dtype| QuantVsF16 { dtype, decode }))
-            .collect()
-    }
+/// One comparison of quantised against f16 weights per quantised format and path.
+pub fn quant_comparisons() -> Vec<Registered> {
+    let formats = [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8];
+    [true, false]
+        .into_iter()
+        .flat_map(|decode| formats.map(|dtype| QuantVsF16 { dtype, decode }))
+        .map(|q| {
+            Registered::configured(
+                q.name(),
+                q.description(),
+                q.variants(),
+                q,
+                QuantVsF16::sizes,
+                QuantVsF16::build,
+            )
+        })
+        .collect()
 }
 
 /// Quantised-format comparison sizes: the issue's bandwidth-bound decode shape (E = 32,
@@ -804,7 +806,7 @@ fn quant_sizes(set: SizeSet, held_out: bool, decode: bool) -> Vec<Size> {
         .collect()
 }
 
-impl Comparison for QuantVsF16 {
+impl QuantVsF16 {
     fn name(&self) -> &'static str {
         match (self.dtype, self.decode) {
             (WeightDtype::Q8_0, true) => "gemm/q8_0-vs-f16-decode",

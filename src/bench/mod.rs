@@ -47,11 +47,12 @@ pub fn comparisons() -> Vec<Box<dyn Comparison>> {
         layer::layer_route(),
         layer::layer_live(),
     ];
-    let mut all: Vec<Box<dyn Comparison>> =
-        registered.into_iter().map(|c| Box::new(c) as Box<dyn Comparison>).collect();
-    all.extend(gemm::TileVsTile::all().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
-    all.extend(gemm::QuantVsF16::all().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
-    all.extend(dag::comparisons().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
-    all.extend(dag::moe_comparisons().into_iter().map(|c| Box::new(c) as Box<dyn Comparison>));
-    all
+    registered
+        .into_iter()
+        .chain(gemm::tile_comparisons())
+        .chain(gemm::quant_comparisons())
+        .chain(dag::comparisons())
+        .chain(dag::moe_comparisons())
+        .map(|c| Box::new(c) as Box<dyn Comparison>)
+        .collect()
 }
