@@ -11,8 +11,9 @@ use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 
 use super::quantised::{self, NarrowScales, QuantisedValues};
+use super::specs::{UNPACK, UNPACK_QUANT};
 use super::texture::TextureWeights;
-use super::{AdapterKind, FfnKernels, GemmOrder, PARAMS_BYTES, Params, UNPACK, UNPACK_QUANT, slots};
+use super::{AdapterKind, FfnKernels, GemmOrder, PARAMS_BYTES, Params, slots};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
