@@ -134,9 +134,9 @@ pub type SizesFn = Box<dyn Fn(SizeSet, bool) -> Vec<Size>>;
 /// Builds the case for one size with data from a seed.
 pub type BuildFn = Box<dyn Fn(&Context, &Size, u64) -> Result<Case>>;
 
-/// A comparison written as data: its names, its sizes and how one size is built. Most of
-/// moeflow's comparisons are values of it (each module's functions return them); the trait is
-/// for comparisons whose configuration is a type of its own.
+/// A comparison written as data: its names, its sizes and how one size is built. Every one of
+/// moeflow's comparisons is a value of it (each bench module's functions return them); the
+/// trait stays for comparisons a caller writes as a type of its own.
 pub struct Registered {
     /// Stable name, e.g. `route/fused-vs-unfused`.
     pub name: &'static str,
