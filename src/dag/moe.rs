@@ -29,8 +29,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{Activation, ExpertWeights};
 use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
-use crate::layer::{CallerOutputs, Capacity, ForwardIo, MoeLayer};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
+use crate::layer::{CallerOutputs, Capacity, ForwardIo, MoeConfig, MoeLayer};
+use crate::pipeline::{Access, Binding, Constants, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
 use crate::tensor::word_bytes;
 
@@ -554,8 +554,87 @@ impl MoeProgram {
         shape: TaskShape,
         queue: Option<&QueueOptions>,
     ) -> Result<Self> {
-        let (size, tokens) = (shape.size, io.max_tokens());
         let q = queue.copied().unwrap_or(QueueOptions::new(1));
+        let tasks = Self::tasks_for(ctx, layer, &io, shape, &q)?;
+        let cfg = layer.config();
+        let (h, f, e, k) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.route.k);
+        let tokens = io.max_tokens();
+        let (x, y) = (io.x().view(), io.y().view());
+        let (t64, h64, k64) = (u64::from(tokens), u64::from(h), u64::from(k));
+
+        let at = ProgramLayout::new(&tasks, tokens, [h, f, e, k], cfg.shared_ffn.unwrap_or(0))?;
+        let state = ctx.storage_scratch("moe program state", word_bytes(u64::from(at.state_len)))?;
+        let work = ctx.storage_scratch("moe program work", word_bytes(u64::from(at.work_len)))?;
+        // The selection bias and the shared gate travel in the program words, the shared
+        // expert's three matrices in one buffer: 10 storage buffers in all.
+        let (router, bias) = layer.router_buffers();
+        let bias_values: Vec<u32> = match bias {
+            Some(b) => ctx.read_back(b, e as usize)?,
+            None => Vec::new(),
+        };
+        let gate_values: Vec<u32> = match layer.shared_expert().and_then(|(_, g)| g) {
+            Some(g) => ctx.read_back(whole(g)?, h as usize)?,
+            None => Vec::new(),
+        };
+        let shared = SharedMatrices::pack(ctx, layer)?;
+        let mut header = Header::new(&tasks, &at, cfg, shape, &q, &shared)?;
+        let program_words = encode(&mut header, &tasks, &bias_values, &gate_values, q.stall_task)?;
+        let program = ctx.upload("moe program", &program_words)?;
+        let params = route_params(ctx, &cfg.route, tokens)?;
+        let ffn = layer.routed_experts();
+        let bindings = [
+            Binding::new(0, &params, ROUTE_PARAMS_BYTES),
+            x.bind(1, word_bytes(t64 * h64)),
+            Binding::new(2, router, word_bytes(u64::from(e) * h64)),
+            whole_binding(7, &program),
+            whole_binding(8, whole(&ffn.gate)?),
+            whole_binding(9, whole(&ffn.up)?),
+            whole_binding(10, whole(&ffn.down)?),
+            whole_binding(12, &work),
+            y.bind(13, word_bytes(t64 * h64)),
+            whole_binding(14, &state),
+            whole_binding(15, &shared.buffer),
+        ];
+        let mut constants = cfg.route.constants().to_vec();
+        let order = ffn.kernels(ctx).order;
+        constants.extend([
+            (Override::Lanes, f64::from(QUEUE_LANES)),
+            (Override::Dtype, cfg.weight_dtype.code()),
+            (Override::FastOrder, f64::from(u8::from(order == crate::kernels::gemm::GemmOrder::Fast))),
+        ]);
+        let persistent = ctx.kernel(&MOE_PERSISTENT, &constants)?;
+        let queue = match queue {
+            Some(q) => {
+                let persistent = ctx.dispatch(&persistent, &bindings, [q.workers, 1, 1])?;
+                let reset = ctx.dispatch(
+                    &ctx.kernel(&MOE_RESET, &[])?,
+                    &[whole_binding(7, &program), whole_binding(14, &state)],
+                    ctx.grid(MOE_RESET.groups((STATE_HEADER + header.tasks).into())?, "queue reset")?,
+                )?;
+                Some(vec![reset, persistent])
+            }
+            None => None,
+        };
+        let passes = pass_dispatches(ctx, &tasks, &constants, &bindings)?;
+        let diag = if q.coordination_only { ", coordination only" } else { "" };
+        let queue_label = queue
+            .as_ref()
+            .map(|_| format!("queue ({} MoE tasks, {} workers{diag})", shape.size.name(), q.workers));
+        let entries = usize::try_from(t64 * k64)
+            .map_err(|_| Error::limit("entries", t64 * k64, u32::MAX.into(), "usize"))?;
+        Ok(MoeProgram { queue, passes, state, work, indices: header.indices, entries, tasks, queue_label })
+    }
+
+    /// Checks a program's request against the device, the layer and `io` (see [`Self::new`]'s
+    /// errors) and returns its tasks.
+    fn tasks_for(
+        ctx: &Context,
+        layer: &MoeLayer,
+        io: &ForwardIo<'_>,
+        shape: TaskShape,
+        q: &QueueOptions,
+    ) -> Result<MoeTasks> {
+        let tokens = io.max_tokens();
         storage_limit(ctx)?;
         if let Some(why) = layer_unsupported(layer) {
             return Err(Error::invalid(format!("this layer has no task form: {why}")));
@@ -584,168 +663,16 @@ impl MoeProgram {
                  `read_routing`); it writes no routing tensors or logits of the caller's",
             ));
         }
-        let tasks = MoeTasks::new(size, tokens, h, f, e, k, cfg.shared_ffn)?;
+        let tasks = MoeTasks::new(shape.size, tokens, h, f, e, k, cfg.shared_ffn)?;
         if let Some(s) = q.stall_task
             && u64::from(s) >= tasks.total()
         {
             return Err(Error::invalid(format!("stall task {s} is not one of the {} tasks", tasks.total())));
         }
-        let (x, y) = (io.x().view(), io.y().view());
-        let (t64, h64, k64) = (u64::from(tokens), u64::from(h), u64::from(k));
-        ctx.check_view("x", &x, word_bytes(t64 * h64), Read)?;
-        ctx.check_view("y", &y, word_bytes(t64 * h64), ReadWrite)?;
-
-        let at = ProgramLayout::new(&tasks, tokens, [h, f, e, k], cfg.shared_ffn.unwrap_or(0))?;
-        let state = ctx.storage_scratch("moe program state", word_bytes(u64::from(at.state_len)))?;
-        let work = ctx.storage_scratch("moe program work", word_bytes(u64::from(at.work_len)))?;
-        let u = |what: &str, n: u64| to_u32(what, usize::try_from(n).unwrap_or(usize::MAX));
-
-        // The selection bias and the shared gate travel in the program words, the shared
-        // expert's three matrices in one buffer: 10 storage buffers in all.
-        let (router, bias) = layer.router_buffers();
-        let bias_values: Vec<u32> = match bias {
-            Some(b) => ctx.read_back(b, e as usize)?,
-            None => Vec::new(),
-        };
-        let shared = layer.shared_expert();
-        let gate_values: Vec<u32> = match shared.and_then(|(_, g)| g) {
-            Some(g) => ctx.read_back(whole(g)?, h as usize)?,
-            None => Vec::new(),
-        };
-        let (shared_w, shared_up_off, shared_down_off) = match shared {
-            Some((s, _)) => {
-                let parts = [whole(&s.gate)?, whole(&s.up)?, whole(&s.down)?];
-                let total: u64 = parts.iter().map(|b| b.size()).sum();
-                let buffer = ctx.storage_scratch("moe program shared expert", total)?;
-                let mut encoder = ctx.encoder("moe program shared expert copy");
-                let mut at = 0;
-                for part in parts {
-                    encoder.copy_buffer_to_buffer(part, 0, &buffer, at, part.size());
-                    at += part.size();
-                }
-                ctx.submit_and_wait(encoder)?;
-                let (g, up) = (parts[0].size() / 4, parts[1].size() / 4);
-                (buffer, u("shared expert words", g)?, u("shared expert words", g + up)?)
-            }
-            None => (ctx.storage_scratch("moe program absent shared expert", 4)?, 0, 0),
-        };
-        let mut header = Header {
-            tasks: u("tasks", tasks.total())?,
-            task_off: 0,
-            spin_limit: q.spin_limit,
-            work: u32::from(!q.coordination_only),
-            canary: 2,
-            ffn: f,
-            up_tiles: f.div_ceil(QUEUE_LANES),
-            down_tiles: h.div_ceil(QUEUE_LANES),
-            slots: tasks.slots,
-            counts: at.counts,
-            bases: at.bases,
-            row_entry: at.row_entry,
-            tile_expert: at.tile_expert,
-            chunks: at.chunks,
-            indices: at.indices,
-            rows_h: at.rows_h,
-            partial: at.partial,
-            weights: at.weights,
-            bias: MOE_NONE,
-            shared_ffn: cfg.shared_ffn.unwrap_or(0),
-            shared_up_tiles: cfg.shared_ffn.unwrap_or(0).div_ceil(QUEUE_LANES),
-            shared_gate: MOE_NONE,
-            shared_up_off,
-            shared_down_off,
-            shared_h: at.shared_h,
-            shared_out: at.shared_out,
-            combine_rule: u32::from(shape.combine == CombineRule::OwnEntries),
-            combine_first: 0,
-            entry_signals: match size {
-                TaskSize::Fine => h.div_ceil(QUEUE_LANES),
-                TaskSize::Coarse => 1,
-            },
-        };
-        // Rule 1 counts a combine tile's expert signals below RUN_TIME_NEED.
-        let signals = u64::from(MOE_TILE) * k64 * u64::from(header.entry_signals);
-        if shape.combine == CombineRule::OwnEntries && signals >= u64::from(RUN_TIME_NEED) {
-            return Err(Error::limit(
-                "expert signals one combine tile waits for",
-                signals,
-                u64::from(RUN_TIME_NEED) - 1,
-                "RUN_TIME_NEED in the MoE program",
-            ));
-        }
-        let program_words = encode(&mut header, &tasks, &bias_values, &gate_values, q.stall_task)?;
-        let program = ctx.upload("moe program", &program_words)?;
-        let params = route_params(ctx, &cfg.route, tokens)?;
-        let ffn = layer.routed_experts();
-        let bindings = [
-            Binding::new(0, &params, ROUTE_PARAMS_BYTES),
-            x.bind(1, word_bytes(t64 * h64)),
-            Binding::new(2, router, word_bytes(u64::from(e) * h64)),
-            whole_binding(7, &program),
-            whole_binding(8, whole(&ffn.gate)?),
-            whole_binding(9, whole(&ffn.up)?),
-            whole_binding(10, whole(&ffn.down)?),
-            whole_binding(12, &work),
-            y.bind(13, word_bytes(t64 * h64)),
-            whole_binding(14, &state),
-            whole_binding(15, &shared_w),
-        ];
-        let mut constants = cfg.route.constants().to_vec();
-        let order = ffn.kernels(ctx).order;
-        constants.extend([
-            (Override::Lanes, f64::from(QUEUE_LANES)),
-            (Override::Dtype, cfg.weight_dtype.code()),
-            (Override::FastOrder, f64::from(u8::from(order == crate::kernels::gemm::GemmOrder::Fast))),
-        ]);
-        let persistent = ctx.kernel(&MOE_PERSISTENT, &constants)?;
-        let queue = match queue {
-            Some(q) => {
-                let persistent = ctx.dispatch(&persistent, &bindings, [q.workers, 1, 1])?;
-                let reset = ctx.dispatch(
-                    &ctx.kernel(&MOE_RESET, &[])?,
-                    &[whole_binding(7, &program), whole_binding(14, &state)],
-                    ctx.grid(MOE_RESET.groups((STATE_HEADER + header.tasks).into())?, "queue reset")?,
-                )?;
-                Some(vec![reset, persistent])
-            }
-            None => None,
-        };
-        // The passes' ticket ranges, one per uniform-offset step of one buffer.
-        let step = u64::from(ctx.limits().min_uniform_buffer_offset_alignment).max(PASS_RANGE_BYTES);
-        let mut at = 0u32;
-        let ranges: Vec<(u32, u32)> = tasks
-            .pass_counts()
-            .into_iter()
-            .map(|count| {
-                at += count;
-                (at - count, count)
-            })
-            .filter(|&(_, count)| count > 0)
-            .collect();
-        let words = (step / 4) as usize;
-        let mut range_words = vec![0u32; words * ranges.len()];
-        for (i, &(first, count)) in ranges.iter().enumerate() {
-            range_words[i * words..][..2].copy_from_slice(&[first, count]);
-        }
-        let range_buffer = ctx.uniform_bytes("moe pass ranges", bytemuck::cast_slice(&range_words))?;
-        let pass_kernel = ctx.kernel(&MOE_PASS, &constants)?;
-        let mut passes = Vec::new();
-        for (i, &(_, count)) in ranges.iter().enumerate() {
-            let range = Binding {
-                binding: 3,
-                buffer: &range_buffer,
-                size: PASS_RANGE_BYTES,
-                offset: i as u64 * step,
-            };
-            let b: Vec<Binding> = bindings.iter().cloned().chain([range]).collect();
-            passes.push(ctx.dispatch(&pass_kernel, &b, ctx.grid(count.into(), "MoE task pass")?)?);
-        }
-        let diag = if q.coordination_only { ", coordination only" } else { "" };
-        let queue_label =
-            queue.as_ref().map(|_| format!("queue ({} MoE tasks, {} workers{diag})", size.name(), q.workers));
-        let entries = usize::try_from(t64 * k64)
-            .map_err(|_| Error::limit("entries", t64 * k64, u32::MAX.into(), "usize"))?;
-        Ok(MoeProgram { queue, passes, state, work, indices: header.indices, entries, tasks, queue_label })
+        let words = word_bytes(u64::from(tokens) * u64::from(h));
+        ctx.check_view("x", &io.x().view(), words, Read)?;
+        ctx.check_view("y", &io.y().view(), words, ReadWrite)?;
+        Ok(tasks)
     }
 
     /// The queue's dispatches (a state reset and the persistent workers), where it was asked
@@ -821,6 +748,138 @@ fn whole(w: &ExpertWeights) -> Result<&wgpu::Buffer> {
 /// `buffer` bound whole at `binding`.
 fn whole_binding(binding: u32, buffer: &wgpu::Buffer) -> Binding<'_> {
     Binding::new(binding, buffer, buffer.size())
+}
+
+/// The shared expert's gate, up and down matrices copied into one buffer (a 4-byte
+/// placeholder without one), and the words where the up and down matrices start.
+struct SharedMatrices {
+    buffer: wgpu::Buffer,
+    up_off: u32,
+    down_off: u32,
+}
+
+impl SharedMatrices {
+    fn pack(ctx: &Context, layer: &MoeLayer) -> Result<Self> {
+        let Some((s, _)) = layer.shared_expert() else {
+            let buffer = ctx.storage_scratch("moe program absent shared expert", 4)?;
+            return Ok(SharedMatrices { buffer, up_off: 0, down_off: 0 });
+        };
+        let parts = [whole(&s.gate)?, whole(&s.up)?, whole(&s.down)?];
+        let total: u64 = parts.iter().map(|b| b.size()).sum();
+        let buffer = ctx.storage_scratch("moe program shared expert", total)?;
+        let mut encoder = ctx.encoder("moe program shared expert copy");
+        let mut at = 0;
+        for part in parts {
+            encoder.copy_buffer_to_buffer(part, 0, &buffer, at, part.size());
+            at += part.size();
+        }
+        ctx.submit_and_wait(encoder)?;
+        let word = |n: u64| to_u32("shared expert words", usize::try_from(n).unwrap_or(usize::MAX));
+        let (gate_words, up_words) = (parts[0].size() / 4, parts[1].size() / 4);
+        let (up_off, down_off) = (word(gate_words)?, word(gate_words + up_words)?);
+        Ok(SharedMatrices { buffer, up_off, down_off })
+    }
+}
+
+impl Header {
+    /// The header of a program of `tasks` laid out as `at` (the bias and shared-gate words,
+    /// the combine's first task and the task table's offset are filled in by [`encode`]).
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] for more tasks than u32 counts, or (with
+    /// [`CombineRule::OwnEntries`]) more expert signals per combine tile than its counter holds.
+    fn new(
+        tasks: &MoeTasks,
+        at: &ProgramLayout,
+        cfg: &MoeConfig,
+        shape: TaskShape,
+        q: &QueueOptions,
+        shared: &SharedMatrices,
+    ) -> Result<Self> {
+        let (h, f, k) = (cfg.route.hidden, cfg.ffn, cfg.route.k);
+        let shared_ffn = cfg.shared_ffn.unwrap_or(0);
+        let header = Header {
+            tasks: to_u32("tasks", usize::try_from(tasks.total()).unwrap_or(usize::MAX))?,
+            task_off: 0,
+            spin_limit: q.spin_limit,
+            work: u32::from(!q.coordination_only),
+            canary: 2,
+            ffn: f,
+            up_tiles: f.div_ceil(QUEUE_LANES),
+            down_tiles: h.div_ceil(QUEUE_LANES),
+            slots: tasks.slots,
+            counts: at.counts,
+            bases: at.bases,
+            row_entry: at.row_entry,
+            tile_expert: at.tile_expert,
+            chunks: at.chunks,
+            indices: at.indices,
+            rows_h: at.rows_h,
+            partial: at.partial,
+            weights: at.weights,
+            bias: MOE_NONE,
+            shared_ffn,
+            shared_up_tiles: shared_ffn.div_ceil(QUEUE_LANES),
+            shared_gate: MOE_NONE,
+            shared_up_off: shared.up_off,
+            shared_down_off: shared.down_off,
+            shared_h: at.shared_h,
+            shared_out: at.shared_out,
+            combine_rule: u32::from(shape.combine == CombineRule::OwnEntries),
+            combine_first: 0,
+            entry_signals: match shape.size {
+                TaskSize::Fine => h.div_ceil(QUEUE_LANES),
+                TaskSize::Coarse => 1,
+            },
+        };
+        // Rule 1 counts a combine tile's expert signals below RUN_TIME_NEED.
+        let signals = u64::from(MOE_TILE) * u64::from(k) * u64::from(header.entry_signals);
+        if shape.combine == CombineRule::OwnEntries && signals >= u64::from(RUN_TIME_NEED) {
+            return Err(Error::limit(
+                "expert signals one combine tile waits for",
+                signals,
+                u64::from(RUN_TIME_NEED) - 1,
+                "RUN_TIME_NEED in the MoE program",
+            ));
+        }
+        Ok(header)
+    }
+}
+
+/// The static passes: one dispatch of `MOE_PASS` per pass with tasks, each binding its ticket
+/// range (one per uniform-offset step of one buffer) beside the program's `bindings`.
+fn pass_dispatches(
+    ctx: &Context,
+    tasks: &MoeTasks,
+    constants: &Constants,
+    bindings: &[Binding<'_>],
+) -> Result<Vec<Dispatch>> {
+    let step = u64::from(ctx.limits().min_uniform_buffer_offset_alignment).max(PASS_RANGE_BYTES);
+    let mut at = 0u32;
+    let ranges: Vec<(u32, u32)> = tasks
+        .pass_counts()
+        .into_iter()
+        .map(|count| {
+            at += count;
+            (at - count, count)
+        })
+        .filter(|&(_, count)| count > 0)
+        .collect();
+    let words = (step / 4) as usize;
+    let mut range_words = vec![0u32; words * ranges.len()];
+    for (i, &(first, count)) in ranges.iter().enumerate() {
+        range_words[i * words..][..2].copy_from_slice(&[first, count]);
+    }
+    let range_buffer = ctx.uniform_bytes("moe pass ranges", bytemuck::cast_slice(&range_words))?;
+    let pass_kernel = ctx.kernel(&MOE_PASS, constants)?;
+    let mut passes = Vec::new();
+    for (i, &(_, count)) in ranges.iter().enumerate() {
+        let range =
+            Binding { binding: 3, buffer: &range_buffer, size: PASS_RANGE_BYTES, offset: i as u64 * step };
+        let b: Vec<Binding> = bindings.iter().cloned().chain([range]).collect();
+        passes.push(ctx.dispatch(&pass_kernel, &b, ctx.grid(count.into(), "MoE task pass")?)?);
+    }
+    Ok(passes)
 }
 
 /// The program words: `header`, the selection bias and the shared gate's values (`bias`,
