@@ -642,18 +642,7 @@ impl MoeProgram {
         if tokens == 0 {
             return Err(Error::invalid("the MoE queue needs at least one token"));
         }
-        if q.workers == 0 {
-            return Err(Error::invalid("the queue needs at least one worker"));
-        }
-        let max_groups = ctx.limits().max_compute_workgroups_per_dimension;
-        if q.workers > max_groups {
-            return Err(Error::limit(
-                "queue workers",
-                q.workers.into(),
-                max_groups.into(),
-                "max_compute_workgroups_per_dimension",
-            ));
-        }
+        q.check_workers(ctx)?;
         let cfg = layer.config();
         let (h, f, e, k) = (cfg.route.hidden, cfg.ffn, cfg.route.experts, cfg.route.k);
         io.check(cfg)?;

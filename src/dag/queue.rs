@@ -2,6 +2,9 @@
 
 use serde::Serialize;
 
+use crate::context::Context;
+use crate::error::{Error, Result};
+
 use super::plan::Fusion;
 
 /// Lanes of the persistent workers, on every adapter: llvmpipe caps the loop iterations of
@@ -58,6 +61,27 @@ impl QueueOptions {
     /// `workers` workers, real work, the default spin bound.
     pub fn new(workers: u32) -> Self {
         QueueOptions { workers, coordination_only: false, spin_limit: DEFAULT_SPIN_LIMIT, stall_task: None }
+    }
+
+    /// Checks the worker count against `ctx`: one workgroup per worker in one dispatch.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for no workers; [`Error::LimitExceeded`] for more than
+    /// `max_compute_workgroups_per_dimension`.
+    pub(crate) fn check_workers(&self, ctx: &Context) -> Result<()> {
+        if self.workers == 0 {
+            return Err(Error::invalid("the queue needs at least one worker"));
+        }
+        let max_groups = ctx.limits().max_compute_workgroups_per_dimension;
+        if self.workers > max_groups {
+            return Err(Error::limit(
+                "queue workers",
+                self.workers.into(),
+                max_groups.into(),
+                "max_compute_workgroups_per_dimension",
+            ));
+        }
+        Ok(())
     }
 }
 

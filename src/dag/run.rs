@@ -186,17 +186,7 @@ impl RowRun {
                     Granularity::Coarse(f) => plan(g, f),
                 };
                 let total = tasks_plan.passes.len() as u64 * u64::from(g.tiles());
-                if q.workers == 0 {
-                    return Err(Error::invalid("the queue needs at least one worker"));
-                }
-                if q.workers > max_groups {
-                    return Err(Error::limit(
-                        "queue workers",
-                        q.workers.into(),
-                        max_groups.into(),
-                        "max_compute_workgroups_per_dimension",
-                    ));
-                }
+                q.check_workers(ctx)?;
                 if let Some(s) = q.stall_task
                     && u64::from(s) >= total
                 {
