@@ -377,6 +377,12 @@ fn needs_f16(source: &ShaderSource) -> bool {
     source.parts.first().is_some_and(|p| p.text.contains("enable f16;"))
 }
 
+/// Modules that enable wgpu's cooperative matrices (Vulkan and Metal only: naga's HLSL and
+/// GLSL writers have none).
+fn needs_coop(source: &ShaderSource) -> bool {
+    source.parts.first().is_some_and(|p| p.text.contains("enable wgpu_cooperative_matrix;"))
+}
+
 /// Modules that read a subgroup builtin need subgroups (never on GL adapters).
 fn needs_subgroups(source: &ShaderSource) -> bool {
     source.parts.iter().any(|p| p.text.contains("@builtin(subgroup_invocation_id)"))
@@ -392,6 +398,9 @@ fn validate(source: &ShaderSource) -> (naga::Module, naga::valid::ModuleInfo) {
     }
     if needs_subgroups(source) {
         caps |= Capabilities::SUBGROUP;
+    }
+    if needs_coop(source) {
+        caps |= Capabilities::COOPERATIVE_MATRIX;
     }
     let info = Validator::new(ValidationFlags::all(), caps)
         .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
@@ -442,9 +451,23 @@ fn every_module_validates_and_translates_to_every_backend() {
                 entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
                 ..Default::default()
             };
-            let (text, _) = msl::write_string(&module, &info, &msl::Options::default(), &msl_opts)
+            // Simdgroup matrices need MSL 2.3.
+            let msl_options = if needs_coop(source) {
+                msl::Options { lang_version: (2, 3), ..Default::default() }
+            } else {
+                msl::Options::default()
+            };
+            let (text, _) = msl::write_string(&module, &info, &msl_options, &msl_opts)
                 .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
             assert!(text.contains("kernel"), "{what}: MSL has no kernel");
+            if needs_coop(source) {
+                assert!(
+                    text.contains("simdgroup_multiply_accumulate"),
+                    "{what}: MSL has no simdgroup matrices"
+                );
+                // No cooperative matrices on DX12 or GL.
+                continue;
+            }
             let mut text = String::new();
             let hlsl_opts =
                 hlsl::PipelineOptions { entry_point: Some((naga::ShaderStage::Compute, entry.to_string())) };

@@ -41,7 +41,8 @@ impl MoeConfig {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for zero tokens; [`Error::LimitExceeded`] naming the first
-    /// wgpu limit the adapter cannot raise far enough.
+    /// wgpu limit the adapter cannot raise far enough; [`Error::MissingFeature`] for
+    /// cooperative-matrix kernels on an adapter without cooperative matrices.
     pub fn requirements(&self, adapter: &wgpu::Adapter, max_tokens: u32) -> Result<Requirements> {
         if max_tokens == 0 {
             return Err(Error::invalid("requirements need a maximum token count of at least 1"));
@@ -102,7 +103,19 @@ impl MoeConfig {
             limits.max_texture_dimension_2d = have.max_texture_dimension_2d;
             limits.max_texture_array_layers = have.max_texture_array_layers;
         }
-        let features = Capabilities::wanted(adapter.features());
+        let mut features = Capabilities::wanted(adapter.features());
+        if variants.iter().any(|v| matches!(v, GemmVariant::CoopF16(_))) {
+            // Cooperative-matrix kernels chosen by the caller: the device must be made with
+            // wgpu's experimental feature (and `wgpu::ExperimentalFeatures::enabled()`), then
+            // told the adapter's configurations (`Context::set_cooperative_matrix`).
+            if !adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                return Err(Error::MissingFeature(format!(
+                    "{}: cooperative-matrix GEMM kernels were chosen and the adapter has no cooperative matrices",
+                    adapter.get_info().name
+                )));
+            }
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         check_within(&limits, &have)?;
         Ok(Requirements { features, limits })
     }

@@ -10,9 +10,9 @@ use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
 };
 use moeflow::kernels::gemm::{
-    Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
-    FfnRouting, GemmOrder, GemmVariant, LaneBlock, StoredValues, TileBlock, WeightDtype, plan_dense,
-    plan_dense_ffn, plan_ffn, plan_ffn_all_experts,
+    Activation, AdapterKind, CoopBlock, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers,
+    FfnKernels, FfnRouting, GemmOrder, GemmVariant, LaneBlock, StoredValues, TileBlock, WeightDtype,
+    plan_dense, plan_dense_ffn, plan_ffn, plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use moeflow::shader::Indexing;
@@ -325,6 +325,13 @@ fn bad_input_is_an_error() {
             (GemmVariant::TileF16(TileBlock::new(64, 64, 2, 4, 4)), "each must be 4 or 8"),
             (GemmVariant::Tile(TileBlock::new(128, 128, 4, 4, 4)), "1024 invocations"),
             (GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 0)), "bk4 = 0"),
+            (GemmVariant::CoopF16(CoopBlock::new(32, 32, 12, 32)), "fragment size 12 must be 8 or 16"),
+            (
+                GemmVariant::CoopF16(CoopBlock::new(48, 32, 16, 32)),
+                "must be 16, 32 or 64 and multiples of 16",
+            ),
+            (GemmVariant::CoopF16(CoopBlock::new(64, 64, 8, 32)), "64 fragments, at most 16"),
+            (GemmVariant::CoopF16(CoopBlock::new(32, 32, 16, 24)), "lanes = 24 must be a power of two"),
         ] {
             let err = FfnKernels { order: GemmOrder::Strict, up: bad, down: bad }
                 .validate()
@@ -1130,5 +1137,58 @@ fn f16_staged_tiles_stay_within_their_bound_of_f32() {
             }
         }
         eprintln!("{}: worst error {worst:.3} of the bound", ctx.adapter().slug());
+    }
+}
+
+/// Cooperative-matrix blocks (`GemmVariant::CoopF16`, a precision mode): where the device was
+/// created with cooperative matrices of f16 into f32 and one subgroup size, the grouped FFN
+/// plans (after the kernel's own check against the reference on the device) and stays within
+/// 1% of the row scale of the exact reference; everywhere else (every CPU adapter) planning is
+/// refused by name, before anything is dispatched.
+#[test]
+fn coop_blocks_run_only_where_the_device_has_cooperative_matrices() {
+    for ctx in contexts() {
+        let a = ctx.adapter().clone();
+        let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
+        let m = Model::new(120, e, h, f, WeightDtype::F32);
+        let x = uniform(&mut rng(121), (tokens * h) as usize, 1.0);
+        let idx = routes(122, tokens, e, k, true);
+        let lanes = a.subgroup_sizes[1].max(4);
+        let block = GemmVariant::CoopF16(CoopBlock::new(32, 32, 16, lanes));
+        let usable = a.capabilities.cooperative_matrix
+            && a.cooperative_f16_sizes.contains(&16)
+            && a.subgroup_sizes == [lanes, lanes];
+        let kernels = FfnKernels { order: GemmOrder::Strict, up: block, down: block };
+        let ffn = m.upload(&ctx).with_kernels(kernels).unwrap();
+        if usable {
+            let got = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
+            let want = m.reference(&x, &idx, k);
+            for (row, (g, w)) in got.chunks(h as usize).zip(want.chunks(h as usize)).enumerate() {
+                let scale = w.iter().fold(0f32, |s, v| s.max(v.abs())).max(1e-6);
+                for (c, (gv, wv)) in g.iter().zip(w).enumerate() {
+                    assert!(
+                        (gv - wv).abs() <= 0.01 * scale,
+                        "{}: entry {row} column {c}: {gv} vs {wv}",
+                        a.slug()
+                    );
+                }
+            }
+            eprintln!("{}: cooperative blocks ran", a.slug());
+            continue;
+        }
+        let layout =
+            DispatchLayout::new(&ctx, DispatchConfig { experts: e, k, tile: 32 }, tokens, 0).unwrap();
+        let (xb, ib) = (ctx.upload("x", &x).unwrap(), ctx.upload("indices", &idx).unwrap());
+        let partial = ctx.zeroed("partial", u64::from(tokens * k * h) * 4).unwrap();
+        let bufs = FfnBuffers { x: (&xb).into(), indices: (&ib).into(), partial: (&partial).into() };
+        let err = plan_ffn(&ctx, &ffn, tokens, k, &bufs, FfnRouting::Grouped(&layout)).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, moeflow::Error::MissingFeature(_)), "{}: {text}", a.slug());
+        assert!(
+            text.contains("coop-r32c32-n16") && text.contains("cooperative matrices"),
+            "{}: {text}",
+            a.slug()
+        );
+        eprintln!("{}: refused as expected: {text}", a.slug());
     }
 }

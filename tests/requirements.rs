@@ -62,5 +62,22 @@ fn needs_past_the_adapter_are_errors_naming_the_limit() {
         let err = cfg.requirements(&adapter, 1 << 31).unwrap_err();
         assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
         assert!(err.to_string().contains("max_storage_buffer_binding_size"), "{err}");
+        // Cooperative-matrix kernels need the adapter's cooperative matrices, which no CPU
+        // adapter has; where one has them, the device is to be asked for them.
+        let mut coop = MoeConfig::new(64, 96, 8, 2);
+        let block = moeflow::kernels::gemm::GemmVariant::CoopF16(moeflow::kernels::gemm::CoopBlock::new(
+            32, 32, 16, 32,
+        ));
+        coop.kernels = KernelChoice::Fixed { up: block, down: block };
+        let has = adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        match coop.requirements(&adapter, 8) {
+            Ok(req) => {
+                assert!(has && req.features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX))
+            }
+            Err(err) => {
+                assert!(!has && matches!(err, Error::MissingFeature(_)), "{err}");
+                assert!(err.to_string().contains("no cooperative matrices"), "{err}");
+            }
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Adapter choice, enabled features and limits, and the [`Context`] that owns a device.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -11,6 +12,7 @@ pub(crate) mod wait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, GpuErrorKind, Result};
+use crate::kernels::gemm::GemmVariant;
 use crate::pipeline::PipelineCache;
 use crate::sync::lock;
 
@@ -24,6 +26,18 @@ pub const ADAPTER_ENV: &str = "MOEFLOW_ADAPTER";
 /// builds every module with runtime bounds checks; unset or `where-unproven`, only the modules
 /// whose indices are not proven in range. Any other value is logged and taken as `everywhere`.
 pub const BOUNDS_CHECKS_ENV: &str = "MOEFLOW_BOUNDS_CHECKS";
+
+/// Set to `1` (or `on`, `true`) to have [`Context::from_adapter`] (and the constructors that
+/// go through it) enable wgpu's experimental cooperative matrices where the adapter offers
+/// them: the opt-in to [`GemmVariant::CoopF16`] kernels, which the tuner then times beside
+/// the exact ones. Off by default: wgpu marks the feature experimental, and on Vulkan enabling
+/// it builds every module under the Vulkan memory model.
+pub const COOPERATIVE_MATRIX_ENV: &str = "MOEFLOW_COOPERATIVE_MATRIX";
+
+/// Whether [`COOPERATIVE_MATRIX_ENV`] asks for cooperative matrices.
+fn cooperative_matrix_requested() -> bool {
+    std::env::var(COOPERATIVE_MATRIX_ENV).is_ok_and(|v| matches!(v.trim(), "1" | "on" | "true"))
+}
 
 /// Which shader modules a context builds with wgpu's runtime bounds checks.
 ///
@@ -86,6 +100,10 @@ pub struct Capabilities {
     /// see [`Context::save_pipeline_cache`]).
     #[serde(default)]
     pub pipeline_cache: bool,
+    /// wgpu's experimental cooperative matrices (`EXPERIMENTAL_COOPERATIVE_MATRIX`), enabled
+    /// only on request ([`COOPERATIVE_MATRIX_ENV`]).
+    #[serde(default)]
+    pub cooperative_matrix: bool,
 }
 
 impl Capabilities {
@@ -99,6 +117,7 @@ impl Capabilities {
             subgroups: f.contains(wgpu::Features::SUBGROUP),
             shader_f16: f.contains(wgpu::Features::SHADER_F16),
             pipeline_cache: f.contains(wgpu::Features::PIPELINE_CACHE),
+            cooperative_matrix: f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
         }
     }
 
@@ -187,6 +206,14 @@ pub struct AdapterDescription {
     pub capabilities: Capabilities,
     /// Limits moeflow checks against.
     pub limits: KeyLimits,
+    /// The smallest and largest subgroup the adapter may run (`[0, 0]` in older records).
+    #[serde(default)]
+    pub subgroup_sizes: [u32; 2],
+    /// The sizes `n` of the square `n × n × n` cooperative-matrix multiply-adds with f16
+    /// inputs and f32 accumulators the adapter reports (subgroup scope), ascending; empty
+    /// where cooperative matrices are not enabled (see [`Context::set_cooperative_matrix`]).
+    #[serde(default)]
+    pub cooperative_f16_sizes: Vec<u32>,
 }
 
 impl AdapterDescription {
@@ -201,6 +228,8 @@ impl AdapterDescription {
             device_type: format!("{:?}", info.device_type),
             capabilities: Capabilities::from_features(features),
             limits: KeyLimits::from(limits),
+            subgroup_sizes: [info.subgroup_min_size, info.subgroup_max_size],
+            cooperative_f16_sizes: Vec::new(),
         }
     }
 
@@ -324,6 +353,21 @@ pub fn instance() -> &'static wgpu::Instance {
         desc.backends = instance_backends().difference(wgpu::Backends::GL);
         wgpu::Instance::new(desc)
     })
+}
+
+/// The sizes `n` of the `n × n × n` f16 × f16 → f32 configurations among `configurations`
+/// with `n` 8 or 16 (the cooperative-matrix sizes WGSL has), ascending, once each.
+fn square_f16_f32_sizes(configurations: &[wgpu::CooperativeMatrixProperties]) -> Vec<u32> {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    let mut sizes: Vec<u32> = configurations
+        .iter()
+        .filter(|c| c.ab_type == F16 && c.cr_type == F32)
+        .filter(|c| c.m_size == c.n_size && c.n_size == c.k_size && matches!(c.m_size, 8 | 16))
+        .map(|c| c.m_size)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
 }
 
 /// Every adapter wgpu can see that runs compute shaders: those of [`instance`], enumerated
@@ -471,6 +515,9 @@ pub struct Context {
     bounds_checks: Mutex<BoundsChecks>,
     health: Arc<DeviceHealth>,
     allocated: AllocationCounter,
+    /// Precision-mode kernels checked against the CPU reference on this device, and the
+    /// outcome (see `kernels::gemm::coop`).
+    pub(crate) checked_kernels: Mutex<HashMap<GemmVariant, std::result::Result<(), String>>>,
 }
 
 impl fmt::Debug for Context {
@@ -584,15 +631,43 @@ impl Context {
                 backend_name(i.backend)
             )));
         }
-        let features = Capabilities::wanted(adapter.features());
+        let coop = cooperative_matrix_requested()
+            && adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let mut features = Capabilities::wanted(adapter.features());
+        let mut experimental_features = wgpu::ExperimentalFeatures::disabled();
+        if coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            // SAFETY: asked for through COOPERATIVE_MATRIX_ENV, whose documentation says the
+            // feature is wgpu's experimental one; moeflow uses it only in the CoopF16 kernels,
+            // each checked against the CPU reference on the device before it runs.
+            experimental_features = unsafe { wgpu::ExperimentalFeatures::enabled() };
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("moeflow"),
             required_features: features,
             required_limits: adapter.limits(),
+            experimental_features,
             ..Default::default()
         };
         let (device, queue) = adapter.request_device(&desc).await?;
-        Ok(Context::from_wgpu(device, queue))
+        let mut ctx = Context::from_wgpu(device, queue);
+        if coop {
+            ctx.set_cooperative_matrix(&adapter.cooperative_matrix_properties());
+        }
+        Ok(ctx)
+    }
+
+    /// Tells moeflow which cooperative-matrix configurations the adapter reported
+    /// (`wgpu::Adapter::cooperative_matrix_properties`), for a device the application made with
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` ([`Context::from_wgpu`] has no adapter to ask). Only
+    /// square 8 × 8 × 8 and 16 × 16 × 16 multiply-adds of f16 into f32 at subgroup scope are
+    /// kept; on a device without the feature this records nothing.
+    pub fn set_cooperative_matrix(&mut self, configurations: &[wgpu::CooperativeMatrixProperties]) {
+        self.description.cooperative_f16_sizes = if self.description.capabilities.cooperative_matrix {
+            square_f16_f32_sizes(configurations)
+        } else {
+            Vec::new()
+        };
     }
 
     /// Wraps a device and queue that the application already owns. moeflow uses only the
@@ -624,6 +699,7 @@ impl Context {
             bounds_checks: Mutex::new(BoundsChecks::from_env()),
             health,
             allocated: AllocationCounter::default(),
+            checked_kernels: Mutex::default(),
         }
     }
 
@@ -739,6 +815,32 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only square f16 × f16 → f32 configurations of 8 or 16 count (NVIDIA also reports
+    /// 16 × 8 × 16, f16 accumulators and integer ones), each size once, ascending.
+    #[test]
+    fn cooperative_sizes_are_the_square_f16_into_f32_ones() {
+        use wgpu::CooperativeScalarType::{F16, F32, I32};
+        let c = |m, n, k, ab, cr| wgpu::CooperativeMatrixProperties {
+            m_size: m,
+            n_size: n,
+            k_size: k,
+            ab_type: ab,
+            cr_type: cr,
+            saturating_accumulation: false,
+        };
+        let reported = [
+            c(16, 16, 16, F16, F16),
+            c(16, 8, 16, F16, F32),
+            c(16, 16, 16, F16, F32),
+            c(8, 8, 8, F32, F32),
+            c(16, 16, 16, I32, I32),
+            c(8, 8, 8, F16, F32),
+            c(16, 16, 16, F16, F32),
+        ];
+        assert_eq!(square_f16_f32_sizes(&reported), vec![8, 16]);
+        assert!(square_f16_f32_sizes(&reported[..2]).is_empty());
+    }
 
     #[test]
     fn adapters_without_compute_shaders_are_left_out() {

@@ -23,6 +23,7 @@ use crate::pipeline::{Access, BufferView, Dispatch};
 use crate::tensor::word_bytes;
 use crate::workspace::{Scratch, ScratchKey};
 
+mod coop;
 mod passes;
 mod quantised;
 mod slots;
@@ -32,6 +33,7 @@ mod tune;
 mod variant;
 mod weights;
 
+pub use coop::CoopBlock;
 pub use quantised::QuantisedValues;
 
 #[cfg(test)]

@@ -330,6 +330,9 @@ impl<'a> Pass<'a> {
         let variant = if textures.is_some() { variant } else { variant.without_texture() };
         let (variant, windows) = Windows::choose(ctx, variant, self.params.rows, self.params.kdim);
         let textures = textures.filter(|_| variant.source() == OperandSource::Texture);
+        if let GemmVariant::CoopF16(b) = variant {
+            super::coop::check(ctx, b)?;
+        }
         let constants = self.constants();
         let bytes = variant.workgroup_bytes();
         if bytes > ctx.limits().max_compute_workgroup_storage_size {

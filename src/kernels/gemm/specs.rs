@@ -7,7 +7,7 @@ use crate::pipeline::{Access, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 
 use super::variant::{self, GemmOrder, GemmVariant, TileBlock, WeightLoads};
-use super::{AdapterKind, PARAMS_BYTES, candidates, slots, texture};
+use super::{AdapterKind, CoopBlock, PARAMS_BYTES, candidates, slots, texture};
 
 /// The row-wise kernel's module: x from storage or from uniform windows, each invocation
 /// loading its own (`gemm/rowwise_entry.wgsl`) or a subgroup sharing its loads of a window
@@ -177,12 +177,17 @@ pub(crate) fn specs_for(
     all
 }
 
-/// Every candidate variant of every kind of adapter, and f16-staged tiles (which are never
-/// candidates), once each: the variants the contract tests build.
+/// Every candidate variant of every kind of adapter, f16-staged tiles (which are never
+/// candidates) and cooperative-matrix blocks, once each: the variants the contract tests build.
 pub(super) fn contract_variants() -> Vec<GemmVariant> {
     let mut variants: Vec<GemmVariant> = AdapterKind::ALL.into_iter().flat_map(candidates).collect();
     variants.push(GemmVariant::TileF16(TileBlock::new(64, 64, 4, 4, 4)));
     variants.push(GemmVariant::TileF16(TileBlock::new(128, 128, 8, 8, 2)));
+    // Cooperative-matrix blocks in both fragment sizes (no adapter here runs them: built,
+    // validated and translated only).
+    variants.push(GemmVariant::CoopF16(CoopBlock::new(32, 32, 16, 32)));
+    variants.push(GemmVariant::CoopF16(CoopBlock::new(32, 32, 8, 32)));
+    debug_assert!(variants.iter().all(|v| v.validate().is_ok()));
     variants.sort_by_key(|v| v.name());
     variants.dedup();
     variants

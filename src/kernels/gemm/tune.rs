@@ -48,7 +48,9 @@ pub const TUNE_DEFAULT_MARGIN: f64 = 0.05;
 /// How to tune.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
-    /// Variants to time (default: [`variant::candidates`] for the adapter).
+    /// Variants to time (default: [`variant::candidates`] for the adapter, and on a device
+    /// created with cooperative matrices the [`GemmVariant::CoopF16`] blocks it can run, each
+    /// timed only after it passed its check against the CPU reference there).
     pub candidates: Vec<GemmVariant>,
     /// An expert's mean share of rows in the prefill the choice is for (default 32: 256
     /// tokens routed 2 ways over 16 experts); the timed problem gives every expert
@@ -64,7 +66,10 @@ impl TuneOptions {
     /// The defaults for `ctx`'s adapter.
     pub fn for_context(ctx: &Context) -> Self {
         TuneOptions {
-            candidates: variant::candidates(variant::AdapterKind::of(ctx.adapter())),
+            candidates: variant::candidates(variant::AdapterKind::of(ctx.adapter()))
+                .into_iter()
+                .chain(super::coop::candidates(ctx))
+                .collect(),
             rows: 32,
             rounds: 5,
             cache: default_cache_path(),

@@ -53,6 +53,7 @@ use crate::pipeline::{Access, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderPart, ShaderSource, wgsl};
 use crate::sync::lock;
 
+use super::coop::{self, CoopBlock};
 use super::{WeightDtype, slots};
 
 /// The accumulation order of every expert projection: the numeric contract of a mode.
@@ -107,6 +108,17 @@ pub enum GemmVariant {
     /// row-wise decode path stays exact, so a layer with these tiles is not batch-invariant.
     /// Same tiles as `Tile`.
     TileF16(TileBlock),
+    /// A precision mode for GPUs with matrix units: [`CoopBlock`] fragments multiplied through
+    /// wgpu's experimental cooperative matrices, the operands rounded to f16 as
+    /// [`GemmVariant::TileF16`] rounds them, f32 accumulators summed in the device's order.
+    /// Each output of a projection is within `(K + 16)·2^-22·Ŝ` of the exact dot of the
+    /// rounded operands (`Ŝ = Σ|x̂_k·ŵ_k|`), so within `2^-10·S + 2^-24·A + (K + 16)·2^-21·S`
+    /// of the exact f32 reference (see `coop.rs`). Runs only on a device created with
+    /// cooperative matrices ([`crate::context::COOPERATIVE_MATRIX_ENV`]) that reports the
+    /// block's fragment size for f16 into f32 and one subgroup size equal to its lanes, and
+    /// only after it matched the CPU reference within that bound on the device (checked on
+    /// first use); chosen by the caller or, on such a device, by the tuner; never a default.
+    CoopF16(CoopBlock),
     /// No workgroup memory: a [`LaneBlock`] reading x and the weights from storage.
     Direct(LaneBlock),
     /// [`GemmVariant::Direct`]'s block with x read from a uniform-buffer window (see the
@@ -236,6 +248,7 @@ impl GemmVariant {
         match self {
             GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => 32,
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.rows,
+            GemmVariant::CoopF16(b) => b.rows,
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.rows,
         }
     }
@@ -246,6 +259,7 @@ impl GemmVariant {
             GemmVariant::Tiled { .. } => 32,
             GemmVariant::TiledWide { cols, .. } => cols,
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.cols,
+            GemmVariant::CoopF16(b) => b.cols,
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.cols * b.lanes,
         }
     }
@@ -267,6 +281,7 @@ impl GemmVariant {
             }
             GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => Ok(()),
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.validate(),
+            GemmVariant::CoopF16(b) => b.validate(),
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.validate(),
         }
     }
@@ -278,6 +293,7 @@ impl GemmVariant {
             GemmVariant::TiledWide { cols, tn, bk4 } => format!("tiledw-c{cols}t{tn}-bk{bk4}"),
             GemmVariant::TileF16(t) => format!("tileh-{}", t.name()),
             GemmVariant::Tile(t) => format!("tile-{}", t.name()),
+            GemmVariant::CoopF16(b) => format!("coop-{}", b.name()),
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => {
                 let kind = match self.source() {
                     OperandSource::Storage => "direct",
@@ -298,6 +314,7 @@ impl GemmVariant {
             Shape::Tile { tile: t, f16 } => {
                 (t.rows + 2 * t.cols) * tile_stride(t.bk4) * if f16 { 8 } else { 16 } + t.rows * 4 + 4
             }
+            Shape::Coop(b) => b.workgroup_bytes(),
             Shape::Lanes(_) => 0,
         }
     }
@@ -311,6 +328,7 @@ impl GemmVariant {
             }
             GemmVariant::Tile(tile) => Shape::Tile { tile, f16: false },
             GemmVariant::TileF16(tile) => Shape::Tile { tile, f16: true },
+            GemmVariant::CoopF16(b) => Shape::Coop(b),
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => Shape::Lanes(b),
         }
     }
@@ -321,6 +339,7 @@ impl GemmVariant {
             GemmVariant::Tiled { .. } => 64,
             GemmVariant::TiledWide { cols, tn, .. } => 8 * cols / tn,
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.invocations(),
+            GemmVariant::CoopF16(b) => b.lanes,
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.lanes,
         }
     }
@@ -367,6 +386,7 @@ impl GemmVariant {
             | GemmVariant::TiledWide { .. }
             | GemmVariant::Tile(_)
             | GemmVariant::TileF16(_)
+            | GemmVariant::CoopF16(_)
             | GemmVariant::Direct(_) => OperandSource::Storage,
         }
     }
@@ -572,7 +592,7 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
                 body,
             ]
         };
-        if matches!(variant, GemmVariant::TileF16(_)) {
+        if matches!(variant, GemmVariant::TileF16(_) | GemmVariant::CoopF16(_)) {
             // The exact widening of staged values (already there but for native f16 loads),
             // then the staging functions, before the generated body.
             let at = parts.len() - 1;
@@ -580,6 +600,14 @@ pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -
                 parts.insert(at, wgsl!("gemm/half.wgsl"));
             }
             parts.insert(parts.len() - 1, wgsl!("gemm/stage_f16.wgsl"));
+        }
+        if matches!(variant, GemmVariant::CoopF16(_)) {
+            // f16 and cooperative matrices enabled first (in place of native f16 loads' own
+            // `enable f16;`).
+            if parts.first().is_some_and(|p| p.path == "gemm/enable_f16.wgsl") {
+                parts.remove(0);
+            }
+            parts.insert(0, wgsl!("gemm/enable_coop.wgsl"));
         }
         let source: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
             name: leak(name),
@@ -694,6 +722,7 @@ pub(crate) fn generate(variant: GemmVariant, order: GemmOrder, quantised: bool) 
     match variant.shape() {
         Shape::Lanes(b) => direct(b.rows, b.cols, b.lanes, order, variant.source(), quantised),
         Shape::Tile { tile, f16 } => tiled(tile, f16, order),
+        Shape::Coop(b) => coop::generate(b),
     }
 }
 
@@ -707,18 +736,23 @@ const EXPERT: &str = "    var expert = params.fixed_expert;
     }
 ";
 
-/// [`EXPERT`] for a block with barriers after it: one invocation reads the expert and the
-/// workgroup shares it through `workgroupUniformLoad`, so the early return stays in uniform
-/// control flow for WGSL's uniformity analysis (which takes no load from a `read_write`
-/// binding, as `tile_expert` is, to be uniform). The same expert, the same bits.
-const EXPERT_SHARED: &str = "    if lid == 0u {
+/// [`EXPERT`] for a block with barriers or cooperative operations after it: one invocation
+/// reads the expert, tests it against the chunk, and the workgroup shares it (NONE outside the
+/// chunk) through `workgroupUniformLoad`, so the early return stays in uniform control flow for
+/// WGSL's uniformity analysis (which takes no load from a `read_write` binding, as
+/// `tile_expert` is, to be uniform, and naga no result of a helper such as `in_chunk` that
+/// reads its argument). The same expert, the same bits.
+pub(super) const EXPERT_SHARED: &str = "    if lid == 0u {
         block_expert = params.fixed_expert;
         if flag(FLAG_EXPERT_FROM_TILES) {
             block_expert = tile_expert[(params.row_offset + row0) / params.tile_rows];
         }
+        if !in_chunk(block_expert) {
+            block_expert = NONE;
+        }
     }
     let expert = workgroupUniformLoad(&block_expert);
-    if !in_chunk(expert) {
+    if expert == NONE {
         return;
     }
 ";
@@ -965,6 +999,8 @@ enum Shape {
     /// A workgroup-memory tile (every tiled variant), staged as f16 (packed by
     /// `pack2x16float`) or as f32.
     Tile { tile: TileBlock, f16: bool },
+    /// A cooperative-matrix block (coop.rs).
+    Coop(CoopBlock),
 }
 
 /// vec4 per row of a staged tile: `bk4` rounded up to an odd count, so that invocations reading
