@@ -370,6 +370,18 @@ fn square_f16_f32_sizes(configurations: &[wgpu::CooperativeMatrixProperties]) ->
     sizes
 }
 
+/// Every adapter's context for the unit tests; none (the test passes, saying it skipped) only
+/// where `MOEFLOW_REQUIRE_ADAPTER` is not 1.
+#[cfg(test)]
+pub(crate) fn test_contexts() -> Vec<Context> {
+    let ctxs = Context::all().expect("devices");
+    if ctxs.is_empty() {
+        assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
+        eprintln!("skipped: no adapter");
+    }
+    ctxs
+}
+
 /// Every adapter wgpu can see that runs compute shaders: those of [`instance`], enumerated
 /// once per process and kept, then the GL adapters of a fresh GL-only instance. An adapter
 /// without compute shaders (a GL context below 4.3 or ES 3.1, as EGL gives on some headless

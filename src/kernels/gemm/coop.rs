@@ -25,22 +25,28 @@
 //! **Checked before use.** No CPU adapter offers cooperative matrices, so the tests here only
 //! build, validate and translate the modules. On a device, the first plan that would dispatch a
 //! `CoopF16` block runs [`check`]: the grouped SwiGLU FFN on a small problem (two experts,
-//! partial blocks, K and F no multiple of a chunk) against the CPU reference on the
-//! f16-rounded operands, every output within the bound carried through the activation. A
+//! partial blocks, K and F no multiple of a chunk), each pass against the CPU reference on the
+//! f16-rounded operands: every activation within the gate and up sums' bounds carried through
+//! `silu(g)·u`, every output within the bound of the dot of the device's own activations. A
 //! kernel past it is refused with an error for the rest of the context's life, so neither a
-//! plan nor the tuner ever uses a kernel the device computes wrongly.
+//! plan nor the tuner ever uses a kernel the device computes wrongly. The test of the check
+//! runs it on `TileF16` (which passes) and on the exact tiles (which it refuses) on every
+//! adapter here.
 
 use std::cell::Cell;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::variant::{EXPERT_SHARED, FfnKernels, GemmOrder, GemmVariant};
-use super::{ExpertFfn, ExpertWeights, FfnBuffers, FfnRouting, WeightDtype, plan_ffn};
+use super::variant::{EXPERT_SHARED, GemmOrder, GemmVariant};
+use super::{ExpertFfn, ExpertWeights, NONE, Params, Pass, WeightDtype};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
+use crate::reference::gemm::round_f16;
 use crate::sync::lock;
+use crate::tensor::word_bytes;
+use crate::workspace::Scratch;
 
 /// K values staged per chunk.
 const KC: u32 = 32;
@@ -373,7 +379,7 @@ pub(super) fn check(ctx: &Context, b: CoopBlock) -> Result<()> {
         return done.clone().map_err(Error::invalid);
     }
     CHECKING.with(|c| c.set(true));
-    let outcome = compare(ctx, b);
+    let outcome = compare(ctx, GemmVariant::CoopF16(b), b.rows.max(32));
     CHECKING.with(|c| c.set(false));
     let outcome = match outcome {
         Ok(None) => Ok(()),
@@ -405,10 +411,15 @@ fn next(state: &mut u64) -> f32 {
     ((*state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-/// Runs the grouped SwiGLU FFN with `b` for both projections on a small problem and compares
-/// it with the CPU reference on f16-rounded operands; `Some` describes the first output past
-/// its bound.
-fn compare(ctx: &Context, b: CoopBlock) -> Result<Option<String>> {
+/// Runs the grouped SwiGLU FFN with `variant` for both projections (rows padded to `tile`) on
+/// a small problem and compares each pass with the CPU reference on f16-rounded operands: the
+/// gate/up pass's activations against `silu(g)·u` of the exact dots, with the sums' bounds
+/// carried through (the slope of `silu(g)·u` in `g` is below 1.1 in magnitude); the down
+/// pass's outputs against the exact dots of the device's own activations rounded to f16.
+/// `Some` describes the first value past its bound. (Any kernel that rounds its operands to f16
+/// and sums in f32 passes, so the tests run it on `TileF16` where no adapter has cooperative
+/// matrices.)
+fn compare(ctx: &Context, variant: GemmVariant, tile: u32) -> Result<Option<String>> {
     // Two experts, 37 and 5 rows (partial blocks); K of 72 and 40 and F of 40, no multiple of
     // a chunk; N of 40 and 72, no multiple of a block.
     let (e, h, f, tokens) = (2u32, 72usize, 40usize, 42u32);
@@ -420,57 +431,98 @@ fn compare(ctx: &Context, b: CoopBlock) -> Result<Option<String>> {
     let weights = |w: &[f32], n: usize, k: usize| {
         ExpertWeights::from_f32(ctx, w, WeightDtype::F32, e, n as u32, k as u32)
     };
-    let variant = GemmVariant::CoopF16(b);
-    let ffn = ExpertFfn::new(weights(&gate, f, h)?, weights(&up, f, h)?, weights(&down, h, f)?)?
-        .with_kernels(FfnKernels { order: GemmOrder::Strict, up: variant, down: variant })?;
+    let ffn = ExpertFfn::new(weights(&gate, f, h)?, weights(&up, f, h)?, weights(&down, h, f)?)?;
     let (xb, ib) = (ctx.upload("coop check x", &x)?, ctx.upload("coop check experts", &experts)?);
-    let partial = ctx.zeroed("coop check output", (tokens as usize * h * 4) as u64)?;
-    let layout =
-        DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile: b.rows.max(32) }, tokens, 0)?;
+    let partial = ctx.zeroed("coop check output", word_bytes(u64::from(tokens) * h as u64))?;
+    let layout = DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile }, tokens, 0)?;
+    let act = ctx.zeroed("coop check activations", word_bytes(u64::from(layout.max_rows()) * f as u64))?;
+    let base = Params { k_route: 1, fixed_expert: NONE, ..Params::default() };
+    let up_pass = Pass::grouped_gate_up(&ffn, GemmOrder::Strict, base, (&xb).into(), &layout, (&act).into());
+    let down_pass = Pass::down(&up_pass, &ffn, (&act).into(), (&partial).into());
+    let scratch = Scratch::Own(ctx);
     let mut dispatches = layout.plan(ctx, &ib)?;
-    let bufs = FfnBuffers { x: (&xb).into(), indices: (&ib).into(), partial: (&partial).into() };
-    dispatches.extend(plan_ffn(ctx, &ffn, tokens, 1, &bufs, FfnRouting::Grouped(&layout))?.into_dispatches());
+    dispatches.extend(up_pass.gemm(scratch, variant, Some(layout.tile_expert()))?);
+    dispatches.extend(down_pass.gemm(scratch, variant, Some(layout.tile_expert()))?);
     ctx.run(&dispatches.iter().collect::<Vec<_>>())?;
+    let rows: Vec<u32> = ctx.read_back(layout.inverse(), tokens as usize)?;
+    let act: Vec<f32> = ctx.read_back(&act, layout.max_rows() as usize * f)?;
     let got: Vec<f32> = ctx.read_back(&partial, tokens as usize * h)?;
 
-    let round =
-        |v: &[f32]| -> Vec<f64> { crate::reference::gemm::round_f16(v).into_iter().map(f64::from).collect() };
+    let round = |v: &[f32]| -> Vec<f64> { round_f16(v).into_iter().map(f64::from).collect() };
     let (xr, gr, ur, dr) = (round(&x), round(&gate), round(&up), round(&down));
     for t in 0..tokens as usize {
         let ex = experts[t] as usize;
         let xt = &xr[t * h..(t + 1) * h];
-        // The activations the down pass reads, each with the bound of its distance from the
-        // device's (the gate and up sums' bounds carried through silu(g)·u, whose slope in g
-        // is below 1.1, then the f16 rounding of both).
-        let mut act = Vec::with_capacity(f);
-        let mut act_err = Vec::with_capacity(f);
-        for j in 0..f {
-            let row = |w: &[f64]| {
+        let row = rows[t] as usize;
+        let Some(dev_act) = act.get(row * f..(row + 1) * f) else {
+            return Ok(Some(format!("token {t}: grouped row {row} past the layout's rows")));
+        };
+        for (j, &a_dev) in dev_act.iter().enumerate() {
+            let dot = |w: &[f64]| {
                 let r = &w[(ex * f + j) * h..(ex * f + j + 1) * h];
                 let dot: f64 = xt.iter().zip(r).map(|(a, b)| a * b).sum();
                 let mag: f64 = xt.iter().zip(r).map(|(a, b)| (a * b).abs()).sum();
                 (dot, sum_bound(h, mag))
             };
-            let ((g, bg), (u, bu)) = (row(&gr), row(&ur));
+            let ((g, bg), (u, bu)) = (dot(&gr), dot(&ur));
             let silu = g / (1.0 + (-g).exp());
-            let a = silu * u;
-            let ea = 1.1 * bg * (u.abs() + bu) + (silu.abs() + 1.1 * bg) * bu + 2f64.powi(-16) * a.abs();
-            act.push(f64::from(half::f16::from_f32(a as f32).to_f32()));
-            act_err.push(ea + 2f64.powi(-10) * (a.abs() + ea) + 2f64.powi(-24));
+            let want = silu * u;
+            // The sums' bounds carried through, and the epilogue's own f32 rounding and exp.
+            let bound =
+                1.1 * bg * (u.abs() + bu) + (silu.abs() + 1.1 * bg) * bu + 2f64.powi(-16) * want.abs();
+            let a = f64::from(a_dev);
+            if !a.is_finite() || (a - want).abs() > bound {
+                return Ok(Some(format!(
+                    "gate/up, token {t} (expert {ex}) column {j}: {a} against {want}, bound {bound:e}"
+                )));
+            }
         }
+        let ar = round(dev_act);
         for c in 0..h {
             let w = &dr[(ex * h + c) * f..(ex * h + c + 1) * f];
-            let want: f64 = act.iter().zip(w).map(|(a, b)| a * b).sum();
-            let carried: f64 = act_err.iter().zip(w).map(|(e, b)| e * b.abs()).sum();
-            let mag: f64 = act.iter().zip(&act_err).zip(w).map(|((a, e), b)| (a.abs() + e) * b.abs()).sum();
-            let bound = carried + sum_bound(f, mag);
+            let want: f64 = ar.iter().zip(w).map(|(a, b)| a * b).sum();
+            let bound = sum_bound(f, ar.iter().zip(w).map(|(a, b)| (a * b).abs()).sum());
             let g = f64::from(got[t * h + c]);
             if !g.is_finite() || (g - want).abs() > bound {
                 return Ok(Some(format!(
-                    "token {t} (expert {ex}) column {c}: {g} against {want}, bound {bound:e}"
+                    "down, token {t} (expert {ex}) column {c}: {g} against {want}, bound {bound:e}"
                 )));
             }
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::gemm::TileBlock;
+
+    /// The device check passes a kernel that rounds its operands to f16 and sums in f32
+    /// (`TileF16`, within the bound on every adapter here) and refuses the exact f32 tiles,
+    /// whose unrounded operands put their gate and up sums about 2^-8 of the row's scale
+    /// away: the check can fail.
+    #[test]
+    fn the_device_check_passes_f16_operands_and_refuses_unrounded_ones() {
+        for ctx in crate::context::test_contexts() {
+            let tile = TileBlock::new(32, 32, 4, 4, 2);
+            let slug = ctx.adapter().slug();
+            let passed = compare(&ctx, GemmVariant::TileF16(tile), 32).expect("the check runs");
+            assert_eq!(passed, None, "{slug}: f16-staged tiles");
+            let refused = compare(&ctx, GemmVariant::Tile(tile), 32).expect("the check runs");
+            assert!(refused.is_some(), "{slug}: exact tiles passed the f16 check");
+            eprintln!("{slug}: exact tiles refused: {}", refused.unwrap_or_default());
+        }
+    }
+
+    /// Where the device has no cooperative matrices the check refuses before running anything
+    /// and remembers nothing.
+    #[test]
+    fn the_check_refuses_devices_without_cooperative_matrices() {
+        for ctx in crate::context::test_contexts() {
+            let err = check(&ctx, CoopBlock::new(32, 32, 16, 32)).expect_err("no CPU adapter has them");
+            assert!(matches!(err, Error::MissingFeature(_)), "{err}");
+            assert!(lock(&ctx.checked_kernels).is_empty());
+        }
+    }
 }

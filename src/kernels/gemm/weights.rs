@@ -916,16 +916,7 @@ mod tests {
     use super::*;
     use crate::quant;
 
-    /// Every adapter's context; none (the test passes, saying it skipped) only where
-    /// `MOEFLOW_REQUIRE_ADAPTER` is not 1.
-    fn contexts() -> Vec<Context> {
-        let ctxs = Context::all().expect("devices");
-        if ctxs.is_empty() {
-            assert_ne!(std::env::var("MOEFLOW_REQUIRE_ADAPTER").as_deref(), Ok("1"), "no adapter");
-            eprintln!("skipped: no adapter");
-        }
-        ctxs
-    }
+    use crate::context::test_contexts as contexts;
 
     fn stored(dtype: WeightDtype, values: &[f32], k: usize) -> Vec<u8> {
         let eb = dtype.element_bytes().expect("a float dtype");
