@@ -2,7 +2,8 @@
 # The benchmark run for a lent GPU machine that has no Rust toolchain: the binaries are built
 # here and carried in .gpu/ (with the Vulkan loader packages in .gl/), then this script runs, in
 # order of worth and each under its own time limit: the layer at the peers' shape; the `gemm/`
-# comparisons that concern GPUs, the tuner's first; a Qwen3-30B-A3B-shaped layer (E=128,
+# comparisons that concern GPUs, the tuner's first; the cooperative-matrix mode (its comparison
+# and the tuner with it, on a device created with cooperative matrices); a Qwen3-30B-A3B-shaped layer (E=128,
 # H=2048, F=768, k=8) at 1, 8, 512 and 4096 tokens in f32 and bf16; ggml's Vulkan MUL_MAT_ID at
 # the same shapes; the MoE task program against the staged forward (`dag/moe` comparisons);
 # Burn's MoE forward against moeflow's layer (A B B A, separate processes); the rest of the
@@ -62,6 +63,11 @@ GEMM=(--comparison tuned-vs-default --comparison tile64-vs-tiled --comparison ti
     --comparison fast-vs-strict --comparison decode-vs-grouped --comparison dense-wide
     --comparison block-vs-rowwise --comparison grouped-vs-bucketed --comparison direct-vs-tiled)
 step matrix-gemm 180 $B/bench_matrix --adapter "$ADAPTER" "${GEMM[@]}" --out "$M/gemm"
+# The cooperative-matrix mode on a device created with it: its own comparison against f32
+# tiles, and the tuner with the cooperative blocks among its candidates (each checked against
+# the CPU reference on the device first).
+step matrix-coop 60 env MOEFLOW_COOPERATIVE_MATRIX=1 $B/bench_matrix --adapter "$ADAPTER" \
+    --comparison coop-vs-f32-tile --comparison tuned-vs-default --out "$M/coop"
 for dtype in f32 bf16; do step qwen3-$dtype 60 bash -c "qwen3 $dtype"; done
 if [ "${PEERS:-1}" = 1 ] && [ -f $B/peers/ggml.tar.xz ]; then
     tar xJf $B/peers/ggml.tar.xz -C /tmp && cp $B/peers/libgomp.so.1 /tmp/ggmlpack/lib/
