@@ -19,7 +19,8 @@
 // Dawn needs a Vulkan driver it accepts (SwiftShader here; it refuses Mesa 22's lavapipe).
 // Modules that enable f16 are reported as skipped where the adapter has no shader-f16, and
 // modules that read subgroup builtins where it has no subgroups (they get the
-// `enable subgroups;` that naga refuses and Tint asks for).
+// `enable subgroups;` that naga refuses and Tint asks for); modules on wgpu's cooperative
+// matrices always (none is recorded on the CPU adapters, which lack them).
 // Exit status: 0 when every pipeline compiled, 1 when one failed, 2 when nothing could run.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -101,6 +102,10 @@ async function worker(from) {
     const rec = JSON.parse(fs.readFileSync(path.join(dir, records[index]), 'utf8'));
     let code = fs.readFileSync(path.join(dir, rec.module), 'utf8');
     const name = `${rec.module} ${rec.entry} ${JSON.stringify(rec.constants)}`;
+    if (/^\s*enable wgpu_cooperative_matrix;/m.test(code)) {
+      say({ index, name, verdict: 'skipped', why: ' (cooperative matrices are a wgpu extension WebGPU lacks)' });
+      continue;
+    }
     if (/^\s*enable f16;/m.test(code) && !features.includes('shader-f16')) {
       say({ index, name, verdict: 'skipped', why: ' (the adapter has no shader-f16)' });
       continue;

@@ -136,7 +136,7 @@ impl CoopBlock {
         let name = self.name();
         if !a.capabilities.cooperative_matrix {
             return Err(Error::MissingFeature(format!(
-                "the coop-{name} GEMM needs cooperative matrices, which this device was not created with (set {} = 1 where the adapter offers them)",
+                "the coop-{name} GEMM needs cooperative matrices, which this device does not have enabled (where the adapter offers them, {} = 1 enables them)",
                 crate::context::COOPERATIVE_MATRIX_ENV
             )));
         }

@@ -13,8 +13,10 @@
 //! submit to completion. Candidates are timed in interleaved rounds (the order reversed every
 //! other round, a short version of the ABBA protocol) and the median of each decides; the
 //! adapter's fixed default stays unless a candidate is faster by more than
-//! [`TUNE_DEFAULT_MARGIN`]. Every candidate computes the same bits in one order, so the choice
-//! changes speed only.
+//! [`TUNE_DEFAULT_MARGIN`]. Every exact candidate computes the same bits in one order, so
+//! among them the choice changes speed only; on a device created with cooperative matrices
+//! the candidates also hold [`GemmVariant::CoopF16`] blocks, a precision mode the caller opted
+//! into there (within its documented bound, each checked on the device before it is timed).
 //!
 //! The cache is a JSON file (`MOEFLOW_TUNE_CACHE`, else `$XDG_CACHE_HOME/moeflow/tune.json`,
 //! else `$HOME/.cache/moeflow/tune.json`) keyed by adapter, driver, wgpu version, a hash of
