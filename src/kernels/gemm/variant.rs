@@ -118,6 +118,7 @@ pub enum GemmVariant {
     /// block's fragment size for f16 into f32 and one subgroup size equal to its lanes, and
     /// only after it matched the CPU reference within that bound on the device (checked on
     /// first use); chosen by the caller or, on such a device, by the tuner; never a default.
+    /// [`FfnKernels::order`] does not apply to it (the sums are in the device's order).
     CoopF16(CoopBlock),
     /// No workgroup memory: a [`LaneBlock`] reading x and the weights from storage.
     Direct(LaneBlock),
