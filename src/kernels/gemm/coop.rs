@@ -38,7 +38,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::variant::{EXPERT_SHARED, GemmOrder, GemmVariant};
+use super::variant::{GemmOrder, GemmVariant, block_prologue};
 use super::{ExpertFfn, ExpertWeights, NONE, Params, Pass, WeightDtype};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -205,24 +205,7 @@ fn halves(p: vec2<u32>) -> vec4<f16> {{
     return vec4<f16>(unstage_f16(p));
 }}
 
-@compute @workgroup_size({lanes})
-fn gemm(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {{
-    let row0 = wid.x * {rows}u;
-    let col0 = params.col_base + wid.y * {cols}u;
-    if row0 >= params.rows {{
-        return;
-    }}
-{EXPERT_SHARED}    for (var r = lid; r < {rows}u; r += {lanes}u) {{
-        var e = NONE;
-        if row0 + r < params.rows {{
-            e = entry_of(row0 + r);
-        }}
-        block_entry[r] = e;
-    }}
-    for (var t = lid; t < {nc}u; t += {lanes}u) {{
+{prologue}    for (var t = lid; t < {nc}u; t += {lanes}u) {{
         cs[t] = 0.0;
     }}
     workgroupBarrier();
@@ -232,6 +215,7 @@ fn gemm(
         nx = rows * SK,
         nw = cols * SK,
         nc = rows * cols,
+        prologue = block_prologue(rows, cols, lanes),
     );
     // Accumulators start as a fragment of zeros loaded from the cleared block (no zero
     // constructor of a cooperative matrix is relied on).
@@ -298,30 +282,27 @@ fn gemm(
                 i * n * SK + kk * n
             );
         }
-        for j in 0..fc {
-            let _ = writeln!(
-                s,
-                "        let w{j}_{kk} = coopLoad<{}>(&ws[{}u], {SK}u);",
-                mat("f16", "B"),
-                j * n * SK + kk * n
-            );
-            for i in 0..fr {
-                let _ = writeln!(s, "        a{i}_{j} = coopMultiplyAdd(x{i}_{kk}, w{j}_{kk}, a{i}_{j});");
+        // Each column fragment of the weights (`w` from ws) or of the up weights (`v` from
+        // us), multiplied into every row fragment's accumulator (`a` or `u`).
+        let products = |s: &mut String, w: &str, tile: &str, acc: &str, indent: &str| {
+            for j in 0..fc {
+                let _ = writeln!(
+                    s,
+                    "{indent}let {w}{j}_{kk} = coopLoad<{}>(&{tile}[{}u], {SK}u);",
+                    mat("f16", "B"),
+                    j * n * SK + kk * n
+                );
+                for i in 0..fr {
+                    let _ = writeln!(
+                        s,
+                        "{indent}{acc}{i}_{j} = coopMultiplyAdd(x{i}_{kk}, {w}{j}_{kk}, {acc}{i}_{j});"
+                    );
+                }
             }
-        }
+        };
+        products(&mut s, "w", "ws", "a", "        ");
         s.push_str("        if SWIGLU {\n");
-        for j in 0..fc {
-            let _ = writeln!(
-                s,
-                "            let v{j}_{kk} = coopLoad<{}>(&us[{}u], {SK}u);",
-                mat("f16", "B"),
-                j * n * SK + kk * n
-            );
-            for i in 0..fr {
-                let _ =
-                    writeln!(s, "            u{i}_{j} = coopMultiplyAdd(x{i}_{kk}, v{j}_{kk}, u{i}_{j});");
-            }
-        }
+        products(&mut s, "v", "us", "u", "            ");
         s.push_str("        }\n");
     }
     s.push_str("        workgroupBarrier();\n    }\n");

@@ -743,7 +743,7 @@ const EXPERT: &str = "    var expert = params.fixed_expert;
 /// WGSL's uniformity analysis (which takes no load from a `read_write` binding, as
 /// `tile_expert` is, to be uniform, and naga no result of a helper such as `in_chunk` that
 /// reads its argument). The same expert, the same bits.
-pub(super) const EXPERT_SHARED: &str = "    if lid == 0u {
+const EXPERT_SHARED: &str = "    if lid == 0u {
         block_expert = params.fixed_expert;
         if flag(FLAG_EXPERT_FROM_TILES) {
             block_expert = tile_expert[(params.row_offset + row0) / params.tile_rows];
@@ -757,6 +757,33 @@ pub(super) const EXPERT_SHARED: &str = "    if lid == 0u {
         return;
     }
 ";
+
+/// The entry point of a workgroup-memory block of `rows` × `cols` outputs and `threads`
+/// invocations up to its first barrier: the block's first row and column (an early return past
+/// the rows), its expert ([`EXPERT_SHARED`]) and its rows' entries in `block_entry` (NONE past
+/// the rows). Shared by the tiled and the cooperative kernels.
+pub(super) fn block_prologue(rows: u32, cols: u32, threads: u32) -> String {
+    format!(
+        "@compute @workgroup_size({threads})
+fn gemm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {{
+    let row0 = wid.x * {rows}u;
+    let col0 = params.col_base + wid.y * {cols}u;
+    if row0 >= params.rows {{
+        return;
+    }}
+{EXPERT_SHARED}    for (var r = lid; r < {rows}u; r += {threads}u) {{
+        var e = NONE;
+        if row0 + r < params.rows {{
+            e = entry_of(row0 + r);
+        }}
+        block_entry[r] = e;
+    }}
+"
+    )
+}
 
 /// The direct block, reading its operands from `source` (quantised weights block by block
 /// with `quantised`).
@@ -1043,24 +1070,7 @@ var<workgroup> us: array<{group}, {nw}>;
 var<workgroup> block_entry: array<u32, {rows}>;
 var<workgroup> block_expert: u32;
 
-@compute @workgroup_size({threads})
-fn gemm(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {{
-    let row0 = wid.x * {rows}u;
-    let col0 = params.col_base + wid.y * {cols}u;
-    if row0 >= params.rows {{
-        return;
-    }}
-{EXPERT_SHARED}    for (var r = lid; r < {rows}u; r += {threads}u) {{
-        var e = NONE;
-        if row0 + r < params.rows {{
-            e = entry_of(row0 + r);
-        }}
-        block_entry[r] = e;
-    }}
-    workgroupBarrier();
+{prologue}    workgroupBarrier();
     let ty = lid / {tx_n}u;
     let tx = lid % {tx_n}u;
     let kdim = params.kdim;
@@ -1068,7 +1078,8 @@ fn gemm(
 ",
         4 * bk4,
         nx = rows * stride,
-        nw = cols * stride
+        nw = cols * stride,
+        prologue = block_prologue(rows, cols, threads),
     );
     for i in 0..tm {
         for j in 0..tn {
