@@ -38,7 +38,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::variant::{GemmOrder, GemmVariant, block_prologue};
+use super::variant::{GemmOrder, GemmVariant, WEIGHT_GROUPS, block_prologue};
 use super::{ExpertFfn, ExpertWeights, NONE, Params, Pass, WeightDtype};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -250,15 +250,7 @@ fn halves(p: vec2<u32>) -> vec4<f16> {{
         for (var t = lid; t < {cols}u * {g}u; t += {lanes}u) {{
             let c = col0 + t / {g}u;
             let k = k0 + 4u * (t % {g}u);
-            var wv = vec4<f32>(0.0);
-            var uv = vec4<f32>(0.0);
-            if c < cend {{
-                wv = weight4_tail(false, weight_row(expert, c), k, kdim);
-                if SWIGLU {{
-                    uv = weight4_tail(true, weight_row(expert, c), k, kdim);
-                }}
-            }}
-            let hw = halves(stage_f16(wv));
+{WEIGHT_GROUPS}            let hw = halves(stage_f16(wv));
             let hu = halves(stage_f16(uv));
             let at = (t / {g}u) * {SK}u + 4u * (t % {g}u);
             ws[at] = hw.x;
@@ -493,6 +485,14 @@ mod tests {
             let refused = compare(&ctx, GemmVariant::Tile(tile), 32).expect("the check runs");
             assert!(refused.is_some(), "{slug}: exact tiles passed the f16 check");
             eprintln!("{slug}: exact tiles refused: {}", refused.unwrap_or_default());
+        }
+    }
+
+    /// The blocks the contract test builds are within their documented ranges.
+    #[test]
+    fn the_contract_variants_are_valid() {
+        for v in super::super::specs::contract_variants() {
+            assert!(v.validate().is_ok(), "{}", v.name());
         }
     }
 

@@ -187,7 +187,6 @@ pub(super) fn contract_variants() -> Vec<GemmVariant> {
     // validated and translated only).
     variants.push(GemmVariant::CoopF16(CoopBlock::new(32, 32, 16, 32)));
     variants.push(GemmVariant::CoopF16(CoopBlock::new(32, 32, 8, 32)));
-    debug_assert!(variants.iter().all(|v| v.validate().is_ok()));
     variants.sort_by_key(|v| v.name());
     variants.dedup();
     variants

@@ -758,6 +758,20 @@ const EXPERT_SHARED: &str = "    if lid == 0u {
     }
 ";
 
+/// The weight and up-weight groups of four (`wv`, `uv`) at column `c` and K offset `k` in the
+/// staging loop of a workgroup-memory block: zeros past the chunk's columns (and, by
+/// `weight4_tail`, past K); `uv` only under SWIGLU. Shared by the tiled and the cooperative
+/// kernels.
+pub(super) const WEIGHT_GROUPS: &str = "            var wv = vec4<f32>(0.0);
+            var uv = vec4<f32>(0.0);
+            if c < cend {
+                wv = weight4_tail(false, weight_row(expert, c), k, kdim);
+                if SWIGLU {
+                    uv = weight4_tail(true, weight_row(expert, c), k, kdim);
+                }
+            }
+";
+
 /// The entry point of a workgroup-memory block of `rows` × `cols` outputs and `threads`
 /// invocations up to its first barrier: the block's first row and column (an early return past
 /// the rows), its expert ([`EXPERT_SHARED`]) and its rows' entries in `block_entry` (NONE past
@@ -1102,15 +1116,7 @@ var<workgroup> block_expert: u32;
         for (var t = lid; t < {cols}u * BK4; t += {threads}u) {{
             let k = k0 + 4u * (t % BK4);
             let c = col0 + t / BK4;
-            var wv = vec4<f32>(0.0);
-            var uv = vec4<f32>(0.0);
-            if c < cend {{
-                wv = weight4_tail(false, weight_row(expert, c), k, kdim);
-                if SWIGLU {{
-                    uv = weight4_tail(true, weight_row(expert, c), k, kdim);
-                }}
-            }}
-            ws[(t / BK4) * STRIDE + t % BK4] = {ws_store};
+{WEIGHT_GROUPS}            ws[(t / BK4) * STRIDE + t % BK4] = {ws_store};
             us[(t / BK4) * STRIDE + t % BK4] = {us_store};
         }}
         workgroupBarrier();
