@@ -142,6 +142,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    let _runtime_dir = runtime_dir();
     env_logger::init();
     let args = Args::parse();
     match run(&args) {
@@ -156,6 +157,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Without a usable `XDG_RUNTIME_DIR` (a fresh server or container), Mesa's Vulkan drivers
+/// print "error: XDG_RUNTIME_DIR is invalid or not set in the environment." twice while wgpu
+/// lists adapters (libwayland-client's complaint; nothing fails). This points the variable at
+/// a private folder, removed when the returned guard drops, so the report starts clean; a set
+/// and existing folder is left alone.
+fn runtime_dir() -> Option<tempfile::TempDir> {
+    let set = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| Path::new(&d).is_dir());
+    if set {
+        return None;
+    }
+    let dir = tempfile::Builder::new().prefix("moe_layer-runtime-").tempdir().ok()?;
+    // SAFETY: called first thing in `main`, before this process starts any other thread.
+    unsafe { std::env::set_var("XDG_RUNTIME_DIR", dir.path()) };
+    Some(dir)
 }
 
 fn dtype(d: Dtype) -> WeightDtype {

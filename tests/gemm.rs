@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_rows_close, bits, contexts, rng, routes, uniform};
+use common::{assert_rows_close, bits, contexts, covering, rng, routes, uniform};
 use moeflow::bits::{bit_identical, first_difference};
 use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
@@ -484,13 +484,20 @@ fn adversarial(r: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
     v
 }
 
+/// Cases over (adapter, dtype, order, up variant, down variant: the up one or the first): a
+/// covering set in which every pair of settings meets (`common::covering`; every combination
+/// with `MOEFLOW_FULL_SWEEPS=1`), so each variant runs on each adapter, in each dtype and each
+/// order, with each down variant.
 #[test]
 fn every_variant_is_bit_identical_within_an_order() {
-    for ctx in contexts() {
+    let ctxs = contexts();
+    let variants = ctxs.iter().map(|c| variants_under_test(c).len()).max().unwrap_or(0);
+    let cases = covering(&[ctxs.len(), 2, 2, variants, 2]);
+    for (a, ctx) in ctxs.iter().enumerate() {
         // K = 70 and F = 45 are not multiples of four, N is no multiple of any block, one expert
         // takes most tokens and odd experts past 2 stay empty.
         let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
-        for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+        for (d, dtype) in [WeightDtype::F32, WeightDtype::Bf16].into_iter().enumerate() {
             let mut m = Model::new(60, e, h, f, dtype);
             let mut r = rng(61);
             m.gate = dtype.round(&adversarial(&mut r, m.gate.len(), 0.1), h as usize).unwrap();
@@ -504,12 +511,16 @@ fn every_variant_is_bit_identical_within_an_order() {
             m.gate[(2 * h + 4) as usize] = f32::INFINITY;
             m.down[((h + 7) * f + 44) as usize] = f32::NAN;
             let idx = routes(62, tokens, e, k, true);
-            for order in [GemmOrder::Strict, GemmOrder::Fast] {
+            for (o, order) in [GemmOrder::Strict, GemmOrder::Fast].into_iter().enumerate() {
+                let here: Vec<&Vec<usize>> = cases.iter().filter(|c| c[..3] == [a, d, o]).collect();
+                if here.is_empty() {
+                    continue;
+                }
                 let what = format!("{} {dtype:?} {order:?}", ctx.adapter().slug());
-                let ffn_with =
-                    |up, down| m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
-                let first = variants_under_test(&ctx)[0];
-                let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
+                let ffn_with = |up, down| m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+                let under_test = variants_under_test(ctx);
+                let first = under_test[0];
+                let decode = run(ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
                 let want = m.reference_in(order, &x, &idx, k);
                 let finite: Vec<bool> = want.iter().map(|v| v.is_finite()).collect();
                 let (g, w): (Vec<f32>, Vec<f32>) = decode
@@ -520,18 +531,17 @@ fn every_variant_is_bit_identical_within_an_order() {
                     .map(|((g, w), _)| (*g, *w))
                     .unzip();
                 assert_rows_close(&format!("{what} decode vs reference (finite outputs)"), &g, &w, 1);
-                for up in variants_under_test(&ctx) {
-                    for down in [up, first] {
-                        let ffn = ffn_with(up, down);
-                        let grouped = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
-                        assert_eq!(
-                            bits(&grouped),
-                            bits(&decode),
-                            "{what}: grouped {} / {} vs row-wise",
-                            up.name(),
-                            down.name()
-                        );
-                    }
+                for case in here {
+                    let up = under_test[case[3] % under_test.len()];
+                    let down = [up, first][case[4]];
+                    let grouped = run(ctx, &ffn_with(up, down), &x, &idx, k, Path::Grouped);
+                    assert_eq!(
+                        bits(&grouped),
+                        bits(&decode),
+                        "{what}: grouped {} / {} vs row-wise",
+                        up.name(),
+                        down.name()
+                    );
                 }
             }
         }
@@ -545,10 +555,13 @@ fn every_variant_is_bit_identical_within_an_order() {
 /// in partial blocks and groups; one expert takes most tokens and odd experts past 2 stay empty.
 /// MXFP4 runs twice: with every scale narrow (the one-product decoding), and with one gate
 /// block of values near 1e-38 under the E8M0 scale 2^-127 (the gate and up pass decode bit by
-/// bit, the down pass with the product).
+/// bit, the down pass with the product). The (adapter, case, check) runs are a covering set:
+/// each check of each case on each adapter (`common::covering`).
 #[test]
 fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
-    for ctx in contexts() {
+    let ctxs = contexts();
+    let checks = covering(&[ctxs.len(), 5, path_checks(1)]);
+    for (a, ctx) in ctxs.iter().enumerate() {
         let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
         let cases = [
             (WeightDtype::Q8_0, false),
@@ -557,7 +570,7 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
             (WeightDtype::Mxfp4, true),
             (WeightDtype::Fp8, false),
         ];
-        for (dtype, wide) in cases {
+        for (c, (dtype, wide)) in cases.into_iter().enumerate() {
             let mut m = Model::new(80, e, h, f, dtype);
             let mut r = rng(81);
             m.gate = adversarial(&mut r, m.gate.len(), 0.1);
@@ -565,7 +578,7 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
             if wide {
                 m.gate[..32].fill(1e-38);
             }
-            let gate = ExpertWeights::from_f32(&ctx, &m.gate, dtype, e, f, h).unwrap();
+            let gate = ExpertWeights::from_f32(ctx, &m.gate, dtype, e, f, h).unwrap();
             assert_eq!(gate.narrow_scales(), dtype == WeightDtype::Mxfp4 && !wide, "{dtype:?}");
             let x = adversarial(&mut r, (tokens * h) as usize, 1.0);
             let idx = routes(82, tokens, e, k, true);
@@ -576,16 +589,24 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
             // adapters and in CI's Tint check), with a direct block: with the window ones, the
             // blocks that read quantised rows block by block (x from storage there).
             let direct = GemmVariant::Direct(LaneBlock::new(4, 4, 64));
-            assert_every_path_agrees(&ctx, &m, &x, &idx, k, &[direct], &what);
+            let run_check = |i| checks.iter().any(|r| r[..] == [a, c, i]);
+            assert_every_path_agrees(ctx, &m, &x, &idx, k, &[direct], &what, run_check);
         }
     }
 }
 
+/// The checks of [`assert_every_path_agrees`] with `extra` variants: row-wise from storage,
+/// bucketed, and grouped through each of the defaults' two, a tiled block and `extra`.
+fn path_checks(extra: usize) -> usize {
+    5 + extra
+}
+
 /// `m` on every path gives the bits of the row-wise decode with the adapter's default kernels,
-/// which is within the bound of the reference: the row-wise kernel beside tiled blocks (x from
-/// storage, not windows), bucketed with overflow, and grouped through the defaults (texture
-/// ones run as window blocks for weights without texture copies), a tiled block (weight4_tail)
-/// and `extra`.
+/// which is within the bound of the reference. The checks, by number, of which those `run`
+/// selects: 0 the row-wise kernel beside tiled blocks (x from storage, not windows), 1 bucketed
+/// with overflow, then grouped through the defaults' up and down variants (texture ones run as
+/// window blocks for weights without texture copies), a tiled block (weight4_tail) and `extra`.
+#[allow(clippy::too_many_arguments)]
 fn assert_every_path_agrees(
     ctx: &Context,
     m: &Model,
@@ -594,6 +615,7 @@ fn assert_every_path_agrees(
     k: u32,
     extra: &[GemmVariant],
     what: &str,
+    run_check: impl Fn(usize) -> bool,
 ) {
     let want = m.reference(x, idx, k);
     let ffn_with =
@@ -602,17 +624,22 @@ fn assert_every_path_agrees(
     let tiled = GemmVariant::Tiled { bk4: 1 };
     let mut variants = vec![d.up, d.down, tiled];
     variants.extend_from_slice(extra);
-    variants.dedup();
     let first = variants[0];
     let decode = run(ctx, &ffn_with(first, first), x, idx, k, Path::Decode);
     assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, m.h as usize);
-    let from_storage = run(ctx, &ffn_with(tiled, tiled), x, idx, k, Path::Decode);
-    assert_eq!(bits(&from_storage), bits(&decode), "{what}: row-wise from storage vs the defaults");
-    let bucketed = run(ctx, &ffn_with(first, first), x, idx, k, Path::Bucketed(4));
-    assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
-    for v in variants {
-        let grouped = run(ctx, &ffn_with(v, v), x, idx, k, Path::Grouped);
-        assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped {} vs row-wise", v.name());
+    if run_check(0) {
+        let from_storage = run(ctx, &ffn_with(tiled, tiled), x, idx, k, Path::Decode);
+        assert_eq!(bits(&from_storage), bits(&decode), "{what}: row-wise from storage vs the defaults");
+    }
+    if run_check(1) {
+        let bucketed = run(ctx, &ffn_with(first, first), x, idx, k, Path::Bucketed(4));
+        assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
+    }
+    for (i, v) in variants.into_iter().enumerate() {
+        if run_check(2 + i) {
+            let grouped = run(ctx, &ffn_with(v, v), x, idx, k, Path::Grouped);
+            assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped {} vs row-wise", v.name());
+        }
     }
 }
 
@@ -620,11 +647,14 @@ fn assert_every_path_agrees(
 /// bucketed with overflow and grouped (defaults and a tiled block) give the same bits, within the
 /// bound of the reference. Biases of up to ±12 put many gate and up values past the clamp at
 /// ±7 on both sides; one expert takes most tokens and odd experts past 2 stay empty.
+/// The (adapter, dtype, check) runs are a covering set (`common::covering`).
 #[test]
 fn clamped_swiglu_with_biases_gives_the_same_bits_on_every_path() {
-    for ctx in contexts() {
+    let ctxs = contexts();
+    let checks = covering(&[ctxs.len(), 2, path_checks(0)]);
+    for (a, ctx) in ctxs.iter().enumerate() {
         let (e, h, f, k, tokens) = (8u32, 96u32, 45u32, 2u32, 37u32);
-        for dtype in [WeightDtype::F32, WeightDtype::Mxfp4] {
+        for (d, dtype) in [WeightDtype::F32, WeightDtype::Mxfp4].into_iter().enumerate() {
             let mut m = Model::new(90, e, h, f, dtype);
             let mut r = rng(91);
             m.activation = Activation::GPT_OSS;
@@ -637,7 +667,8 @@ fn clamped_swiglu_with_biases_gives_the_same_bits_on_every_path() {
             let x = adversarial(&mut r, (tokens * h) as usize, 1.0);
             let idx = routes(92, tokens, e, k, true);
             let what = format!("{} {dtype:?}", ctx.adapter().slug());
-            assert_every_path_agrees(&ctx, &m, &x, &idx, k, &[], &what);
+            let run_check = |i| checks.iter().any(|r| r[..] == [a, d, i]);
+            assert_every_path_agrees(ctx, &m, &x, &idx, k, &[], &what, run_check);
             // Biases this large put gate and up values past the clamp on both sides.
             let g_bias = &m.bias.as_ref().unwrap()[0];
             assert!(g_bias.iter().any(|&b| b > 8.0) && g_bias.iter().any(|&b| b < -8.0));
@@ -669,10 +700,14 @@ fn bad_biases_and_activations_are_errors() {
 /// Blocks whose tile holds fewer live rows than the block run a narrower copy of the K loop
 /// (16-row blocks: 16, 8 or 4 rows; 32-row blocks: 32, 16 or 8): experts with 1, 4, 5, 9,
 /// 16, 17 and 33 tokens in 32-row tiles reach every copy (and blocks with no live row), and
-/// every variant gives the row-wise kernel's bits in both orders.
+/// every variant gives the row-wise kernel's bits, over a covering set of (adapter, order,
+/// variant): each variant on each adapter and in each order (`common::covering`).
 #[test]
 fn blocks_with_few_live_rows_give_the_row_wise_bits() {
-    for ctx in contexts() {
+    let ctxs = contexts();
+    let variants = ctxs.iter().map(|c| variants_under_test(c).len()).max().unwrap_or(0);
+    let cases = covering(&[ctxs.len(), 2, variants]);
+    for (a, ctx) in ctxs.iter().enumerate() {
         let counts = [1u32, 4, 5, 9, 16, 17, 33];
         let (e, h, f, k) = (counts.len() as u32, 36u32, 20u32, 1u32);
         // Tokens interleaved over the experts, so no expert's rows are contiguous in x.
@@ -683,12 +718,14 @@ fn blocks_with_few_live_rows_give_the_row_wise_bits() {
         let tokens = idx.len() as u32;
         let m = Model::new(70, e, h, f, WeightDtype::F32);
         let x = adversarial(&mut rng(71), (tokens * h) as usize, 1.0);
-        for order in [GemmOrder::Strict, GemmOrder::Fast] {
-            let ffn_with = |up, down| m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
-            let first = variants_under_test(&ctx)[0];
-            let decode = run(&ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
-            for v in variants_under_test(&ctx) {
-                let grouped = run(&ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
+        for (o, order) in [GemmOrder::Strict, GemmOrder::Fast].into_iter().enumerate() {
+            let ffn_with = |up, down| m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+            let under_test = variants_under_test(ctx);
+            let first = under_test[0];
+            let decode = run(ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
+            for case in cases.iter().filter(|c| c[..2] == [a, o]) {
+                let v = under_test[case[2] % under_test.len()];
+                let grouped = run(ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
                 assert_eq!(
                     bits(&grouped),
                     bits(&decode),
@@ -706,32 +743,37 @@ fn blocks_with_few_live_rows_give_the_row_wise_bits() {
 /// several windows; 32-row blocks run as 16-row window blocks), K = 1100 holds 14 (16-row
 /// blocks run as 8-row window blocks), and K = 2100 holds 7 (no window block: the direct block).
 /// Both orders span windows at K = 1000 / 1100; the fallback at K = 2100 is order-blind (it
-/// picks the block) and runs in the strict order (each shape compiles its kernels afresh).
+/// picks the block) and runs in the strict order (each shape compiles its kernels afresh). The
+/// (adapter, shape and order, window block) cases are a covering set (`common::covering`).
 #[test]
 fn window_kernels_span_windows_and_fall_back_bitwise() {
-    for ctx in contexts() {
-        for (h, f) in [(1000u32, 1100u32), (2100, 45)] {
+    let ctxs = contexts();
+    let runs =
+        [(1000u32, 1100u32, GemmOrder::Strict), (1000, 1100, GemmOrder::Fast), (2100, 45, GemmOrder::Strict)];
+    let cases = covering(&[ctxs.len(), runs.len(), 2]);
+    for (a, ctx) in ctxs.iter().enumerate() {
+        for (r, &(h, f, order)) in runs.iter().enumerate() {
+            let chosen: Vec<usize> = cases.iter().filter(|c| c[..2] == [a, r]).map(|c| c[2]).collect();
+            if chosen.is_empty() {
+                continue;
+            }
             let (e, k, tokens) = (2u32, 2u32, 41u32);
             let m = Model::new(63, e, h, f, WeightDtype::F32);
             let x = adversarial(&mut rng(64), (tokens * h) as usize, 1.0);
             let idx = routes(65, tokens, e, k, true);
-            let orders: &[GemmOrder] =
-                if h == 1000 { &[GemmOrder::Strict, GemmOrder::Fast] } else { &[GemmOrder::Strict] };
-            for &order in orders {
-                let what = format!("{} H={h} F={f} {order:?}", ctx.adapter().slug());
-                let run_with = |up, down| {
-                    let ffn = m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
-                    run(&ctx, &ffn, &x, &idx, k, Path::Grouped)
-                };
-                let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
-                let want = run_with(direct, direct);
-                let reference = m.reference_in(order, &x, &idx, k);
-                assert_rows_close(&format!("{what} direct vs reference"), &want, &reference, 1);
-                for (rows, cols) in [(16, 8), (32, 4)] {
-                    let window = GemmVariant::Window(LaneBlock::new(rows, cols, 8));
-                    let got = run_with(window, window);
-                    assert_eq!(bits(&got), bits(&want), "{what}: {} vs {}", window.name(), direct.name());
-                }
+            let what = format!("{} H={h} F={f} {order:?}", ctx.adapter().slug());
+            let run_with = |up, down| {
+                let ffn = m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+                run(ctx, &ffn, &x, &idx, k, Path::Grouped)
+            };
+            let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
+            let want = run_with(direct, direct);
+            let reference = m.reference_in(order, &x, &idx, k);
+            assert_rows_close(&format!("{what} direct vs reference"), &want, &reference, 1);
+            for (rows, cols) in chosen.into_iter().map(|w| [(16, 8), (32, 4)][w]) {
+                let window = GemmVariant::Window(LaneBlock::new(rows, cols, 8));
+                let got = run_with(window, window);
+                assert_eq!(bits(&got), bits(&want), "{what}: {} vs {}", window.name(), direct.name());
             }
         }
     }
@@ -822,11 +864,14 @@ fn limited_context(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Context {
 /// rows that start mid-word), and weights past the texture limits (which run as the window
 /// block): every case bitwise the window kernels' results, on the grouped, bucketed (with its
 /// row-wise overflow pass) and row-wise decode paths, in every dtype and both orders (the
-/// fallback on the grouped path in the strict order).
+/// fallback on the grouped path in the strict order), over a covering set of (adapter, dtype,
+/// order, path): every pair of those settings meets (`common::covering`).
 #[test]
 fn texture_weights_give_the_window_results_bitwise() {
-    for adapter in common::wgpu_adapters() {
-        let whole = Context::from_adapter(&adapter).unwrap();
+    let adapters = common::wgpu_adapters();
+    let cases = covering(&[adapters.len(), 3, 2, 3]);
+    for (a, adapter) in adapters.iter().enumerate() {
+        let whole = Context::from_adapter(adapter).unwrap();
         let slug = whole.adapter().slug();
         // K = 999 is 250 texels, 16 rows per x window; F = 71 is odd.
         let (e, h, f, k, tokens) = (4u32, 999u32, 71u32, 2u32, 5u32);
@@ -834,7 +879,7 @@ fn texture_weights_give_the_window_results_bitwise() {
         // Layers of 256 rows (gate and up 284 rows: 2 layers; down 3996: 16) from weights split
         // by column; and too few layers for any copy.
         let layered = limited_context(
-            &adapter,
+            adapter,
             wgpu::Limits {
                 max_texture_dimension_2d: 256,
                 max_storage_buffer_binding_size: (per_expert / 2).next_multiple_of(4).max(1 << 16),
@@ -842,29 +887,32 @@ fn texture_weights_give_the_window_results_bitwise() {
             },
         );
         let no_room = limited_context(
-            &adapter,
+            adapter,
             wgpu::Limits { max_texture_dimension_2d: 256, max_texture_array_layers: 1, ..adapter.limits() },
         );
-        for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+        for (d, dtype) in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16].into_iter().enumerate() {
             let m = Model::new(70, e, h, f, dtype);
             let x = adversarial(&mut rng(71), (tokens * h) as usize, 1.0);
             let idx = routes(72, tokens, e, k, true);
-            for order in [GemmOrder::Strict, GemmOrder::Fast] {
+            for (o, order) in [GemmOrder::Strict, GemmOrder::Fast].into_iter().enumerate() {
                 // Blocks of four columns: quick to compile on every adapter.
                 let window = GemmVariant::Window(LaneBlock::new(16, 4, 8));
                 let texture = GemmVariant::Texture(LaneBlock::new(16, 4, 8));
                 let with = |ctx: &Context, v| {
                     m.upload(ctx).with_kernels(FfnKernels { order, up: v, down: v }).unwrap()
                 };
-                for path in [Path::Grouped, Path::Bucketed(3), Path::Decode] {
+                let paths = [Path::Grouped, Path::Bucketed(3), Path::Decode];
+                for case in cases.iter().filter(|c| c[..3] == [a, d, o]) {
+                    let path = paths[case[3]];
                     let what = format!("{slug} {dtype:?} {order:?} {path:?}");
                     let want = run(&whole, &with(&whole, window), &x, &idx, k, path);
                     // Without room for a copy the texture variant runs the window block: its
-                    // kernels, on a device of their own (compiled afresh), checked once per dtype.
+                    // kernels, on a device of their own (compiled afresh), checked on the
+                    // strict grouped cases.
                     let fallback = order == GemmOrder::Strict && path == Path::Grouped;
-                    let cases =
+                    let devices =
                         [("whole", &whole, true), ("layered", &layered, true), ("no room", &no_room, false)];
-                    for &(name, ctx, copied) in &cases[..if fallback { 3 } else { 2 }] {
+                    for &(name, ctx, copied) in &devices[..if fallback { 3 } else { 2 }] {
                         let ffn = with(ctx, texture);
                         let got = run(ctx, &ffn, &x, &idx, k, path);
                         assert_eq!(ffn.gate.has_texture(), copied, "{what} {name}: texture copy made");
@@ -888,11 +936,26 @@ fn texture_weights_give_the_window_results_bitwise() {
 /// bit on the same adapter, in both orders: f32 split all three ways, f16 (an odd number of
 /// halves per column run) and the quantised formats (rows of whole groups) by column and by
 /// expert, bf16 by expert pairs. Each split is a fresh device that compiles its kernels again
-/// (SwiftShader keeps no shader cache), so each dtype takes the splits that differ for it.
+/// (SwiftShader keeps no shader cache), so each dtype takes the splits that differ for it, and
+/// the (adapter, split, order) cases are a covering set: each split on each adapter and in each
+/// order (`common::covering`).
 #[test]
 fn split_weights_give_the_unsplit_results_bitwise() {
-    for adapter in common::wgpu_adapters() {
-        let whole = Context::from_adapter(&adapter).unwrap();
+    // The splits each dtype takes, as indices into (two experts per chunk, one, column runs).
+    let split_cases: Vec<(WeightDtype, usize)> = [
+        (WeightDtype::F32, &[0usize, 1, 2][..]),
+        (WeightDtype::F16, &[2]),
+        (WeightDtype::Bf16, &[0]),
+        (WeightDtype::Q4_0, &[1, 2]),
+        (WeightDtype::Fp8, &[1, 2]),
+    ]
+    .into_iter()
+    .flat_map(|(d, ss)| ss.iter().map(move |&s| (d, s)))
+    .collect();
+    let adapters = common::wgpu_adapters();
+    let cases = covering(&[adapters.len(), split_cases.len(), 2]);
+    for (a, adapter) in adapters.iter().enumerate() {
+        let whole = Context::from_adapter(adapter).unwrap();
         let slug = whole.adapter().slug();
         // Wide H and few tokens, so the weights, not the activations, meet the limit first.
         let (k, tokens) = (2u32, 5u32);
@@ -901,6 +964,10 @@ fn split_weights_give_the_unsplit_results_bitwise() {
         for dtype in
             [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16, WeightDtype::Q4_0, WeightDtype::Fp8]
         {
+            let here: Vec<usize> = (0..split_cases.len()).filter(|&i| split_cases[i].0 == dtype).collect();
+            if !cases.iter().any(|c| c[0] == a && here.contains(&c[1])) {
+                continue;
+            }
             // Quantised rows are 4.25 to 9 bits a value: a larger expert keeps half of one
             // above the activations' and outputs' bindings.
             let (h, f) = if dtype.is_quantised() { (2048, 160) } else { (1024, 72) };
@@ -910,15 +977,14 @@ fn split_weights_give_the_unsplit_results_bitwise() {
             let per_expert = dtype.packed_bytes(u64::from(m.f), u64::from(m.h));
             // Two experts per chunk; one; and column runs inside each expert.
             let splits = [(2 * per_expert + 4, 2usize), (per_expert, 4), (per_expert / 2, 8)];
-            let splits = match dtype {
-                WeightDtype::F32 => &splits[..],
-                WeightDtype::F16 => &splits[2..],
-                WeightDtype::Bf16 => &splits[..1],
-                _ => &splits[1..],
-            };
-            for &(limit, chunks) in splits {
-                let split = small_binding_context(&adapter, limit.next_multiple_of(4));
-                for order in [GemmOrder::Strict, GemmOrder::Fast] {
+            for &i in &here {
+                let orders: Vec<usize> = cases.iter().filter(|c| c[..2] == [a, i]).map(|c| c[2]).collect();
+                if orders.is_empty() {
+                    continue;
+                }
+                let (limit, chunks) = splits[split_cases[i].1];
+                let split = small_binding_context(adapter, limit.next_multiple_of(4));
+                for order in orders.into_iter().map(|o| [GemmOrder::Strict, GemmOrder::Fast][o]) {
                     // Any variant shows the split (all are bit-identical within an order); a
                     // short-chunk tiled kernel compiles fast on a fresh device of every adapter
                     // (SwiftShader keeps no shader cache).
@@ -1030,10 +1096,12 @@ const F16_EDGES: [f32; 10] = [
 /// activations and the weights for down; to nearest, ties to even) in both orders, on
 /// adversarial values with f16 ties, subnormals and 65504's neighbours, and one input past
 /// 65504 (infinity: the reference's infinities and NaNs there too); K and F no multiple of a
-/// tile.
+/// tile. The (adapter, order, block pair) cases are a covering set (`common::covering`).
 #[test]
 fn f16_staged_tiles_give_the_bits_of_f16_rounded_operands() {
-    for ctx in contexts() {
+    let ctxs = contexts();
+    let cases = covering(&[ctxs.len(), 2, 2]);
+    for (a, ctx) in ctxs.iter().enumerate() {
         let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
         let mut m = Model::new(100, e, h, f, WeightDtype::F32);
         let mut r = rng(101);
@@ -1047,9 +1115,9 @@ fn f16_staged_tiles_give_the_bits_of_f16_rounded_operands() {
         }
         x[(6 * h + 9) as usize] = 65520.0;
         let idx = routes(102, tokens, e, k, true);
-        for order in [GemmOrder::Strict, GemmOrder::Fast] {
+        for (o, order) in [GemmOrder::Strict, GemmOrder::Fast].into_iter().enumerate() {
             let want = m.reference_with(order, true, &x, &idx, k);
-            for (up, down) in [
+            let pairs = [
                 (
                     GemmVariant::TileF16(TileBlock::new(64, 32, 4, 4, 2)),
                     GemmVariant::TileF16(TileBlock::new(64, 64, 8, 4, 3)),
@@ -1058,9 +1126,11 @@ fn f16_staged_tiles_give_the_bits_of_f16_rounded_operands() {
                     GemmVariant::TileF16(TileBlock::new(128, 64, 8, 8, 1)),
                     GemmVariant::TileF16(TileBlock::new(128, 64, 8, 8, 1)),
                 ),
-            ] {
-                let ffn = m.upload(&ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
-                let got = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
+            ];
+            for case in cases.iter().filter(|c| c[..2] == [a, o]) {
+                let (up, down) = pairs[case[2]];
+                let ffn = m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+                let got = run(ctx, &ffn, &x, &idx, k, Path::Grouped);
                 let what = format!("{} {order:?} {} / {}", ctx.adapter().slug(), up.name(), down.name());
                 assert!(want.iter().any(|v| v.is_infinite() || v.is_nan()), "{what}: no infinity reached");
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_rows_close, bits, contexts};
+use common::{assert_rows_close, bits, contexts, covering};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::OverflowPolicy;
 use moeflow::kernels::gemm::{Activation, GemmVariant, TileBlock, WeightDtype};
@@ -121,22 +121,31 @@ fn f16_staged_tiles_run_a_layer_within_their_precision() {
     }
 }
 
+/// Over a covering set of (adapter, layer, variant): each variant of each layer on each
+/// adapter (`common::covering`; every combination with `MOEFLOW_FULL_SWEEPS=1`).
 #[test]
 fn routing_and_combine_variants_are_bit_identical() {
-    for ctx in contexts() {
-        for (name, cfg) in configs() {
+    let ctxs = contexts();
+    let cases = covering(&[ctxs.len(), configs().len(), 3]);
+    for (a, ctx) in ctxs.iter().enumerate() {
+        for (l, (name, cfg)) in configs().into_iter().enumerate() {
+            let chosen: Vec<usize> = cases.iter().filter(|c| c[..2] == [a, l]).map(|c| c[2]).collect();
+            if chosen.is_empty() {
+                continue;
+            }
             let w = Synth::new(2).moe_weights(&cfg);
             let x = Synth::new(3).uniform(37 * cfg.route.hidden as usize, 1.0);
-            let base = MoeLayer::new(&ctx, cfg, &w).unwrap().forward_host(&ctx, &x).unwrap();
-            for (variant, c) in [
+            let base = MoeLayer::new(ctx, cfg, &w).unwrap().forward_host(ctx, &x).unwrap();
+            let variants = [
                 ("fused routing", MoeConfig { route_mode: RouteMode::Fused { write_logits: false }, ..cfg }),
                 (
                     "fused routing with logits",
                     MoeConfig { route_mode: RouteMode::Fused { write_logits: true }, ..cfg },
                 ),
                 ("sequential combine", MoeConfig { combine: CombineMode::Sequential, ..cfg }),
-            ] {
-                let other = MoeLayer::new(&ctx, c, &w).unwrap().forward_host(&ctx, &x).unwrap();
+            ];
+            for (variant, c) in chosen.into_iter().map(|v| variants[v]) {
+                let other = MoeLayer::new(ctx, c, &w).unwrap().forward_host(ctx, &x).unwrap();
                 let what = format!("{} {name}: {variant}", ctx.adapter().slug());
                 assert_eq!(other.indices, base.indices, "{what}");
                 assert_eq!(bits(&other.weights), bits(&base.weights), "{what}");
@@ -419,5 +428,19 @@ fn one_plan_runs_every_live_count_with_the_bits_of_an_exact_plan() {
                 "{slug}: {err}"
             );
         }
+        // An empty batch: recorded as nothing (y keeps its values), no stages, empty results
+        // of a forward on host data; planning for a maximum of 0 stays an error.
+        ctx.queue().write_buffer(&yb, 0, bytemuck::cast_slice(&vec![1.5f32; 8 * h as usize]));
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        plan.record(&mut encoder, 0).unwrap();
+        ctx.submit_and_wait(encoder).unwrap();
+        let y: Vec<f32> = ctx.read_back(&yb, 8 * h as usize).unwrap();
+        assert!(y.iter().all(|&v| v == 1.5), "{slug}: a forward of 0 tokens wrote y");
+        assert!(plan.stages_at(0).unwrap().is_empty() && plan.dispatches_at(0).unwrap().is_empty());
+        assert!(plan.record(&mut ctx.device().create_command_encoder(&Default::default()), 9).is_err());
+        let empty = layer.forward_host(&ctx, &[]).unwrap();
+        assert!(empty.y.is_empty() && empty.indices.is_empty() && empty.weights.is_empty(), "{slug}");
+        let err = layer.io(&xb, &yb, 0).and_then(|io| layer.plan(&ctx, io)).unwrap_err().to_string();
+        assert!(err.contains("at least 1"), "{slug}: {err}");
     }
 }

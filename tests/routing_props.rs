@@ -9,8 +9,8 @@
 //! from coarse grids (exact ties stay, accidental near-ties are rare) and a case whose
 //! reference decision hinges on a gap under 1e-5 is discarded rather than judged.
 //!
-//! 10,000 cases in all (split evenly over the adapters found), with a fixed seed so CI runs
-//! the same cases every time.
+//! 3,000 cases in all (split evenly over the adapters found; 10,000 with
+//! `MOEFLOW_FULL_SWEEPS=1`), with a fixed seed so CI runs the same cases every time.
 
 mod common;
 
@@ -21,7 +21,8 @@ use moeflow::reference::within;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
-const TOTAL_CASES: u32 = 10_000;
+/// Cases in all: a quick run's, and the full sweep's (`MOEFLOW_FULL_SWEEPS=1`).
+const TOTAL_CASES: [u32; 2] = [3_000, 10_000];
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -193,7 +194,7 @@ fn routing_matches_the_reference_on_random_adversarial_cases() {
     if ctxs.is_empty() {
         return;
     }
-    let per_adapter = TOTAL_CASES.div_ceil(ctxs.len() as u32);
+    let per_adapter = TOTAL_CASES[usize::from(common::full_sweeps())].div_ceil(ctxs.len() as u32);
     for (i, ctx) in ctxs.iter().enumerate() {
         let config = Config {
             cases: per_adapter,

@@ -463,10 +463,15 @@ impl ForwardPlan {
     /// [`Self::live_tokens`], then one compute pass of the dispatches that run at that count,
     /// each with its grid for it (the dispatches of a plan made for exactly `tokens`, and the
     /// sizing stage). Any number of forwards, at any counts, can be recorded into one encoder.
+    /// An empty batch (`tokens` 0) is a forward with nothing to read or write: it records
+    /// nothing.
     ///
     /// # Errors
-    /// As [`Self::check_live`].
+    /// [`Error::InvalidArgument`] for a count past [`Self::max_tokens`].
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder, tokens: u32) -> Result<()> {
+        if tokens == 0 {
+            return Ok(());
+        }
         self.check_live(tokens)?;
         encoder.copy_buffer_to_buffer(&self.counts, word_bytes(u64::from(tokens)), &self.live, 0, 4);
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -501,11 +506,14 @@ impl ForwardPlan {
     /// The stages of a forward of `tokens` tokens, owned: the dispatches that run at that
     /// count, each with its grid for it, as [`Self::record`] records them (the buffers they use
     /// stay alive with them). They read the count from [`Self::live_tokens`]: set it first
-    /// ([`Self::set_live_tokens`]).
+    /// ([`Self::set_live_tokens`]). An empty batch (`tokens` 0) has no stages.
     ///
     /// # Errors
-    /// As [`Self::check_live`].
+    /// As [`Self::record`].
     pub fn stages_at(&self, tokens: u32) -> Result<Vec<(ForwardStage, Vec<Dispatch>)>> {
+        if tokens == 0 {
+            return Ok(Vec::new());
+        }
         self.check_live(tokens)?;
         Ok(self
             .stages
@@ -518,7 +526,7 @@ impl ForwardPlan {
     /// The dispatches of [`Self::stages_at`], in order.
     ///
     /// # Errors
-    /// As [`Self::check_live`].
+    /// As [`Self::record`].
     pub fn dispatches_at(&self, tokens: u32) -> Result<Vec<Dispatch>> {
         Ok(self.stages_at(tokens)?.into_iter().flat_map(|(_, ds)| ds).collect())
     }
@@ -533,7 +541,9 @@ impl ForwardPlan {
     /// past the count in x are not read and in y not written.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for 0 or a count past [`Self::max_tokens`]; a lost device.
+    /// [`Error::InvalidArgument`] for 0 (a device-held count runs every dispatch: an empty
+    /// batch is recorded by [`Self::record`], as nothing) or a count past
+    /// [`Self::max_tokens`]; a lost device.
     pub fn set_live_tokens(&self, ctx: &Context, tokens: u32) -> Result<()> {
         self.check_live(tokens)?;
         ctx.check_alive()?;
@@ -548,7 +558,8 @@ impl ForwardPlan {
     pub fn check_live(&self, tokens: u32) -> Result<()> {
         if tokens == 0 || tokens > self.max_tokens {
             return Err(Error::invalid(format!(
-                "live token count {tokens}: this plan runs 1 to {} tokens",
+                "live token count {tokens}: this plan runs 1 to {} tokens (an empty batch is \
+                 recorded as nothing by `record(encoder, 0)`)",
                 self.max_tokens
             )));
         }
@@ -1100,7 +1111,8 @@ impl MoeLayer {
     }
 
     /// Runs one forward on host data and reads the results back (for tests, examples and
-    /// one-off use; an application records a [`ForwardPlan`] instead).
+    /// one-off use; an application records a [`ForwardPlan`] instead). An empty `x` (no
+    /// tokens) gives empty results without touching the device.
     ///
     /// # Errors
     /// [`Error::Shape`] when `x` is not whole rows of H; [`Self::plan`]'s errors; device
@@ -1125,6 +1137,9 @@ impl MoeLayer {
         }
         let tokens = u32::try_from(x.len() / h)
             .map_err(|_| Error::limit("tokens", (x.len() / h) as u64, u32::MAX.into(), "u32"))?;
+        if tokens == 0 {
+            return Ok(ForwardOutput { y: Vec::new(), indices: Vec::new(), weights: Vec::new() });
+        }
         let xb = ctx.upload("x", x)?;
         let yb = ctx.zeroed("y", word_bytes(x.len() as u64))?;
         let plan = self.plan(ctx, self.io(&xb, &yb, tokens)?)?;

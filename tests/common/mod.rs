@@ -138,3 +138,47 @@ pub fn rows_close(got: &[f32], want: &[f32], width: usize) -> Result<usize, Stri
 pub fn assert_rows_close(what: &str, got: &[f32], want: &[f32], width: usize) -> usize {
     rows_close(got, want, width).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
+
+/// Whether the sweeps run in full (`MOEFLOW_FULL_SWEEPS=1`): every combination of their
+/// dimensions, as a developer runs them when changing a kernel family, instead of
+/// [`covering`]'s set.
+pub fn full_sweeps() -> bool {
+    std::env::var("MOEFLOW_FULL_SWEEPS").as_deref() == Ok("1")
+}
+
+/// The cases of a sweep over dimensions of `sizes` values each, as index tuples in the
+/// product's order: every combination under [`full_sweeps`], else a covering set in which
+/// every pair of values of any two dimensions occurs together at least once (greedy: each
+/// case taken is the first of the product that covers the most pairs not yet covered), so a
+/// fault that needs two settings at once is still reached.
+pub fn covering(sizes: &[usize]) -> Vec<Vec<usize>> {
+    let mut product: Vec<Vec<usize>> = vec![Vec::new()];
+    for &n in sizes {
+        product = product.iter().flat_map(|p| (0..n).map(move |v| [p.as_slice(), &[v]].concat())).collect();
+    }
+    if full_sweeps() || sizes.len() < 2 {
+        return product;
+    }
+    let pairs_of = |case: &[usize]| -> Vec<(usize, usize, usize, usize)> {
+        let mut out = Vec::new();
+        for a in 0..case.len() {
+            for b in a + 1..case.len() {
+                out.push((a, case[a], b, case[b]));
+            }
+        }
+        out
+    };
+    let mut uncovered: std::collections::HashSet<_> = product.iter().flat_map(|c| pairs_of(c)).collect();
+    let mut chosen = Vec::new();
+    while !uncovered.is_empty() {
+        let gain = |c: &Vec<usize>| pairs_of(c).iter().filter(|p| uncovered.contains(p)).count();
+        let best = product.iter().max_by_key(|c| (gain(c), std::cmp::Reverse(*c))).cloned();
+        let Some(best) = best else { break };
+        for p in pairs_of(&best) {
+            uncovered.remove(&p);
+        }
+        chosen.push(best);
+    }
+    chosen.sort();
+    chosen
+}

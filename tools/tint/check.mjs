@@ -8,7 +8,8 @@
 // gives SwiftShader's code back), and SwiftShader's code for a quantised expert kernel takes
 // about 1 GB. So the records are compiled by worker processes, in name order: a worker stops
 // after the record that takes its resident memory past TINT_WORKER_RSS_MB (default 6144) and
-// the next worker goes on from there. A worker that dies (the OOM killer, a crash in the
+// the next worker goes on from there. The records are cut into TINT_JOBS shards (default: one
+// per core) whose workers run side by side. A worker that dies (the OOM killer, a crash in the
 // driver) fails the record it was compiling, and the next worker goes on after it.
 // TINT_TRACE=1 prints each record's time and the worker's resident memory (stderr).
 //
@@ -24,6 +25,7 @@
 // Exit status: 0 when every pipeline compiled, 1 when one failed, 2 when nothing could run.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import readline from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -41,31 +43,51 @@ if (records.length === 0) {
 }
 const workerArg = process.argv.indexOf('--worker');
 if (workerArg > 0) {
-  await worker(Number(process.argv[workerArg + 1]));
+  await worker(Number(process.argv[workerArg + 1]), Number(process.argv[workerArg + 2]));
 } else {
   await parent();
 }
 
-/** Runs workers until every record has a verdict; prints them and the totals. */
+/**
+ * Splits the records (in name order, so one module's pipelines stay together) into TINT_JOBS
+ * contiguous shards (default: the number of cores) run side by side, each by workers in turn
+ * until every record of the shard has a verdict; prints the verdicts and the totals.
+ */
 async function parent() {
   const limitMb = Number(process.env.TINT_WORKER_RSS_MB ?? 6144);
+  const jobs = Math.max(1, Math.min(Number(process.env.TINT_JOBS ?? os.availableParallelism()), records.length));
   const counts = { ok: 0, failed: 0, skipped: 0 };
-  let next = 0;
-  let workers = 0;
-  let description = null;
-  while (next < records.length) {
-    workers++;
+  const state = { workers: 0, description: null };
+  const bounds = Array.from({ length: jobs + 1 }, (_, i) => Math.round((i * records.length) / jobs));
+  const shards = Array.from({ length: jobs }, (_, i) => shard(bounds[i], bounds[i + 1], limitMb, counts, state));
+  await Promise.all(shards);
+  console.log(`adapter: ${state.description}`);
+  console.log(
+    `tint: ${counts.ok} pipelines compiled, ${counts.failed} failed, ${counts.skipped} skipped (of ${records.length}, in ${state.workers} worker process(es), ${jobs} at a time)`,
+  );
+  process.exit(counts.failed ? 1 : 0);
+}
+
+/** Runs workers over records [from, to) in turn until each has a verdict. */
+async function shard(from, to, limitMb, counts, state) {
+  let next = from;
+  while (next < to) {
+    state.workers++;
     const start = next;
-    const child = spawn(process.execPath, [fileURLToPath(import.meta.url), dir, '--worker', String(start)], {
-      env: { ...process.env, TINT_WORKER_RSS_MB: String(limitMb) },
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
+    const child = spawn(
+      process.execPath,
+      [fileURLToPath(import.meta.url), dir, '--worker', String(start), String(to)],
+      {
+        env: { ...process.env, TINT_WORKER_RSS_MB: String(limitMb) },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
     let current = start;
     const lines = readline.createInterface({ input: child.stdout });
     for await (const line of lines) {
       const msg = JSON.parse(line);
       if (msg.adapter) {
-        description ??= msg.adapter;
+        state.description ??= msg.adapter;
       } else if (msg.start !== undefined) {
         current = msg.start;
       } else {
@@ -76,28 +98,23 @@ async function parent() {
     }
     const code = await new Promise((resolve) => child.on('close', (c, signal) => resolve(signal ?? c)));
     if (code === 2) process.exit(2);
-    if (next <= current && current < records.length && code !== 0) {
+    if (next <= current && current < to && code !== 0) {
       // The worker died while compiling `current`.
       counts.failed++;
       console.log(`FAIL ${records[current]}\n    the compiling process ended (${code}) while compiling it`);
       next = current + 1;
     }
   }
-  console.log(`adapter: ${description}`);
-  console.log(
-    `tint: ${counts.ok} pipelines compiled, ${counts.failed} failed, ${counts.skipped} skipped (of ${records.length}, in ${workers} worker process(es))`,
-  );
-  process.exit(counts.failed ? 1 : 0);
 }
 
-/** Compiles records from `from` on, one JSON line per verdict, until the memory limit. */
-async function worker(from) {
+/** Compiles records [from, to), one JSON line per verdict, until the memory limit. */
+async function worker(from, to) {
   const limit = Number(process.env.TINT_WORKER_RSS_MB ?? 6144) * 1024 * 1024;
   const { device, features, description } = await openDawn();
   const say = (msg) => process.stdout.write(`${JSON.stringify(msg)}\n`);
   say({ adapter: description });
   const modules = new Map();
-  for (let index = from; index < records.length; index++) {
+  for (let index = from; index < to; index++) {
     say({ start: index });
     const rec = JSON.parse(fs.readFileSync(path.join(dir, records[index]), 'utf8'));
     let code = fs.readFileSync(path.join(dir, rec.module), 'utf8');
