@@ -32,6 +32,7 @@ pub mod quant;
 pub mod reference;
 pub mod requirements;
 pub mod shader;
+mod size;
 mod sync;
 #[cfg(feature = "synth")]
 pub mod synth;

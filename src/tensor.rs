@@ -5,6 +5,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::pipeline::BufferView;
+use crate::size;
 
 /// The element type of a device tensor (4 bytes each, little-endian as the device stores them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,9 +21,12 @@ pub enum DType {
 /// buffers hold (f32 values, u32 indices and counts, packed weights).
 pub(crate) const WORD_BYTES: u64 = 4;
 
-/// Bytes of `n` 32-bit words.
+/// Bytes of `n` 32-bit words, saturating: a count whose bytes pass a u64 reads as `u64::MAX`
+/// bytes, which no view, binding or device limit holds, so the check that takes it refuses it
+/// (the counts are products of u32 dimensions; sizes a caller gives are multiplied with
+/// [`crate::size::product`], which names an overflow).
 pub(crate) const fn word_bytes(n: u64) -> u64 {
-    n * WORD_BYTES
+    n.saturating_mul(WORD_BYTES)
 }
 
 impl DType {
@@ -63,7 +67,8 @@ impl<'a> Tensor<'a> {
     /// `shape` elements of `dtype` at the start of `view` (a whole buffer or a view of one).
     ///
     /// # Errors
-    /// [`Error::Shape`] for a view past its buffer or smaller than the shape's bytes.
+    /// [`Error::Shape`] for a view past its buffer or smaller than the shape's bytes;
+    /// [`Error::InvalidArgument`] for a shape whose bytes do not fit in a u64.
     pub fn new(view: impl Into<BufferView<'a>>, shape: [u32; 2], dtype: DType) -> Result<Self> {
         Self::named("tensor", view.into(), shape, dtype)
     }
@@ -71,7 +76,10 @@ impl<'a> Tensor<'a> {
     /// [`Self::new`], its errors naming the tensor `what`.
     pub(crate) fn named(what: &str, view: BufferView<'a>, shape: [u32; 2], dtype: DType) -> Result<Self> {
         view.check_in_buffer(&format!("view of `{what}`"))?;
-        let bytes = u64::from(shape[0]) * u64::from(shape[1]) * dtype.bytes();
+        let bytes = size::product(
+            &format!("`{what}`, {dtype} {shape:?},"),
+            &[u64::from(shape[0]), u64::from(shape[1]), dtype.bytes()],
+        )?;
         if view.size < bytes {
             return Err(Error::shape(
                 format!("`{what}`, {dtype} {shape:?},"),
@@ -100,7 +108,8 @@ impl<'a> Tensor<'a> {
 
     /// A tensor of a view that holds `shape` by construction (a plan's own region).
     pub(crate) fn within(view: BufferView<'a>, shape: [u32; 2], dtype: DType) -> Self {
-        let bytes = u64::from(shape[0]) * u64::from(shape[1]) * dtype.bytes();
+        // The region holds the shape, so its bytes fit (saturating only to keep this total).
+        let bytes = u64::from(shape[0]).saturating_mul(u64::from(shape[1])).saturating_mul(dtype.bytes());
         debug_assert!(view.size >= bytes, "a region smaller than its tensor");
         Tensor { view: BufferView::new(view.buffer, view.offset, bytes.min(view.size)), shape, dtype }
     }

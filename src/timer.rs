@@ -108,7 +108,7 @@ impl<'c> Sampler<'c> {
             }
         }
         let start = Instant::now();
-        self.ctx.submitted(encoder, driver).await?;
+        self.ctx.submitted("timed sample", encoder, driver).await?;
         Ok(Sample { wall_s: start.elapsed().as_secs_f64(), query })
     }
 
@@ -212,7 +212,7 @@ impl<'c> Sampler<'c> {
         });
         let mut encoder = self.ctx.encoder("moeflow resolve timestamps");
         encoder.resolve_query_set(qs, 0..count, &resolve, 0);
-        self.ctx.submitted(encoder, driver).await?;
+        self.ctx.submitted("timestamp resolve", encoder, driver).await?;
         let ticks: Vec<u64> = self.ctx.read_back_with(&resolve, count as usize, driver).await?;
         let period_ns = f64::from(self.ctx.queue().get_timestamp_period());
         Ok(samples

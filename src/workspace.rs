@@ -18,6 +18,8 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Binding, BufferView};
+use crate::size;
+use crate::tensor::WORD_BYTES;
 
 /// The scratch regions of a forward, one per kind of intermediate value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -224,22 +226,45 @@ impl WorkspaceLayout {
 
     /// Adds a region of `bytes` bytes (at least 4, rounded up to 4) for `key`, or grows the
     /// one it has to hold `bytes` (for [`ScratchKey::XWindows`]: the windows' bytes).
-    pub(crate) fn push(&mut self, key: ScratchKey, bytes: u64) {
-        let bytes = bytes.max(4).next_multiple_of(4);
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] where the region or the layout's end does not fit in a u64.
+    pub(crate) fn push(&mut self, key: ScratchKey, bytes: u64) -> Result<()> {
+        let what = format!("workspace region {key:?}");
+        let bytes = size::round_up(&what, bytes.max(4), 4)?;
+        let aligned = size::round_up(&what, bytes, self.alignment)?;
         if key == ScratchKey::XWindows {
             self.windows = Some(self.windows.map_or(bytes, |w| w.max(bytes)));
-            return;
+            return Ok(());
         }
         if let Some(i) = self.spans.iter().position(|(k, _, _)| *k == key) {
             if self.spans[i].2 >= bytes {
-                return;
+                return Ok(());
             }
             let (_, _, old) = self.spans.remove(i);
-            self.spans[i..].iter_mut().for_each(|s| s.1 -= old.next_multiple_of(self.alignment));
-            self.bytes -= old.next_multiple_of(self.alignment);
+            // `old` was pushed, so its aligned size fits and is part of `self.bytes`.
+            let old = old.next_multiple_of(self.alignment);
+            self.spans[i..].iter_mut().for_each(|s| s.1 -= old);
+            self.bytes -= old;
         }
+        let end = self.bytes.checked_add(aligned).ok_or_else(|| {
+            Error::invalid(format!("{what}: {} bytes after {} do not fit in 64 bits", aligned, self.bytes))
+        })?;
         self.spans.push((key, self.bytes, bytes));
-        self.bytes += bytes.next_multiple_of(self.alignment);
+        self.bytes = end;
+        Ok(())
+    }
+
+    /// [`Self::push`] of a region of 32-bit values, as many as the product of `counts` (a
+    /// shape's dimensions).
+    ///
+    /// # Errors
+    /// As [`Self::push`], and where the product's bytes do not fit in a u64.
+    pub(crate) fn push_words(&mut self, key: ScratchKey, counts: &[u64]) -> Result<()> {
+        let mut factors = counts.to_vec();
+        factors.push(WORD_BYTES);
+        let bytes = size::product(&format!("workspace region {key:?}"), &factors)?;
+        self.push(key, bytes)
     }
 
     /// A layout that holds both `self`'s and `other`'s regions, each as large as the larger
@@ -256,10 +281,10 @@ impl WorkspaceLayout {
         }
         let mut out = self.clone();
         for (key, _, bytes) in other.regions() {
-            out.push(key, bytes);
+            out.push(key, bytes)?;
         }
         if let Some(w) = other.windows {
-            out.push(ScratchKey::XWindows, w);
+            out.push(ScratchKey::XWindows, w)?;
         }
         Ok(out)
     }
@@ -395,10 +420,10 @@ mod tests {
     fn regions_are_aligned_and_one_per_key() {
         let mut l = layout(32, 256);
         assert_eq!(l.alignment(), 256);
-        l.push(ScratchKey::TopkIndices, 10);
-        l.push(ScratchKey::Activations, 300);
-        l.push(ScratchKey::TopkWeights, 0);
-        l.push(ScratchKey::XWindows, 5000);
+        l.push(ScratchKey::TopkIndices, 10).unwrap();
+        l.push(ScratchKey::Activations, 300).unwrap();
+        l.push(ScratchKey::TopkWeights, 0).unwrap();
+        l.push(ScratchKey::XWindows, 5000).unwrap();
         assert_eq!(l.window_bytes(), Some(5000), "the windows are not a region");
         assert_eq!(
             l.regions().collect::<Vec<_>>(),
@@ -409,9 +434,13 @@ mod tests {
             ]
         );
         assert_eq!(l.bytes(), 1024);
-        l.push(ScratchKey::Activations, 100);
+        l.push(ScratchKey::Activations, 100).unwrap();
         assert_eq!(l.bytes(), 1024, "a smaller request fits the region there is");
-        l.push(ScratchKey::Activations, 600);
+        l.push(ScratchKey::Activations, 600).unwrap();
+        let err = l.push(ScratchKey::TopkWeights, u64::MAX).unwrap_err().to_string();
+        assert!(err.contains("TopkWeights") && err.contains("do not fit in 64 bits"), "{err}");
+        assert!(l.push(ScratchKey::TopkWeights, u64::MAX - 64).is_err(), "the layout's end would wrap");
+        assert!(l.push_words(ScratchKey::TopkWeights, &[1 << 32, 1 << 32]).is_err());
         assert_eq!(
             l.regions().collect::<Vec<_>>(),
             [

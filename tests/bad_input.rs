@@ -774,6 +774,99 @@ fn buffers_device_loss_and_foreign_resources_are_errors() {
     }
 }
 
+/// Sizes whose arithmetic would wrap in a release build are refused, naming the sizes: a
+/// tensor of 2^31 × 2^31 f32, a buffer of u64::MAX bytes, a read-back of usize::MAX / 4 + 2
+/// values, expert weights of 2^22 × 2^22 × 2^22 values (which match four values once wrapped)
+/// and quantised blocks of as many rows.
+#[test]
+fn size_arithmetic_cannot_wrap() {
+    use moeflow::kernels::gemm::{ExpertWeights, QuantisedValues};
+    for ctx in common::contexts() {
+        let name = ctx.adapter().slug();
+        let data = ctx.upload("data", &[1.0f32; 4]).unwrap();
+        let huge = 1u32 << 31;
+        expect_err(&name, Tensor::f32(&data, [huge, huge]), &["2147483648 × 2147483648 × 4 does not fit"]);
+        expect_err(&name, ctx.zeroed("x", u64::MAX), &["buffer `x`", "do not fit in 64 bits"]);
+        expect_err(&name, ctx.read_back::<f32>(&data, usize::MAX / 4 + 2), &["readback", "does not fit"]);
+        let e = 1u32 << 22;
+        expect_err(
+            &name,
+            ExpertWeights::from_f32(&ctx, &[0.0; 4], WeightDtype::F32, e, e, e),
+            &["expert weights [4194304, 4194304, 4194304]", "does not fit"],
+        );
+        let q = QuantisedValues::Q8_0(&[0u8; 34]);
+        expect_err(&name, ExpertWeights::from_quantised(&ctx, q, u32::MAX, u32::MAX, 32), &["does not fit"]);
+    }
+}
+
+/// Commands that wgpu refuses as they are finished or submitted, through every public way of
+/// submitting a caller's encoder (`submit_and_wait`, `submit_async`): a plan recorded before
+/// its `x` was destroyed, a copy of 8 bytes into the 4-byte live-count word, and a plan
+/// recorded into an encoder of another device. Each is an `Err` naming the problem, never a
+/// panic, and the context goes on working.
+#[test]
+fn refused_submissions_are_errors() {
+    for adapter in common::wgpu_adapters() {
+        let open = || Context::from_adapter(&adapter).expect("a device");
+        let ctx = open();
+        let name = ctx.adapter().slug();
+        let cfg = MoeConfig::new(16, 8, 4, 2);
+        let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
+        let x = ctx.upload("x", &[0.5f32; 16 * 3]).unwrap();
+        let y = ctx.zeroed("y", 16 * 3 * 4).unwrap();
+        let plan = layer.plan(&ctx, layer.io(&x, &y, 3).unwrap()).unwrap();
+        let submit = |asynchronous: bool, encoder| {
+            if asynchronous {
+                pollster::block_on(ctx.submit_async(encoder))
+            } else {
+                ctx.submit_and_wait(encoder)
+            }
+        };
+        for asynchronous in [false, true] {
+            let what = format!("{name} (async: {asynchronous})");
+            let mut encoder = ctx.encoder("too long a count");
+            encoder.copy_buffer_to_buffer(&y, 0, plan.live_tokens(), 0, 8);
+            expect_err(&what, submit(asynchronous, encoder), &["submission", "overrun"]);
+            let mut encoder = ctx.encoder("good");
+            plan.record(&mut encoder, 3).unwrap();
+            submit(asynchronous, encoder).unwrap();
+        }
+        let gone = ctx.upload("gone x", &[0.5f32; 16 * 3]).unwrap();
+        let gone_plan = layer.plan(&ctx, layer.io(&gone, &y, 3).unwrap()).unwrap();
+        for asynchronous in [false, true] {
+            let mut encoder = ctx.encoder("destroyed x");
+            gone_plan.record(&mut encoder, 3).unwrap();
+            gone.destroy();
+            let what = format!("{name} (async: {asynchronous})");
+            expect_err(&what, submit(asynchronous, encoder), &["submission", "destroyed"]);
+        }
+        // (On GL every context has an instance of its own, where wgpu cannot tell devices
+        // apart; see `moeflow::instance`.)
+        if adapter.get_info().backend != wgpu::Backend::Gl {
+            let other = open();
+            let mut encoder = other.encoder("another device's");
+            plan.record(&mut encoder, 3).unwrap();
+            expect_err(&name, other.submit_and_wait(encoder), &["submission", "doesn't match Device"]);
+            let mut encoder = other.encoder("another device's");
+            plan.record(&mut encoder, 3).unwrap();
+            // Finishing the encoder raises the mismatch on its own device, outside any scope:
+            // that context keeps it and reports it at its next call, which then does nothing.
+            expect_err(&name, ctx.submit_and_wait(encoder), &["submission"]);
+            expect_err(
+                &name,
+                other.submit_and_wait(other.encoder("empty")),
+                &["outside moeflow's error scopes", "doesn't match Device"],
+            );
+            other.submit_and_wait(other.encoder("empty")).unwrap();
+        }
+        let mut encoder = ctx.encoder("good");
+        plan.record(&mut encoder, 3).unwrap();
+        ctx.submit_and_wait(encoder).unwrap();
+        let want = layer.forward_host(&ctx, &[0.5f32; 16 * 3]).unwrap().y;
+        assert_eq!(common::bits(&ctx.read_back::<f32>(&y, 16 * 3).unwrap()), common::bits(&want), "{name}");
+    }
+}
+
 /// Every public `Context` and `MoeLayer` call that touches the device, made right after
 /// `destroy()` (before anything has polled the device, so wgpu has not yet run the lost
 /// callback) and again after a poll: `Err(DeviceLost)` each time, never a panic or an `Ok`.

@@ -374,6 +374,14 @@ fn bad_requests_are_errors() {
         let empty = RowGraph::new(4, 8, 1).unwrap();
         let inputs = RowInputs::upload(&ctx, &empty, &[0.0; 32]).unwrap();
         assert!(RowRun::prepare(&ctx, &empty, &inputs, Executor::Staged).is_err());
+        // A layer's queue of no workers is refused whether or not the probe allows a queue
+        // on this adapter (where it does not, the run would fall back to passes).
+        let cfg = MoeConfig::new(16, 8, 4, 2);
+        let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
+        let (x, y) = (ctx.zeroed("x", 16 * 4).unwrap(), ctx.zeroed("y", 16 * 4).unwrap());
+        let none = MoeExecutor::Queue(TaskShape::new(TaskSize::Fine), QueueOptions::new(0));
+        let err = LayerRun::prepare(&ctx, &layer, layer.io(&x, &y, 1).unwrap(), none).unwrap_err();
+        assert!(err.to_string().contains("at least one worker"), "{err}");
     }
 }
 

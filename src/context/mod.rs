@@ -485,6 +485,10 @@ type LostCallback = Box<dyn Fn(wgpu::DeviceLostReason, &str) + Send>;
 struct DeviceHealth {
     lost: Mutex<Option<String>>,
     app_callback: Mutex<Option<LostCallback>>,
+    /// The first error wgpu raised outside every error scope since the last
+    /// [`Context::checked`] call (on a device moeflow made: see
+    /// [`Context::from_adapter_async`]), which that call reports.
+    stray: Mutex<Option<(GpuErrorKind, String)>>,
 }
 
 impl DeviceHealth {
@@ -663,6 +667,7 @@ impl Context {
         };
         let (device, queue) = adapter.request_device(&desc).await?;
         let mut ctx = Context::from_wgpu(device, queue);
+        ctx.keep_stray_errors();
         if coop {
             ctx.set_cooperative_matrix(&adapter.cooperative_matrix_properties());
         }
@@ -713,6 +718,21 @@ impl Context {
             allocated: AllocationCounter::default(),
             checked_kernels: Mutex::default(),
         }
+    }
+
+    /// Replaces wgpu's default uncaptured-error handler (a panic) on a device moeflow made:
+    /// an error outside every error scope (work on this device's encoder finished by another
+    /// context's call, say) is logged and kept, and the next call that checks its work
+    /// ([`Self::checked`]) returns it as its `Err` before doing anything. A device the app made
+    /// ([`Self::from_wgpu`]) keeps the app's handler.
+    fn keep_stray_errors(&self) {
+        let health = Arc::downgrade(&self.health);
+        self.device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::error!("moeflow: a GPU error outside moeflow's error scopes: {e}");
+            if let Some(h) = health.upgrade() {
+                lock(&h.stray).get_or_insert_with(|| (GpuErrorKind::of(&e), e.to_string()));
+            }
+        }));
     }
 
     /// What moeflow has allocated on the device through this context so far.
@@ -775,8 +795,18 @@ impl Context {
 
     /// Runs `f` inside validation, out-of-memory and internal error scopes and turns the first
     /// captured error into `Err`; a device lost meanwhile is `Err(DeviceLost)`.
+    ///
+    /// An error kept from outside every scope since the last call (see
+    /// `keep_stray_errors`) is returned first, before `f` runs.
     pub(crate) fn checked<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T> {
         self.check_alive()?;
+        if let Some((kind, message)) = lock(&self.health.stray).take() {
+            return Err(Error::Gpu {
+                context: format!("earlier work outside moeflow's error scopes (reported at `{context}`)"),
+                kind,
+                message,
+            });
+        }
         let device = self.device();
         let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
         let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);

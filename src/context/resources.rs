@@ -11,11 +11,15 @@ use super::wait::{Driver, Signal, Until};
 use crate::error::{Error, Result};
 use crate::gpu::{DATA_USAGE, record};
 use crate::pipeline::{BufferView, Dispatch};
+use crate::size;
 use crate::sync::lock;
 
-/// Bytes for a buffer holding `bytes` of data: at least 4, a multiple of 4.
-fn padded(bytes: u64) -> u64 {
-    bytes.max(4).next_multiple_of(4)
+/// Bytes for a buffer `label` holding `bytes` of data: at least 4, a multiple of 4.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] where rounding up does not fit in a u64.
+fn padded(label: &str, bytes: u64) -> Result<u64> {
+    size::round_up(&format!("buffer `{label}`"), bytes.max(4), 4)
 }
 
 /// Writes `bytes` at the start of a buffer created with `mapped_at_creation`, then unmaps it.
@@ -40,7 +44,7 @@ impl Context {
         mapped: bool,
     ) -> Result<wgpu::Buffer> {
         self.check_alive()?;
-        let size = padded(bytes);
+        let size = padded(label, bytes)?;
         let max = self.limits().max_buffer_size;
         if size > max {
             return Err(Error::limit(format!("buffer `{label}`"), size, max, "max_buffer_size"));
@@ -140,9 +144,12 @@ impl Context {
     /// threads are not descheduled behind it (a persistent queue's producers most of all).
     ///
     /// # Errors
-    /// A lost device (before or during the wait), or a failed poll.
+    /// [`Error::Gpu`] naming "submission" where wgpu refuses the commands as they are finished
+    /// or submitted (a destroyed buffer, a resource of another device, a copy past a buffer's
+    /// end: validation errors that would otherwise reach the device's uncaptured-error
+    /// handler); a lost device (before or during the wait), or a failed poll.
     pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
-        pollster::block_on(self.submitted(encoder, Driver::Inline))
+        pollster::block_on(self.submitted("submission", encoder, Driver::Inline))
     }
 
     /// Submits `encoder` and resolves when the device has finished it, without blocking the
@@ -152,17 +159,20 @@ impl Context {
     /// # Errors
     /// As [`Self::submit_and_wait`].
     pub async fn submit_async(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
-        self.submitted(encoder, Driver::Thread).await
+        self.submitted("submission", encoder, Driver::Thread).await
     }
 
     /// Submits `encoder` now; the returned future resolves when the device has finished it,
-    /// its polls driven as `driver` says.
+    /// its polls driven as `driver` says. Finishing and submitting run inside
+    /// [`Self::checked`]'s error scopes, so what wgpu refuses there (a destroyed buffer, a
+    /// resource of another device, a copy past a buffer's end) is an `Err` naming `what`.
     pub(crate) fn submitted(
         &self,
+        what: &str,
         encoder: wgpu::CommandEncoder,
         driver: Driver,
     ) -> impl Future<Output = Result<()>> + use<> {
-        let submitted = self.check_alive().map(|()| {
+        let submitted = self.checked(what, || {
             let signal = Signal::new();
             let index = self.queue().submit([encoder.finish()]);
             let fired = signal.clone();
@@ -202,7 +212,7 @@ impl Context {
     pub(crate) async fn run_with(&self, dispatches: &[&Dispatch], driver: Driver) -> Result<()> {
         let mut encoder = self.encoder("moeflow run");
         record(&mut encoder, dispatches);
-        self.checked("run", || self.submitted(encoder, driver))?.await
+        self.submitted("run", encoder, driver).await
     }
 
     /// Copies the first `len` elements of `from` (a buffer, or a [`BufferView`] of one) to the
@@ -237,7 +247,7 @@ impl Context {
         self.check_alive()?;
         let view: BufferView<'b> = from.into();
         let buffer = view.buffer;
-        let bytes = (len * std::mem::size_of::<T>()) as u64;
+        let bytes = size::product("readback", &[len as u64, std::mem::size_of::<T>() as u64])?;
         let in_buffer = view.offset.checked_add(view.size).is_some_and(|end| end <= buffer.size());
         if bytes > view.size || !in_buffer {
             return Err(Error::shape(
@@ -263,9 +273,10 @@ impl Context {
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         let staging = self.buffer("moeflow readback", bytes, usage, false)?;
         let mut encoder = self.encoder("moeflow readback");
-        let copied = padded(bytes).min(buffer.size() - view.offset);
+        // `bytes` fits in the view, inside the buffer, so rounding it up cannot overflow.
+        let copied = bytes.max(4).next_multiple_of(4).min(buffer.size() - view.offset);
         encoder.copy_buffer_to_buffer(buffer, view.offset, &staging, 0, copied);
-        self.checked("readback copy", || self.submitted(encoder, driver))?.await?;
+        self.submitted("readback copy", encoder, driver).await?;
         let slice = staging.slice(..);
         let signal = Signal::new();
         let mapped: Arc<Mutex<Option<std::result::Result<(), wgpu::BufferAsyncError>>>> = Arc::default();

@@ -118,8 +118,11 @@ impl LayerRun {
     /// own plan for `Staged` or a layer without a task form, else the task program.
     ///
     /// # Errors
-    /// [`MoeLayer::plan`]'s and [`MoeProgram::new`]'s errors; [`crate::Error::LimitExceeded`] for
-    /// more workers than the probe allows; device errors while probing.
+    /// [`MoeLayer::plan`]'s and [`MoeProgram::new`]'s errors; [`crate::Error::InvalidArgument`]
+    /// for a queue of no workers and [`crate::Error::LimitExceeded`] for more than
+    /// `max_compute_workgroups_per_dimension`, whatever the probe's verdict;
+    /// [`crate::Error::LimitExceeded`] for more workers than the probe allows; device errors
+    /// while probing.
     pub fn prepare(
         ctx: &Context,
         layer: &MoeLayer,
@@ -128,10 +131,14 @@ impl LayerRun {
     ) -> Result<Self> {
         let (queue, refused) = match executor {
             MoeExecutor::Staged | MoeExecutor::Passes(_) => (None, None),
-            MoeExecutor::Queue(_, q) => match probe(ctx)?.gate(q.workers)? {
-                Some(why) => (None, Some(why)),
-                None => (Some(q), None),
-            },
+            // The worker count is checked whatever the probe's verdict, so a request is refused
+            // or accepted alike on every adapter.
+            MoeExecutor::Queue(_, q) => {
+                match q.check_workers(ctx).and_then(|()| probe(ctx)?.gate(q.workers))? {
+                    Some(why) => (None, Some(why)),
+                    None => (Some(q), None),
+                }
+            }
         };
         // A layer without a task form runs its own forward instead, and says why.
         let (shape, refused) = match executor.shape().map(|s| (s, moe::unsupported(ctx, layer))) {

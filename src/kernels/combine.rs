@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
+use crate::size;
 use crate::tensor::word_bytes;
 
 static COMBINE_SHADER: ShaderSource = ShaderSource {
@@ -165,17 +166,18 @@ fn check(
         )));
     }
     let (t, h, kk) = (u64::from(tokens), u64::from(hidden), u64::from(k));
+    let partial = size::product("combine's partial rows (tokens * k * hidden)", &[t, kk, h])?;
+    if partial > u64::from(u32::MAX) {
+        return Err(Error::limit("tokens * k * hidden", partial, u32::MAX.into(), "u32 shader indices"));
+    }
     ctx.check_view("weights", &bufs.weights, word_bytes(t * kk), Read)?;
-    ctx.check_view("partial", &bufs.partial, word_bytes(t * kk * h), Read)?;
+    ctx.check_view("partial", &bufs.partial, word_bytes(partial), Read)?;
     ctx.check_view("y", &bufs.y, word_bytes(t * h), ReadWrite)?;
     if let Some(s) = bufs.shared {
         ctx.check_view("shared", &s.rows, word_bytes(t * h), Read)?;
         if let Some(g) = s.gate_logits {
             ctx.check_view("shared gate logits", &g, word_bytes(t), Read)?;
         }
-    }
-    if t * kk * h > u64::from(u32::MAX) {
-        return Err(Error::limit("tokens * k * hidden", t * kk * h, u32::MAX.into(), "u32 shader indices"));
     }
     Ok((t, h, kk))
 }

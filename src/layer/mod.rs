@@ -1101,7 +1101,7 @@ impl MoeLayer {
         let y = ctx.storage_scratch("prepare y", rows)?;
         self.plan(ctx, self.io(&x, &y, max_tokens)?)?;
         // The texture copies planning queued, done.
-        ctx.submitted(ctx.encoder("prepare"), driver).await?;
+        ctx.submitted("prepare", ctx.encoder("prepare"), driver).await?;
         let total = ctx.pipeline_count();
         Ok(PrepareReport {
             pipelines_built: total - before,
@@ -1145,7 +1145,7 @@ impl MoeLayer {
         let plan = self.plan(ctx, self.io(&xb, &yb, tokens)?)?;
         let mut encoder = ctx.device().create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
         plan.record(&mut encoder, tokens)?;
-        ctx.submitted(encoder, driver).await?;
+        ctx.submitted("forward", encoder, driver).await?;
         let n = tokens as usize * self.cfg.route.k as usize;
         Ok(ForwardOutput {
             y: ctx.read_back_with(&yb, x.len(), driver).await?,

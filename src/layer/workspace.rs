@@ -9,11 +9,6 @@ use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, Dispa
 use crate::kernels::gemm::{GemmVariant, decode_tokens, window_bytes_bound};
 use crate::workspace::{ScratchKey, WorkspaceLayout};
 
-/// Bytes of `n` f32 (or u32) values.
-fn words(n: u64) -> u64 {
-    4 * n
-}
-
 impl MoeConfig {
     /// The largest token count of a dropless layer's decode path at a maximum of `max_tokens`
     /// (0 for a bounded capacity, which has none); counts past it take the grouped path.
@@ -54,13 +49,13 @@ impl MoeConfig {
         let (t, h, f) = (u64::from(max_tokens), u64::from(self.route.hidden), u64::from(self.ffn));
         let mut l = WorkspaceLayout::new(limits);
         if !caller.routing {
-            l.push(ScratchKey::TopkIndices, words(u64::from(entries)));
-            l.push(ScratchKey::TopkWeights, words(u64::from(entries)));
+            l.push_words(ScratchKey::TopkIndices, &[u64::from(entries)])?;
+            l.push_words(ScratchKey::TopkWeights, &[u64::from(entries)])?;
         }
         if self.route_mode.writes_logits() && !caller.logits {
-            l.push(ScratchKey::RouterLogits, words(t * u64::from(e)));
+            l.push_words(ScratchKey::RouterLogits, &[t, u64::from(e)])?;
         }
-        l.push(ScratchKey::ExpertOutputs, words(u64::from(entries) * h));
+        l.push_words(ScratchKey::ExpertOutputs, &[u64::from(entries), h])?;
         // The (rows, K) of every pass that may stage x windows.
         let mut passes: Vec<(u32, u32)> = Vec::new();
         // Passes over `rows` rows: K = hidden (gate/up) and K = ffn (down).
@@ -68,41 +63,41 @@ impl MoeConfig {
         match self.capacity {
             Capacity::Dropless => {
                 let decode_rows = self.decode_until(max_tokens) * k;
-                l.push(ScratchKey::Activations, words(u64::from(decode_rows) * f));
+                l.push_words(ScratchKey::Activations, &[u64::from(decode_rows), f])?;
                 passes.extend(ffn_passes(decode_rows));
                 if decode_rows < entries {
                     let cfg = DispatchConfig { experts: e, k, tile };
                     for (key, bytes) in DispatchLayout::scratch_bytes(cfg, max_tokens)? {
-                        l.push(key, bytes);
+                        l.push(key, bytes)?;
                     }
                     // The grouped rows: entries plus each expert's padding to the tile.
                     let max_rows = DispatchLayout::max_rows_for(cfg, max_tokens)?;
-                    l.push(ScratchKey::Activations, words(u64::from(max_rows) * f));
+                    l.push_words(ScratchKey::Activations, &[u64::from(max_rows), f])?;
                     passes.extend(ffn_passes(max_rows));
                 }
             }
             Capacity::Bounded { bound, policy } => {
                 let cfg = BucketConfig { n_caps: e, bound, policy };
                 for (key, bytes) in BucketLayout::scratch_bytes(cfg, entries)? {
-                    l.push(key, bytes);
+                    l.push(key, bytes)?;
                 }
                 // Each bucket's slots (`bound` rows per pass), then the overflow entries.
-                l.push(ScratchKey::Activations, words(u64::from(e) * u64::from(bound) * f));
-                l.push(ScratchKey::OverflowActivations, words(u64::from(entries) * f));
+                l.push_words(ScratchKey::Activations, &[u64::from(e), u64::from(bound), f])?;
+                l.push_words(ScratchKey::OverflowActivations, &[u64::from(entries), f])?;
                 passes.extend(ffn_passes(bound));
                 passes.extend(ffn_passes(entries));
             }
         }
         if let Some(fs) = self.shared_ffn {
-            l.push(ScratchKey::SharedOutput, words(t * h));
+            l.push_words(ScratchKey::SharedOutput, &[t, h])?;
             if self.shared_gate {
-                l.push(ScratchKey::SharedGateLogits, words(t));
+                l.push_words(ScratchKey::SharedGateLogits, &[t])?;
             }
-            l.push(ScratchKey::SharedActivations, words(t * u64::from(fs)));
+            l.push_words(ScratchKey::SharedActivations, &[t, u64::from(fs)])?;
             passes.extend([(max_tokens, self.route.hidden), (max_tokens, fs)]);
         }
         if let Some(bytes) = window_bytes_bound(variants, &passes, limits) {
-            l.push(ScratchKey::XWindows, bytes);
+            l.push(ScratchKey::XWindows, bytes)?;
         }
         Ok(l)
     }

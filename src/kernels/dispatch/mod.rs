@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::size;
 use crate::workspace::{DispatchPart, Region, Scratch, ScratchKey};
 use host::{Layout, Meta};
 
@@ -295,7 +296,13 @@ impl DispatchLayout {
         let (e, e1) = (u64::from(cfg.experts) * U32, (u64::from(cfg.experts) + 1) * U32);
         let part = ScratchKey::Dispatch;
         Ok([
-            (part(DispatchPart::Hist), u64::from(s.blocks.max(1)) * e),
+            (
+                part(DispatchPart::Hist),
+                size::product(
+                    "the dispatch histogram",
+                    &[u64::from(s.blocks.max(1)), u64::from(cfg.experts), U32],
+                )?,
+            ),
             (part(DispatchPart::Counts), e),
             (part(DispatchPart::Offsets), e1),
             (part(DispatchPart::Padded), e1),
@@ -646,7 +653,11 @@ impl BucketLayout {
     /// As [`DispatchLayout::scratch_bytes`].
     pub(crate) fn scratch_bytes(cfg: BucketConfig, tokens: u32) -> Result<Vec<(ScratchKey, u64)>> {
         let mut bytes = DispatchLayout::scratch_bytes(Self::grouping(cfg), tokens)?.to_vec();
-        bytes.push((ScratchKey::BucketSlots, u64::from(cfg.n_caps) * u64::from(cfg.bound) * U32));
+        let slots = size::product(
+            "bucket slots (n_caps × bound)",
+            &[u64::from(cfg.n_caps), u64::from(cfg.bound), U32],
+        )?;
+        bytes.push((ScratchKey::BucketSlots, slots));
         bytes.push((ScratchKey::BucketOverflow, u64::from(tokens) * U32));
         Ok(bytes)
     }
@@ -659,10 +670,11 @@ impl BucketLayout {
         }
         let layout = DispatchLayout::with_scratch(scratch, Self::grouping(cfg), tokens, cfg.bound)?;
         let slots = u64::from(cfg.n_caps) * u64::from(cfg.bound);
-        if slots * U32 > ctx.limits().max_storage_buffer_binding_size {
+        let slot_bytes = size::product("pad_perm bytes (n_caps x bound)", &[slots, U32])?;
+        if slot_bytes > ctx.limits().max_storage_buffer_binding_size {
             return Err(Error::limit(
                 "pad_perm bytes (n_caps x bound)",
-                slots * U32,
+                slot_bytes,
                 ctx.limits().max_storage_buffer_binding_size,
                 "max_storage_buffer_binding_size",
             ));

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
 use crate::live::LiveCount;
 use crate::pipeline::{Access, BufferView, Dispatch};
+use crate::size;
 use crate::tensor::word_bytes;
 use crate::workspace::{Scratch, ScratchKey};
 
@@ -236,8 +237,11 @@ pub(crate) fn plan_ffn_with(
                 )));
             }
             let bound = buckets.config().bound;
-            let act = scratch
-                .take(ScratchKey::Activations, word_bytes(u64::from(e) * u64::from(bound) * u64::from(f)))?;
+            let act_bytes = size::product(
+                "bucket activations (experts × bound × ffn × 4)",
+                &[u64::from(e), u64::from(bound), u64::from(f), 4],
+            )?;
+            let act = scratch.take(ScratchKey::Activations, act_bytes)?;
             for expert in 0..e {
                 let live =
                     LiveRows::new(LiveCount::constant(bound)).offset(LiveCount::constant(expert * bound));

@@ -26,6 +26,7 @@
 use crate::error::{Error, Result};
 use crate::kernels::gemm::WeightDtype;
 use crate::quant;
+use crate::size;
 
 /// Values per 32-value block (Q8_0, Q4_0, MXFP4).
 const BLOCK: usize = quant::BLOCK_VALUES;
@@ -302,7 +303,8 @@ impl QuantisedValues<'_> {
 
     /// Checks the lengths against `[experts, n, k]`.
     fn check(&self, [experts, n, k]: [usize; 3]) -> Result<()> {
-        let rows = experts * n;
+        let what = format!("{:?} expert weights [{experts}, {n}, {k}]", self.dtype());
+        let rows = size::host_product(&what, &[experts, n])?;
         let need = |what: &str, want: usize, got: usize| -> Result<()> {
             if want != got {
                 return Err(Error::shape(
@@ -319,12 +321,13 @@ impl QuantisedValues<'_> {
                 self.dtype()
             )));
         }
-        let blocks = rows * (k / BLOCK);
+        let blocks = size::host_product(&what, &[rows, k / BLOCK])?;
+        let bytes = |per_block| size::host_product(&what, &[blocks, per_block]);
         match *self {
-            QuantisedValues::Q8_0(b) => need("Q8_0 bytes", blocks * quant::Q8_0_BLOCK_BYTES, b.len()),
-            QuantisedValues::Q4_0(b) => need("Q4_0 bytes", blocks * quant::Q4_0_BLOCK_BYTES, b.len()),
+            QuantisedValues::Q8_0(b) => need("Q8_0 bytes", bytes(quant::Q8_0_BLOCK_BYTES)?, b.len()),
+            QuantisedValues::Q4_0(b) => need("Q4_0 bytes", bytes(quant::Q4_0_BLOCK_BYTES)?, b.len()),
             QuantisedValues::Mxfp4 { codes, scales } => {
-                need("MXFP4 code bytes", blocks * quant::MXFP4_BLOCK_BYTES, codes.len())?;
+                need("MXFP4 code bytes", bytes(quant::MXFP4_BLOCK_BYTES)?, codes.len())?;
                 need("MXFP4 scales", blocks, scales.len())
             }
             QuantisedValues::Fp8 { weight, scale_inv, block } => {
@@ -334,8 +337,10 @@ impl QuantisedValues<'_> {
                          (columns a multiple of 128, or at least K = {k})"
                     )));
                 }
-                need("FP8 bytes", rows * k, weight.len())?;
-                need("FP8 scales", experts * n.div_ceil(block[0]) * k.div_ceil(block[1]), scale_inv.len())
+                need("FP8 bytes", size::host_product(&what, &[rows, k])?, weight.len())?;
+                let tiles =
+                    size::host_product(&what, &[experts, n.div_ceil(block[0]), k.div_ceil(block[1])])?;
+                need("FP8 scales", tiles, scale_inv.len())
             }
         }
     }

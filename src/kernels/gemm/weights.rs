@@ -19,6 +19,7 @@ use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::pipeline::Binding;
 use crate::shader::Override;
+use crate::size;
 use crate::sync::lock;
 use crate::tensor::word_bytes;
 
@@ -270,7 +271,7 @@ async fn flush_staged(
     ctx.checked("writing expert weights", || ctx.queue().write_buffer(buffer, *offset, &pending[..whole]))?;
     *offset += whole as u64;
     pending.drain(..whole);
-    ctx.submitted(ctx.encoder("expert weights upload"), driver).await
+    ctx.submitted("expert weights upload", ctx.encoder("expert weights upload"), driver).await
 }
 
 /// One buffer of a projection's weights: experts `experts`, and of each the output columns
@@ -399,7 +400,10 @@ impl ExpertWeights {
         n: u32,
         k: u32,
     ) -> Result<Self> {
-        let elems = u64::from(experts) * u64::from(n) * u64::from(k);
+        let elems = size::product(
+            &format!("expert weights [{experts}, {n}, {k}]"),
+            &[u64::from(experts), u64::from(n), u64::from(k)],
+        )?;
         if data.len() as u64 != elems {
             return Err(Error::shape(
                 "expert weights",
@@ -459,8 +463,9 @@ impl ExpertWeights {
         k: u32,
     ) -> Result<Self> {
         let dtype = values.dtype();
-        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        // The lengths first: the chunk plan of a shape no data holds could be past memory.
         let words = values.device_words([experts as usize, n as usize, k as usize])?;
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
         let row = quantised::row_words(dtype, u64::from(k)) as usize;
         Self::upload_chunks(ctx, dtype, [experts, n, k], plan, |es, cs| {
             let mut chunk = Vec::with_capacity(es.len() * cs.len() * row);
