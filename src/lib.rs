@@ -27,6 +27,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod layer;
 mod live;
+mod overlap;
 pub mod pipeline;
 pub mod quant;
 pub mod reference;

@@ -347,6 +347,11 @@ impl Workspace {
         Ok(Workspace { regions })
     }
 
+    /// Every region's key and bytes (the x windows' included).
+    pub(crate) fn views(&self) -> impl Iterator<Item = (ScratchKey, BufferView<'_>)> + '_ {
+        self.regions.iter().map(|(key, region)| (*key, region.view()))
+    }
+
     /// `layout`'s regions cut from `view` (of a buffer made with [`WORKSPACE_USAGE`]), at their
     /// offsets from the view's start; the x windows, where the layout has them, in a buffer of
     /// the workspace's own. x, y and other data of the caller's may share `view`'s buffer.

@@ -799,6 +799,66 @@ fn size_arithmetic_cannot_wrap() {
     }
 }
 
+/// Views that a plan writes may not share a byte with another view it binds: x and y as one
+/// view, routing outputs inside y, a caller's workspace over y, and the dense entry points with
+/// x = y are refused naming both views; disjoint views of one buffer run bitwise as separate
+/// buffers do.
+#[test]
+fn overlapping_views_are_refused() {
+    use moeflow::kernels::gemm::{DenseKernel, ExpertWeights, GemmOrder, plan_dense};
+    use moeflow::pipeline::BufferView;
+    use moeflow::workspace::{WORKSPACE_USAGE, Workspace};
+    for ctx in common::contexts() {
+        let name = ctx.adapter().slug();
+        let cfg = MoeConfig::new(16, 8, 4, 2);
+        let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
+        let xs = Synth::new(2).uniform(16 * 3, 1.0);
+        let want = layer.forward_host(&ctx, &xs).unwrap();
+        // x in the first 192 bytes, y in the next 192.
+        let one = ctx.upload("x and y", &[xs.clone(), vec![0.0; 16 * 3]].concat()).unwrap();
+        let at = |offset: u64, shape: [u32; 2]| Tensor::f32(BufferView::new(&one, offset, 192), shape);
+        let (x, y) = (at(0, [3, 16]).unwrap(), at(192, [3, 16]).unwrap());
+
+        expect_err(&name, layer.plan(&ctx, ForwardIo::new(x, x)), &["`x`", "`y`", "overlapping views"]);
+        let shifted = at(64, [3, 16]).unwrap();
+        expect_err(
+            &name,
+            layer.plan(&ctx, ForwardIo::new(x, shifted)),
+            &["`x` (bytes 0 .. 192)", "`y` (bytes 64 .. 256)"],
+        );
+        // Routing indices in y's first bytes.
+        let weights = ctx.zeroed("weights", 24).unwrap();
+        let routing = ForwardIo::new(x, y).with_routing(
+            Tensor::u32(BufferView::new(&one, 192, 24), [3, 2]).unwrap(),
+            Tensor::f32(&weights, [3, 2]).unwrap(),
+        );
+        expect_err(&name, layer.plan(&ctx, routing), &["`y`", "`indices`"]);
+
+        // A caller's workspace over y.
+        let layout = layer.workspace(&ctx, 3).unwrap();
+        let big = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("workspace and y"),
+            size: layout.bytes() + 192,
+            usage: WORKSPACE_USAGE,
+            mapped_at_creation: false,
+        });
+        let ws = Workspace::new(&ctx, &layout, &big).unwrap();
+        let over = Tensor::f32(BufferView::new(&big, 0, 192), [3, 16]).unwrap();
+        expect_err(&name, layer.plan_in(&ctx, ForwardIo::new(x, over), &ws), &["`y`", "is written"]);
+
+        // Disjoint views of one buffer: the bits of the host forward.
+        let plan = layer.plan(&ctx, ForwardIo::new(x, y)).unwrap();
+        ctx.run(&plan.dispatches()).unwrap();
+        let got: Vec<f32> = ctx.read_back(y, 16 * 3).unwrap();
+        assert_eq!(common::bits(&got), common::bits(&want.y), "{name}: disjoint views of one buffer");
+
+        // The dense GEMM in place.
+        let w = ExpertWeights::from_f32(&ctx, &[0.5; 16 * 16], WeightDtype::F32, 1, 16, 16).unwrap();
+        let dense = plan_dense(&ctx, &w, 3, x.view(), x.view(), DenseKernel::Rowwise, GemmOrder::Strict);
+        expect_err(&name, dense, &["`x`", "`y`", "overlapping views"]);
+    }
+}
+
 /// Commands that wgpu refuses as they are finished or submitted, through every public way of
 /// submitting a caller's encoder (`submit_and_wait`, `submit_async`): a plan recorded before
 /// its `x` was destroyed, a copy of 8 bytes into the 4-byte live-count word, and a plan

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::{BoundsChecks, Context};
 use crate::error::{Error, Result};
 use crate::live::spill;
+use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{
     Access, Binding, BoundBuffer, BoundTexture, BufferView, Constants, DUMP_PIPELINES, Dispatch, Kernel,
     KernelSpec, PipelineKey, TextureBinding, dump_pipeline,
@@ -308,6 +309,20 @@ impl Context {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // No binding the kernel writes shares a byte with another binding (a caller's views
+        // are checked by name where a plan takes them; this holds every dispatch to it).
+        let names: Vec<String> =
+            bound.iter().map(|b| format!("{} binding {}", kernel.spec.entry, b.binding)).collect();
+        let bound_views: Vec<(&str, BufferView<'_>, Use)> = bindings
+            .iter()
+            .zip(&bound)
+            .zip(&names)
+            .map(|((b, bb), name)| {
+                let used = if bb.access == Access::ReadWrite { Use::Write } else { Use::Read };
+                (name.as_str(), BufferView::new(b.buffer, b.offset, b.size.max(4)), used)
+            })
+            .collect();
+        check_disjoint(&bound_views)?;
         let bound_textures = textures
             .iter()
             .map(|t| {

@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::kernels::gemm::{Activation, ExpertWeights};
 use crate::kernels::routing::{PARAMS_BYTES as ROUTE_PARAMS_BYTES, route_params};
 use crate::layer::{CallerOutputs, Capacity, ForwardIo, MoeConfig, MoeLayer};
+use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{Access, Binding, Constants, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
 use crate::tensor::word_bytes;
@@ -661,6 +662,7 @@ impl MoeProgram {
         let words = word_bytes(u64::from(tokens) * u64::from(h));
         ctx.check_view("x", &io.x().view(), words, Read)?;
         ctx.check_view("y", &io.y().view(), words, ReadWrite)?;
+        check_disjoint(&[("x", io.x().view(), Use::Read), ("y", io.y().view(), Use::Write)])?;
         Ok(tasks)
     }
 

@@ -11,6 +11,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, Sizing};
+use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
 use crate::size;
@@ -173,6 +174,16 @@ fn check(
     ctx.check_view("weights", &bufs.weights, word_bytes(t * kk), Read)?;
     ctx.check_view("partial", &bufs.partial, word_bytes(partial), Read)?;
     ctx.check_view("y", &bufs.y, word_bytes(t * h), ReadWrite)?;
+    let mut views = vec![
+        ("weights", bufs.weights, Use::Read),
+        ("partial", bufs.partial, Use::Read),
+        ("y", bufs.y, Use::Write),
+    ];
+    if let Some(s) = bufs.shared {
+        views.push(("shared", s.rows, Use::Read));
+        views.extend(s.gate_logits.map(|g| ("shared gate logits", g, Use::Read)));
+    }
+    check_disjoint(&views)?;
     if let Some(s) = bufs.shared {
         ctx.check_view("shared", &s.rows, word_bytes(t * h), Read)?;
         if let Some(g) = s.gate_logits {

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, LiveValue, Sizing};
+use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, Override, ShaderSource, wgsl};
 use crate::tensor::word_bytes;
@@ -472,6 +473,13 @@ pub fn plan_route(
         }
         (_, false) => Binding::new(3, &c.no_logits, 4),
     };
+    let mut views = vec![
+        ("x", bufs.x, Use::Read),
+        ("indices", bufs.indices, Use::Write),
+        ("weights", bufs.weights, Use::Write),
+    ];
+    views.extend(bufs.logits.filter(|_| mode.writes_logits()).map(|l| ("logits", l, Use::Write)));
+    check_disjoint(&views)?;
     let params = Binding::new(0, &c.params, PARAMS_BYTES);
     let x = bufs.x.bind(1, t * h * F32);
     let gate = Binding::new(2, bufs.gate, gate_len);

@@ -24,6 +24,7 @@ use crate::kernels::gemm::{
 };
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::kernels::sizing::plan_sizing;
+use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{BufferView, Dispatch};
 use crate::tensor::word_bytes;
 use crate::tensor::{DType, Tensor};
@@ -924,6 +925,15 @@ impl MoeLayer {
         let entries = max_tokens
             .checked_mul(c.route.k)
             .ok_or_else(|| Error::limit("max_tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
+        // x is read; y, the caller's routing tensors and every workspace region are written:
+        // none of them may share a byte with another.
+        let mut views = vec![("x", x, Use::Read), ("y", y, Use::Write)];
+        if let Some((i, w)) = io.routing {
+            views.extend([("indices", i.view(), Use::Write), ("weights", w.view(), Use::Write)]);
+        }
+        views.extend(io.logits.map(|l| ("logits", l.view(), Use::Write)));
+        views.extend(workspace.views().map(|(key, view)| (key.label(), view, Use::Write)));
+        check_disjoint(&views)?;
         // Every region was sized and checked against the binding limit before any was made, and
         // the layout holds nothing this configuration does not use.
         let scratch = Scratch::Laid(ctx, workspace);

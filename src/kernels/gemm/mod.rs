@@ -19,6 +19,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
 use crate::live::LiveCount;
+use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{Access, BufferView, Dispatch};
 use crate::size;
 use crate::tensor::word_bytes;
@@ -181,6 +182,11 @@ pub(crate) fn plan_ffn_with(
     ctx.check_view("x", &x, word_bytes(u64::from(tokens) * u64::from(h)), Access::Read)?;
     ctx.check_view("indices", &indices, word_bytes(entries), Access::Read)?;
     ctx.check_view("partial", &partial, word_bytes(entries * u64::from(h)), Access::ReadWrite)?;
+    check_disjoint(&[
+        ("x", x, Use::Read),
+        ("indices", indices, Use::Read),
+        ("partial", partial, Use::Write),
+    ])?;
     for w in [&ffn.gate, &ffn.up, &ffn.down] {
         for c in &w.chunks {
             ctx.check_binding("expert weights", &c.buffer, c.bytes, Access::Read)?;
@@ -346,6 +352,7 @@ fn every_expert_on_every_token(
     let rows = u64::from(e) * u64::from(tokens);
     ctx.check_view("x", &x, word_bytes(u64::from(tokens) * u64::from(h)), Access::Read)?;
     ctx.check_view("all-expert output", &all, word_bytes(rows * u64::from(h)), Access::ReadWrite)?;
+    check_disjoint(&[("x", x, Use::Read), ("all-expert output", all, Use::Write)])?;
     let act = scratch.take(act_key, word_bytes(rows * u64::from(f)))?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
     let kernels = ffn.kernels(ctx);
@@ -413,6 +420,7 @@ pub(crate) fn plan_dense_with(
     let [_, n, k] = w.shape();
     ctx.check_view("x", &x, word_bytes(u64::from(rows) * u64::from(k)), Access::Read)?;
     ctx.check_view("y", &y, word_bytes(u64::from(rows) * u64::from(n)), Access::ReadWrite)?;
+    check_disjoint(&[("x", x, Use::Read), ("y", y, Use::Write)])?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
     let params = Params {
         rows,
