@@ -859,6 +859,168 @@ fn overlapping_views_are_refused() {
     }
 }
 
+/// Where a property case puts one tensor: in the shared buffer at a slot (and 4 bytes past
+/// it, off the device's alignment, when `skew`), or in a buffer of its own.
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    shared: bool,
+    slot: u64,
+    skew: bool,
+}
+
+fn place() -> impl proptest::strategy::Strategy<Value = Place> {
+    use proptest::prelude::*;
+    (prop::bool::weighted(0.6), 0u64..12, prop::bool::weighted(0.05)).prop_map(|(shared, slot, skew)| Place {
+        shared,
+        slot,
+        skew,
+    })
+}
+
+/// A random plan: its maximum token count, the count it runs, and where x, y, the caller's
+/// routing tensors and the workspace lie (and, rarely, x given as u32).
+#[derive(Clone, Debug)]
+struct PlanCase {
+    max_tokens: u32,
+    count: u32,
+    x: Place,
+    y: Place,
+    routing: Option<(Place, Place)>,
+    workspace: Option<Place>,
+    x_as_u32: bool,
+}
+
+fn plan_case() -> impl proptest::strategy::Strategy<Value = PlanCase> {
+    use proptest::prelude::*;
+    let views = (
+        place(),
+        place(),
+        prop::option::weighted(0.4, (place(), place())),
+        prop::option::weighted(0.3, place()),
+    );
+    (1u32..=4, views, prop::bool::weighted(0.05)).prop_flat_map(
+        |(max_tokens, (x, y, routing, workspace), x_as_u32)| {
+            // Mostly a count the plan runs; now and then an empty batch or one past the maximum.
+            prop_oneof![6 => 1..=max_tokens, 1 => Just(0), 1 => Just(max_tokens + 1)]
+                .prop_map(move |count| PlanCase { max_tokens, count, x, y, routing, workspace, x_as_u32 })
+        },
+    )
+}
+
+/// The plan-once API under random views: random maximum and live counts, tensors at random
+/// slots of one shared buffer (aliasing, overlapping, off the offset alignment) or in buffers
+/// of their own, the caller's routing tensors or not, a caller's workspace in the shared buffer
+/// or the plan's own, and now and then a tensor of the wrong element type. Each case is either
+/// an `Err` (at planning or recording) or a forward whose y, indices and weights are the bits
+/// of the exact plan's (`forward_host`, every tensor in a buffer of its own). 64 cases per
+/// adapter with a fixed seed; the layer's kernels are built once.
+#[test]
+fn random_views_give_an_error_or_the_exact_plans_bits() {
+    use moeflow::pipeline::BufferView;
+    use moeflow::workspace::{WORKSPACE_USAGE, Workspace};
+    use proptest::prelude::{prop_assert, prop_assert_eq};
+    use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
+    let (h, k) = (16u32, 2u32);
+    let cfg = MoeConfig::new(h, 8, 4, k);
+    let xs = Synth::new(3).uniform(4 * h as usize, 1.0);
+    for ctx in common::contexts() {
+        let name = ctx.adapter().slug();
+        let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
+        let exact: Vec<_> =
+            (1..=4).map(|n| layer.forward_host(&ctx, &xs[..n * h as usize]).unwrap()).collect();
+        let align = u64::from(ctx.device().limits().min_storage_buffer_offset_alignment).max(4);
+        let slot_bytes = 256u64.next_multiple_of(align);
+        let layout = layer.workspace(&ctx, 4).unwrap();
+        let buffer = |bytes: u64| {
+            ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("property case"),
+                size: bytes,
+                usage: WORKSPACE_USAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let config = Config {
+            cases: 48,
+            rng_seed: RngSeed::Fixed(51),
+            failure_persistence: None,
+            ..Config::default()
+        };
+        let mut runner = TestRunner::new(config);
+        // Cases that ran a forward, and plans refused for overlapping views.
+        let (ran, overlapped) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        let outcome = runner.run(&plan_case(), |c| {
+            let shared = buffer(14 * slot_bytes + layout.bytes());
+            let own: Vec<wgpu::Buffer> = (0..5).map(|_| buffer(slot_bytes + 4)).collect();
+            let view = |p: Place, i: usize, bytes: u64| {
+                let skew = if p.skew { 4 } else { 0 };
+                if p.shared {
+                    BufferView::new(&shared, p.slot * slot_bytes + skew, bytes)
+                } else {
+                    BufferView::new(&own[i], skew, bytes)
+                }
+            };
+            let t = c.max_tokens;
+            let (x_bytes, r_bytes) = (u64::from(t * h) * 4, u64::from(t * k) * 4);
+            let xv = view(c.x, 0, x_bytes);
+            let x = if c.x_as_u32 { Tensor::u32(xv, [t, h]) } else { Tensor::f32(xv, [t, h]) };
+            let y = Tensor::f32(view(c.y, 1, x_bytes), [t, h]);
+            let (Ok(x), Ok(y)) = (x, y) else { return Ok(()) };
+            let mut io = ForwardIo::new(x, y);
+            if let Some((i, w)) = c.routing {
+                let (Ok(i), Ok(w)) =
+                    (Tensor::u32(view(i, 2, r_bytes), [t, k]), Tensor::f32(view(w, 3, r_bytes), [t, k]))
+                else {
+                    return Ok(());
+                };
+                io = io.with_routing(i, w);
+            }
+            let planned = match c.workspace {
+                None => layer.plan(&ctx, io),
+                Some(p) => {
+                    let ws_view = view(Place { shared: true, ..p }, 4, layout.bytes());
+                    match Workspace::new(&ctx, &layout, ws_view) {
+                        Ok(ws) => layer.plan_in(&ctx, io, &ws),
+                        Err(_) => return Ok(()),
+                    }
+                }
+            };
+            let plan = match planned {
+                Ok(plan) => plan,
+                Err(e) => {
+                    overlapped
+                        .set(overlapped.get() + usize::from(e.to_string().contains("overlapping views")));
+                    return Ok(());
+                }
+            };
+            prop_assert!(!c.x_as_u32, "a u32 x was planned");
+            ctx.queue().write_buffer(xv.buffer, xv.offset, bytemuck::cast_slice(&xs[..(t * h) as usize]));
+            let mut encoder = ctx.encoder("property case");
+            if plan.record(&mut encoder, c.count).is_err() {
+                prop_assert!(c.count > t, "recording {} of {t} tokens failed", c.count);
+                return Ok(());
+            }
+            prop_assert!(c.count <= t, "recording {} of {t} tokens passed", c.count);
+            ctx.submit_and_wait(encoder).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if c.count == 0 {
+                return Ok(());
+            }
+            ran.set(ran.get() + 1);
+            let (n, want) = (c.count as usize, &exact[c.count as usize - 1]);
+            let read = |v: BufferView<'_>, len: usize| ctx.read_back::<u32>(v, len).unwrap();
+            let f32_bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(read(y.view(), n * h as usize), f32_bits(&want.y), "y");
+            prop_assert_eq!(read(plan.indices().view(), n * k as usize), want.indices.clone(), "indices");
+            prop_assert_eq!(read(plan.weights().view(), n * k as usize), f32_bits(&want.weights), "weights");
+            Ok(())
+        });
+        if let Err(e) = outcome {
+            panic!("{name}: {e}");
+        }
+        let (ran, overlapped) = (ran.get(), overlapped.get());
+        assert!(ran >= 12 && overlapped >= 6, "{name}: {ran} forwards ran, {overlapped} overlaps refused");
+    }
+}
+
 /// Commands that wgpu refuses as they are finished or submitted, through every public way of
 /// submitting a caller's encoder (`submit_and_wait`, `submit_async`): a plan recorded before
 /// its `x` was destroyed, a copy of 8 bytes into the 4-byte live-count word, and a plan
