@@ -384,8 +384,6 @@ impl RoutePlan {
     }
 }
 
-const F32: u64 = 4;
-
 struct Checked {
     params: wgpu::Buffer,
     /// Bound in place of an absent bias (read-only binding).
@@ -431,7 +429,7 @@ fn prepare(ctx: &Context, cfg: &RouteConfig, tokens: u32, bias: Option<&wgpu::Bu
         }
     }
     if let Some(b) = bias {
-        ctx.check_binding("bias", b, u64::from(cfg.experts) * F32, Access::Read)?;
+        ctx.check_binding("bias", b, word_bytes(u64::from(cfg.experts)), Access::Read)?;
     }
     Ok(Checked {
         params: route_params(ctx, cfg, tokens)?,
@@ -458,15 +456,15 @@ pub fn plan_route(
         return Ok(RoutePlan { dispatches: Vec::new() });
     }
     let (t, h, e, k) = (u64::from(tokens), u64::from(cfg.hidden), u64::from(cfg.experts), u64::from(cfg.k));
-    ctx.check_view("x", &bufs.x, t * h * F32, Access::Read)?;
-    let gate_len = (e * h + if cfg.router_bias { e } else { 0 }) * F32;
+    ctx.check_view("x", &bufs.x, word_bytes(t * h), Access::Read)?;
+    let gate_len = word_bytes(e * h + if cfg.router_bias { e } else { 0 });
     ctx.check_binding("gate", bufs.gate, gate_len, Access::Read)?;
     ctx.check_view("indices", &bufs.indices, word_bytes(t * k), Access::ReadWrite)?;
-    ctx.check_view("weights", &bufs.weights, t * k * F32, Access::ReadWrite)?;
+    ctx.check_view("weights", &bufs.weights, word_bytes(t * k), Access::ReadWrite)?;
     let logits = match (bufs.logits, mode.writes_logits()) {
         (Some(l), true) => {
-            ctx.check_view("logits", &l, t * e * F32, Access::ReadWrite)?;
-            l.bind(3, t * e * F32)
+            ctx.check_view("logits", &l, word_bytes(t * e), Access::ReadWrite)?;
+            l.bind(3, word_bytes(t * e))
         }
         (None, true) => {
             return Err(Error::invalid(format!("{mode:?} writes logits but no logits buffer was given")));
@@ -481,11 +479,11 @@ pub fn plan_route(
     views.extend(bufs.logits.filter(|_| mode.writes_logits()).map(|l| ("logits", l, Use::Write)));
     check_disjoint(&views)?;
     let params = Binding::new(0, &c.params, PARAMS_BYTES);
-    let x = bufs.x.bind(1, t * h * F32);
+    let x = bufs.x.bind(1, word_bytes(t * h));
     let gate = Binding::new(2, bufs.gate, gate_len);
     let bias = bias_binding(cfg, bufs.bias, &c.no_bias);
     let indices = bufs.indices.bind(5, word_bytes(t * k));
-    let weights = bufs.weights.bind(6, t * k * F32);
+    let weights = bufs.weights.bind(6, word_bytes(t * k));
     let per_token = ctx.grid(t, "routing (one workgroup per token)")?;
     let dispatches = match mode {
         RouteMode::Unfused => {
@@ -531,16 +529,16 @@ pub fn plan_topk(
         return Ok(RoutePlan { dispatches: Vec::new() });
     }
     let (t, e, k) = (u64::from(tokens), u64::from(cfg.experts), u64::from(cfg.k));
-    ctx.check_binding("logits", logits, t * e * F32, Access::Read)?;
+    ctx.check_binding("logits", logits, word_bytes(t * e), Access::Read)?;
     ctx.check_binding("indices", indices, word_bytes(t * k), Access::ReadWrite)?;
-    ctx.check_binding("weights", weights, t * k * F32, Access::ReadWrite)?;
+    ctx.check_binding("weights", weights, word_bytes(t * k), Access::ReadWrite)?;
     let topk = ctx.kernel(&TOPK, &cfg.constants())?;
     let bindings = [
         Binding::new(0, &c.params, PARAMS_BYTES),
-        Binding::new(3, logits, t * e * F32),
+        Binding::new(3, logits, word_bytes(t * e)),
         bias_binding(cfg, bias, &c.no_bias),
         Binding::new(5, indices, word_bytes(t * k)),
-        Binding::new(6, weights, t * k * F32),
+        Binding::new(6, weights, word_bytes(t * k)),
     ];
     let grid = ctx.grid(t, "top-k (one workgroup per token)")?;
     Ok(RoutePlan {
@@ -579,7 +577,7 @@ fn bias_binding<'a>(
     placeholder: &'a wgpu::Buffer,
 ) -> Binding<'a> {
     match bias {
-        Some(b) => Binding::new(4, b, u64::from(cfg.experts) * F32),
+        Some(b) => Binding::new(4, b, word_bytes(u64::from(cfg.experts))),
         None => Binding::new(4, placeholder, 4),
     }
 }
@@ -690,9 +688,9 @@ impl Outputs {
     fn new(ctx: &Context, cfg: &RouteConfig, tokens: u32) -> Result<Self> {
         let t = u64::from(tokens);
         Ok(Outputs {
-            logits: ctx.storage_scratch("logits", t * u64::from(cfg.experts) * F32)?,
+            logits: ctx.storage_scratch("logits", word_bytes(t * u64::from(cfg.experts)))?,
             indices: ctx.storage_scratch("topk indices", word_bytes(t * u64::from(cfg.k)))?,
-            weights: ctx.storage_scratch("topk weights", t * u64::from(cfg.k) * F32)?,
+            weights: ctx.storage_scratch("topk weights", word_bytes(t * u64::from(cfg.k)))?,
         })
     }
 
