@@ -72,47 +72,57 @@ fn poll_woken<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 /// poll is pending and they finish when their waker is woken.
 #[test]
 fn async_waits_give_the_blocking_results_without_blocking_the_poller() {
+    // One thread per adapter, so that the adapters' shader compiles (most of this test's time
+    // on CPU adapters, whose drivers compile at a pipeline's first dispatch) run side by side.
+    let adapters = moeflow::wgpu_adapters();
+    std::thread::scope(|s| {
+        for adapter in &adapters {
+            s.spawn(move || async_waits_on(adapter));
+        }
+    });
+}
+
+/// [`async_waits_give_the_blocking_results_without_blocking_the_poller`] on one adapter.
+fn async_waits_on(adapter: &wgpu::Adapter) {
     use moeflow::kernels::gemm::{
         AdapterKind, ExpertFfn, ExpertWeights, GemmOrder, TuneOptions, WeightDtype, candidates, tune_async,
     };
     use moeflow::layer::{MoeConfig, MoeLayer};
     use moeflow::synth::Synth;
-    for adapter in moeflow::wgpu_adapters() {
-        let ctx = pollster::block_on(Context::from_adapter_async(&adapter)).unwrap();
-        let slug = ctx.adapter().slug();
-        assert_eq!(ctx.adapter().name, adapter.get_info().name);
-        let data = ctx.upload("data", &[7u32, 8, 9, 10]).unwrap();
-        let got: Vec<u32> = poll_woken(&slug, ctx.read_back_async(&data, 3)).unwrap();
-        assert_eq!(got, [7, 8, 9], "{slug}");
-        poll_woken(&slug, ctx.submit_async(ctx.encoder("empty"))).unwrap();
+    let ctx = pollster::block_on(Context::from_adapter_async(adapter)).unwrap();
+    let slug = ctx.adapter().slug();
+    assert_eq!(ctx.adapter().name, adapter.get_info().name);
+    let data = ctx.upload("data", &[7u32, 8, 9, 10]).unwrap();
+    let got: Vec<u32> = poll_woken(&slug, ctx.read_back_async(&data, 3)).unwrap();
+    assert_eq!(got, [7, 8, 9], "{slug}");
+    poll_woken(&slug, ctx.submit_async(ctx.encoder("empty"))).unwrap();
 
-        let cfg = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(48, 40, 8, 2) };
-        let weights = Synth::new(51).moe_weights(&cfg);
-        let layer = pollster::block_on(MoeLayer::new_async(&ctx, cfg, &weights)).unwrap();
+    let cfg = MoeConfig { shared_ffn: Some(24), ..MoeConfig::new(48, 40, 8, 2) };
+    let weights = Synth::new(51).moe_weights(&cfg);
+    let layer = pollster::block_on(MoeLayer::new_async(&ctx, cfg, &weights)).unwrap();
 
-        let report = poll_woken(&slug, layer.prepare_async(&ctx, 9)).unwrap();
-        assert_eq!(report.pipelines_built, report.pipelines_total, "{slug}: the first prepare builds all");
-        // The tuner's timed runs are awaited (no cache: it times every candidate).
-        let ew = |d: &[f32], n, k| ExpertWeights::from_f32(&ctx, d, WeightDtype::F32, 8, n, k).unwrap();
-        let experts =
-            ExpertFfn::new(ew(&weights.gate, 40, 48), ew(&weights.up, 40, 48), ew(&weights.down, 48, 40));
-        let two = candidates(AdapterKind::of(ctx.adapter())).into_iter().take(2).collect();
-        let opts = TuneOptions { candidates: two, rounds: 1, cache: None, ..TuneOptions::for_context(&ctx) };
-        let tuned = poll_woken(&slug, tune_async(&ctx, &experts.unwrap(), GemmOrder::Strict, &opts)).unwrap();
-        assert!(!tuned.from_cache, "{slug}");
-        assert!(opts.candidates.contains(&tuned.kernels.up), "{slug}: the tuner picks a candidate");
-        assert!(tuned.timings.iter().any(|t| t.1.is_finite()), "{slug}: candidates were timed");
-        for tokens in [1usize, 9] {
-            let x = Synth::new(52).uniform(tokens * 48, 1.0);
-            let want = layer.forward_host(&ctx, &x).unwrap();
-            let got = poll_woken(&slug, layer.forward_host_async(&ctx, &x)).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got.y), bits(&want.y), "{slug}: y of {tokens} tokens");
-            assert_eq!(got.indices, want.indices, "{slug}: indices of {tokens} tokens");
-            assert_eq!(bits(&got.weights), bits(&want.weights), "{slug}: weights of {tokens} tokens");
-        }
-        uploads_awaited(&ctx);
+    let report = poll_woken(&slug, layer.prepare_async(&ctx, 9)).unwrap();
+    assert_eq!(report.pipelines_built, report.pipelines_total, "{slug}: the first prepare builds all");
+    // The tuner's timed runs are awaited (no cache: it times every candidate).
+    let ew = |d: &[f32], n, k| ExpertWeights::from_f32(&ctx, d, WeightDtype::F32, 8, n, k).unwrap();
+    let experts =
+        ExpertFfn::new(ew(&weights.gate, 40, 48), ew(&weights.up, 40, 48), ew(&weights.down, 48, 40));
+    let two = candidates(AdapterKind::of(ctx.adapter())).into_iter().take(2).collect();
+    let opts = TuneOptions { candidates: two, rounds: 1, cache: None, ..TuneOptions::for_context(&ctx) };
+    let tuned = poll_woken(&slug, tune_async(&ctx, &experts.unwrap(), GemmOrder::Strict, &opts)).unwrap();
+    assert!(!tuned.from_cache, "{slug}");
+    assert!(opts.candidates.contains(&tuned.kernels.up), "{slug}: the tuner picks a candidate");
+    assert!(tuned.timings.iter().any(|t| t.1.is_finite()), "{slug}: candidates were timed");
+    for tokens in [1usize, 9] {
+        let x = Synth::new(52).uniform(tokens * 48, 1.0);
+        let want = layer.forward_host(&ctx, &x).unwrap();
+        let got = poll_woken(&slug, layer.forward_host_async(&ctx, &x)).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got.y), bits(&want.y), "{slug}: y of {tokens} tokens");
+        assert_eq!(got.indices, want.indices, "{slug}: indices of {tokens} tokens");
+        assert_eq!(bits(&got.weights), bits(&want.weights), "{slug}: weights of {tokens} tokens");
     }
+    uploads_awaited(&ctx);
 }
 
 /// Checkpoint loading awaits its uploads (a safetensors checkpoint with a shared expert, a GGUF
