@@ -776,8 +776,9 @@ fn buffers_device_loss_and_foreign_resources_are_errors() {
 
 /// Sizes whose arithmetic would wrap in a release build are refused, naming the sizes: a
 /// tensor of 2^31 × 2^31 f32, a buffer of u64::MAX bytes, a read-back of usize::MAX / 4 + 2
-/// values, expert weights of 2^22 × 2^22 × 2^22 values (which match four values once wrapped)
-/// and quantised blocks of as many rows.
+/// values, expert weights of 2^22 × 2^22 × 2^22 values (which match four values once wrapped),
+/// quantised blocks of as many rows, and streamed weights of 256 TiB (refused before their
+/// chunk list is made).
 #[test]
 fn size_arithmetic_cannot_wrap() {
     use moeflow::kernels::gemm::{ExpertWeights, QuantisedValues};
@@ -793,6 +794,14 @@ fn size_arithmetic_cannot_wrap() {
             &name,
             ExpertWeights::from_f32(&ctx, &[0.0; 4], WeightDtype::F32, e, e, e),
             &["expert weights [4194304, 4194304, 4194304]", "does not fit"],
+        );
+        // Streamed weights read their values after planning their chunks: a shape past memory
+        // is refused before any list of chunks is made.
+        let never = |_| -> moeflow::Result<moeflow::kernels::gemm::StoredValues<'static>> { unreachable!() };
+        expect_err(
+            &name,
+            ExpertWeights::stream(&ctx, WeightDtype::F32, [1 << 20, 1 << 20, 64], never, |_| {}),
+            &["65,536 buffers"],
         );
         let q = QuantisedValues::Q8_0(&[0u8; 34]);
         expect_err(&name, ExpertWeights::from_quantised(&ctx, q, u32::MAX, u32::MAX, 32), &["does not fit"]);

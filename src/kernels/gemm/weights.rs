@@ -329,6 +329,10 @@ fn chunking(
         .collect())
 }
 
+/// The most buffers one weight tensor is split into, as f32 bytes ([`ExpertWeights`] refuses
+/// shapes past it before planning its chunks): 8 TiB at a 128 MiB binding limit.
+const MAX_WEIGHT_BUFFERS: u64 = 1 << 16;
+
 impl ExpertWeights {
     /// Checks `[experts, n, k]` as `dtype`; returns its chunks for this device's limits.
     fn chunks_for(
@@ -343,7 +347,22 @@ impl ExpertWeights {
             )));
         }
         let limits = ctx.limits();
-        chunking(dtype, shape, limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) / 4 * 4)
+        let limit = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size) / 4 * 4;
+        // The chunk list is made before any value is read (a streamed tensor's values come
+        // later): bound it, so a shape no memory holds is an error, not a list past memory.
+        // f32 bytes bound every dtype's packed bytes.
+        let what = format!("expert weights [{experts}, {n}, {k}]");
+        let f32_bytes = size::product(&what, &[experts.into(), n.into(), k.into(), 4])?;
+        let most = MAX_WEIGHT_BUFFERS.saturating_mul(limit.max(4));
+        if f32_bytes > most {
+            return Err(Error::limit(
+                format!("{what} as f32 bytes"),
+                f32_bytes,
+                most,
+                "65,536 buffers of max_storage_buffer_binding_size",
+            ));
+        }
+        chunking(dtype, shape, limit)
     }
 
     /// `narrow_scales`: whether every MXFP4 block scale of the uploaded words is narrow.
@@ -490,7 +509,8 @@ impl ExpertWeights {
     /// them, and are bit-identical to its on the same values.
     ///
     /// # Errors
-    /// An empty dimension, a size past the device's limits, an expert whose byte length is
+    /// An empty dimension, a size past the device's limits (or a tensor past 65,536 buffers of
+    /// the binding limit as f32, checked before any value is read), an expert whose byte length is
     /// not `n * k` elements of its dtype (or whose blocks do not match `[1, n, k]`), an error
     /// from `values`, or a device error.
     pub fn stream<'a>(
