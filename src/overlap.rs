@@ -15,7 +15,7 @@ pub(crate) enum Use {
 }
 
 /// Whether `a` and `b` are views of one buffer that share at least one byte.
-pub(crate) fn overlap(a: &BufferView<'_>, b: &BufferView<'_>) -> bool {
+fn overlap(a: &BufferView<'_>, b: &BufferView<'_>) -> bool {
     a.buffer == b.buffer
         && a.size > 0
         && b.size > 0

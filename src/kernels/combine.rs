@@ -180,16 +180,14 @@ fn check(
         ("y", bufs.y, Use::Write),
     ];
     if let Some(s) = bufs.shared {
-        views.push(("shared", s.rows, Use::Read));
-        views.extend(s.gate_logits.map(|g| ("shared gate logits", g, Use::Read)));
-    }
-    check_disjoint(&views)?;
-    if let Some(s) = bufs.shared {
         ctx.check_view("shared", &s.rows, word_bytes(t * h), Read)?;
+        views.push(("shared", s.rows, Use::Read));
         if let Some(g) = s.gate_logits {
             ctx.check_view("shared gate logits", &g, word_bytes(t), Read)?;
+            views.push(("shared gate logits", g, Use::Read));
         }
     }
+    check_disjoint(&views)?;
     Ok((t, h, kk))
 }
 
