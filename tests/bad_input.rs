@@ -817,22 +817,22 @@ fn overlapping_views_are_refused() {
     use moeflow::kernels::gemm::{DenseKernel, ExpertWeights, GemmOrder, plan_dense};
     use moeflow::pipeline::BufferView;
     use moeflow::workspace::{WORKSPACE_USAGE, Workspace};
-    for ctx in common::contexts() {
+    common::side_by_side(&common::contexts(), |_, ctx| {
         let name = ctx.adapter().slug();
         let cfg = MoeConfig::new(16, 8, 4, 2);
-        let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
+        let layer = MoeLayer::new(ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
         let xs = Synth::new(2).uniform(16 * 3, 1.0);
-        let want = layer.forward_host(&ctx, &xs).unwrap();
+        let want = layer.forward_host(ctx, &xs).unwrap();
         // x in the first 192 bytes, y in the next 192.
         let one = ctx.upload("x and y", &[xs.clone(), vec![0.0; 16 * 3]].concat()).unwrap();
         let at = |offset: u64, shape: [u32; 2]| Tensor::f32(BufferView::new(&one, offset, 192), shape);
         let (x, y) = (at(0, [3, 16]).unwrap(), at(192, [3, 16]).unwrap());
 
-        expect_err(&name, layer.plan(&ctx, ForwardIo::new(x, x)), &["`x`", "`y`", "overlapping views"]);
+        expect_err(&name, layer.plan(ctx, ForwardIo::new(x, x)), &["`x`", "`y`", "overlapping views"]);
         let shifted = at(64, [3, 16]).unwrap();
         expect_err(
             &name,
-            layer.plan(&ctx, ForwardIo::new(x, shifted)),
+            layer.plan(ctx, ForwardIo::new(x, shifted)),
             &["`x` (bytes 0 .. 192)", "`y` (bytes 64 .. 256)"],
         );
         // Routing indices in y's first bytes.
@@ -841,31 +841,31 @@ fn overlapping_views_are_refused() {
             Tensor::u32(BufferView::new(&one, 192, 24), [3, 2]).unwrap(),
             Tensor::f32(&weights, [3, 2]).unwrap(),
         );
-        expect_err(&name, layer.plan(&ctx, routing), &["`y`", "`indices`"]);
+        expect_err(&name, layer.plan(ctx, routing), &["`y`", "`indices`"]);
 
         // A caller's workspace over y.
-        let layout = layer.workspace(&ctx, 3).unwrap();
+        let layout = layer.workspace(ctx, 3).unwrap();
         let big = ctx.device().create_buffer(&wgpu::BufferDescriptor {
             label: Some("workspace and y"),
             size: layout.bytes() + 192,
             usage: WORKSPACE_USAGE,
             mapped_at_creation: false,
         });
-        let ws = Workspace::new(&ctx, &layout, &big).unwrap();
+        let ws = Workspace::new(ctx, &layout, &big).unwrap();
         let over = Tensor::f32(BufferView::new(&big, 0, 192), [3, 16]).unwrap();
-        expect_err(&name, layer.plan_in(&ctx, ForwardIo::new(x, over), &ws), &["`y`", "is written"]);
+        expect_err(&name, layer.plan_in(ctx, ForwardIo::new(x, over), &ws), &["`y`", "is written"]);
 
         // Disjoint views of one buffer: the bits of the host forward.
-        let plan = layer.plan(&ctx, ForwardIo::new(x, y)).unwrap();
+        let plan = layer.plan(ctx, ForwardIo::new(x, y)).unwrap();
         ctx.run(&plan.dispatches()).unwrap();
         let got: Vec<f32> = ctx.read_back(y, 16 * 3).unwrap();
         assert_eq!(common::bits(&got), common::bits(&want.y), "{name}: disjoint views of one buffer");
 
         // The dense GEMM in place.
-        let w = ExpertWeights::from_f32(&ctx, &[0.5; 16 * 16], WeightDtype::F32, 1, 16, 16).unwrap();
-        let dense = plan_dense(&ctx, &w, 3, x.view(), x.view(), DenseKernel::Rowwise, GemmOrder::Strict);
+        let w = ExpertWeights::from_f32(ctx, &[0.5; 16 * 16], WeightDtype::F32, 1, 16, 16).unwrap();
+        let dense = plan_dense(ctx, &w, 3, x.view(), x.view(), DenseKernel::Rowwise, GemmOrder::Strict);
         expect_err(&name, dense, &["`x`", "`y`", "overlapping views"]);
-    }
+    });
 }
 
 /// Where a property case puts one tensor: in the shared buffer at a slot (and 4 bytes past
@@ -1103,10 +1103,10 @@ fn refused_submissions_are_errors() {
 /// callback) and again after a poll: `Err(DeviceLost)` each time, never a panic or an `Ok`.
 #[test]
 fn every_call_on_a_destroyed_device_is_device_lost() {
-    for adapter in common::wgpu_adapters() {
+    common::side_by_side(&common::wgpu_adapters(), |_, adapter| {
         let name = format!("{:?} {}", adapter.get_info().backend, adapter.get_info().name);
         for poll_first in [false, true] {
-            let ctx = Context::from_adapter(&adapter).unwrap();
+            let ctx = Context::from_adapter(adapter).unwrap();
             let cfg = MoeConfig::new(16, 8, 4, 2);
             let weights = Synth::new(1).moe_weights(&cfg);
             let layer = MoeLayer::new(&ctx, cfg, &weights).unwrap();
@@ -1139,12 +1139,12 @@ fn every_call_on_a_destroyed_device_is_device_lost() {
             lost("forward_host", layer.forward_host(&ctx, &[0.0; 16]).map(|_| ()));
             assert!(heard.load(std::sync::atomic::Ordering::SeqCst), "{what}: the app's own callback ran");
         }
-    }
+    });
 }
 
 #[test]
 fn small_device_limits_are_errors_not_panics() {
-    for adapter in common::wgpu_adapters() {
+    common::side_by_side(&common::wgpu_adapters(), |_, adapter| {
         let limits = wgpu::Limits { max_storage_buffer_binding_size: 4096, ..adapter.limits() };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("small"),
@@ -1184,7 +1184,7 @@ fn small_device_limits_are_errors_not_panics() {
         let y = ctx.zeroed("y", 8 * 6 * 4).unwrap();
         let plan = layer.plan(&ctx, layer.io(&x, &y, 6).unwrap()).expect("a plan within the limits");
         ctx.run(&plan.dispatches()).unwrap();
-    }
+    });
 }
 
 fn scratch(name: &str) -> PathBuf {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_rows_close, bits, contexts, covering, rng, routes, uniform};
+use common::{assert_rows_close, bits, contexts, covering, rng, routes, side_by_side, uniform};
 use moeflow::bits::{bit_identical, first_difference};
 use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
@@ -493,7 +493,7 @@ fn every_variant_is_bit_identical_within_an_order() {
     let ctxs = contexts();
     let variants = ctxs.iter().map(|c| variants_under_test(c).len()).max().unwrap_or(0);
     let cases = covering(&[ctxs.len(), 2, 2, variants, 2]);
-    for (a, ctx) in ctxs.iter().enumerate() {
+    side_by_side(&ctxs, |a, ctx| {
         // K = 70 and F = 45 are not multiples of four, N is no multiple of any block, one expert
         // takes most tokens and odd experts past 2 stay empty.
         let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
@@ -545,7 +545,7 @@ fn every_variant_is_bit_identical_within_an_order() {
                 }
             }
         }
-    }
+    });
 }
 
 /// Quantised weights on every path and kernel family: the grouped (the adapter's defaults,
@@ -561,7 +561,7 @@ fn every_variant_is_bit_identical_within_an_order() {
 fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
     let ctxs = contexts();
     let checks = covering(&[ctxs.len(), 5, path_checks(1)]);
-    for (a, ctx) in ctxs.iter().enumerate() {
+    side_by_side(&ctxs, |a, ctx| {
         let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
         let cases = [
             (WeightDtype::Q8_0, false),
@@ -592,7 +592,7 @@ fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
             let run_check = |i| checks.iter().any(|r| r[..] == [a, c, i]);
             assert_every_path_agrees(ctx, &m, &x, &idx, k, &[direct], &what, run_check);
         }
-    }
+    });
 }
 
 /// The checks of [`assert_every_path_agrees`] with `extra` variants: row-wise from storage,
@@ -652,7 +652,7 @@ fn assert_every_path_agrees(
 fn clamped_swiglu_with_biases_gives_the_same_bits_on_every_path() {
     let ctxs = contexts();
     let checks = covering(&[ctxs.len(), 2, path_checks(0)]);
-    for (a, ctx) in ctxs.iter().enumerate() {
+    side_by_side(&ctxs, |a, ctx| {
         let (e, h, f, k, tokens) = (8u32, 96u32, 45u32, 2u32, 37u32);
         for (d, dtype) in [WeightDtype::F32, WeightDtype::Mxfp4].into_iter().enumerate() {
             let mut m = Model::new(90, e, h, f, dtype);
@@ -673,7 +673,7 @@ fn clamped_swiglu_with_biases_gives_the_same_bits_on_every_path() {
             let g_bias = &m.bias.as_ref().unwrap()[0];
             assert!(g_bias.iter().any(|&b| b > 8.0) && g_bias.iter().any(|&b| b < -8.0));
         }
-    }
+    });
 }
 
 /// Biases made for other sizes, and clamped SwiGLU constants out of range, are errors.
@@ -707,7 +707,7 @@ fn blocks_with_few_live_rows_give_the_row_wise_bits() {
     let ctxs = contexts();
     let variants = ctxs.iter().map(|c| variants_under_test(c).len()).max().unwrap_or(0);
     let cases = covering(&[ctxs.len(), 2, variants]);
-    for (a, ctx) in ctxs.iter().enumerate() {
+    side_by_side(&ctxs, |a, ctx| {
         let counts = [1u32, 4, 5, 9, 16, 17, 33];
         let (e, h, f, k) = (counts.len() as u32, 36u32, 20u32, 1u32);
         // Tokens interleaved over the experts, so no expert's rows are contiguous in x.
@@ -735,7 +735,7 @@ fn blocks_with_few_live_rows_give_the_row_wise_bits() {
                 );
             }
         }
-    }
+    });
 }
 
 /// Window kernels across many windows and every fallback, bitwise the direct kernels' results:
@@ -751,7 +751,7 @@ fn window_kernels_span_windows_and_fall_back_bitwise() {
     let runs =
         [(1000u32, 1100u32, GemmOrder::Strict), (1000, 1100, GemmOrder::Fast), (2100, 45, GemmOrder::Strict)];
     let cases = covering(&[ctxs.len(), runs.len(), 2]);
-    for (a, ctx) in ctxs.iter().enumerate() {
+    side_by_side(&ctxs, |a, ctx| {
         for (r, &(h, f, order)) in runs.iter().enumerate() {
             let chosen: Vec<usize> = cases.iter().filter(|c| c[..2] == [a, r]).map(|c| c[2]).collect();
             if chosen.is_empty() {
@@ -776,7 +776,7 @@ fn window_kernels_span_windows_and_fall_back_bitwise() {
                 assert_eq!(bits(&got), bits(&want), "{what}: {} vs {}", window.name(), direct.name());
             }
         }
-    }
+    });
 }
 
 /// On a device whose uniform bindings are smaller than a window, window kernels run as the
@@ -784,14 +784,14 @@ fn window_kernels_span_windows_and_fall_back_bitwise() {
 /// windows, on every path (grouped, decode, bucketed with its row-wise overflow).
 #[test]
 fn small_uniform_bindings_run_without_windows_bitwise() {
-    for adapter in common::wgpu_adapters() {
+    side_by_side(&common::wgpu_adapters(), |_, adapter| {
         let limits = wgpu::Limits { max_uniform_buffer_binding_size: 16384, ..adapter.limits() };
         let (device, queue) = pollster::block_on(
             adapter.request_device(&wgpu::DeviceDescriptor { required_limits: limits, ..Default::default() }),
         )
         .unwrap();
         let small = Context::from_wgpu(device, queue);
-        let full = Context::from_adapter(&adapter).unwrap();
+        let full = Context::from_adapter(adapter).unwrap();
         let (e, h, f, k, tokens) = (4u32, 72u32, 40u32, 2u32, 6u32);
         let m = Model::new(66, e, h, f, WeightDtype::Bf16);
         let x = adversarial(&mut rng(67), (tokens * h) as usize, 1.0);
@@ -809,7 +809,7 @@ fn small_uniform_bindings_run_without_windows_bitwise() {
                 |ctx: &Context| run(ctx, &m.upload(ctx).with_kernels(kernels).unwrap(), &x, &idx, k, path);
             assert_eq!(bits(&on(&small)), bits(&on(&full)), "{what}: without windows vs with");
         }
-    }
+    });
 }
 
 #[test]
@@ -870,7 +870,7 @@ fn limited_context(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Context {
 fn texture_weights_give_the_window_results_bitwise() {
     let adapters = common::wgpu_adapters();
     let cases = covering(&[adapters.len(), 3, 2, 3]);
-    for (a, adapter) in adapters.iter().enumerate() {
+    side_by_side(&adapters, |a, adapter| {
         let whole = Context::from_adapter(adapter).unwrap();
         let slug = whole.adapter().slug();
         // K = 999 is 250 texels, 16 rows per x window; F = 71 is odd.
@@ -928,7 +928,7 @@ fn texture_weights_give_the_window_results_bitwise() {
                 }
             }
         }
-    }
+    });
 }
 
 /// Weights past the binding limit split by expert (several experts per chunk, or one), and an
@@ -954,7 +954,7 @@ fn split_weights_give_the_unsplit_results_bitwise() {
     .collect();
     let adapters = common::wgpu_adapters();
     let cases = covering(&[adapters.len(), split_cases.len(), 2]);
-    for (a, adapter) in adapters.iter().enumerate() {
+    side_by_side(&adapters, |a, adapter| {
         let whole = Context::from_adapter(adapter).unwrap();
         let slug = whole.adapter().slug();
         // Wide H and few tokens, so the weights, not the activations, meet the limit first.
@@ -1016,7 +1016,7 @@ fn split_weights_give_the_unsplit_results_bitwise() {
                 }
             }
         }
-    }
+    });
 }
 
 /// The GEMM modules, whose indices their contract proves in range, built without runtime
@@ -1027,9 +1027,9 @@ fn split_weights_give_the_unsplit_results_bitwise() {
 /// always checked.
 #[test]
 fn kernels_without_bounds_checks_give_the_checked_bits() {
-    for adapter in common::wgpu_adapters() {
+    side_by_side(&common::wgpu_adapters(), |_, adapter| {
         let [checked, unchecked] = [BoundsChecks::Everywhere, BoundsChecks::WhereUnproven].map(|c| {
-            let ctx = Context::from_adapter(&adapter).unwrap();
+            let ctx = Context::from_adapter(adapter).unwrap();
             ctx.set_bounds_checks(c);
             ctx
         });
@@ -1072,7 +1072,7 @@ fn kernels_without_bounds_checks_give_the_checked_bits() {
                 assert_eq!(d.bounds_checked(), want, "{what}: {} ({})", d.shader().name, d.entry());
             }
         }
-    }
+    });
 }
 
 /// Values that test rounding to f16: ties to even at 1 (1 + 2^-11, 1 + 3·2^-11), around the

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_rows_close, bits, contexts, covering};
+use common::{assert_rows_close, bits, contexts, covering, side_by_side};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::OverflowPolicy;
 use moeflow::kernels::gemm::{Activation, GemmVariant, TileBlock, WeightDtype};
@@ -63,13 +63,13 @@ fn configs() -> Vec<(&'static str, MoeConfig)> {
 
 #[test]
 fn layer_matches_the_reference_layer() {
-    for ctx in contexts() {
+    side_by_side(&contexts(), |_, ctx| {
         for (name, cfg) in configs() {
             let w = Synth::new(1).moe_weights(&cfg);
-            let layer = MoeLayer::new(&ctx, cfg, &w).unwrap();
+            let layer = MoeLayer::new(ctx, cfg, &w).unwrap();
             for tokens in [1usize, 5, 100] {
                 let x = Synth::new(tokens as u64).uniform(tokens * cfg.route.hidden as usize, 1.0);
-                let got = layer.forward_host(&ctx, &x).unwrap();
+                let got = layer.forward_host(ctx, &x).unwrap();
                 let (y, idx, wts) = reference::forward(&cfg, &w, &x).unwrap();
                 let what = format!("{} {name} M={tokens}", ctx.adapter().slug());
                 assert_eq!(got.indices, idx, "{what}: indices");
@@ -78,7 +78,7 @@ fn layer_matches_the_reference_layer() {
                 eprintln!("{what}: {n}/{} outputs bit-equal to the reference", y.len());
             }
         }
-    }
+    });
 }
 
 /// A layer with f16-staged tiles (a precision mode the caller chooses): routing exact, the
@@ -127,7 +127,7 @@ fn f16_staged_tiles_run_a_layer_within_their_precision() {
 fn routing_and_combine_variants_are_bit_identical() {
     let ctxs = contexts();
     let cases = covering(&[ctxs.len(), configs().len(), 3]);
-    for (a, ctx) in ctxs.iter().enumerate() {
+    side_by_side(&ctxs, |a, ctx| {
         for (l, (name, cfg)) in configs().into_iter().enumerate() {
             let chosen: Vec<usize> = cases.iter().filter(|c| c[..2] == [a, l]).map(|c| c[2]).collect();
             if chosen.is_empty() {
@@ -152,7 +152,7 @@ fn routing_and_combine_variants_are_bit_identical() {
                 assert_eq!(bits(&other.y), bits(&base.y), "{what}");
             }
         }
-    }
+    });
 }
 
 #[test]
@@ -188,8 +188,8 @@ fn mismatched_weights_are_an_error_naming_the_tensor() {
 /// token counts.
 #[test]
 fn a_layer_past_the_binding_limit_gives_the_unsplit_bits() {
-    for adapter in common::wgpu_adapters() {
-        let whole = moeflow::Context::from_adapter(&adapter).unwrap();
+    side_by_side(&common::wgpu_adapters(), |_, adapter| {
+        let whole = moeflow::Context::from_adapter(adapter).unwrap();
         for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
             let cfg = MoeConfig {
                 shared_ffn: Some(300),
@@ -216,7 +216,7 @@ fn a_layer_past_the_binding_limit_gives_the_unsplit_bits() {
                 assert_eq!(bits(&ya.y), bits(&yb.y), "{dtype:?}, {tokens} tokens");
             }
         }
-    }
+    });
 }
 
 /// x and y as views of one activation arena, swapping roles between two layers recorded into

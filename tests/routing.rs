@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_close, bits, contexts, covering, rng, uniform};
+use common::{assert_close, bits, contexts, covering, rng, side_by_side, uniform};
 use moeflow::kernels::routing::{
     Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route, route_host, topk_host,
 };
@@ -118,7 +118,7 @@ fn adversarial_bias(r: &mut impl Rng, experts: u32) -> Vec<f32> {
 fn fused_and_unfused_are_bit_identical_on_adversarial_inputs() {
     let ctxs = contexts();
     let sweep = covering(&[ctxs.len(), 4, 3, 4, 3]);
-    for (at, ctx) in ctxs.iter().enumerate() {
+    side_by_side(&ctxs, |at, ctx| {
         let mut r = rng(11);
         let mut cases = 0;
         for case in sweep.iter().filter(|c| c[0] == at) {
@@ -149,7 +149,7 @@ fn fused_and_unfused_are_bit_identical_on_adversarial_inputs() {
             cases += 1;
         }
         eprintln!("{}: {cases} adversarial cases bit-identical", ctx.adapter().slug());
-    }
+    });
 }
 
 /// Routes single rows of given logits through both the top-k kernel and the fused kernel
@@ -181,11 +181,11 @@ fn tie_break_contract_holds_as_documented() {
         ("+inf first", vec![3.0, inf, 2.0], 2, vec![1, 0]),
         ("all -inf: every expert once", vec![-inf; 5], 5, vec![0, 1, 2, 3, 4]),
     ];
-    for ctx in contexts() {
+    side_by_side(&contexts(), |_, ctx| {
         for (name, logits, k, want) in cases {
             for gating in [Gating::Softmax, Gating::Sigmoid] {
                 let cfg = RouteConfig { gating, ..RouteConfig::new(1, logits.len() as u32, *k) };
-                let (got, weights) = route_rows(&ctx, &cfg, logits, None);
+                let (got, weights) = route_rows(ctx, &cfg, logits, None);
                 assert_eq!(&got, want, "{}: {name} ({gating:?})", ctx.adapter().slug());
                 let nan_chosen = got.iter().any(|&e| logits[e as usize].is_nan());
                 if !nan_chosen {
@@ -194,20 +194,20 @@ fn tie_break_contract_holds_as_documented() {
             }
         }
         // Softmax limits: one +inf takes all the weight; an all -inf row is uniform.
-        let (_, w) = route_rows(&ctx, &RouteConfig::new(1, 3, 1), &[3.0, inf, 2.0], None);
+        let (_, w) = route_rows(ctx, &RouteConfig::new(1, 3, 1), &[3.0, inf, 2.0], None);
         assert_eq!(w, vec![1.0]);
-        let (_, w) = route_rows(&ctx, &RouteConfig::new(1, 4, 2), &[-inf; 4], None);
+        let (_, w) = route_rows(ctx, &RouteConfig::new(1, 4, 2), &[-inf; 4], None);
         assert_eq!(w, vec![0.25, 0.25]);
         // Bias selects, the unbiased score weighs; equal biased values go to the lower index.
         let cfg = RouteConfig { gating: Gating::Sigmoid, bias: true, ..RouteConfig::new(1, 4, 2) };
-        let (idx, w) = route_rows(&ctx, &cfg, &[0.0; 4], Some(&[0.0, 0.1, 0.1, -0.1]));
+        let (idx, w) = route_rows(ctx, &cfg, &[0.0; 4], Some(&[0.0, 0.1, 0.1, -0.1]));
         assert_eq!(idx, vec![1, 2]);
         assert_eq!(w, vec![0.5, 0.5]);
         // A 1-ULP near-tie in the selection value (0.5 + one ULP of 0.5 is exact): the larger
         // value wins even though it has the higher index, and the exact tie behind it goes
         // to the lower index.
         let ulp = f32::from_bits(0.5f32.to_bits() + 1) - 0.5;
-        let (idx, _) = route_rows(&ctx, &cfg, &[0.0; 4], Some(&[0.0, 0.0, ulp, 0.0]));
+        let (idx, _) = route_rows(ctx, &cfg, &[0.0; 4], Some(&[0.0, 0.0, ulp, 0.0]));
         assert_eq!(idx, vec![2, 0]);
         // Groups: expert 0 scores highest alone, but group 1 (experts 2, 3) has the larger
         // top-2 sum, so with one kept group nothing outside experts 2 and 3 is chosen.
@@ -216,9 +216,9 @@ fn tie_break_contract_holds_as_documented() {
             groups: Some(GroupLimit { n_group: 4, topk_group: 1 }),
             ..RouteConfig::new(1, 8, 2)
         };
-        let (idx, _) = route_rows(&ctx, &cfg, &[5.0, -5.0, 3.0, 2.5, 0.0, 0.0, -1.0, 1.0], None);
+        let (idx, _) = route_rows(ctx, &cfg, &[5.0, -5.0, 3.0, 2.5, 0.0, 0.0, -1.0, 1.0], None);
         assert_eq!(idx, vec![2, 3]);
-    }
+    });
 }
 
 /// Renormalisation flushes subnormal scores and partial sums to +0.0 explicitly, so adapters
@@ -233,24 +233,24 @@ fn renormalisation_flushes_subnormals_on_every_adapter() {
     // 2^-125 - 1.5 * 2^-126 = 2^-127: two normal scores whose sum is subnormal, so it is +0.0
     // and the weights are ±inf.
     let (a, b) = (f32::from_bits(0x0100_0000), -f32::from_bits(0x00c0_0000));
-    for ctx in contexts() {
+    side_by_side(&contexts(), |_, ctx| {
         let slug = ctx.adapter().slug();
         let cfg = raw(2);
-        let got = topk_host(&ctx, &cfg, &[tiny, 0.0, f32::from_bits(3)], None).unwrap();
+        let got = topk_host(ctx, &cfg, &[tiny, 0.0, f32::from_bits(3)], None).unwrap();
         assert_eq!(got.indices, vec![2, 0], "{slug}");
         assert!(got.weights.iter().all(|w| w.is_nan()), "{slug}: all-subnormal weights {:?}", got.weights);
-        let got = topk_host(&ctx, &cfg, &[tiny, 0.75, -0.0], None).unwrap();
+        let got = topk_host(ctx, &cfg, &[tiny, 0.75, -0.0], None).unwrap();
         assert_eq!(got.indices, vec![1, 0], "{slug}");
         assert_eq!(bits(&got.weights), bits(&[1.0, 0.0]), "{slug}: normal next to subnormal");
-        let (idx, w) = route_rows(&ctx, &cfg, &[a, -1.0, b], None);
+        let (idx, w) = route_rows(ctx, &cfg, &[a, -1.0, b], None);
         assert_eq!(idx, vec![0, 2], "{slug}");
         assert_eq!(w, vec![f32::INFINITY, f32::NEG_INFINITY], "{slug}: cancelling sum");
         for row in [[tiny, 0.0, f32::from_bits(3)], [tiny, 0.75, -0.0], [a, -1.0, b]] {
             let (_, want) = reference::topk(&cfg, &row, None);
-            let got = topk_host(&ctx, &cfg, &row, None).unwrap();
+            let got = topk_host(ctx, &cfg, &row, None).unwrap();
             assert_eq!(bits(&got.weights), bits(&want), "{slug}: kernel vs reference on {row:?}");
         }
-    }
+    });
 }
 
 fn expect_err(result: moeflow::Result<impl std::fmt::Debug>, needle: &str) {

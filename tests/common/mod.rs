@@ -49,6 +49,20 @@ fn require_some(found: usize) {
     }
 }
 
+/// Runs `check` on each of `items` (contexts or adapters, with its index) at once, one thread
+/// each, and returns when all have finished; a panic on any thread fails the caller then.
+///
+/// The CPU adapters compile a pipeline at its first dispatch, which is most of a cold run's
+/// time; run one after another, one adapter's compiles wait for the other's while a core idles.
+pub fn side_by_side<T: Sync>(items: &[T], check: impl Fn(usize, &T) + Sync) {
+    std::thread::scope(|s| {
+        for (i, item) in items.iter().enumerate() {
+            let check = &check;
+            s.spawn(move || check(i, item));
+        }
+    });
+}
+
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
