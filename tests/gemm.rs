@@ -708,15 +708,10 @@ fn bad_biases_and_activations_are_errors() {
 fn blocks_with_few_live_rows_give_the_row_wise_bits() {
     let ctxs = contexts();
     let with_copies = |ctx: &Context| -> Vec<GemmVariant> {
-        let copies = |b: LaneBlock| b.rows >= 8;
-        let mut v: Vec<GemmVariant> = variants_under_test(ctx)
-            .into_iter()
-            .filter(|v| match v {
-                GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => copies(*b),
-                _ => false,
-            })
-            .collect();
-        v.dedup();
+        let mut v = variants_under_test(ctx);
+        v.retain(|v| {
+            matches!(v, GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) if b.rows >= 8)
+        });
         v
     };
     let variants = ctxs.iter().map(|c| with_copies(c).len()).max().unwrap_or(0);
