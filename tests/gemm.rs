@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{assert_rows_close, bits, contexts, covering, rng, routes, side_by_side, uniform};
+use common::{
+    adapters_on_gl, assert_rows_close, bits, contexts, covering, on_gl, rng, routes, side_by_side, sweep,
+    uniform,
+};
 use moeflow::bits::{bit_identical, first_difference};
 use moeflow::kernels::dispatch::{
     BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy,
@@ -555,12 +558,13 @@ fn every_variant_is_bit_identical_within_an_order() {
 /// in partial blocks and groups; one expert takes most tokens and odd experts past 2 stay empty.
 /// MXFP4 runs twice: with every scale narrow (the one-product decoding), and with one gate
 /// block of values near 1e-38 under the E8M0 scale 2^-127 (the gate and up pass decode bit by
-/// bit, the down pass with the product). The (adapter, case, check) runs are a covering set:
-/// each check of each case on each adapter (`common::covering`).
+/// bit, the down pass with the product). Every case's decode runs on every adapter; the
+/// (adapter, case, check) runs are `common::sweep`'s: a covering set on the adapters other than
+/// GL (each check of each case on each), the first check on GL.
 #[test]
 fn quantised_weights_give_the_same_bits_on_every_path_and_variant() {
     let ctxs = contexts();
-    let checks = covering(&[ctxs.len(), 5, path_checks(1)]);
+    let checks = sweep(&on_gl(&ctxs), &[5, path_checks(1)]);
     side_by_side(&ctxs, |a, ctx| {
         let (e, h, f, k, tokens) = (8u32, 70u32, 45u32, 2u32, 37u32);
         let cases = [
@@ -647,11 +651,12 @@ fn assert_every_path_agrees(
 /// bucketed with overflow and grouped (defaults and a tiled block) give the same bits, within the
 /// bound of the reference. Biases of up to ±12 put many gate and up values past the clamp at
 /// ±7 on both sides; one expert takes most tokens and odd experts past 2 stay empty.
-/// The (adapter, dtype, check) runs are a covering set (`common::covering`).
+/// Both dtypes' decode runs on every adapter; the (adapter, dtype, check) runs are
+/// `common::sweep`'s (a covering set on the adapters other than GL, the first on GL).
 #[test]
 fn clamped_swiglu_with_biases_gives_the_same_bits_on_every_path() {
     let ctxs = contexts();
-    let checks = covering(&[ctxs.len(), 2, path_checks(0)]);
+    let checks = sweep(&on_gl(&ctxs), &[2, path_checks(0)]);
     side_by_side(&ctxs, |a, ctx| {
         let (e, h, f, k, tokens) = (8u32, 96u32, 45u32, 2u32, 37u32);
         for (d, dtype) in [WeightDtype::F32, WeightDtype::Mxfp4].into_iter().enumerate() {
@@ -702,8 +707,8 @@ fn bad_biases_and_activations_are_errors() {
 /// 16, 17 and 33 tokens in 32-row tiles reach every copy (and blocks with no live row), and
 /// every variant under test with such copies (direct, window and texture blocks of 8 rows or
 /// more; the others' partial tiles are `every_variant_is_bit_identical_within_an_order`'s)
-/// gives the row-wise kernel's bits, over a covering set of (adapter, order, variant): each
-/// variant on each adapter and in each order (`common::covering`).
+/// gives the row-wise kernel's bits, over `common::sweep`'s (adapter, order, variant) cases: each
+/// variant on each adapter other than GL and in each order, the strict default on GL.
 #[test]
 fn blocks_with_few_live_rows_give_the_row_wise_bits() {
     let ctxs = contexts();
@@ -715,7 +720,7 @@ fn blocks_with_few_live_rows_give_the_row_wise_bits() {
         v
     };
     let variants = ctxs.iter().map(|c| with_copies(c).len()).max().unwrap_or(0);
-    let cases = covering(&[ctxs.len(), 2, variants]);
+    let cases = sweep(&on_gl(&ctxs), &[2, variants]);
     side_by_side(&ctxs, |a, ctx| {
         let counts = [1u32, 4, 5, 9, 16, 17, 33];
         let (e, h, f, k) = (counts.len() as u32, 36u32, 20u32, 1u32);
@@ -753,13 +758,14 @@ fn blocks_with_few_live_rows_give_the_row_wise_bits() {
 /// blocks run as 8-row window blocks), and K = 2100 holds 7 (no window block: the direct block).
 /// Both orders span windows at K = 1000 / 1100; the fallback at K = 2100 is order-blind (it
 /// picks the block) and runs in the strict order (each shape compiles its kernels afresh). The
-/// (adapter, shape and order, window block) cases are a covering set (`common::covering`).
+/// (adapter, shape and order, window block) cases are `common::sweep`'s (a covering set on the
+/// adapters other than GL, the first case on GL).
 #[test]
 fn window_kernels_span_windows_and_fall_back_bitwise() {
     let ctxs = contexts();
     let runs =
         [(1000u32, 1100u32, GemmOrder::Strict), (1000, 1100, GemmOrder::Fast), (2100, 45, GemmOrder::Strict)];
-    let cases = covering(&[ctxs.len(), runs.len(), 2]);
+    let cases = sweep(&on_gl(&ctxs), &[runs.len(), 2]);
     side_by_side(&ctxs, |a, ctx| {
         for (r, &(h, f, order)) in runs.iter().enumerate() {
             let chosen: Vec<usize> = cases.iter().filter(|c| c[..2] == [a, r]).map(|c| c[2]).collect();
@@ -873,12 +879,13 @@ fn limited_context(adapter: &wgpu::Adapter, limits: wgpu::Limits) -> Context {
 /// rows that start mid-word), and weights past the texture limits (which run as the window
 /// block): every case bitwise the window kernels' results, on the grouped, bucketed (with its
 /// row-wise overflow pass) and row-wise decode paths, in every dtype and both orders (the
-/// fallback on the grouped path in the strict order), over a covering set of (adapter, dtype,
-/// order, path): every pair of those settings meets (`common::covering`).
+/// fallback on the grouped path in the strict order), over `common::sweep`'s (adapter, dtype,
+/// order, path) cases: every pair of those settings meets on the adapters other than GL, and GL
+/// runs f32, strict, grouped (with the fallback).
 #[test]
 fn texture_weights_give_the_window_results_bitwise() {
     let adapters = common::wgpu_adapters();
-    let cases = covering(&[adapters.len(), 3, 2, 3]);
+    let cases = sweep(&adapters_on_gl(&adapters), &[3, 2, 3]);
     side_by_side(&adapters, |a, adapter| {
         let whole = Context::from_adapter(adapter).unwrap();
         let slug = whole.adapter().slug();
@@ -946,8 +953,8 @@ fn texture_weights_give_the_window_results_bitwise() {
 /// halves per column run) and the quantised formats (rows of whole groups) by column and by
 /// expert, bf16 by expert pairs. Each split is a fresh device that compiles its kernels again
 /// (SwiftShader keeps no shader cache), so each dtype takes the splits that differ for it, and
-/// the (adapter, split, order) cases are a covering set: each split on each adapter and in each
-/// order (`common::covering`).
+/// the (adapter, split, order) cases are `common::sweep`'s: each split on each adapter other
+/// than GL and in each order, f32 in two experts per chunk in the strict order on GL.
 #[test]
 fn split_weights_give_the_unsplit_results_bitwise() {
     // The splits each dtype takes, as indices into (two experts per chunk, one, column runs).
@@ -962,7 +969,7 @@ fn split_weights_give_the_unsplit_results_bitwise() {
     .flat_map(|(d, ss)| ss.iter().map(move |&s| (d, s)))
     .collect();
     let adapters = common::wgpu_adapters();
-    let cases = covering(&[adapters.len(), split_cases.len(), 2]);
+    let cases = sweep(&adapters_on_gl(&adapters), &[split_cases.len(), 2]);
     side_by_side(&adapters, |a, adapter| {
         let whole = Context::from_adapter(adapter).unwrap();
         let slug = whole.adapter().slug();

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_rows_close, bits, contexts, covering, side_by_side};
+use common::{assert_rows_close, bits, contexts, side_by_side};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::OverflowPolicy;
 use moeflow::kernels::gemm::{Activation, GemmVariant, TileBlock, WeightDtype};
@@ -121,12 +121,12 @@ fn f16_staged_tiles_run_a_layer_within_their_precision() {
     }
 }
 
-/// Over a covering set of (adapter, layer, variant): each variant of each layer on each
-/// adapter (`common::covering`; every combination with `MOEFLOW_FULL_SWEEPS=1`).
+/// Over `common::sweep`'s (adapter, layer, variant) cases: each variant of each layer on each
+/// adapter other than GL (every combination with `MOEFLOW_FULL_SWEEPS=1`), the first on GL.
 #[test]
 fn routing_and_combine_variants_are_bit_identical() {
     let ctxs = contexts();
-    let cases = covering(&[ctxs.len(), configs().len(), 3]);
+    let cases = common::sweep(&common::on_gl(&ctxs), &[configs().len(), 3]);
     side_by_side(&ctxs, |a, ctx| {
         for (l, (name, cfg)) in configs().into_iter().enumerate() {
             let chosen: Vec<usize> = cases.iter().filter(|c| c[..2] == [a, l]).map(|c| c[2]).collect();

@@ -196,3 +196,39 @@ pub fn covering(sizes: &[usize]) -> Vec<Vec<usize>> {
     chosen.sort();
     chosen
 }
+
+/// The cases of a sweep over adapters (`gl[i]`: whether adapter `i` runs on GL) and dimensions
+/// of `sizes` values, as index tuples with the adapter's index first. The adapters that are
+/// not GL take a [`covering`] set of (adapter, dimensions...) between them: every pair of
+/// settings meets, each setting on each of them. A GL adapter, where another adapter is there
+/// to take that share, runs the first case only (`MOEFLOW_FULL_SWEEPS=1`: all of them, as
+/// every other adapter): for the sweeps that use this, what varies between cases is host-side
+/// planning (weight splits, texture placement, uniform windows) or a kernel's specialisation,
+/// which naga's GLSL back end translates the same way for every case, while llvmpipe compiles
+/// each GL pipeline at about twice lavapipe's cost (most of a cold run of the suite).
+pub fn sweep(gl: &[bool], sizes: &[usize]) -> Vec<Vec<usize>> {
+    let lean: Vec<bool> = gl.iter().map(|&g| g && !full_sweeps() && gl.iter().any(|&o| !o)).collect();
+    let full: Vec<usize> = (0..gl.len()).filter(|&i| !lean[i]).collect();
+    let dims = [&[full.len()][..], sizes].concat();
+    let mut cases: Vec<Vec<usize>> = covering(&dims)
+        .into_iter()
+        .map(|mut c| {
+            c[0] = full[c[0]];
+            c
+        })
+        .collect();
+    for i in (0..gl.len()).filter(|&i| lean[i]) {
+        cases.push([&[i][..], &vec![0; sizes.len()]].concat());
+    }
+    cases
+}
+
+/// Whether each of `ctxs` runs on GL, for [`sweep`].
+pub fn on_gl(ctxs: &[Arc<Context>]) -> Vec<bool> {
+    ctxs.iter().map(|c| c.adapter().backend == "gl").collect()
+}
+
+/// Whether each of `adapters` runs on GL, for [`sweep`].
+pub fn adapters_on_gl(adapters: &[wgpu::Adapter]) -> Vec<bool> {
+    adapters.iter().map(|a| a.get_info().backend == wgpu::Backend::Gl).collect()
+}
