@@ -44,7 +44,7 @@ impl Comparison for Scripted {
         vec![Size::of(&[("M", 3)]), Size::of(&[("M", 5)])]
     }
     fn build(&self, ctx: &Context, size: &Size, _seed: u64) -> Result<Case> {
-        let m = size.get("M");
+        let m = size.get("M")?;
         let cfg = RouteConfig::new(8, 4, 2);
         let x = ctx.upload("x", &vec![0.5f32; (m * 8) as usize]).unwrap();
         let gate = ctx.upload("gate", &[0.25f32; 32]).unwrap();

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use crate::context::{AdapterDescription, Context};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pipeline::Dispatch;
 
 /// Which size set runs: the one named in the issues for real GPUs, or a smaller one for
@@ -38,9 +38,21 @@ impl Size {
         Size(params.iter().map(|(k, v)| (k.to_string(), *v)).collect())
     }
 
-    /// The value of `name` (0 when absent).
-    pub fn get(&self, name: &str) -> u32 {
-        self.0.iter().find(|(k, _)| k == name).map_or(0, |(_, v)| *v)
+    /// The value of `name`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the parameter and the size's parameters when the size
+    /// has none of that name (a misspelt parameter is an error, not a size of 0).
+    pub fn get(&self, name: &str) -> Result<u32> {
+        self.optional(name).ok_or_else(|| {
+            Error::InvalidArgument(format!("benchmark size `{self}` has no parameter `{name}`"))
+        })
+    }
+
+    /// The value of `name`, or `None` when the size leaves it out (a parameter with a
+    /// default, such as a worker count the device's probe chooses).
+    pub fn optional(&self, name: &str) -> Option<u32> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
     }
 }
 
@@ -188,5 +200,19 @@ impl Registered {
             sizes: Box::new(move |set, held_out| sizes(&sized, set, held_out)),
             build: Box::new(move |ctx, size, seed| build(&config, ctx, size, seed)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Size;
+
+    #[test]
+    fn a_missing_size_parameter_is_an_error_naming_it() {
+        let size = Size::of(&[("M", 4), ("H", 64)]);
+        assert_eq!(size.get("H").unwrap(), 64);
+        let err = size.get("h").unwrap_err().to_string();
+        assert!(err.contains("`h`") && err.contains("M=4 H=64"), "{err}");
+        assert_eq!(size.optional("W"), None);
     }
 }

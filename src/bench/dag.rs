@@ -180,8 +180,8 @@ impl DagComparison {
     }
 
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (cols, rows) = (size.get("cols"), size.get("rows"));
-        let mut workers = size.get("W");
+        let (cols, rows) = (size.get("cols")?, size.get("rows")?);
+        let mut workers = size.optional("W").unwrap_or(0);
         if workers == 0 && (self.a.is_queue() || self.b.is_queue()) {
             workers = probe(ctx)?.max_workers().map_err(|r| Error::MissingFeature(format!("queue: {r}")))?;
         }
@@ -355,7 +355,8 @@ impl MoeComparison {
     }
 
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let (m, h, f, e, k) = (size.get("M"), size.get("H"), size.get("F"), size.get("E"), size.get("k"));
+        let (m, h, f, e, k) =
+            (size.get("M")?, size.get("H")?, size.get("F")?, size.get("E")?, size.get("k")?);
         let cfg = MoeConfig::new(h, f, e, k);
         let mut s = Synth::new(seed);
         let layer = MoeLayer::new(ctx, cfg, &s.moe_weights(&cfg))?;
@@ -382,10 +383,7 @@ impl MoeComparison {
                     let bound = probe(ctx)?
                         .max_workers()
                         .map_err(|r| Error::MissingFeature(format!("queue: {r}")))?;
-                    let workers = match size.get("W") {
-                        0 => bound,
-                        w => w.min(bound),
-                    };
+                    let workers = size.optional("W").filter(|&w| w > 0).map_or(bound, |w| w.min(bound));
                     let q = QueueOptions::new(workers);
                     let program = MoeProgram::new(ctx, &layer, layer.io(&xb, &y, m)?, shape, Some(&q))?;
                     let dispatches = program.queue_dispatches().unwrap_or_default().to_vec();

@@ -50,7 +50,7 @@ fn device_dispatch_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
 }
 
 fn build_device_dispatch(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-    let (m, e, k, tile) = (size.get("M"), size.get("E"), size.get("k"), size.get("tile"));
+    let (m, e, k, tile) = (size.get("M")?, size.get("E")?, size.get("k")?, size.get("tile")?);
     let cfg = DispatchConfig { experts: e, k, tile };
     let idx = skewed_indices(seed, m, e, k);
     let want = reference::layout(&idx, e, tile, 0);

@@ -33,13 +33,13 @@ struct Problem {
 }
 
 impl Problem {
-    fn new(size: &Size, seed: u64) -> Self {
+    fn new(size: &Size, seed: u64) -> Result<Self> {
         let (tokens, h, f, e, k) =
-            (size.get("M"), size.get("H"), size.get("F"), size.get("E"), size.get("k"));
+            (size.get("M")?, size.get("H")?, size.get("F")?, size.get("E")?, size.get("k")?);
         let mut s = Synth::new(seed);
         let n = (e * f * h) as usize;
         let (sh, sf) = (1.0 / (h as f32).sqrt(), 1.0 / (f as f32).sqrt());
-        Problem {
+        Ok(Problem {
             tokens,
             k,
             h,
@@ -50,12 +50,12 @@ impl Problem {
             gate: s.uniform(n, sh),
             up: s.uniform(n, sh),
             down: s.uniform(n, sf),
-        }
+        })
     }
 
     /// The problem for `size`, its weights on the device, and `x` and `indices` uploaded.
     fn setup(ctx: &Context, size: &Size, seed: u64) -> Result<(Self, ExpertFfn, wgpu::Buffer, wgpu::Buffer)> {
-        let p = Problem::new(size, seed);
+        let p = Problem::new(size, seed)?;
         let ffn = p.ffn(ctx)?;
         let (x, idx) = (ctx.upload("x", &p.x)?, ctx.upload("indices", &p.idx)?);
         Ok((p, ffn, x, idx))
@@ -349,7 +349,7 @@ fn build_tiled_vs_rowwise(ctx: &Context, size: &Size, seed: u64) -> Result<Case>
 /// kernel `a` (A) and `b` (B) in the strict order: both checked against the reference dot on
 /// the first and last row, and bitwise equal.
 fn dense_pair(ctx: &Context, size: &Size, seed: u64, a: DenseKernel, b: DenseKernel) -> Result<Case> {
-    let (rows, n, k) = (size.get("rows"), size.get("N"), size.get("K"));
+    let (rows, n, k) = (size.get("rows")?, size.get("N")?, size.get("K")?);
     let mut s = Synth::new(seed);
     let (x, w) = (s.uniform((rows * k) as usize, 1.0), s.uniform((n * k) as usize, 1.0 / (k as f32).sqrt()));
     let weights = ExpertWeights::from_f32(ctx, &w, WeightDtype::F32, 1, n, k)?;
@@ -513,7 +513,7 @@ const COOP_TOLERANCE: f32 = 1e-2;
 /// each one's order (on f16-rounded operands for f16-staged kernels), and bitwise equal when
 /// the orders and the staging agree.
 fn grouped_pair(ctx: &Context, size: &Size, seed: u64, a: FfnKernels, b: FfnKernels) -> Result<Case> {
-    let p = Problem::new(size, seed);
+    let p = Problem::new(size, seed)?;
     let (fa, fb) = (p.ffn_with(ctx, a)?, p.ffn_with(ctx, b)?);
     let bufs = PairBuffers::new(ctx, &p)?;
     let runs = (bufs.grouped(ctx, &p, &fa, false)?, bufs.grouped(ctx, &p, &fb, true)?);
@@ -572,7 +572,7 @@ pub fn unchecked_vs_checked() -> Registered {
 
 fn build_unchecked_vs_checked(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
     let kernels = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-    let p = Problem::new(size, seed);
+    let p = Problem::new(size, seed)?;
     let ffn = p.ffn_with(ctx, kernels)?;
     let bufs = PairBuffers::new(ctx, &p)?;
     // The context's choice applies to the pipelines built while it holds.
@@ -786,7 +786,7 @@ pub fn tuned_vs_default() -> Registered {
 
 fn build_tuned_vs_default(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
     let a = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-    let p = Problem::new(size, seed);
+    let p = Problem::new(size, seed)?;
     let opts = TuneOptions { cache: None, ..TuneOptions::for_context(ctx) };
     let tuned = tune(ctx, &p.ffn(ctx)?, GemmOrder::Strict, &opts)?;
     let mut case = grouped_pair(ctx, size, seed, a, tuned.kernels)?;
@@ -890,7 +890,7 @@ impl QuantVsF16 {
         quant_sizes(set, held_out, self.decode)
     }
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-        let p = Problem::new(size, seed);
+        let p = Problem::new(size, seed)?;
         let (h, f) = (p.h as usize, p.f as usize);
         let on_device = |dtype: WeightDtype| -> Result<ExpertFfn> {
             let w = |d: &[f32], n, k| ExpertWeights::from_f32(ctx, d, dtype, p.e, n, k);

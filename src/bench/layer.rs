@@ -37,7 +37,7 @@ fn one_launch_combine_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
 }
 
 fn build_one_launch_combine(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-    let (m, h, k) = (size.get("M"), size.get("H"), size.get("k"));
+    let (m, h, k) = (size.get("M")?, size.get("H")?, size.get("k")?);
     let mut s = Synth::new(seed);
     let weights = s.uniform((m * k) as usize, 1.0);
     let partial = s.uniform((m * k * h) as usize, 1.0);
@@ -104,7 +104,7 @@ fn layer_route_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
 }
 
 fn build_layer_route(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-    let (m, h, f, e, k) = (size.get("M"), size.get("H"), size.get("F"), size.get("E"), size.get("k"));
+    let (m, h, f, e, k) = (size.get("M")?, size.get("H")?, size.get("F")?, size.get("E")?, size.get("k")?);
     let cfg = MoeConfig { shared_ffn: Some(f), ..MoeConfig::new(h, f, e, k) };
     let mut s = Synth::new(seed);
     let w = s.moe_weights(&cfg);
@@ -208,8 +208,8 @@ fn layer_live_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
 }
 
 fn build_layer_live(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-    let (m, max) = (size.get("M"), size.get("MAX"));
-    let (h, f, e, k) = (size.get("H"), size.get("F"), size.get("E"), size.get("k"));
+    let (m, max) = (size.get("M")?, size.get("MAX")?);
+    let (h, f, e, k) = (size.get("H")?, size.get("F")?, size.get("E")?, size.get("k")?);
     let cfg = MoeConfig { shared_ffn: Some(f), ..MoeConfig::new(h, f, e, k) };
     let mut s = Synth::new(seed);
     let w = s.moe_weights(&cfg);

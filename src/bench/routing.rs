@@ -35,7 +35,7 @@ struct RouteInputs {
 impl RouteInputs {
     /// `size` (M, H, E, k; softmax, renormalised) with inputs drawn from `seed`.
     fn new(ctx: &Context, size: &Size, seed: u64) -> Result<Self> {
-        let (m, h, e, k) = (size.get("M"), size.get("H"), size.get("E"), size.get("k"));
+        let (m, h, e, k) = (size.get("M")?, size.get("H")?, size.get("E")?, size.get("k")?);
         let (x, gate) = Synth::new(seed).routing(m as usize, h as usize, e as usize);
         Ok(RouteInputs {
             cfg: RouteConfig { renormalize: true, ..RouteConfig::new(h, e, k) },
