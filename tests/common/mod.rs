@@ -205,7 +205,8 @@ pub fn covering(sizes: &[usize]) -> Vec<Vec<usize>> {
 /// every other adapter): for the sweeps that use this, what varies between cases is host-side
 /// planning (weight splits, texture placement, uniform windows) or a kernel's specialisation,
 /// which naga's GLSL back end translates the same way for every case, while llvmpipe compiles
-/// each GL pipeline at about twice lavapipe's cost (most of a cold run of the suite).
+/// each GL pipeline at about twice lavapipe's cost (GL's compiles were about half of a cold
+/// run of the suite: docs/portability.md).
 pub fn sweep(gl: &[bool], sizes: &[usize]) -> Vec<Vec<usize>> {
     let lean: Vec<bool> = gl.iter().map(|&g| g && !full_sweeps() && gl.iter().any(|&o| !o)).collect();
     let full: Vec<usize> = (0..gl.len()).filter(|&i| !lean[i]).collect();
