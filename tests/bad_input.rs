@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use moeflow::kernels::dispatch::OverflowPolicy;
-use moeflow::kernels::gemm::WeightDtype;
+use moeflow::kernels::gemm::{GemmVariant, LaneBlock, WeightDtype};
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
-use moeflow::layer::{Capacity, ForwardIo, MoeConfig, MoeLayer, MoeWeights};
+use moeflow::layer::{Capacity, ForwardIo, KernelChoice, MoeConfig, MoeLayer, MoeWeights};
 use moeflow::synth::Synth;
 use moeflow::weights::{
     Family, LoadOptions, OutTensor, RoutingFlags, check_output_path, load_input, load_layer,
@@ -1153,10 +1153,16 @@ fn small_device_limits_are_errors_not_panics() {
         }))
         .unwrap();
         let ctx = Context::from_wgpu(device, queue);
+        // A direct block of the default's 16 rows and one column: its padded rows meet the limits
+        // as the default's do, and the default's fallback on this device (a wide direct block)
+        // would take the CPU adapters tens of seconds to compile for checks about errors.
+        let block = GemmVariant::Direct(LaneBlock::new(16, 1, 8));
+        let narrow =
+            |cfg: MoeConfig| MoeConfig { kernels: KernelChoice::Fixed { up: block, down: block }, ..cfg };
         // gate [4, 16, 32] f32 is 8 KiB: past the 4 KiB binding limit, so it runs split (one
         // token: the decode path; three tokens take the grouped path, whose padded activations,
         // 66 rows of 16, are past the limit: an error naming it).
-        let cfg = MoeConfig::new(32, 16, 4, 2);
+        let cfg = narrow(MoeConfig::new(32, 16, 4, 2));
         let layer = MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)).unwrap();
         assert_eq!(layer.forward_host(&ctx, &[0.5; 32]).unwrap().y.len(), 32);
         expect_err(
@@ -1171,7 +1177,7 @@ fn small_device_limits_are_errors_not_panics() {
             MoeLayer::new(&ctx, cfg, &Synth::new(1).moe_weights(&cfg)),
             &["one output column", "past the limit of 4096"],
         );
-        let small = MoeConfig::new(8, 8, 4, 2);
+        let small = narrow(MoeConfig::new(8, 8, 4, 2));
         let layer = MoeLayer::new(&ctx, small, &Synth::new(2).moe_weights(&small)).unwrap();
         let x = ctx.upload("x", &vec![0.0f32; 8 * 200]).unwrap();
         let y = ctx.zeroed("y", 8 * 200 * 4).unwrap();
