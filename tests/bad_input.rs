@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use moeflow::kernels::dispatch::OverflowPolicy;
-use moeflow::kernels::gemm::{GemmVariant, LaneBlock, WeightDtype};
+use moeflow::kernels::gemm::{GemmVariant, WeightDtype};
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
 use moeflow::layer::{Capacity, ForwardIo, KernelChoice, MoeConfig, MoeLayer, MoeWeights};
 use moeflow::synth::Synth;
@@ -1153,10 +1153,9 @@ fn small_device_limits_are_errors_not_panics() {
         }))
         .unwrap();
         let ctx = Context::from_wgpu(device, queue);
-        // A direct block of the default's 16 rows and one column: its padded rows meet the limits
-        // as the default's do, and the default's fallback on this device (a wide direct block)
-        // would take the CPU adapters tens of seconds to compile for checks about errors.
-        let block = GemmVariant::Direct(LaneBlock::new(16, 1, 8));
+        // A narrow direct block of the default's 16 rows: its padded rows meet the limits as the
+        // default's do (whose fallback on this device is a wide direct block).
+        let block = GemmVariant::Direct(common::narrow_block(16));
         let narrow =
             |cfg: MoeConfig| MoeConfig { kernels: KernelChoice::Fixed { up: block, down: block }, ..cfg };
         // gate [4, 16, 32] f32 is 8 KiB: past the 4 KiB binding limit, so it runs split (one

@@ -85,8 +85,8 @@ fn async_waits_give_the_blocking_results_without_blocking_the_poller() {
 /// [`async_waits_give_the_blocking_results_without_blocking_the_poller`] on one adapter.
 fn async_waits_on(adapter: &wgpu::Adapter) {
     use moeflow::kernels::gemm::{
-        AdapterKind, ExpertFfn, ExpertWeights, FfnKernels, GemmOrder, GemmVariant, LaneBlock, TuneOptions,
-        WeightDtype, tune_async,
+        AdapterKind, ExpertFfn, ExpertWeights, FfnKernels, GemmOrder, GemmVariant, TuneOptions, WeightDtype,
+        tune_async,
     };
     use moeflow::layer::{MoeConfig, MoeLayer};
     use moeflow::synth::Synth;
@@ -108,10 +108,10 @@ fn async_waits_on(adapter: &wgpu::Adapter) {
     let ew = |d: &[f32], n, k| ExpertWeights::from_f32(&ctx, d, WeightDtype::F32, 8, n, k).unwrap();
     let experts =
         ExpertFfn::new(ew(&weights.gate, 40, 48), ew(&weights.up, 40, 48), ew(&weights.down, 48, 40));
-    // The adapter's default (the layer above built it) and a narrow direct block, quick to
-    // compile: what is checked is the awaiting, not the choice.
+    // The adapter's default (the layer above built it) and a narrow direct block: what is
+    // checked is the awaiting, not the choice.
     let default = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict).up;
-    let two = vec![default, GemmVariant::Direct(LaneBlock::new(16, 1, 8))];
+    let two = vec![default, GemmVariant::Direct(common::narrow_block(16))];
     let opts = TuneOptions { candidates: two, rounds: 1, cache: None, ..TuneOptions::for_context(&ctx) };
     let tuned = poll_woken(&slug, tune_async(&ctx, &experts.unwrap(), GemmOrder::Strict, &opts)).unwrap();
     assert!(!tuned.from_cache, "{slug}");

@@ -781,14 +781,12 @@ fn window_kernels_span_windows_and_fall_back_bitwise() {
                 let ffn = m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
                 run(ctx, &ffn, &x, &idx, k, Path::Grouped)
             };
-            // One column per invocation: the windows a block reads depend on its rows alone,
-            // and a narrow block compiles in a fraction of a wide one's time.
-            let direct = GemmVariant::Direct(LaneBlock::new(16, 1, 8));
+            let direct = GemmVariant::Direct(common::narrow_block(16));
             let want = run_with(direct, direct);
             let reference = m.reference_in(order, &x, &idx, k);
             assert_rows_close(&format!("{what} direct vs reference"), &want, &reference, 1);
-            for (rows, cols) in chosen.into_iter().map(|w| [(16, 1), (32, 1)][w]) {
-                let window = GemmVariant::Window(LaneBlock::new(rows, cols, 8));
+            for rows in chosen.into_iter().map(|w| [16, 32][w]) {
+                let window = GemmVariant::Window(common::narrow_block(rows));
                 let got = run_with(window, window);
                 assert_eq!(bits(&got), bits(&want), "{what}: {} vs {}", window.name(), direct.name());
             }
@@ -813,11 +811,10 @@ fn small_uniform_bindings_run_without_windows_bitwise() {
         let m = Model::new(66, e, h, f, WeightDtype::Bf16);
         let x = adversarial(&mut rng(67), (tokens * h) as usize, 1.0);
         let idx = routes(68, tokens, e, k, true);
-        // A window block of one column on every adapter: whether windows are bound depends on
-        // the device's uniform limit, not on the block, and a narrow block compiles in seconds
-        // on each of the two fresh devices (a bf16 16 x 8 block takes the CPU adapters tens of
-        // seconds, SwiftShader minutes); the defaults' own blocks run in the other tests.
-        let window = GemmVariant::Window(LaneBlock::new(16, 1, 8));
+        // Whether windows are bound depends on the device's uniform limit, not on the block:
+        // a narrow one on every adapter, compiled afresh on each of the two devices (the
+        // defaults' own blocks run in the other tests).
+        let window = GemmVariant::Window(common::narrow_block(16));
         let kernels = FfnKernels { order: GemmOrder::Strict, up: window, down: window };
         for path in [Path::Grouped, Path::Decode, Path::Bucketed(2)] {
             let what = format!("{} {path:?}", full.adapter().slug());
@@ -912,10 +909,8 @@ fn texture_weights_give_the_window_results_bitwise() {
             let x = adversarial(&mut rng(71), (tokens * h) as usize, 1.0);
             let idx = routes(72, tokens, e, k, true);
             for (o, order) in [GemmOrder::Strict, GemmOrder::Fast].into_iter().enumerate() {
-                // Blocks of one column: quick to compile on every adapter (the texels a block
-                // reads depend on its rows and K, not on its columns).
-                let window = GemmVariant::Window(LaneBlock::new(16, 1, 8));
-                let texture = GemmVariant::Texture(LaneBlock::new(16, 1, 8));
+                let window = GemmVariant::Window(common::narrow_block(16));
+                let texture = GemmVariant::Texture(common::narrow_block(16));
                 let with = |ctx: &Context, v| {
                     m.upload(ctx).with_kernels(FfnKernels { order, up: v, down: v }).unwrap()
                 };

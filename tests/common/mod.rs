@@ -63,6 +63,15 @@ pub fn side_by_side<T: Sync>(items: &[T], check: impl Fn(usize, &T) + Sync) {
     });
 }
 
+/// A lane block of `rows` rows, one column and 8 lanes, for the tests whose subject is not the
+/// register block (window spanning, texture copies, binding and device limits, the tuner's
+/// awaiting): the windows, texels and padded rows a block reads depend on its rows and K, not
+/// on its columns, and a block of one column compiles in seconds where a 16 x 8 one takes the
+/// CPU adapters 4 to 16 s (SwiftShader minutes).
+pub const fn narrow_block(rows: u32) -> moeflow::kernels::gemm::LaneBlock {
+    moeflow::kernels::gemm::LaneBlock::new(rows, 1, 8)
+}
+
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
