@@ -568,3 +568,41 @@ fn every_wgsl_file_belongs_to_a_module() {
     }
     assert!(seen > 0, "no WGSL files found");
 }
+
+/// Where [`every_module_is_its_recorded_wgsl`] keeps its record.
+const WGSL_RECORD: &str = "tests/fixtures/wgsl_modules.txt";
+
+/// Every module's WGSL, byte for byte, and every kernel's name are those recorded in
+/// [`WGSL_RECORD`]: one line per module (a 64-bit FNV-1a hash of [`ShaderSource::compose`], its
+/// name and its entry points) and one per kernel (`kernel module/entry`), sorted. A change to
+/// the generated WGSL or to a pipeline's name fails here and names the modules; a deliberate
+/// one is recorded with `MOEFLOW_RECORD_WGSL=1 cargo test --lib contract` and shows in the
+/// diff. Builds without the `dag` or `bench` modules check the lines of the modules they have.
+#[test]
+fn every_module_is_its_recorded_wgsl() {
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    }
+    let mut lines: Vec<String> = all_shaders()
+        .iter()
+        .map(|s| {
+            format!("module {:016x} {} {}", fnv1a(s.compose().as_bytes()), s.name, s.entry_points.join(","))
+        })
+        .chain(all_specs().iter().map(|k| format!("kernel {}/{}", k.shader.name, k.entry)))
+        .collect();
+    lines.sort();
+    lines.dedup();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(WGSL_RECORD);
+    if std::env::var_os("MOEFLOW_RECORD_WGSL").is_some() {
+        std::fs::write(&path, lines.join("\n") + "\n").expect("the WGSL record is writable");
+        return;
+    }
+    let text = std::fs::read_to_string(&path).expect("the WGSL record is readable");
+    let recorded: Vec<&str> = text.lines().collect();
+    let changed: Vec<&String> = lines.iter().filter(|l| !recorded.contains(&l.as_str())).collect();
+    assert!(changed.is_empty(), "modules or kernels that differ from {WGSL_RECORD}: {changed:#?}");
+    if cfg!(all(feature = "dag", feature = "bench")) {
+        let gone: Vec<&&str> = recorded.iter().filter(|l| !lines.iter().any(|m| m == *l)).collect();
+        assert!(gone.is_empty(), "recorded in {WGSL_RECORD} but no longer built: {gone:#?}");
+    }
+}
