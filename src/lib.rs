@@ -43,6 +43,8 @@ pub mod workspace;
 
 #[cfg(test)]
 mod contract;
+#[cfg(test)]
+mod house;
 #[cfg(feature = "checkpoint")]
 pub mod weights;
 

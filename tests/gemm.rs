@@ -15,7 +15,7 @@ use moeflow::kernels::dispatch::{
 use moeflow::kernels::gemm::{
     Activation, AdapterKind, CoopBlock, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers,
     FfnKernels, FfnRouting, GemmOrder, GemmVariant, LaneBlock, StoredValues, TileBlock, WeightDtype,
-    plan_dense, plan_dense_ffn, plan_ffn, plan_ffn_all_experts,
+    check_on_device, plan_dense, plan_dense_ffn, plan_ffn, plan_ffn_all_experts,
 };
 use moeflow::reference::gemm as reference;
 use moeflow::shader::Indexing;
@@ -1225,8 +1225,8 @@ fn f16_staged_tiles_stay_within_their_bound_of_f32() {
 
 /// Cooperative-matrix blocks (`GemmVariant::CoopF16`, a precision mode): where the device was
 /// created with cooperative matrices of f16 into f32 and one subgroup size, the grouped FFN
-/// plans (after the kernel's own check against the reference on the device) and stays within
-/// 1% of the row scale of the exact reference; everywhere else (every CPU adapter) planning is
+/// plans (after the kernel's own check against the reference on the device, `check_on_device`)
+/// and stays within 1% of the row scale of the exact reference; everywhere else (every CPU adapter) planning is
 /// refused by name, before anything is dispatched.
 #[test]
 fn coop_blocks_run_only_where_the_device_has_cooperative_matrices() {
@@ -1244,6 +1244,7 @@ fn coop_blocks_run_only_where_the_device_has_cooperative_matrices() {
         let kernels = FfnKernels { order: GemmOrder::Strict, up: block, down: block };
         let ffn = m.upload(&ctx).with_kernels(kernels).unwrap();
         if usable {
+            check_on_device(&ctx, &[block]).expect("the device check passes");
             let got = run(&ctx, &ffn, &x, &idx, k, Path::Grouped);
             let want = m.reference(&x, &idx, k);
             for (row, (g, w)) in got.chunks(h as usize).zip(want.chunks(h as usize)).enumerate() {
@@ -1272,6 +1273,8 @@ fn coop_blocks_run_only_where_the_device_has_cooperative_matrices() {
             "{}: {text}",
             a.slug()
         );
+        let checked = check_on_device(&ctx, &[block]).unwrap_err();
+        assert!(matches!(checked, moeflow::Error::MissingFeature(_)), "{}: {checked}", a.slug());
         eprintln!("{}: refused as expected: {text}", a.slug());
     }
 }

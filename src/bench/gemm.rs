@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
 use crate::kernels::gemm::{
     AdapterKind, CoopBlock, DenseKernel, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting,
-    GemmOrder, GemmVariant, LaneBlock, TileBlock, TuneOptions, WeightDtype, plan_dense, plan_ffn, tune,
+    GemmOrder, GemmVariant, LaneBlock, TileBlock, TuneOptions, WeightDtype, check_on_device, plan_dense,
+    plan_ffn, tune,
 };
 use crate::pipeline::Dispatch;
 use crate::reference::gemm as reference;
@@ -678,6 +679,7 @@ impl CoopVsTile {
     fn build(&self, ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
         let lanes = ctx.adapter().subgroup_sizes[1];
         let b = GemmVariant::CoopF16(CoopBlock::new(32, 32, 16, lanes));
+        check_on_device(ctx, &[b])?;
         let a = FfnKernels { order: GemmOrder::Strict, up: self.a, down: self.a };
         grouped_pair(ctx, size, seed, a, FfnKernels { up: b, down: b, ..a })
     }

@@ -1,5 +1,6 @@
 //! Adapter choice, enabled features and limits, and the [`Context`] that owns a device.
 
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
@@ -12,7 +13,6 @@ pub(crate) mod wait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, GpuErrorKind, Result};
-use crate::kernels::gemm::GemmVariant;
 use crate::pipeline::PipelineCache;
 use crate::sync::lock;
 
@@ -29,8 +29,8 @@ pub const BOUNDS_CHECKS_ENV: &str = "MOEFLOW_BOUNDS_CHECKS";
 
 /// Set to `1` (or `on`, `true`) to have [`Context::from_adapter`] (and the constructors that
 /// go through it) enable wgpu's experimental cooperative matrices where the adapter offers
-/// them: the opt-in to [`GemmVariant::CoopF16`] kernels, which the tuner then times beside
-/// the exact ones. Off by default: wgpu marks the feature experimental, and on Vulkan enabling
+/// them: the opt-in to the cooperative-matrix GEMM kernels (`GemmVariant::CoopF16`), which
+/// the tuner then times beside the exact ones. Off by default: wgpu marks the feature experimental, and on Vulkan enabling
 /// it builds every module under the Vulkan memory model.
 pub const COOPERATIVE_MATRIX_ENV: &str = "MOEFLOW_COOPERATIVE_MATRIX";
 
@@ -531,9 +531,8 @@ pub struct Context {
     bounds_checks: Mutex<BoundsChecks>,
     health: Arc<DeviceHealth>,
     allocated: AllocationCounter,
-    /// Precision-mode kernels checked against the CPU reference on this device, and the
-    /// outcome (see `kernels::gemm::coop`).
-    pub(crate) checked_kernels: Mutex<HashMap<GemmVariant, std::result::Result<(), String>>>,
+    /// State the kernel families keep per device, one value per type ([`Self::kept`]).
+    kept: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl fmt::Debug for Context {
@@ -716,7 +715,7 @@ impl Context {
             bounds_checks: Mutex::new(BoundsChecks::from_env()),
             health,
             allocated: AllocationCounter::default(),
-            checked_kernels: Mutex::default(),
+            kept: Mutex::default(),
         }
     }
 
@@ -851,6 +850,19 @@ impl Context {
 
     pub(crate) fn pipelines(&self) -> &PipelineCache {
         &self.pipelines
+    }
+
+    /// The state of type `T` kept for this device: made with `T::default()` on first use, then
+    /// the same value for the context's life. A kernel family keeps what it learns about the
+    /// device (the cooperative-matrix GEMM's verdicts, say) in a type of its own, so the
+    /// context holds it without knowing the family.
+    pub(crate) fn kept<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let any = lock(&self.kept).entry(TypeId::of::<T>()).or_insert_with(|| Arc::new(T::default())).clone();
+        match any.downcast::<T>() {
+            Ok(kept) => kept,
+            // Unreachable: the map holds a `T` under `TypeId::of::<T>()` only.
+            Err(_) => Arc::new(T::default()),
+        }
     }
 }
 

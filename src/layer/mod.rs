@@ -19,8 +19,8 @@ use crate::kernels::dispatch::{
 };
 use crate::kernels::gemm::{
     Activation, AdapterKind, DenseKernel, ExpertBias, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels,
-    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, plan_dense_ffn_with, plan_dense_with,
-    plan_ffn_with, tune_with,
+    FfnRouting, GemmOrder, GemmVariant, TuneOptions, WeightDtype, check_on_device, plan_dense_ffn_with,
+    plan_dense_with, plan_ffn_with, tune_with,
 };
 use crate::kernels::routing::{RouteBuffers, RouteConfig, RouteMode, plan_route};
 use crate::kernels::sizing::plan_sizing;
@@ -781,6 +781,8 @@ impl MoeLayer {
             let opts = TuneOptions { rows, ..TuneOptions::for_context(ctx) };
             kernels = tune_with(ctx, &experts, cfg.gemm_order, &opts, driver).await?.kernels;
         }
+        // A cooperative-matrix block runs its device check here, so no plan of the layer submits.
+        check_on_device(ctx, &[kernels.up, kernels.down])?;
         let experts = experts.with_kernels(kernels)?;
         let shared = shared.map(|s| s.with_kernels(kernels)?.with_activation(cfg.activation)).transpose()?;
         let shared_gate = match &router.shared_gate {

@@ -23,8 +23,10 @@
 //! reference (`S = Σ|x_k·w_k|`, `A = Σ(|x_k| + |w_k|)`) while the operands stay within ±65504.
 //!
 //! **Checked before use.** No CPU adapter offers cooperative matrices, so the tests here only
-//! build, validate and translate the modules. On a device, the first plan that would dispatch a
-//! `CoopF16` block runs [`check`]: the grouped SwiGLU FFN on a small problem (two experts,
+//! build, validate and translate the modules. On a device, a `CoopF16` block runs
+//! [`check_on_device`] before any plan may dispatch it (the layer's construction and the tuner
+//! call it; a plan only looks its verdict up, and refuses a block without one, since plans
+//! never submit): the grouped SwiGLU FFN on a small problem (two experts,
 //! partial blocks, K and F no multiple of a chunk), each pass against the CPU reference on the
 //! f16-rounded operands: every activation within the gate and up sums' bounds carried through
 //! `silu(g)·u`, every output within the bound of the dot of the device's own activations. A
@@ -33,8 +35,9 @@
 //! runs it on `TileF16` (which passes) and on the exact tiles (which it refuses) on every
 //! adapter here.
 
-use std::cell::Cell;
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +46,6 @@ use super::{ExpertFfn, ExpertWeights, NONE, Params, Pass, WeightDtype};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
-use crate::reference::gemm::round_f16;
 use crate::sync::lock;
 use crate::tensor::word_bytes;
 use crate::workspace::Scratch;
@@ -329,45 +331,68 @@ fn halves(p: vec2<u32>) -> vec4<f16> {{
     s
 }
 
-thread_local! {
-    /// Set while this thread runs [`check`]'s own problem, whose plan dispatches the kernel
-    /// under check.
-    static CHECKING: Cell<bool> = const { Cell::new(false) };
-}
+/// The verdicts of [`check_on_device`] on one device (kept by its [`Context`]): `Err` holds why
+/// the block was refused.
+#[derive(Default)]
+struct Verdicts(Mutex<HashMap<CoopBlock, std::result::Result<(), String>>>);
 
-/// Whether `b` may run on `ctx`'s device: it must be supported ([`CoopBlock::require`]) and
-/// have passed its check against the CPU reference on this device (run on first use, then
-/// remembered for the context).
+/// Runs the device check of every cooperative-matrix block among `variants` that has no verdict
+/// on `ctx`'s device yet (a submission and a read-back each; the other variants need none), and
+/// returns the first refusal. A plan dispatches a `CoopF16` block only after it passed here:
+/// [`MoeLayer`](crate::layer::MoeLayer)'s constructors and the tuner call this; a caller of the
+/// planners in [`crate::kernels::gemm`] with such a block calls it first.
 ///
 /// # Errors
-/// [`CoopBlock::require`]'s; [`Error::InvalidArgument`] naming the first output past the bound
-/// where the device computed the check wrongly; device errors while checking.
-pub(super) fn check(ctx: &Context, b: CoopBlock) -> Result<()> {
-    b.require(ctx)?;
-    if CHECKING.with(Cell::get) {
-        return Ok(());
+/// [`Error::MissingFeature`] where the device cannot run the block
+/// ([`CoopBlock`]'s requirements); [`Error::InvalidArgument`] naming the first output past the
+/// bound where the device computed the check wrongly (remembered: the block stays refused for
+/// the context's life); device errors while checking (not remembered).
+pub fn check_on_device(ctx: &Context, variants: &[GemmVariant]) -> Result<()> {
+    for &variant in variants {
+        if let GemmVariant::CoopF16(b) = variant {
+            check(ctx, b)?;
+        }
     }
-    let variant = GemmVariant::CoopF16(b);
-    if let Some(done) = lock(&ctx.checked_kernels).get(&variant) {
+    Ok(())
+}
+
+/// [`check_on_device`] for one block.
+fn check(ctx: &Context, b: CoopBlock) -> Result<()> {
+    b.require(ctx)?;
+    let verdicts = ctx.kept::<Verdicts>();
+    if let Some(done) = lock(&verdicts.0).get(&b) {
         return done.clone().map_err(Error::invalid);
     }
-    CHECKING.with(|c| c.set(true));
-    let outcome = compare(ctx, GemmVariant::CoopF16(b), b.rows.max(32));
-    CHECKING.with(|c| c.set(false));
-    let outcome = match outcome {
-        Ok(None) => Ok(()),
-        Ok(Some(wrong)) => Err(format!(
+    let outcome = match compare(ctx, GemmVariant::CoopF16(b), b.rows.max(32))? {
+        None => Ok(()),
+        Some(wrong) => Err(format!(
             "the coop-{} GEMM failed its check against the CPU reference on this device: {wrong}",
             b.name()
         )),
-        // A device error is not a verdict on the kernel: reported, not remembered.
-        Err(e) => return Err(e),
     };
     if let Err(wrong) = &outcome {
         log::warn!("moeflow: {wrong}");
     }
-    lock(&ctx.checked_kernels).insert(variant, outcome.clone());
+    lock(&verdicts.0).insert(b, outcome.clone());
     outcome.map_err(Error::invalid)
+}
+
+/// Whether a plan may dispatch `b` on `ctx`'s device: it is supported and passed
+/// [`check_on_device`] there. Looks the verdict up only; submits nothing.
+///
+/// # Errors
+/// [`CoopBlock`]'s requirements; the remembered refusal; [`Error::InvalidArgument`] where the
+/// block was never checked on this device.
+pub(super) fn passed(ctx: &Context, b: CoopBlock) -> Result<()> {
+    b.require(ctx)?;
+    match lock(&ctx.kept::<Verdicts>().0).get(&b) {
+        Some(verdict) => verdict.clone().map_err(Error::invalid),
+        None => Err(Error::invalid(format!(
+            "the coop-{} GEMM has not been checked on this device: call kernels::gemm::check_on_device \
+             before planning it (a layer's constructors and the tuner do)",
+            b.name()
+        ))),
+    }
 }
 
 /// Bound of an f32 sum of `n` exact products on matrix units, `s` the sum of their magnitudes
@@ -414,14 +439,15 @@ fn compare(ctx: &Context, variant: GemmVariant, tile: u32) -> Result<Option<Stri
     let down_pass = Pass::down(&up_pass, &ffn, (&act).into(), (&partial).into());
     let scratch = Scratch::Own(ctx);
     let mut dispatches = layout.plan(ctx, &ib)?;
-    dispatches.extend(up_pass.gemm(scratch, variant, Some(layout.tile_expert()))?);
-    dispatches.extend(down_pass.gemm(scratch, variant, Some(layout.tile_expert()))?);
+    // The block under check is planned without the verdict it is about to get.
+    dispatches.extend(up_pass.gemm_unchecked(scratch, variant, Some(layout.tile_expert()))?);
+    dispatches.extend(down_pass.gemm_unchecked(scratch, variant, Some(layout.tile_expert()))?);
     ctx.run(&dispatches.iter().collect::<Vec<_>>())?;
     let rows: Vec<u32> = ctx.read_back(layout.inverse(), tokens as usize)?;
     let act: Vec<f32> = ctx.read_back(&act, layout.max_rows() as usize * f)?;
     let got: Vec<f32> = ctx.read_back(&partial, tokens as usize * h)?;
 
-    let round = |v: &[f32]| -> Vec<f64> { round_f16(v).into_iter().map(f64::from).collect() };
+    let round = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| f64::from(half::f16::from_f32(x))).collect() };
     let (xr, gr, ur, dr) = (round(&x), round(&gate), round(&up), round(&down));
     for t in 0..tokens as usize {
         let ex = experts[t] as usize;
@@ -503,7 +529,9 @@ mod tests {
         for ctx in crate::context::test_contexts() {
             let err = check(&ctx, CoopBlock::new(32, 32, 16, 32)).expect_err("no CPU adapter has them");
             assert!(matches!(err, Error::MissingFeature(_)), "{err}");
-            assert!(lock(&ctx.checked_kernels).is_empty());
+            assert!(lock(&ctx.kept::<Verdicts>().0).is_empty());
+            let err = passed(&ctx, CoopBlock::new(32, 32, 16, 32)).expect_err("no verdict, no plan");
+            assert!(matches!(err, Error::MissingFeature(_)), "{err}");
         }
     }
 }

@@ -35,7 +35,7 @@ mod tune;
 mod variant;
 mod weights;
 
-pub use coop::CoopBlock;
+pub use coop::{CoopBlock, check_on_device};
 pub use quantised::QuantisedValues;
 
 #[cfg(test)]

@@ -314,8 +314,22 @@ impl<'a> Pass<'a> {
 
     /// Block-GEMM dispatches of `variant`, one per weight chunk (a window variant: a staging
     /// dispatch, then one per weight chunk and window); `tiles` is the tile -> expert map, or
-    /// None for `params.fixed_expert`.
+    /// None for `params.fixed_expert`. A cooperative-matrix block must have passed its device
+    /// check ([`super::check_on_device`]); its verdict is looked up, never run, here.
     pub(super) fn gemm(
+        &self,
+        scratch: Scratch<'_>,
+        variant: GemmVariant,
+        tiles: Option<BufferView<'_>>,
+    ) -> Result<Vec<Dispatch>> {
+        if let GemmVariant::CoopF16(b) = variant {
+            super::coop::passed(scratch.ctx(), b)?;
+        }
+        self.gemm_unchecked(scratch, variant, tiles)
+    }
+
+    /// [`Self::gemm`] without the cooperative-matrix verdict: for the device check's own plan.
+    pub(super) fn gemm_unchecked(
         &self,
         scratch: Scratch<'_>,
         variant: GemmVariant,
@@ -330,9 +344,6 @@ impl<'a> Pass<'a> {
         let variant = if textures.is_some() { variant } else { variant.without_texture() };
         let (variant, windows) = Windows::choose(ctx, variant, self.params.rows, self.params.kdim);
         let textures = textures.filter(|_| variant.source() == OperandSource::Texture);
-        if let GemmVariant::CoopF16(b) = variant {
-            super::coop::check(ctx, b)?;
-        }
         let constants = self.constants();
         let bytes = variant.workgroup_bytes();
         if bytes > ctx.limits().max_compute_workgroup_storage_size {

@@ -286,6 +286,8 @@ async fn measure(
     let mut fills: Vec<Dispatch> = Vec::new();
     let mut build = |v: GemmVariant| -> Result<(Vec<Dispatch>, Vec<Dispatch>)> {
         v.validate()?;
+        // A cooperative-matrix block is timed only after it passed its device check.
+        super::coop::check_on_device(ctx, &[v])?;
         let tile = v.block_rows();
         if !layouts.iter().any(|(t, ..)| *t == tile) {
             let layout = DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile }, tokens, 0)?;
