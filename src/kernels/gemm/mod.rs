@@ -2,12 +2,14 @@
 //! projection, plus the comparison paths (bucketed with overflow, dense, all experts) and the
 //! row-wise decode path. Weights (`weights.rs`: float or quantised, packed in u32 words and
 //! unpacked in the shader, `quantised.rs`; texture copies, `texture.rs`) are read by the block
-//! kernels `variant.rs` generates or by the row-wise kernels; `tune.rs` times the candidates.
-//! Accumulation is f32 in one fixed K order (see `wgsl/gemm/common.wgsl`), so a token's
-//! outputs are bitwise the same whatever the batch, tile or path. A plan is made of passes
-//! (`passes.rs`: one projection over a set of rows, per weight chunk and x window) of kernels
-//! whose specs `specs.rs` holds (the generated blocks' `variant.rs`), bound through the slots of
-//! `slots.rs`; this file holds the kernels' parameters and the planners.
+//! kernels of `variant.rs`'s types (their WGSL generated per shape in `generate/`) or by the
+//! row-wise kernels; `policy.rs` picks each adapter's defaults and candidates, `tune.rs` times
+//! the candidates, `coop.rs` and `device_check.rs` hold the cooperative-matrix precision mode
+//! and its check on a device. Accumulation is f32 in one fixed K order (see
+//! `wgsl/gemm/common.wgsl`), so a token's outputs are bitwise the same whatever the batch, tile
+//! or path. A plan is made of passes (`passes.rs`: one projection over a set of rows, per
+//! weight chunk and x window) of kernels whose modules and specs `specs.rs` holds, bound
+//! through the slots of `slots.rs`; this file holds the kernels' parameters and the planners.
 //!
 //! Shapes: `x[tokens, H]`; `gate`, `up` `[E, F, H]`; `down` `[E, H, F]`;
 //! `indices[tokens, k]`; output `partial[tokens * k, H]` indexed by entry `token * k + slot`.
@@ -26,7 +28,10 @@ use crate::tensor::word_bytes;
 use crate::workspace::{Scratch, ScratchKey};
 
 mod coop;
+mod device_check;
+mod generate;
 mod passes;
+mod policy;
 mod quantised;
 mod slots;
 mod specs;
@@ -35,20 +40,23 @@ mod tune;
 mod variant;
 mod weights;
 
-pub use coop::{CoopBlock, check_on_device};
+pub use coop::CoopBlock;
+pub use device_check::check_on_device;
 pub use quantised::QuantisedValues;
 
 #[cfg(test)]
 pub(crate) use passes::ROWWISE_SUBGROUP_ROW_ALIGN;
 pub(crate) use passes::window_bytes_bound;
 use passes::{LiveRows, Pass, RowMap};
+pub use policy::{AdapterKind, candidates};
 #[cfg(test)]
 pub(crate) use specs::specs;
+pub(crate) use specs::{WINDOW_BYTES, WeightLoads};
 pub(crate) use specs::{shaders, specs_for};
 pub(crate) use tune::tune_with;
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
-pub use variant::{AdapterKind, FfnKernels, GemmOrder, GemmVariant, LaneBlock, TileBlock, candidates};
-pub(crate) use variant::{OperandSource, WINDOW_BYTES, WeightLoads};
+pub(crate) use variant::OperandSource;
+pub use variant::{FfnKernels, GemmOrder, GemmVariant, LaneBlock, TileBlock};
 #[cfg(feature = "checkpoint")]
 pub(crate) use weights::STREAM_CHUNK;
 pub use weights::{Activation, ExpertBias, ExpertFfn, ExpertWeights, StoredValues, WeightDtype};
@@ -457,7 +465,7 @@ mod tests {
     fn workgroup_bytes_match_the_generated_wgsl() {
         for v in contract_variants() {
             for order in [GemmOrder::Strict, GemmOrder::Fast] {
-                let reflected = variant::spec(v, order, WeightLoads::Packed).reflect().unwrap();
+                let reflected = specs::spec(v, order, WeightLoads::Packed).reflect().unwrap();
                 assert_eq!(reflected.workgroup_bytes, v.workgroup_bytes(), "{} {order:?}", v.name());
                 assert_eq!(reflected.invocations, v.invocations(), "{} {order:?}", v.name());
             }

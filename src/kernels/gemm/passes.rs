@@ -10,10 +10,10 @@ use super::slots;
 use super::specs::{
     ROWWISE, ROWWISE_F16, ROWWISE_QUANT, ROWWISE_SUBGROUP, ROWWISE_SUBGROUP_F16, ROWWISE_SUBGROUP_QUANT,
     ROWWISE_SUBGROUP_TEXTURE, ROWWISE_TEXTURE, ROWWISE_WINDOW, ROWWISE_WINDOW_F16, ROWWISE_WINDOW_QUANT,
-    ROWWISE_WINDOW_TEXTURE, STAGE,
+    ROWWISE_WINDOW_TEXTURE, STAGE, WINDOW_BYTES, spec,
 };
 use super::texture::TextureWeights;
-use super::variant::{self, GemmVariant, LaneBlock, OperandSource};
+use super::variant::{GemmVariant, LaneBlock, OperandSource};
 use super::{
     Activation, AdapterKind, ExpertFfn, ExpertWeights, FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES,
     FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY, GemmOrder, PARAMS_BYTES, Params, WeightLoads,
@@ -323,7 +323,7 @@ impl<'a> Pass<'a> {
         tiles: Option<BufferView<'_>>,
     ) -> Result<Vec<Dispatch>> {
         if let GemmVariant::CoopF16(b) = variant {
-            super::coop::passed(scratch.ctx(), b)?;
+            super::device_check::passed(scratch.ctx(), b)?;
         }
         self.gemm_unchecked(scratch, variant, tiles)
     }
@@ -362,7 +362,7 @@ impl<'a> Pass<'a> {
                 "max_compute_invocations_per_workgroup",
             ));
         }
-        let spec = variant::spec(variant, self.order, WeightLoads::of(self.w.dtype, self.w.native_f16));
+        let spec = spec(variant, self.order, WeightLoads::of(self.w.dtype, self.w.native_f16));
         let kernel = ctx.kernel(spec, &constants)?;
         let from_tiles = if tiles.is_some() { FLAG_EXPERT_FROM_TILES } else { 0 };
         let placeholder = ctx.storage_scratch("no tile map", 4)?;
@@ -578,7 +578,7 @@ impl Windows {
     /// storage binding or buffer.
     fn fit(ctx: &Context, rows: u32, kdim: u32, block_rows: u32) -> Option<Self> {
         let limits = ctx.limits();
-        if limits.max_uniform_buffer_binding_size < variant::WINDOW_BYTES {
+        if limits.max_uniform_buffer_binding_size < WINDOW_BYTES {
             return None;
         }
         let windows = Self::layout(rows, kdim, block_rows, limits.min_uniform_buffer_offset_alignment)?;
@@ -595,7 +595,7 @@ impl Windows {
             return None;
         }
         let row_bytes = u64::from(kdim.div_ceil(4)) * 16;
-        let fit = variant::WINDOW_BYTES / row_bytes;
+        let fit = WINDOW_BYTES / row_bytes;
         let block = u64::from(block_rows);
         // A window holds whole blocks, and no more rows than the pass has.
         let per_window = (fit / block * block).min(u64::from(rows).div_ceil(block) * block);
@@ -641,7 +641,7 @@ impl Windows {
 
     /// Bytes of the windows' buffer (the last window is bound whole).
     fn bytes(&self) -> u64 {
-        u64::from(self.count - 1) * self.stride + variant::WINDOW_BYTES
+        u64::from(self.count - 1) * self.stride + WINDOW_BYTES
     }
 }
 
@@ -656,7 +656,7 @@ pub(crate) fn window_bytes_bound(
     passes: &[(u32, u32)],
     limits: &wgpu::Limits,
 ) -> Option<u64> {
-    if limits.max_uniform_buffer_binding_size < variant::WINDOW_BYTES {
+    if limits.max_uniform_buffer_binding_size < WINDOW_BYTES {
         return None;
     }
     let fits =
@@ -775,7 +775,7 @@ impl Staged {
         Binding {
             binding: slot,
             buffer: self.buffer.buffer(),
-            size: variant::WINDOW_BYTES,
+            size: WINDOW_BYTES,
             offset: self.buffer.offset() + index as u64 * self.windows.stride,
         }
     }

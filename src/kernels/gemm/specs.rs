@@ -1,13 +1,19 @@
 //! The gemm family's kernel specs and shader modules: the row-wise kernels (one module per way
 //! of reading x and the weights), the staging and unpacking kernels, and the lists of every
 //! module and spec (the contract test's, the tuner's cache key's, a configuration's
-//! requirements'). The generated block kernels' specs are `variant.rs`'s.
+//! requirements'); and the generated block kernels' modules, assembled from `wgsl/gemm/`
+//! fragments and the body `generate/` writes, once per (variant, order, weight loads).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 use crate::pipeline::{Access, KernelSpec, Workgroup};
-use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::shader::{Indexing, ShaderPart, ShaderSource, wgsl};
+use crate::sync::lock;
 
-use super::variant::{self, GemmOrder, GemmVariant, TileBlock, WeightLoads};
-use super::{AdapterKind, CoopBlock, PARAMS_BYTES, candidates, slots, texture};
+use super::generate::generate;
+use super::variant::{GemmOrder, GemmVariant, OperandSource, TileBlock};
+use super::{AdapterKind, CoopBlock, PARAMS_BYTES, WeightDtype, candidates, slots, texture};
 
 /// The row-wise kernel's module: x from storage or from uniform windows, each invocation
 /// loading its own (`gemm/rowwise_entry.wgsl`) or a subgroup sharing its loads of a window
@@ -138,7 +144,7 @@ pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
     for v in contract_variants() {
         for order in [GemmOrder::Strict, GemmOrder::Fast] {
             for loads in WeightLoads::ALL {
-                all.push(variant::spec(v, order, loads).shader);
+                all.push(spec(v, order, loads).shader);
             }
         }
     }
@@ -171,7 +177,7 @@ pub(crate) fn specs_for(
     ];
     for &v in variants {
         for v in [v, v.without_texture(), v.without_window()] {
-            all.push(variant::spec(v, order, loads));
+            all.push(spec(v, order, loads));
         }
     }
     all
@@ -305,3 +311,165 @@ pub(super) static ROWWISE_SUBGROUP_QUANT: KernelSpec =
     rowwise(&ROWWISE_SUBGROUP_QUANT_SHADER, &ROWWISE_WINDOW_BINDINGS);
 pub(super) static ROWWISE_SUBGROUP_TEXTURE: KernelSpec =
     rowwise(&ROWWISE_SUBGROUP_TEXTURE_SHADER, &ROWWISE_WINDOW_TEXTURE_BINDINGS);
+
+/// The generated block kernels' bindings, by where they read their operands.
+static STORAGE_BINDINGS: [(u32, Access); 8] = slots::block_bindings(OperandSource::Storage);
+static WINDOW_BINDINGS: [(u32, Access); 8] = slots::block_bindings(OperandSource::Window);
+static TEXTURE_BINDINGS: [(u32, Access); 8] = slots::block_bindings(OperandSource::Texture);
+
+/// Bytes of the x window a window kernel declares (`array<vec4<f32>, 4096>`): WebGPU's
+/// default `max_uniform_buffer_binding_size`.
+pub(crate) const WINDOW_BYTES: u64 = 65536;
+
+/// How a generated block kernel reads the weight buffers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum WeightLoads {
+    /// Packed u32 words, any dtype (quantised ones a header and a code word per step of four).
+    Packed,
+    /// Native f16 loads (f16 weights on a device with shader-f16).
+    NativeF16,
+    /// Quantised rows bound as `vec4<u32>` (weights_quant.wgsl): direct and window blocks read
+    /// them block by block (quant_blocks.wgsl), tiled blocks step by step.
+    Quantised,
+}
+
+impl WeightLoads {
+    /// The loads for weights of `dtype`, with native f16 loads chosen or not.
+    pub(crate) fn of(dtype: WeightDtype, native_f16: bool) -> Self {
+        if dtype.is_quantised() {
+            WeightLoads::Quantised
+        } else if native_f16 {
+            WeightLoads::NativeF16
+        } else {
+            WeightLoads::Packed
+        }
+    }
+
+    pub(crate) const ALL: [WeightLoads; 3] =
+        [WeightLoads::Packed, WeightLoads::NativeF16, WeightLoads::Quantised];
+}
+
+/// The kernel spec for `variant` in `order` reading the weights with `loads` (texture variants
+/// unpack their texels' words whatever `loads` says: no weights but f32, f16 and bf16 have
+/// texture copies), generated and built once per process.
+pub(crate) fn spec(variant: GemmVariant, order: GemmOrder, loads: WeightLoads) -> &'static KernelSpec {
+    type Key = (GemmVariant, GemmOrder, WeightLoads);
+    let loads = if matches!(variant, GemmVariant::Texture(_)) { WeightLoads::Packed } else { loads };
+    static SPECS: OnceLock<Mutex<HashMap<Key, &'static KernelSpec>>> = OnceLock::new();
+    let mut specs = lock(SPECS.get_or_init(Default::default));
+    specs.entry((variant, order, loads)).or_insert_with(|| {
+        let name = format!(
+            "gemm/{}-{}{}",
+            variant.name(),
+            match order {
+                GemmOrder::Strict => "strict",
+                GemmOrder::Fast => "fast",
+            },
+            match loads {
+                WeightLoads::Packed => "",
+                WeightLoads::NativeF16 => "-f16",
+                WeightLoads::Quantised => "-quant",
+            }
+        );
+        let quantised = loads == WeightLoads::Quantised;
+        let body = ShaderPart { path: "gemm (generated)", text: leak(generate(variant, order, quantised)) };
+        let mut parts: Vec<ShaderPart> = if matches!(variant, GemmVariant::Texture(_)) {
+            vec![
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/order.wgsl"),
+                wgsl!("gemm/half.wgsl"),
+                wgsl!("gemm/weights_texture.wgsl"),
+                wgsl!("gemm/epilogue.wgsl"),
+                body,
+            ]
+        } else if loads == WeightLoads::NativeF16 {
+            vec![
+                wgsl!("gemm/enable_f16.wgsl"),
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/order.wgsl"),
+                wgsl!("gemm/weights_f16.wgsl"),
+                wgsl!("gemm/weight_groups.wgsl"),
+                wgsl!("gemm/epilogue.wgsl"),
+                body,
+            ]
+        } else if quantised {
+            vec![
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/order.wgsl"),
+                wgsl!("gemm/weights_quant.wgsl"),
+                wgsl!("gemm/half.wgsl"),
+                wgsl!("gemm/quant.wgsl"),
+                wgsl!("gemm/quant_blocks.wgsl"),
+                wgsl!("gemm/epilogue.wgsl"),
+                body,
+            ]
+        } else {
+            vec![
+                wgsl!("gemm/common.wgsl"),
+                wgsl!("gemm/order.wgsl"),
+                wgsl!("gemm/weights_packed.wgsl"),
+                wgsl!("gemm/weight_groups.wgsl"),
+                wgsl!("gemm/half.wgsl"),
+                wgsl!("gemm/epilogue.wgsl"),
+                body,
+            ]
+        };
+        if matches!(variant, GemmVariant::TileF16(_) | GemmVariant::CoopF16(_)) {
+            // The exact widening of staged values (already there but for native f16 loads),
+            // then the staging functions, before the generated body.
+            let at = parts.len() - 1;
+            if !parts.iter().any(|p| p.path == "gemm/half.wgsl") {
+                parts.insert(at, wgsl!("gemm/half.wgsl"));
+            }
+            parts.insert(parts.len() - 1, wgsl!("gemm/stage_f16.wgsl"));
+        }
+        if matches!(variant, GemmVariant::CoopF16(_)) {
+            // f16 and cooperative matrices enabled first (in place of native f16 loads' own
+            // `enable f16;`).
+            if parts.first().is_some_and(|p| p.path == "gemm/enable_f16.wgsl") {
+                parts.remove(0);
+            }
+            parts.insert(0, wgsl!("gemm/enable_coop.wgsl"));
+        }
+        let source: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
+            name: leak(name),
+            parts: Box::leak(parts.into_boxed_slice()),
+            entry_points: &["gemm"],
+            // Workgroup tiles indexed by the invocation id and loop counters below their
+            // lengths (t < rows·BK4 and cols·BK4, ty·tm + i < rows, tx + (cols/tn)·j < cols,
+            // g < BK4 <= STRIDE), private vectors by counters below 4; rows below params.rows,
+            // columns below the chunk's end, entries from the dispatch layout's row map, the
+            // expert from the tile map or the host only through in_chunk, K bounded by
+            // x_tail / weight4_tail, and texels within the copies' extents.
+            indexing: Indexing::Proven,
+        }));
+        let bindings = match variant.source() {
+            OperandSource::Window => &WINDOW_BINDINGS,
+            OperandSource::Texture => &TEXTURE_BINDINGS,
+            OperandSource::Storage => &STORAGE_BINDINGS,
+        };
+        Box::leak(Box::new(KernelSpec {
+            shader: source,
+            entry: "gemm",
+            bindings,
+            params_bytes: PARAMS_BYTES,
+            workgroup: Workgroup::Fixed(variant.invocations()),
+        }))
+    })
+}
+
+/// Generated sources live as long as the process (one per variant, order and weight path).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The blocks the contract test builds are within their documented ranges.
+    #[test]
+    fn the_contract_variants_are_valid() {
+        for v in super::contract_variants() {
+            assert!(v.validate().is_ok(), "{}", v.name());
+        }
+    }
+}

@@ -31,7 +31,8 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use super::variant::{self, FfnKernels, GemmOrder, GemmVariant};
+use super::policy;
+use super::variant::{FfnKernels, GemmOrder, GemmVariant};
 use super::{ExpertFfn, NONE, Params, Pass};
 use crate::context::Context;
 use crate::context::wait::Driver;
@@ -50,7 +51,7 @@ pub const TUNE_DEFAULT_MARGIN: f64 = 0.05;
 /// How to tune.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
-    /// Variants to time (default: [`variant::candidates`] for the adapter, and on a device
+    /// Variants to time (default: [`policy::candidates`] for the adapter, and on a device
     /// created with cooperative matrices the [`GemmVariant::CoopF16`] blocks it can run, each
     /// timed only after it passed its check against the CPU reference there).
     pub candidates: Vec<GemmVariant>,
@@ -68,9 +69,9 @@ impl TuneOptions {
     /// The defaults for `ctx`'s adapter.
     pub fn for_context(ctx: &Context) -> Self {
         TuneOptions {
-            candidates: variant::candidates(variant::AdapterKind::of(ctx.adapter()))
+            candidates: policy::candidates(policy::AdapterKind::of(ctx.adapter()))
                 .into_iter()
-                .chain(super::coop::candidates(ctx))
+                .chain(policy::coop_candidates(ctx))
                 .collect(),
             rows: 32,
             rounds: 5,
@@ -228,7 +229,7 @@ pub(crate) async fn tune_with(
         );
     }
     let timings = measure(ctx, ffn, order, rows, opts, driver).await?;
-    let default = FfnKernels::default_for(variant::AdapterKind::of(ctx.adapter()), order);
+    let default = FfnKernels::default_for(policy::AdapterKind::of(ctx.adapter()), order);
     let best = |pick: fn(&(GemmVariant, f64, f64)) -> f64, fixed: GemmVariant| {
         let fastest = timings
             .iter()
@@ -287,7 +288,7 @@ async fn measure(
     let mut build = |v: GemmVariant| -> Result<(Vec<Dispatch>, Vec<Dispatch>)> {
         v.validate()?;
         // A cooperative-matrix block is timed only after it passed its device check.
-        super::coop::check_on_device(ctx, &[v])?;
+        super::check_on_device(ctx, &[v])?;
         let tile = v.block_rows();
         if !layouts.iter().any(|(t, ..)| *t == tile) {
             let layout = DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile }, tokens, 0)?;
