@@ -1,9 +1,12 @@
 //! The import rules of the crate (docs/ARCHITECTURE.md), read from the source: the context
 //! knows no kernel family and nothing built on it, no kernel imports the CPU references that
-//! check it, and the rooms of the crate (each top-level module, each kernel family under
-//! `kernels/`) import each other without a circle. Imports are read as `crate::` paths outside
-//! comments, including grouped ones (`crate::{a::b, c}`); a room reaches into itself through
-//! `super::`, which is not another room.
+//! check it, the rooms of the crate (each top-level module, each kernel family under
+//! `kernels/`) import each other without a circle, and so do its files.
+//!
+//! Imports are the paths that start with `crate::`, `super::` or `self::` outside comments, in
+//! `use` trees (grouped and nested: `crate::{a::b, c::{d, e}}`) and inline (`crate::a::f()`),
+//! and the `use` of a child module by name; each names the deepest file module on its path.
+//! A file's inline test module (from `mod tests {` on) is left out: its `super` is the file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -28,53 +31,82 @@ fn sources() -> Vec<(String, String)> {
     files
 }
 
-/// The room a path under `src/` (`kernels/gemm/coop.rs`) or a module path (`kernels::gemm`)
-/// belongs to: its top-level module, or `kernels::family` for a kernel family.
-fn room(segments: &[&str]) -> String {
-    let name = |s: &str| s.trim_end_matches(".rs").to_string();
-    match segments {
-        ["kernels", family, ..] if *family != "mod.rs" => format!("kernels::{}", name(family)),
-        [top, ..] => name(top),
+/// The module path of a file under `src/`: `kernels/gemm/mod.rs` is `kernels::gemm`,
+/// `lib.rs` the crate root (empty).
+fn module_of(file: &str) -> Vec<String> {
+    let mut segs: Vec<String> = file.trim_end_matches(".rs").split('/').map(str::to_string).collect();
+    if segs.last().is_some_and(|s| s == "mod" || s == "lib") {
+        segs.pop();
+    }
+    segs
+}
+
+/// The room of a module path: its top-level module, or `kernels::family` for a kernel family.
+fn room(module: &[String]) -> String {
+    match module {
+        [first, second, ..] if first == "kernels" => format!("kernels::{second}"),
+        [first, ..] => first.clone(),
         [] => String::new(),
     }
 }
 
-/// The module paths `text` imports through `crate::`, each as its first two segments
-/// (`kernels::gemm`, `error`), comments left out.
-fn imports(text: &str) -> BTreeSet<String> {
-    let code: Vec<char> = text
-        .lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n")
-        .chars()
-        .collect();
-    let mut paths = Vec::new();
-    let mut at = 0;
-    while at + 7 <= code.len() {
-        if code[at..at + 7].iter().collect::<String>() == "crate::" && (at == 0 || !is_ident(code[at - 1])) {
-            let mut i = at + 7;
-            use_tree(&code, &mut i, String::new(), &mut paths);
-            at = i.max(at + 1);
-        } else {
-            at += 1;
-        }
-    }
-    paths
-        .iter()
-        .filter_map(|p| {
-            let mut segs = p.split("::").filter(|s| !s.is_empty());
-            let first = segs.next()?;
-            Some(match segs.next() {
-                Some(second) if first == "kernels" => format!("kernels::{second}"),
-                _ => first.to_string(),
-            })
-        })
-        .collect()
-}
-
 fn is_ident(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
+}
+
+/// `text` without comments and without its inline test module.
+fn code_of(text: &str) -> Vec<char> {
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("mod tests {") {
+            break;
+        }
+        lines.push(line.split("//").next().unwrap_or(""));
+    }
+    lines.join("\n").chars().collect()
+}
+
+/// Every path `code` imports (see the module docs), as segments from `crate`, `super` or
+/// `self`; `children` are the file's child modules, which a `use` may name directly.
+fn paths(code: &[char], children: &[String]) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    let starts_at = |at: usize, word: &str| {
+        let w: Vec<char> = word.chars().collect();
+        code.get(at..at + w.len()) == Some(&w[..])
+            && (at == 0 || !(is_ident(code[at - 1]) || code[at - 1] == ':'))
+    };
+    let mut at = 0;
+    while at < code.len() {
+        let mut start = None;
+        for root in ["crate::", "super::", "self::"] {
+            if starts_at(at, root) {
+                start = Some(at);
+            }
+        }
+        if start.is_none() && starts_at(at, "use ") {
+            let mut i = at + 4;
+            while code.get(i).is_some_and(|c| c.is_whitespace()) {
+                i += 1;
+            }
+            let name: String = code[i..].iter().take_while(|&&c| is_ident(c)).collect();
+            if children.contains(&name) {
+                let mut tree = Vec::new();
+                use_tree(code, &mut i, "self::".to_string(), &mut tree);
+                found.extend(tree);
+                at = i.max(at + 1);
+                continue;
+            }
+        }
+        match start {
+            Some(s) => {
+                let mut i = s;
+                use_tree(code, &mut i, String::new(), &mut found);
+                at = i.max(at + 1);
+            }
+            None => at += 1,
+        }
+    }
+    found.into_iter().map(|p| p.split("::").filter(|s| !s.is_empty()).map(str::to_string).collect()).collect()
 }
 
 /// Reads the use tree at `code[*i..]` (`a::b`, `a::{b, c::{d, e}}`, `{a, b}`), pushing every
@@ -133,20 +165,92 @@ fn use_tree(code: &[char], i: &mut usize, prefix: String, out: &mut Vec<String>)
     }
 }
 
-/// Which rooms each room imports.
+/// The file module a path from module `from` names: the deepest module of `modules` on it.
+fn resolve(from: &[String], path: &[String], modules: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+    let mut at: Vec<String> = Vec::new();
+    let mut rest = path;
+    match path.first().map(String::as_str) {
+        Some("crate") => rest = &path[1..],
+        Some("super" | "self") => {
+            at = from.to_vec();
+            while let Some(step) = rest.first().map(String::as_str) {
+                match step {
+                    "super" => {
+                        at.pop();
+                    }
+                    "self" => {}
+                    _ => break,
+                }
+                rest = &rest[1..];
+            }
+        }
+        _ => return None,
+    }
+    let mut deepest = modules.contains(&at).then(|| at.clone());
+    for seg in rest.iter().filter(|s| *s != "self") {
+        at.push(seg.clone());
+        if modules.contains(&at) {
+            deepest = Some(at.clone());
+        }
+    }
+    deepest
+}
+
+/// Which file modules each file module imports (itself left out).
+fn file_graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let files = sources();
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(f, _)| module_of(f)).collect();
+    let mut graph = BTreeMap::new();
+    for (file, text) in &files {
+        let from = module_of(file);
+        let children: Vec<String> = modules
+            .iter()
+            .filter(|m| m.len() == from.len() + 1 && m.starts_with(&from))
+            .map(|m| m[from.len()].clone())
+            .collect();
+        let to: BTreeSet<Vec<String>> = paths(&code_of(text), &children)
+            .iter()
+            .filter_map(|p| resolve(&from, p, &modules))
+            .filter(|m| *m != from)
+            .collect();
+        graph.insert(from, to);
+    }
+    graph
+}
+
+/// The edges of `graph` that close a circle: `a -> b` where `b` reaches `a`.
+fn circles<T: Ord + Clone + std::fmt::Debug>(graph: &BTreeMap<T, BTreeSet<T>>) -> Vec<(T, T)> {
+    let reaches = |from: &T, to: &T| {
+        let (mut seen, mut stack) = (BTreeSet::new(), vec![from.clone()]);
+        while let Some(r) = stack.pop() {
+            for next in graph.get(&r).into_iter().flatten() {
+                if next == to {
+                    return true;
+                }
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        false
+    };
+    graph
+        .iter()
+        .flat_map(|(from, tos)| tos.iter().map(move |to| (from.clone(), to.clone())))
+        .filter(|(from, to)| reaches(to, from))
+        .collect()
+}
+
+/// Which rooms each room imports (the crate root and the test-only modules left out).
 fn room_graph() -> BTreeMap<String, BTreeSet<String>> {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (path, text) in sources() {
-        let from = room(&path.split('/').collect::<Vec<_>>());
-        if from == "lib" || from == "house" || from == "contract" {
+    for (from, tos) in file_graph() {
+        let from_room = room(&from);
+        if ["", "house", "contract"].contains(&from_room.as_str()) {
             continue;
         }
-        let to: BTreeSet<String> = imports(&text)
-            .iter()
-            .map(|m| room(&m.split("::").collect::<Vec<_>>()))
-            .filter(|r| *r != from)
-            .collect();
-        graph.entry(from).or_default().extend(to);
+        let to: BTreeSet<String> = tos.iter().map(|m| room(m)).filter(|r| *r != from_room).collect();
+        graph.entry(from_room).or_default().extend(to);
     }
     graph
 }
@@ -161,53 +265,80 @@ fn the_context_knows_no_kernel_family() {
     assert!(bad.is_empty(), "src/context/ imports {bad:?}");
 }
 
-/// No kernel imports the CPU references that are meant to check it.
+/// No kernel imports the CPU references that are meant to check it (test modules included).
 #[test]
 fn no_kernel_imports_the_references() {
     let bad: Vec<String> = sources()
         .into_iter()
-        .filter(|(path, text)| path.starts_with("kernels/") && imports(text).contains("reference"))
+        .filter(|(path, text)| {
+            let code: Vec<char> = text
+                .lines()
+                .map(|l| l.split("//").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n")
+                .chars()
+                .collect();
+            path.starts_with("kernels/")
+                && paths(&code, &[]).iter().any(|p| p.get(..2) == Some(&["crate".into(), "reference".into()]))
+        })
         .map(|(path, _)| path)
         .collect();
     assert!(bad.is_empty(), "kernel files that import crate::reference: {bad:?}");
 }
 
-/// The rooms import each other without a circle: every room's imports reach back to it by no
-/// path.
+/// The rooms import each other without a circle.
 #[test]
 fn the_rooms_import_each_other_without_a_circle() {
     let graph = room_graph();
-    let reaches = |from: &str, to: &str| {
-        let (mut seen, mut stack) = (BTreeSet::new(), vec![from.to_string()]);
-        while let Some(r) = stack.pop() {
-            for next in graph.get(&r).into_iter().flatten() {
-                if next == to {
-                    return true;
-                }
-                if seen.insert(next.clone()) {
-                    stack.push(next.clone());
-                }
-            }
-        }
-        false
-    };
-    let circles: Vec<(String, String)> = graph
-        .iter()
-        .flat_map(|(from, tos)| tos.iter().map(move |to| (from.clone(), to.clone())))
-        .filter(|(from, to)| reaches(to, from))
-        .collect();
-    assert!(circles.is_empty(), "imports that close a circle (room -> room): {circles:?}");
     assert!(graph.contains_key("context") && graph.contains_key("kernels::gemm"), "rooms: {graph:?}");
+    let found = circles(&graph);
+    assert!(found.is_empty(), "imports that close a circle (room -> room): {found:?}");
 }
 
-/// The reader of imports sees grouped and nested paths and skips comments, so the rules above
-/// can fail.
+/// The files import each other without a circle: a family's face (`mod.rs`) imports its
+/// files, which import each other, never the face. Checked in the rooms cut by job so far
+/// (`CUT`); a room joins the list when its `mod.rs` holds nothing but its face.
 #[test]
-fn imports_are_read_from_grouped_paths_and_not_from_comments() {
-    let text = "use crate::{error::Error, kernels::{gemm::X, dispatch}};\n// crate::dag::x\nuse crate::reference::gemm;";
-    let got: Vec<String> = imports(text).into_iter().collect();
-    assert_eq!(got, ["error", "kernels::dispatch", "kernels::gemm", "reference"]);
-    assert_eq!(room(&["kernels", "gemm", "coop.rs"]), "kernels::gemm");
-    assert_eq!(room(&["kernels", "mod.rs"]), "kernels");
-    assert_eq!(room(&["context", "mod.rs"]), "context");
+fn the_files_import_each_other_without_a_circle() {
+    const CUT: [&str; 1] = ["kernels::gemm"];
+    let graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> =
+        file_graph().into_iter().filter(|(m, _)| CUT.contains(&room(m).as_str())).collect();
+    assert!(graph[&module_of("kernels/gemm/plan.rs")].contains(&module_of("kernels/gemm/passes.rs")));
+    let found: Vec<(String, String)> =
+        circles(&graph).into_iter().map(|(a, b)| (a.join("::"), b.join("::"))).collect();
+    assert!(found.is_empty(), "imports that close a circle (file -> file): {found:?}");
+}
+
+/// The reader of imports sees grouped, nested, relative and inline paths and skips comments
+/// and test modules, so the rules above can fail.
+#[test]
+fn imports_are_read_from_every_kind_of_path() {
+    let text = "use crate::{error::Error, kernels::{gemm::X, dispatch}};\n// crate::dag::x\n\
+                use super::super::pipeline::{self, Binding};\nuse host::layout;\n\
+                fn f() { crate::size::product(); }\nmod tests {\n    use crate::bench::x;\n}";
+    let modules: BTreeSet<Vec<String>> = [
+        "error",
+        "kernels",
+        "kernels/gemm",
+        "kernels/dispatch",
+        "kernels/dispatch/host",
+        "pipeline",
+        "size",
+        "bench",
+    ]
+    .iter()
+    .map(|m| m.split('/').map(str::to_string).collect())
+    .collect();
+    let from = module_of("kernels/dispatch/mod.rs");
+    let got: BTreeSet<String> = paths(&code_of(text), &["host".to_string()])
+        .iter()
+        .filter_map(|p| resolve(&from, p, &modules))
+        .map(|m| m.join("::"))
+        .collect();
+    let want = ["error", "kernels::gemm", "kernels::dispatch", "pipeline", "kernels::dispatch::host", "size"];
+    assert_eq!(got, want.iter().map(|s| s.to_string()).collect());
+    assert_eq!(room(&module_of("kernels/gemm/coop.rs")), "kernels::gemm");
+    assert_eq!(room(&module_of("context/mod.rs")), "context");
+    let g: BTreeMap<u8, BTreeSet<u8>> = [(1, [2].into()), (2, [1, 3].into()), (3, [].into())].into();
+    assert_eq!(circles(&g), [(1, 2), (2, 1)]);
 }

@@ -24,10 +24,14 @@
 //!
 //! **Checked before use** on each device (`device_check.rs`). The WGSL is `generate/coop.rs`'s.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// K values staged per chunk.
 pub(super) const KC: u32 = 32;
@@ -37,9 +41,9 @@ pub(super) const KC: u32 = 32;
 pub(super) const SK: u32 = KC + 8;
 
 /// The block of [`GemmVariant::CoopF16`](super::GemmVariant::CoopF16): `rows × cols` outputs
-/// in fragments of `size × size` by one subgroup of `lanes` invocations. `size` is 8 or 16 (a size the adapter reports for
-/// f16 × f16 → f32); `rows` and `cols` are 16, 32 or 64 and multiples of `size`, with at most
-/// 16 fragments (each with a second accumulator in the SwiGLU pass); `lanes` is a power of two
+/// in fragments of `size × size` by one subgroup of `lanes` invocations. `size` is 8 or 16 (a
+/// size the adapter reports for f16 × f16 → f32); `rows` and `cols` are 16, 32 or 64 and
+/// multiples of `size`, with at most 16 fragments (each with a second accumulator in the SwiGLU pass); `lanes` is a power of two
 /// in 4..=128, the adapter's one subgroup size. The dispatch tile is a multiple of `rows`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CoopBlock {
@@ -138,5 +142,30 @@ impl CoopBlock {
             )));
         }
         Ok(())
+    }
+}
+
+/// The verdicts of the device check (`device_check.rs`) on one device, kept by its
+/// [`Context`]: `Err` holds why the block was refused.
+#[derive(Default)]
+pub(super) struct Verdicts {
+    pub(super) of: Mutex<HashMap<CoopBlock, std::result::Result<(), String>>>,
+}
+
+/// Whether a plan may dispatch `b` on `ctx`'s device: it is supported and passed
+/// `check_on_device` there. Looks the verdict up only; submits nothing.
+///
+/// # Errors
+/// [`CoopBlock::require`]'s errors; the remembered refusal; [`Error::InvalidArgument`] where the
+/// block was never checked on this device.
+pub(super) fn passed(ctx: &Context, b: CoopBlock) -> Result<()> {
+    b.require(ctx)?;
+    match lock(&ctx.kept::<Verdicts>().of).get(&b) {
+        Some(verdict) => verdict.clone().map_err(Error::invalid),
+        None => Err(Error::invalid(format!(
+            "the coop-{} GEMM has not been checked on this device: call kernels::gemm::check_on_device \
+             before planning it (a layer's constructors and the tuner do)",
+            b.name()
+        ))),
     }
 }

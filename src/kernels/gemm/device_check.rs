@@ -13,23 +13,19 @@
 //! runs it on `TileF16` (which passes) and on the exact tiles (which it refuses) on every
 //! adapter here.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
-use super::coop::CoopBlock;
+use super::coop::{CoopBlock, Verdicts};
+use super::dtype::WeightDtype;
+use super::ffn::ExpertFfn;
+use super::params::{NONE, Params};
+use super::passes::Pass;
 use super::variant::{GemmOrder, GemmVariant};
-use super::{ExpertFfn, ExpertWeights, NONE, Params, Pass, WeightDtype};
+use super::weights::ExpertWeights;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use crate::sync::lock;
 use crate::tensor::word_bytes;
 use crate::workspace::Scratch;
-
-/// The verdicts of [`check_on_device`] on one device (kept by its [`Context`]): `Err` holds why
-/// the block was refused.
-#[derive(Default)]
-struct Verdicts(Mutex<HashMap<CoopBlock, std::result::Result<(), String>>>);
 
 /// Runs the device check of every cooperative-matrix block among `variants` that has no verdict
 /// on `ctx`'s device yet (a submission and a read-back each; the other variants need none), and
@@ -55,7 +51,7 @@ pub fn check_on_device(ctx: &Context, variants: &[GemmVariant]) -> Result<()> {
 fn check(ctx: &Context, b: CoopBlock) -> Result<()> {
     b.require(ctx)?;
     let verdicts = ctx.kept::<Verdicts>();
-    if let Some(done) = lock(&verdicts.0).get(&b) {
+    if let Some(done) = lock(&verdicts.of).get(&b) {
         return done.clone().map_err(Error::invalid);
     }
     let outcome = match compare(ctx, GemmVariant::CoopF16(b), b.rows.max(32))? {
@@ -68,26 +64,8 @@ fn check(ctx: &Context, b: CoopBlock) -> Result<()> {
     if let Err(wrong) = &outcome {
         log::warn!("moeflow: {wrong}");
     }
-    lock(&verdicts.0).insert(b, outcome.clone());
+    lock(&verdicts.of).insert(b, outcome.clone());
     outcome.map_err(Error::invalid)
-}
-
-/// Whether a plan may dispatch `b` on `ctx`'s device: it is supported and passed
-/// [`check_on_device`] there. Looks the verdict up only; submits nothing.
-///
-/// # Errors
-/// [`CoopBlock`]'s requirements; the remembered refusal; [`Error::InvalidArgument`] where the
-/// block was never checked on this device.
-pub(super) fn passed(ctx: &Context, b: CoopBlock) -> Result<()> {
-    b.require(ctx)?;
-    match lock(&ctx.kept::<Verdicts>().0).get(&b) {
-        Some(verdict) => verdict.clone().map_err(Error::invalid),
-        None => Err(Error::invalid(format!(
-            "the coop-{} GEMM has not been checked on this device: call kernels::gemm::check_on_device \
-             before planning it (a layer's constructors and the tuner do)",
-            b.name()
-        ))),
-    }
 }
 
 /// Bound of an f32 sum of `n` exact products on matrix units, `s` the sum of their magnitudes
@@ -216,8 +194,9 @@ mod tests {
         for ctx in crate::context::test_contexts() {
             let err = check(&ctx, CoopBlock::new(32, 32, 16, 32)).expect_err("no CPU adapter has them");
             assert!(matches!(err, Error::MissingFeature(_)), "{err}");
-            assert!(lock(&ctx.kept::<Verdicts>().0).is_empty());
-            let err = passed(&ctx, CoopBlock::new(32, 32, 16, 32)).expect_err("no verdict, no plan");
+            assert!(lock(&ctx.kept::<Verdicts>().of).is_empty());
+            let err = super::super::coop::passed(&ctx, CoopBlock::new(32, 32, 16, 32))
+                .expect_err("no verdict, no plan");
             assert!(matches!(err, Error::MissingFeature(_)), "{err}");
         }
     }

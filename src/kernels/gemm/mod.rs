@@ -9,28 +9,22 @@
 //! `wgsl/gemm/common.wgsl`), so a token's outputs are bitwise the same whatever the batch, tile
 //! or path. A plan is made of passes (`passes.rs`: one projection over a set of rows, per
 //! weight chunk and x window) of kernels whose modules and specs `specs.rs` holds, bound
-//! through the slots of `slots.rs`; this file holds the kernels' parameters and the planners.
+//! through the slots of `slots.rs`, with the parameters of `params.rs`; `plan.rs` holds the
+//! planners. This file is the family's face: its modules and what it exports.
 //!
 //! Shapes: `x[tokens, H]`; `gate`, `up` `[E, F, H]`; `down` `[E, H, F]`;
 //! `indices[tokens, k]`; output `partial[tokens * k, H]` indexed by entry `token * k + slot`.
 
-use bytemuck::{Pod, Zeroable};
-use serde::{Deserialize, Serialize};
-
-use crate::context::Context;
-use crate::error::{Error, Result};
-use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
-use crate::live::LiveCount;
-use crate::overlap::{Use, check_disjoint};
-use crate::pipeline::{Access, BufferView, Dispatch};
-use crate::size;
-use crate::tensor::word_bytes;
-use crate::workspace::{Scratch, ScratchKey};
-
+mod chunk;
 mod coop;
 mod device_check;
+mod dtype;
+mod ffn;
 mod generate;
+mod pack;
+mod params;
 mod passes;
+mod plan;
 mod policy;
 mod quantised;
 mod slots;
@@ -42,433 +36,31 @@ mod weights;
 
 pub use coop::CoopBlock;
 pub use device_check::check_on_device;
+pub use dtype::WeightDtype;
+pub use ffn::{Activation, ExpertBias, ExpertFfn};
+pub use plan::{
+    DECODE_MAX_TOKENS, DenseKernel, FfnBuffers, FfnPlan, FfnRouting, decode_tokens, plan_dense,
+    plan_dense_ffn, plan_ffn, plan_ffn_all_experts, uses_decode_path,
+};
+pub(crate) use plan::{plan_dense_ffn_with, plan_dense_with, plan_ffn_with};
+pub use policy::{AdapterKind, candidates};
 pub use quantised::QuantisedValues;
+pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
+pub use variant::{FfnKernels, GemmOrder, GemmVariant, LaneBlock, TileBlock};
+pub use weights::{ExpertWeights, StoredValues};
 
+#[cfg(test)]
+pub(crate) use params::{
+    FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES, FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY, NONE,
+};
 #[cfg(test)]
 pub(crate) use passes::ROWWISE_SUBGROUP_ROW_ALIGN;
 pub(crate) use passes::window_bytes_bound;
-use passes::{LiveRows, Pass, RowMap};
-pub use policy::{AdapterKind, candidates};
+#[cfg(test)]
+pub(crate) use specs::shaders;
 #[cfg(test)]
 pub(crate) use specs::specs;
-pub(crate) use specs::{WINDOW_BYTES, WeightLoads};
-pub(crate) use specs::{shaders, specs_for};
+pub(crate) use specs::{WINDOW_BYTES, WeightLoads, specs_for};
 pub(crate) use tune::tune_with;
-pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
-pub(crate) use variant::OperandSource;
-pub use variant::{FfnKernels, GemmOrder, GemmVariant, LaneBlock, TileBlock};
 #[cfg(feature = "checkpoint")]
 pub(crate) use weights::STREAM_CHUNK;
-pub use weights::{Activation, ExpertBias, ExpertFfn, ExpertWeights, StoredValues, WeightDtype};
-
-/// Token counts past this never use the row-wise decode path when the path is chosen
-/// automatically (see [`uses_decode_path`]).
-pub const DECODE_MAX_TOKENS: u32 = 8;
-
-/// Bytes of `GemmParams` (wgsl/gemm/common.wgsl).
-pub(crate) const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
-
-/// How rows reach the expert projections.
-#[derive(Clone, Copy, Debug)]
-#[non_exhaustive]
-pub enum FfnRouting<'a> {
-    /// (a) Padded-tile grouped GEMM over a dispatch layout (tile a multiple of 32).
-    Grouped(&'a DispatchLayout),
-    /// (b) One grouped matmul per bucket over `pad_perm` and a row-wise overflow pass. The
-    /// bucket layout groups the flattened entries (`tokens * k` of them, k = 1).
-    Bucketed(&'a BucketLayout),
-    /// Row-wise over entries directly (decode: a handful of tokens, no layout needed).
-    Decode,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct Params {
-    rows: u32,
-    n: u32,
-    kdim: u32,
-    k_route: u32,
-    row_offset: u32,
-    fixed_expert: u32,
-    tile_rows: u32,
-    count_word: u32,
-    flags: u32,
-    expert_base: u32,
-    expert_count: u32,
-    col_base: u32,
-    cols: u32,
-    win_rows: u32,
-    win_stride4: u32,
-    win_row0: u32,
-}
-
-/// Marks padding rows (`NONE` in wgsl/gemm/common.wgsl).
-pub(crate) const NONE: u32 = u32::MAX;
-// FLAG_* bits of `Params::flags`, as in wgsl/gemm/common.wgsl.
-pub(crate) const FLAG_GATHER: u32 = 1;
-pub(crate) const FLAG_OUT_ENTRY: u32 = 2;
-pub(crate) const FLAG_IDENTITY_ROWS: u32 = 4;
-pub(crate) const FLAG_EXPERT_FROM_TILES: u32 = 8;
-pub(crate) const FLAG_EXPERT_FROM_INDICES: u32 = 16;
-
-/// Dispatches of an expert FFN.
-#[derive(Debug)]
-pub struct FfnPlan {
-    dispatches: Vec<Dispatch>,
-}
-
-impl FfnPlan {
-    /// The dispatches in order.
-    pub fn dispatches(&self) -> Vec<&Dispatch> {
-        self.dispatches.iter().collect()
-    }
-    /// The dispatches, owned.
-    pub fn into_dispatches(self) -> Vec<Dispatch> {
-        self.dispatches
-    }
-}
-
-/// The path chosen automatically for `tokens` tokens routed `k` ways over `experts` experts:
-/// the row-wise decode path for one token, or for up to [`DECODE_MAX_TOKENS`] tokens whose
-/// entries (`tokens * k`) are fewer than the experts; else the grouped GEMM. With fewer entries
-/// than experts each expert's weights serve about one entry, and the row-wise pass reads them
-/// once per entry without the grouped path's padded tiles; from about one entry per expert on,
-/// a grouped block reads an expert's weights once for all its rows (measured in docs/gemm.md).
-/// Either path gives the same bits.
-pub fn uses_decode_path(tokens: u32, k: u32, experts: u32) -> bool {
-    tokens == 1 || (tokens <= DECODE_MAX_TOKENS && u64::from(tokens) * u64::from(k) < u64::from(experts))
-}
-
-/// The largest token count that takes the decode path ([`uses_decode_path`]): the counts that
-/// take it are 1 up to this one.
-pub fn decode_tokens(k: u32, experts: u32) -> u32 {
-    (1..=DECODE_MAX_TOKENS).rev().find(|&t| uses_decode_path(t, k, experts)).unwrap_or(1)
-}
-
-/// Device buffers of an expert FFN.
-#[derive(Clone, Copy, Debug)]
-pub struct FfnBuffers<'a> {
-    /// `x[tokens, H]`.
-    pub x: BufferView<'a>,
-    /// `indices[tokens, k]` (u32).
-    pub indices: BufferView<'a>,
-    /// `partial[tokens * k, H]`, written, indexed by entry `token * k + slot`.
-    pub partial: BufferView<'a>,
-}
-
-/// Plans the expert FFN for `tokens` tokens routed `k` ways: reads `x` and `indices`, writes
-/// `partial` (see [`FfnBuffers`]).
-///
-/// # Errors
-/// [`Error::Shape`] for a buffer smaller than its shape; [`Error::InvalidArgument`] for
-/// k = 0 or a layout made for another shape or tile; [`Error::LimitExceeded`] for sizes past
-/// the adapter's limits (bindings, workgroup memory, invocations, grids).
-pub fn plan_ffn(
-    ctx: &Context,
-    ffn: &ExpertFfn,
-    tokens: u32,
-    k: u32,
-    bufs: &FfnBuffers<'_>,
-    routing: FfnRouting<'_>,
-) -> Result<FfnPlan> {
-    plan_ffn_with(Scratch::Own(ctx), ffn, tokens, k, bufs, routing)
-}
-
-/// [`plan_ffn`] with its activations and x windows taken from `scratch`.
-pub(crate) fn plan_ffn_with(
-    scratch: Scratch<'_>,
-    ffn: &ExpertFfn,
-    tokens: u32,
-    k: u32,
-    bufs: &FfnBuffers<'_>,
-    routing: FfnRouting<'_>,
-) -> Result<FfnPlan> {
-    let ctx = scratch.ctx();
-    let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
-    let FfnBuffers { x, indices, partial } = *bufs;
-    let entries = u64::from(tokens) * u64::from(k);
-    ctx.check_view("x", &x, word_bytes(u64::from(tokens) * u64::from(h)), Access::Read)?;
-    ctx.check_view("indices", &indices, word_bytes(entries), Access::Read)?;
-    ctx.check_view("partial", &partial, word_bytes(entries * u64::from(h)), Access::ReadWrite)?;
-    check_disjoint(&[
-        ("x", x, Use::Read),
-        ("indices", indices, Use::Read),
-        ("partial", partial, Use::Write),
-    ])?;
-    for w in [&ffn.gate, &ffn.up, &ffn.down] {
-        for c in &w.chunks {
-            ctx.check_binding("expert weights", &c.buffer, c.bytes, Access::Read)?;
-        }
-    }
-    if k == 0 {
-        return Err(Error::invalid("k must be at least 1"));
-    }
-    if entries == 0 {
-        return Ok(FfnPlan { dispatches: Vec::new() });
-    }
-    let entries32 = u32::try_from(entries)
-        .map_err(|_| Error::limit("tokens * k", entries, u32::MAX.into(), "u32 entries"))?;
-    let base = Params { k_route: k, fixed_expert: NONE, ..Params::default() };
-    let kernels = ffn.kernels(ctx);
-    let order = kernels.order;
-    // The row-wise passes read x and the weights as the block kernels do.
-    let source = kernels.up.source();
-    let mut ds = Vec::new();
-    match routing {
-        FfnRouting::Grouped(layout) => {
-            let cfg = layout.config();
-            if cfg.experts != e || cfg.k != k || layout.tokens() != tokens {
-                return Err(Error::invalid(format!(
-                    "dispatch layout is for E={}, k={}, {} tokens; the FFN needs E={e}, k={k}, {tokens} tokens",
-                    cfg.experts,
-                    cfg.k,
-                    layout.tokens()
-                )));
-            }
-            let block = kernels.block_rows();
-            if cfg.tile % block != 0 {
-                return Err(Error::invalid(format!(
-                    "the grouped GEMM ({} / {}) needs a dispatch tile that is a multiple of {block}, got {}",
-                    kernels.up.name(),
-                    kernels.down.name(),
-                    cfg.tile
-                )));
-            }
-            let rows = layout.max_rows();
-            let act = scratch.take(ScratchKey::Activations, word_bytes(u64::from(rows) * u64::from(f)))?;
-            let p = Pass::grouped_gate_up(ffn, order, base, x, layout, act.view());
-            ds.extend(p.gemm(scratch, kernels.up, Some(layout.tile_expert()))?);
-            let down = Pass::down(&p, ffn, act.view(), partial);
-            ds.extend(down.gemm(scratch, kernels.down, Some(layout.tile_expert()))?);
-        }
-        FfnRouting::Bucketed(buckets) => {
-            let inner = buckets.layout();
-            if inner.tokens() != entries32 || inner.config().experts != e {
-                return Err(Error::invalid(format!(
-                    "bucket layout is for {} entries over {} buckets; the FFN needs {entries32} entries over {e} experts",
-                    inner.tokens(),
-                    inner.config().experts
-                )));
-            }
-            let bound = buckets.config().bound;
-            let act_bytes = size::product(
-                "bucket activations (experts × bound × ffn × 4)",
-                &[u64::from(e), u64::from(bound), u64::from(f), 4],
-            )?;
-            let act = scratch.take(ScratchKey::Activations, act_bytes)?;
-            for expert in 0..e {
-                let live =
-                    LiveRows::new(LiveCount::constant(bound)).offset(LiveCount::constant(expert * bound));
-                let mut p =
-                    Pass::gate_up(ffn, order, base, x, RowMap::Listed(buckets.pad_perm()), act.view(), live);
-                p.params.rows = bound;
-                p.params.row_offset = expert * bound;
-                p.params.fixed_expert = expert;
-                ds.extend(p.gemm(scratch, kernels.up, None)?);
-                ds.extend(Pass::down(&p, ffn, act.view(), partial).gemm(scratch, kernels.down, None)?);
-            }
-            let over_act =
-                scratch.take(ScratchKey::OverflowActivations, word_bytes(entries * u64::from(f)))?;
-            let live = LiveRows::new(LiveCount::tokens().times(k));
-            let mut p =
-                Pass::gate_up(ffn, order, base, x, RowMap::Listed(buckets.overflow()), over_act.view(), live);
-            p.params.rows = entries32;
-            p.params.count_word = META_OVERFLOW;
-            ds.extend(p.rowwise(scratch, Some(indices), inner.meta(), source)?);
-            let down = Pass::down(&p, ffn, over_act.view(), partial);
-            ds.extend(down.rowwise(scratch, Some(indices), inner.meta(), source)?);
-        }
-        FfnRouting::Decode => {
-            let act = scratch.take(ScratchKey::Activations, word_bytes(entries * u64::from(f)))?;
-            let count = ctx.upload("decode rows", &[entries32])?;
-            // Entries are their own rows: the rows binding is not read (and is not `count`,
-            // which the kernel binds too: WebGPU refuses two writable bindings of one range).
-            let unused = ctx.storage_scratch("identity rows", 4)?;
-            let live = LiveRows::new(LiveCount::tokens().times(k));
-            let rows = RowMap::Identity((&unused).into());
-            let mut p = Pass::gate_up(ffn, order, base, x, rows, act.view(), live);
-            p.params.rows = entries32;
-            ds.extend(p.rowwise(scratch, Some(indices), (&count).into(), source)?);
-            let down = Pass::down(&p, ffn, act.view(), partial);
-            ds.extend(down.rowwise(scratch, Some(indices), (&count).into(), source)?);
-        }
-    }
-    Ok(FfnPlan { dispatches: ds })
-}
-
-/// (d) Every token through every expert: `all[E, tokens, H]`, the FFN of expert e on token t
-/// at `(e * tokens + t) * H`. A correctness oracle (E times the work), not a path to use.
-///
-/// # Errors
-/// As [`plan_ffn`].
-pub fn plan_ffn_all_experts<'b>(
-    ctx: &Context,
-    ffn: &ExpertFfn,
-    tokens: u32,
-    x: impl Into<BufferView<'b>>,
-    all: impl Into<BufferView<'b>>,
-) -> Result<FfnPlan> {
-    every_expert_on_every_token(Scratch::Own(ctx), ScratchKey::Activations, ffn, tokens, x.into(), all.into())
-}
-
-/// (e) A dense FFN: the one expert of `ffn` on every token, `y[tokens, H]` from `x[tokens, H]`
-/// (the layer's shared expert), through the block kernels of `ffn`: the bits of the same
-/// expert on the routed paths.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] for an FFN of more than one expert; as [`plan_ffn`].
-pub fn plan_dense_ffn<'b>(
-    ctx: &Context,
-    ffn: &ExpertFfn,
-    tokens: u32,
-    x: impl Into<BufferView<'b>>,
-    y: impl Into<BufferView<'b>>,
-) -> Result<FfnPlan> {
-    plan_dense_ffn_with(Scratch::Own(ctx), ffn, tokens, x.into(), y.into())
-}
-
-/// [`plan_dense_ffn`] with its activations and x windows taken from `scratch`.
-pub(crate) fn plan_dense_ffn_with(
-    scratch: Scratch<'_>,
-    ffn: &ExpertFfn,
-    tokens: u32,
-    x: BufferView<'_>,
-    y: BufferView<'_>,
-) -> Result<FfnPlan> {
-    if ffn.experts() != 1 {
-        return Err(Error::invalid(format!(
-            "a dense FFN has one expert; this one has {} (plan_ffn routes tokens over experts)",
-            ffn.experts()
-        )));
-    }
-    every_expert_on_every_token(scratch, ScratchKey::SharedActivations, ffn, tokens, x, y)
-}
-
-/// `all[E, tokens, H]`: each expert's FFN on every token, expert by expert (see
-/// [`plan_ffn_all_experts`] and [`plan_dense_ffn`]).
-/// Its activations `[E * tokens, F]` are the region `act_key` of `scratch`.
-fn every_expert_on_every_token(
-    scratch: Scratch<'_>,
-    act_key: ScratchKey,
-    ffn: &ExpertFfn,
-    tokens: u32,
-    x: BufferView<'_>,
-    all: BufferView<'_>,
-) -> Result<FfnPlan> {
-    let ctx = scratch.ctx();
-    let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
-    let rows = u64::from(e) * u64::from(tokens);
-    ctx.check_view("x", &x, word_bytes(u64::from(tokens) * u64::from(h)), Access::Read)?;
-    ctx.check_view("all-expert output", &all, word_bytes(rows * u64::from(h)), Access::ReadWrite)?;
-    check_disjoint(&[("x", x, Use::Read), ("all-expert output", all, Use::Write)])?;
-    let act = scratch.take(act_key, word_bytes(rows * u64::from(f)))?;
-    let unused = ctx.storage_scratch("identity rows", 4)?;
-    let kernels = ffn.kernels(ctx);
-    let mut ds = Vec::new();
-    for expert in 0..e {
-        let params = Params {
-            rows: tokens,
-            k_route: 1,
-            row_offset: expert * tokens,
-            fixed_expert: expert,
-            tile_rows: 1,
-            count_word: 0,
-            ..Params::default()
-        };
-        let live = LiveRows::new(LiveCount::tokens()).offset(LiveCount::tokens().times(expert));
-        let rows = RowMap::Identity((&unused).into());
-        let up = Pass::gate_up(ffn, kernels.order, params, x, rows, act.view(), live);
-        ds.extend(up.gemm(scratch, kernels.up, None)?);
-        let down = Pass::down_to_rows(&up, ffn, act.view(), all);
-        ds.extend(down.gemm(scratch, kernels.down, None)?);
-    }
-    Ok(FfnPlan { dispatches: ds })
-}
-
-/// Which kernel runs a dense GEMM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum DenseKernel {
-    /// A block GEMM variant (the grouped GEMM's kernels, one expert, no gather).
-    Block(GemmVariant),
-    /// One output per invocation straight from memory (no workgroup memory, no barriers).
-    Rowwise,
-}
-
-/// (c) Dense GEMM `y[rows, N] = x[rows, K] . w[0]^T` in `order`: the throughput yardstick for
-/// the grouped GEMM (same kernels, one expert, no gather). Every kernel gives bit-identical
-/// results in one order.
-///
-/// # Errors
-/// [`Error::Shape`] for a buffer smaller than its shape; [`GemmVariant::validate`]'s
-/// errors; [`Error::LimitExceeded`] past the adapter's limits.
-pub fn plan_dense<'b>(
-    ctx: &Context,
-    w: &ExpertWeights,
-    rows: u32,
-    x: impl Into<BufferView<'b>>,
-    y: impl Into<BufferView<'b>>,
-    kernel: DenseKernel,
-    order: GemmOrder,
-) -> Result<FfnPlan> {
-    plan_dense_with(Scratch::Own(ctx), w, rows, x.into(), y.into(), kernel, order)
-}
-
-/// [`plan_dense`] with its x windows taken from `scratch`.
-pub(crate) fn plan_dense_with(
-    scratch: Scratch<'_>,
-    w: &ExpertWeights,
-    rows: u32,
-    x: BufferView<'_>,
-    y: BufferView<'_>,
-    kernel: DenseKernel,
-    order: GemmOrder,
-) -> Result<FfnPlan> {
-    let ctx = scratch.ctx();
-    let [_, n, k] = w.shape();
-    ctx.check_view("x", &x, word_bytes(u64::from(rows) * u64::from(k)), Access::Read)?;
-    ctx.check_view("y", &y, word_bytes(u64::from(rows) * u64::from(n)), Access::ReadWrite)?;
-    check_disjoint(&[("x", x, Use::Read), ("y", y, Use::Write)])?;
-    let unused = ctx.storage_scratch("identity rows", 4)?;
-    let params = Params {
-        rows,
-        n,
-        kdim: k,
-        k_route: 1,
-        row_offset: 0,
-        fixed_expert: 0,
-        tile_rows: 1,
-        ..Params::default()
-    };
-    let pass = Pass::dense(order, w, x, y, params, (&unused).into());
-    let dispatches = match kernel {
-        DenseKernel::Block(variant) => {
-            variant.validate()?;
-            pass.gemm(scratch, variant, None)?
-        }
-        DenseKernel::Rowwise => {
-            let count = ctx.upload("dense rows", &[rows])?;
-            pass.rowwise(scratch, None, (&count).into(), OperandSource::Storage)?
-        }
-    };
-    Ok(FfnPlan { dispatches })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::specs::contract_variants;
-    use super::*;
-
-    /// The workgroup memory the planner checks against the device's limit
-    /// (`GemmVariant::workgroup_bytes`) is what the generated WGSL declares.
-    #[test]
-    fn workgroup_bytes_match_the_generated_wgsl() {
-        for v in contract_variants() {
-            for order in [GemmOrder::Strict, GemmOrder::Fast] {
-                let reflected = specs::spec(v, order, WeightLoads::Packed).reflect().unwrap();
-                assert_eq!(reflected.workgroup_bytes, v.workgroup_bytes(), "{} {order:?}", v.name());
-                assert_eq!(reflected.invocations, v.invocations(), "{} {order:?}", v.name());
-            }
-        }
-    }
-}

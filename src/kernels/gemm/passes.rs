@@ -6,18 +6,23 @@
 use std::mem::offset_of;
 use std::sync::Arc;
 
+use super::ffn::{Activation, ExpertFfn};
+use super::params::{
+    FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES, FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY,
+    PARAMS_BYTES, Params,
+};
+use super::policy::AdapterKind;
 use super::slots;
+use super::specs::WeightLoads;
 use super::specs::{
     ROWWISE, ROWWISE_F16, ROWWISE_QUANT, ROWWISE_SUBGROUP, ROWWISE_SUBGROUP_F16, ROWWISE_SUBGROUP_QUANT,
     ROWWISE_SUBGROUP_TEXTURE, ROWWISE_TEXTURE, ROWWISE_WINDOW, ROWWISE_WINDOW_F16, ROWWISE_WINDOW_QUANT,
     ROWWISE_WINDOW_TEXTURE, STAGE, WINDOW_BYTES, spec,
 };
 use super::texture::TextureWeights;
+use super::variant::GemmOrder;
 use super::variant::{GemmVariant, LaneBlock, OperandSource};
-use super::{
-    Activation, AdapterKind, ExpertFfn, ExpertWeights, FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES,
-    FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY, GemmOrder, PARAMS_BYTES, Params, WeightLoads,
-};
+use super::weights::ExpertWeights;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::DispatchLayout;
@@ -315,7 +320,8 @@ impl<'a> Pass<'a> {
     /// Block-GEMM dispatches of `variant`, one per weight chunk (a window variant: a staging
     /// dispatch, then one per weight chunk and window); `tiles` is the tile -> expert map, or
     /// None for `params.fixed_expert`. A cooperative-matrix block must have passed its device
-    /// check ([`super::check_on_device`]); its verdict is looked up, never run, here.
+    /// check ([`super::device_check::check_on_device`]); its verdict is looked up, never run,
+    /// here.
     pub(super) fn gemm(
         &self,
         scratch: Scratch<'_>,
@@ -323,7 +329,7 @@ impl<'a> Pass<'a> {
         tiles: Option<BufferView<'_>>,
     ) -> Result<Vec<Dispatch>> {
         if let GemmVariant::CoopF16(b) = variant {
-            super::device_check::passed(scratch.ctx(), b)?;
+            super::coop::passed(scratch.ctx(), b)?;
         }
         self.gemm_unchecked(scratch, variant, tiles)
     }

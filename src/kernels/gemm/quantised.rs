@@ -23,33 +23,13 @@
 //! zeros to a whole block), and FP8 one `scale_inv` per group of 128 along K (a `[1, 128]`
 //! tile: a checkpoint's `[128, 128]` tiles give each of their rows the tile's scale).
 
+use super::dtype::WeightDtype;
 use crate::error::{Error, Result};
-use crate::kernels::gemm::WeightDtype;
 use crate::quant;
 use crate::size;
 
 /// Values per 32-value block (Q8_0, Q4_0, MXFP4).
 const BLOCK: usize = quant::BLOCK_VALUES;
-
-/// `(values, words)` of one group of `dtype`, None for the float dtypes.
-pub(crate) fn group(dtype: WeightDtype) -> Option<(usize, usize)> {
-    match dtype {
-        WeightDtype::F32 | WeightDtype::F16 | WeightDtype::Bf16 => None,
-        WeightDtype::Q8_0 => Some((64, 17)),
-        WeightDtype::Q4_0 => Some((64, 9)),
-        WeightDtype::Mxfp4 => Some((128, 17)),
-        WeightDtype::Fp8 => Some((128, 33)),
-    }
-}
-
-/// u32 words of one weight row of `k` values of a quantised `dtype` (0 for float dtypes): the
-/// headers padded to a multiple of four words, then the codes (module docs).
-pub(crate) fn row_words(dtype: WeightDtype, k: u64) -> u64 {
-    group(dtype).map_or(0, |(values, words)| {
-        let groups = k.div_ceil(values as u64);
-        groups.next_multiple_of(4) + groups * (words as u64 - 1)
-    })
-}
 
 /// The E8M0 scale bytes under which every MXFP4 value is one exact product of normal f32
 /// numbers, twice the code's magnitude (0 ..= 12) times 2^(s - 128): from 2 (the smallest
@@ -62,7 +42,7 @@ pub(crate) const MXFP4_NARROW_SCALES: std::ops::RangeInclusive<u8> = 2..=252;
 /// (device words, [`row_words`] per row) is in [`MXFP4_NARROW_SCALES`]; the zero scales of
 /// blocks wholly past K are not read by any kernel and do not count.
 pub(crate) fn mxfp4_narrow_scales(k: u64, words: &[u32]) -> bool {
-    let row = row_words(WeightDtype::Mxfp4, k) as usize;
+    let row = WeightDtype::Mxfp4.row_words(k) as usize;
     let blocks = k.div_ceil(BLOCK as u64) as usize;
     words
         .chunks_exact(row.max(1))
@@ -112,7 +92,7 @@ impl NarrowScales {
 /// [`Error::InvalidArgument`] for a float `dtype`, `k == 0`, a length that is not whole rows,
 /// or a value that is not finite (the quantisers have no code for it).
 pub(crate) fn quantise_rows(dtype: WeightDtype, values: &[f32], k: usize) -> Result<(Vec<u32>, Vec<f32>)> {
-    let Some((group_values, group_words)) = group(dtype) else {
+    let Some((group_values, group_words)) = dtype.group() else {
         return Err(not_quantised(dtype));
     };
     if k == 0 || !values.len().is_multiple_of(k) {
@@ -122,7 +102,7 @@ pub(crate) fn quantise_rows(dtype: WeightDtype, values: &[f32], k: usize) -> Res
         )));
     }
     let rows = values.len() / k;
-    let row_len = row_words(dtype, k as u64) as usize;
+    let row_len = dtype.row_words(k as u64) as usize;
     let mut out = Vec::with_capacity(rows * row_len);
     let mut seen = Vec::with_capacity(values.len());
     let padded = k.next_multiple_of(BLOCK);
@@ -354,7 +334,7 @@ impl QuantisedValues<'_> {
         self.check([experts, n, k])?;
         let rows = experts * n;
         let nb = k / BLOCK;
-        let mut out = Vec::with_capacity(rows * row_words(self.dtype(), k as u64) as usize);
+        let mut out = Vec::with_capacity(rows * self.dtype().row_words(k as u64) as usize);
         let mut words = RowWords::default();
         for r in 0..rows {
             match *self {
@@ -428,7 +408,7 @@ mod tests {
         let k = 70;
         let values: Vec<f32> = (0..2 * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0).collect();
         let (words, _) = quantise_rows(WeightDtype::Q4_0, &values, k).unwrap();
-        assert_eq!(row_words(WeightDtype::Q4_0, k as u64), 20);
+        assert_eq!(WeightDtype::Q4_0.row_words(k as u64), 20);
         assert_eq!(words.len(), 40);
         for (row, got) in values.chunks_exact(k).zip(words.chunks_exact(20)) {
             let mut padded = row.to_vec();
@@ -457,7 +437,7 @@ mod tests {
         let k = 300;
         let values: Vec<f32> = (0..k).map(|i| (i as f32 - 150.0) * 0.75).collect();
         let (words, _) = quantise_rows(WeightDtype::Fp8, &values, k).unwrap();
-        assert_eq!(row_words(WeightDtype::Fp8, k as u64), 100);
+        assert_eq!(WeightDtype::Fp8.row_words(k as u64), 100);
         let (bytes, scales) = quant::fp8_block_quantize(&values, [1, k], [1, 128]).unwrap();
         let heads: Vec<u32> = scales.iter().map(|s| s.to_bits()).collect();
         assert_eq!(words[..3], heads[..]);
@@ -471,13 +451,13 @@ mod tests {
     fn every_row_is_whole_vec4s() {
         for dtype in [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8] {
             for k in [1u64, 31, 32, 64, 65, 200, 256, 511, 2880] {
-                assert_eq!(row_words(dtype, k) % 4, 0, "{dtype:?} K = {k}");
+                assert_eq!(dtype.row_words(k) % 4, 0, "{dtype:?} K = {k}");
             }
         }
         // No padding where the group count is a multiple of four.
-        assert_eq!(row_words(WeightDtype::Q4_0, 2048), 32 * 9);
-        assert_eq!(row_words(WeightDtype::Mxfp4, 2048), 16 * 17);
+        assert_eq!(WeightDtype::Q4_0.row_words(2048), 32 * 9);
+        assert_eq!(WeightDtype::Mxfp4.row_words(2048), 16 * 17);
         // gpt-oss's K = 2880 in MXFP4: 23 groups, one padding word.
-        assert_eq!(row_words(WeightDtype::Mxfp4, 2880), 23 * 17 + 1);
+        assert_eq!(WeightDtype::Mxfp4.row_words(2880), 23 * 17 + 1);
     }
 }

@@ -4,9 +4,9 @@
 
 use crate::pipeline::Access::{self, Read, ReadWrite, TextureU32, Uniform};
 
-use super::OperandSource;
+use super::variant::OperandSource;
 
-/// `GemmParams` (uniform, [`super::PARAMS_BYTES`]).
+/// `GemmParams` (uniform, [`super::params::PARAMS_BYTES`]).
 pub(crate) const PARAMS: u32 = 0;
 /// x in storage (`x`).
 pub(crate) const X: u32 = 1;

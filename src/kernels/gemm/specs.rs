@@ -11,9 +11,14 @@ use crate::pipeline::{Access, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderPart, ShaderSource, wgsl};
 use crate::sync::lock;
 
+use super::coop::CoopBlock;
+use super::dtype::WeightDtype;
 use super::generate::generate;
+use super::params::PARAMS_BYTES;
+use super::policy::{AdapterKind, candidates};
+use super::slots;
+use super::texture;
 use super::variant::{GemmOrder, GemmVariant, OperandSource, TileBlock};
-use super::{AdapterKind, CoopBlock, PARAMS_BYTES, WeightDtype, candidates, slots, texture};
 
 /// The row-wise kernel's module: x from storage or from uniform windows, each invocation
 /// loading its own (`gemm/rowwise_entry.wgsl`) or a subgroup sharing its loads of a window

@@ -8,7 +8,7 @@
 //! fill `layers = max(2, ceil(E * N / max_texture_dimension_2d))` layers of
 //! `height = ceil(E * N / layers)` rows, row `r` at `y = r % height` in layer `r / height`. The words are the packed buffers' words, copied on
 //! the device (`wgsl/gemm/pack_texture.wgsl`, then a buffer-to-texture copy), so a kernel sees
-//! the same values from either. The copy is made once per [`ExpertWeights`], the first time a
+//! the same values from either. The copy is made once per `ExpertWeights`, the first time a
 //! texture variant is planned with them, and kept beside the buffers (it doubles the device
 //! memory the weights take).
 
@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{ExpertWeights, WeightDtype};
+use super::chunk::WeightChunk;
+use super::dtype::WeightDtype;
 use crate::context::{Context, KeyLimits};
 use crate::error::Result;
 use crate::gpu::record;
@@ -105,11 +106,16 @@ pub(crate) struct TextureWeights {
 }
 
 impl TextureWeights {
-    /// Makes the texture copy of `w` on the device (one submission, not waited for), or None where
-    /// its layout is past the device's texture limits ([`TextureLayout::of`]).
-    pub fn new(ctx: &Context, w: &ExpertWeights) -> Result<Option<Arc<Self>>> {
-        let [experts, n, k] = w.shape();
-        let Some(layout) = TextureLayout::of(w.dtype, [experts, n, k], &ctx.limits()) else {
+    /// Makes the texture copy of `[experts, n, k]` weights of `dtype` held in `chunks` on the
+    /// device (one submission, not waited for), or None where its layout is past the device's
+    /// texture limits ([`TextureLayout::of`]).
+    pub fn new(
+        ctx: &Context,
+        chunks: &[WeightChunk],
+        dtype: WeightDtype,
+        [experts, n, k]: [u32; 3],
+    ) -> Result<Option<Arc<Self>>> {
+        let Some(layout) = TextureLayout::of(dtype, [experts, n, k], &ctx.limits()) else {
             return Ok(None);
         };
         let texture = ctx.checked("expert weight texture", || {
@@ -143,7 +149,7 @@ impl TextureWeights {
         let kernel = ctx.kernel(&PACK, &[])?;
         let mut encoder = ctx.encoder("expert weight texture");
         let height = u64::from(layout.height);
-        for chunk in &w.chunks {
+        for chunk in chunks {
             // A chunk's rows are consecutive weight rows: whole experts, or columns of one.
             let first = u64::from(chunk.experts.start) * u64::from(n) + u64::from(chunk.cols.start);
             let rows = u64::from(chunk.experts.end - chunk.experts.start) * chunk.cols.len() as u64;
@@ -159,7 +165,7 @@ impl TextureWeights {
                     kdim: k,
                     row_words,
                     pitch_words: (pitch / 4) as u32,
-                    halves: u32::from(w.dtype != WeightDtype::F32),
+                    halves: u32::from(dtype != WeightDtype::F32),
                 };
                 let params = ctx.uniform("pack params", &params)?;
                 let bindings = [

@@ -31,9 +31,11 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use super::ffn::ExpertFfn;
+use super::params::{NONE, Params};
+use super::passes::Pass;
 use super::policy;
 use super::variant::{FfnKernels, GemmOrder, GemmVariant};
-use super::{ExpertFfn, NONE, Params, Pass};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
@@ -125,7 +127,7 @@ fn kernel_revision() -> u64 {
     static REV: OnceLock<u64> = OnceLock::new();
     *REV.get_or_init(|| {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for s in super::shaders() {
+        for s in super::specs::shaders() {
             for b in s.compose().bytes() {
                 h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
             }
@@ -288,7 +290,7 @@ async fn measure(
     let mut build = |v: GemmVariant| -> Result<(Vec<Dispatch>, Vec<Dispatch>)> {
         v.validate()?;
         // A cooperative-matrix block is timed only after it passed its device check.
-        super::check_on_device(ctx, &[v])?;
+        super::device_check::check_on_device(ctx, &[v])?;
         let tile = v.block_rows();
         if !layouts.iter().any(|(t, ..)| *t == tile) {
             let layout = DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile }, tokens, 0)?;

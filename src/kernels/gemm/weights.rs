@@ -1,19 +1,22 @@
-//! Expert weights on the device: their storage dtypes ([`WeightDtype`]), upload from host
-//! values or stored checkpoint bytes (whole, or streamed one expert at a time through a staging
-//! chunk), their split into chunks past the device's binding limits, texture copies, and the
-//! FFN they form ([`ExpertFfn`]: gate, up and down projections, optional biases, activation).
+//! Expert weights on the device ([`ExpertWeights`]): upload from host values or stored
+//! checkpoint bytes (whole, or streamed one expert at a time through a staging chunk), in
+//! chunks past the device's binding limits (`chunk.rs`), their texture copies made on first use
+//! (`texture.rs`), and reading them back. Their dtypes are `dtype.rs`'s; the FFN they form,
+//! `ffn.rs`'s.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use bytemuck::Zeroable;
 use half::{bf16, f16};
-use serde::{Deserialize, Serialize};
 
-use super::quantised::{self, NarrowScales, QuantisedValues};
+use super::chunk::{WeightChunk, chunking};
+use super::dtype::WeightDtype;
+use super::params::{PARAMS_BYTES, Params};
+use super::quantised::{NarrowScales, QuantisedValues};
+use super::slots;
 use super::specs::{UNPACK, UNPACK_QUANT};
 use super::texture::TextureWeights;
-use super::{AdapterKind, FfnKernels, GemmOrder, PARAMS_BYTES, Params, slots};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
@@ -22,109 +25,6 @@ use crate::shader::Override;
 use crate::size;
 use crate::sync::lock;
 use crate::tensor::word_bytes;
-
-/// Storage type of expert weights.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum WeightDtype {
-    /// 32-bit floats.
-    #[default]
-    F32,
-    /// IEEE half precision, two per u32 word (low half first).
-    F16,
-    /// bfloat16, two per u32 word (low half first).
-    Bf16,
-    /// ggml's Q8_0: blocks of 32 signed bytes with one f16 scale (8.5 bits a value).
-    #[serde(rename = "q8_0")]
-    Q8_0,
-    /// ggml's Q4_0: blocks of 32 nibbles (value − 8) with one f16 scale (4.5 bits a value).
-    #[serde(rename = "q4_0")]
-    Q4_0,
-    /// MXFP4 (OCP Microscaling): blocks of 32 FP4 e2m1 codes with one E8M0 scale (4.25 bits a
-    /// value), as gpt-oss ships its experts.
-    Mxfp4,
-    /// FP8 e4m3 with one f32 `scale_inv` per 128 values along K (8.25 bits a value on the
-    /// device); DeepSeek-V3's and Qwen3-FP8's 128 × 128 tiles give each row its tile's scale.
-    Fp8,
-}
-
-impl WeightDtype {
-    /// The `DTYPE` pipeline constant of kernels reading these weights as packed words.
-    pub(crate) fn code(self) -> f64 {
-        match self {
-            WeightDtype::F32 => 0.0,
-            WeightDtype::F16 => 1.0,
-            WeightDtype::Bf16 => 2.0,
-            WeightDtype::Q8_0 => 3.0,
-            WeightDtype::Q4_0 => 4.0,
-            WeightDtype::Mxfp4 => 5.0,
-            WeightDtype::Fp8 => 6.0,
-        }
-    }
-
-    /// Whether this is a block-quantised format (Q8_0, Q4_0, MXFP4, FP8).
-    pub fn is_quantised(self) -> bool {
-        quantised::group(self).is_some()
-    }
-
-    /// The values the shader sees for weight rows of `k` values (`data.len() / k` rows)
-    /// uploaded as this dtype: each value rounded to nearest even for f16 and bf16; for the
-    /// quantised formats, the rows quantised block by block along K and decoded exactly
-    /// ([`crate::quant`]'s decoders; see docs/quant.md for the rules).
-    ///
-    /// # Errors
-    /// For a quantised dtype: `k == 0`, a length that is not whole rows, or a value that is not
-    /// finite ([`Error::InvalidArgument`]). Float dtypes never fail.
-    pub fn round(self, data: &[f32], k: usize) -> Result<Vec<f32>> {
-        Ok(match self {
-            WeightDtype::F32 => data.to_vec(),
-            WeightDtype::F16 => data.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
-            WeightDtype::Bf16 => data.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
-            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
-                quantised::quantise_rows(self, data, k)?.1
-            }
-        })
-    }
-
-    /// Packs weight rows of `k` values into the u32 words the kernels read (the f32 words,
-    /// halves low half first, or the quantised groups of docs/quant.md).
-    ///
-    /// # Errors
-    /// As [`WeightDtype::round`].
-    pub fn pack(self, data: &[f32], k: usize) -> Result<Vec<u32>> {
-        let halves: Vec<u16> = match self {
-            WeightDtype::F32 => return Ok(data.iter().map(|v| v.to_bits()).collect()),
-            WeightDtype::F16 => data.iter().map(|&v| f16::from_f32(v).to_bits()).collect(),
-            WeightDtype::Bf16 => data.iter().map(|&v| bf16::from_f32(v).to_bits()).collect(),
-            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
-                return Ok(quantised::quantise_rows(self, data, k)?.0);
-            }
-        };
-        Ok(halves.chunks(2).map(|p| u32::from(p[0]) | (u32::from(*p.get(1).unwrap_or(&0)) << 16)).collect())
-    }
-
-    /// Bytes of one element for the float dtypes; None for the quantised formats, whose
-    /// values share their blocks' scales.
-    pub fn element_bytes(self) -> Option<usize> {
-        match self {
-            WeightDtype::F32 => Some(4),
-            WeightDtype::F16 | WeightDtype::Bf16 => Some(2),
-            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => None,
-        }
-    }
-
-    /// Bytes on the device of `rows` weight rows of `k` values.
-    pub fn packed_bytes(self, rows: u64, k: u64) -> u64 {
-        match self {
-            WeightDtype::F32 => 4 * rows * k,
-            WeightDtype::F16 | WeightDtype::Bf16 => 4 * (rows * k).div_ceil(2),
-            WeightDtype::Q8_0 | WeightDtype::Q4_0 | WeightDtype::Mxfp4 | WeightDtype::Fp8 => {
-                4 * rows * quantised::row_words(self, k)
-            }
-        }
-    }
-}
 
 /// Weights of `E` experts, each `[n, k]` (out x in), packed on the device: in one buffer, or
 /// in chunks of whole experts (or of output columns within an expert) where the tensor is past
@@ -137,7 +37,7 @@ pub struct ExpertWeights {
     pub(super) n: u32,
     pub(super) k: u32,
     pub(super) native_f16: bool,
-    /// MXFP4 weights whose every block scale below K is in [`quantised::MXFP4_NARROW_SCALES`]:
+    /// MXFP4 weights whose every block scale below K is in [`super::quantised::MXFP4_NARROW_SCALES`]:
     /// the kernels decode them with one product per value (`NARROW_SCALES` in
     /// wgsl/gemm/common.wgsl). False for every other dtype.
     pub(super) narrow_scales: bool,
@@ -217,7 +117,7 @@ impl StoredValues<'_> {
             }
             StoredValues::Quantised(q) if q.dtype() == to => {
                 let words = q.device_words([1, n, k])?;
-                let row = quantised::row_words(to, k as u64) as usize;
+                let row = to.row_words(k as u64) as usize;
                 out.extend_from_slice(bytemuck::cast_slice(&words[rows.start * row..rows.end * row]));
                 return Ok(());
             }
@@ -272,61 +172,6 @@ async fn flush_staged(
     *offset += whole as u64;
     pending.drain(..whole);
     ctx.submitted("expert weights upload", ctx.encoder("expert weights upload"), driver).await
-}
-
-/// One buffer of a projection's weights: experts `experts`, and of each the output columns
-/// `cols`, as `[experts.len(), cols.len(), k]` packed words from word 0.
-#[derive(Debug)]
-pub(super) struct WeightChunk {
-    pub(super) buffer: wgpu::Buffer,
-    pub(super) experts: Range<u32>,
-    pub(super) cols: Range<u32>,
-    pub(super) bytes: u64,
-}
-
-/// How `[experts, n, k]` weights of `dtype` split into chunks of at most `limit` bytes: whole
-/// experts, as many per chunk as fit; or, where one expert alone is past the limit, each
-/// expert in runs of whole output columns (rows of the weight matrix). K is never split.
-fn chunking(
-    dtype: WeightDtype,
-    [experts, n, k]: [u32; 3],
-    limit: u64,
-) -> Result<Vec<(Range<u32>, Range<u32>)>> {
-    // Word indices inside a chunk are u32; keep every element index below 2^32 too.
-    let limit = limit.min(u64::from(u32::MAX) + 1);
-    let (n64, k64) = (u64::from(n), u64::from(k));
-    let fits = |rows: u64| dtype.packed_bytes(rows, k64) <= limit && rows * k64 <= u64::from(u32::MAX) + 1;
-    if fits(n64) {
-        let mut per_chunk = (limit / dtype.packed_bytes(n64, k64).max(1)).max(1);
-        while per_chunk > 1 && !fits(per_chunk * n64) {
-            per_chunk -= 1;
-        }
-        let per_chunk = u32::try_from(per_chunk).unwrap_or(u32::MAX);
-        return Ok((0..experts)
-            .step_by(per_chunk as usize)
-            .map(|e0| (e0..e0.saturating_add(per_chunk).min(experts), 0..n))
-            .collect());
-    }
-    let mut per_chunk = limit / dtype.packed_bytes(1, k64).max(1);
-    while per_chunk > 0 && !fits(per_chunk) {
-        per_chunk -= 1;
-    }
-    if per_chunk == 0 {
-        return Err(Error::limit(
-            format!("one output column of the expert weights [{experts}, {n}, {k}] as {dtype:?}"),
-            dtype.packed_bytes(1, k64),
-            limit,
-            "max_storage_buffer_binding_size (weights split by expert and by output column, never along K)",
-        ));
-    }
-    let per_chunk = u32::try_from(per_chunk).unwrap_or(u32::MAX);
-    Ok((0..experts)
-        .flat_map(|e| {
-            (0..n)
-                .step_by(per_chunk as usize)
-                .map(move |c0| (e..e + 1, c0..c0.saturating_add(per_chunk).min(n)))
-        })
-        .collect())
 }
 
 /// The most buffers one weight tensor is split into, as f32 bytes ([`ExpertWeights`] refuses
@@ -393,7 +238,7 @@ impl ExpertWeights {
         if let Some(made) = &*slot {
             return Ok(made.clone());
         }
-        let made = TextureWeights::new(ctx, self)?;
+        let made = TextureWeights::new(ctx, &self.chunks, self.dtype, self.shape())?;
         *slot = Some(made.clone());
         Ok(made)
     }
@@ -485,7 +330,7 @@ impl ExpertWeights {
         // The lengths first: the chunk plan of a shape no data holds could be past memory.
         let words = values.device_words([experts as usize, n as usize, k as usize])?;
         let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
-        let row = quantised::row_words(dtype, u64::from(k)) as usize;
+        let row = dtype.row_words(u64::from(k)) as usize;
         Self::upload_chunks(ctx, dtype, [experts, n, k], plan, |es, cs| {
             let mut chunk = Vec::with_capacity(es.len() * cs.len() * row);
             for e in es {
@@ -716,223 +561,6 @@ impl ExpertWeights {
     /// `[experts, n, k]`.
     pub fn shape(&self) -> [u32; 3] {
         [self.experts, self.n, self.k]
-    }
-}
-
-/// The gated activation between an FFN's gate/up and down projections.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Activation {
-    /// SwiGLU: `silu(g) · u`, computed as `g / (1 + exp(-g)) · u`.
-    #[default]
-    Swiglu,
-    /// gpt-oss's clamped SwiGLU: `g' = min(g, limit)`, `u' = clamp(u, -limit, limit)`, then
-    /// `(u' + 1) · g' · sigmoid(alpha · g')`, computed as
-    /// `(u' + 1) · (g' / (1 + exp(-(alpha · g'))))`. gpt-oss uses alpha 1.702 and limit 7.0
-    /// (`swiglu_limit`).
-    ClampedSwiglu {
-        /// The sigmoid's slope.
-        alpha: f32,
-        /// The clamp on gate (above) and up (both sides); positive.
-        limit: f32,
-    },
-}
-
-impl Activation {
-    /// gpt-oss's clamped SwiGLU with its published constants (alpha 1.702, limit 7.0).
-    pub const GPT_OSS: Activation = Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
-
-    /// Checks the constants.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for an alpha that is not finite or a limit that is not
-    /// finite and positive.
-    pub fn validate(self) -> Result<()> {
-        if let Activation::ClampedSwiglu { alpha, limit } = self
-            && (!alpha.is_finite() || !limit.is_finite() || limit <= 0.0)
-        {
-            return Err(Error::invalid(format!(
-                "clamped SwiGLU needs a finite alpha and a finite, positive limit (alpha {alpha}, limit {limit})"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The epilogue's pipeline constants (`ACTIVATION`, `GLU_ALPHA`, `GLU_LIMIT`).
-    pub(super) fn constants(self) -> [(Override, f64); 3] {
-        match self {
-            Activation::Swiglu => {
-                [(Override::Activation, 0.0), (Override::GluAlpha, 1.0), (Override::GluLimit, 1.0)]
-            }
-            Activation::ClampedSwiglu { alpha, limit } => [
-                (Override::Activation, 1.0),
-                (Override::GluAlpha, f64::from(alpha)),
-                (Override::GluLimit, f64::from(limit)),
-            ],
-        }
-    }
-}
-
-/// Biases of an expert FFN's projections on the device (gpt-oss): added to each projection's
-/// dot product before the activation (gate, up) or as the last step (down).
-#[derive(Debug)]
-pub struct ExpertBias {
-    /// `[E, F, 2]`: each column's (gate, up) pair.
-    pub(super) gate_up: wgpu::Buffer,
-    /// `[E, H]`.
-    pub(super) down: wgpu::Buffer,
-}
-
-impl ExpertBias {
-    /// Uploads gate and up biases `[experts, ffn]` and down biases `[experts, hidden]`.
-    ///
-    /// # Errors
-    /// [`Error::Shape`] for a length that does not match; device errors.
-    pub fn new(
-        ctx: &Context,
-        gate: &[f32],
-        up: &[f32],
-        down: &[f32],
-        [experts, ffn, hidden]: [u32; 3],
-    ) -> Result<Self> {
-        let (ef, eh) = (experts as usize * ffn as usize, experts as usize * hidden as usize);
-        for (what, v, cols, want) in
-            [("gate bias", gate, ffn, ef), ("up bias", up, ffn, ef), ("down bias", down, hidden, eh)]
-        {
-            if v.len() != want {
-                return Err(Error::shape(what, format!("[{experts}, {cols}] = {want} values"), v.len()));
-            }
-        }
-        let pairs: Vec<f32> = gate.iter().zip(up).flat_map(|(&g, &u)| [g, u]).collect();
-        Ok(ExpertBias {
-            gate_up: ctx.upload("expert gate/up biases", &pairs)?,
-            down: ctx.upload("expert down biases", down)?,
-        })
-    }
-}
-
-/// A gated expert FFN: `down(act(gate(x), up(x)))` per expert, `act` SwiGLU unless chosen
-/// otherwise ([`Activation`]), with optional biases ([`ExpertBias`]).
-#[derive(Debug)]
-pub struct ExpertFfn {
-    /// `[E, F, H]`.
-    pub gate: ExpertWeights,
-    /// `[E, F, H]`.
-    pub up: ExpertWeights,
-    /// `[E, H, F]`.
-    pub down: ExpertWeights,
-    /// The kernels and order; `None` runs the adapter's default ([`FfnKernels::default_for`])
-    /// in [`GemmOrder::Strict`].
-    pub(super) kernels: Option<FfnKernels>,
-    /// The activation between gate/up and down.
-    pub(super) activation: Activation,
-    /// Projection biases, where the model has them.
-    pub(super) bias: Option<ExpertBias>,
-}
-
-impl ExpertFfn {
-    /// Checks that the three projections fit together; returns it.
-    ///
-    /// # Errors
-    /// [`Error::Shape`] when up or down does not match gate's experts, rows and columns;
-    /// [`Error::InvalidArgument`] when the three mix dtypes or load paths.
-    pub fn new(gate: ExpertWeights, up: ExpertWeights, down: ExpertWeights) -> Result<Self> {
-        let [e, f, h] = gate.shape();
-        if up.shape() != [e, f, h] {
-            return Err(Error::shape(
-                "up projection",
-                format!("{:?}", [e, f, h]),
-                format!("{:?}", up.shape()),
-            ));
-        }
-        if down.shape() != [e, h, f] {
-            return Err(Error::shape(
-                "down projection",
-                format!("{:?}", [e, h, f]),
-                format!("{:?}", down.shape()),
-            ));
-        }
-        if gate.dtype != up.dtype || gate.dtype != down.dtype {
-            return Err(Error::invalid(format!(
-                "expert weights mix dtypes: gate {:?}, up {:?}, down {:?}",
-                gate.dtype, up.dtype, down.dtype
-            )));
-        }
-        if gate.native_f16 != up.native_f16 || gate.native_f16 != down.native_f16 {
-            return Err(Error::invalid("expert weights mix native f16 and packed loads"));
-        }
-        Ok(ExpertFfn { gate, up, down, kernels: None, activation: Activation::Swiglu, bias: None })
-    }
-
-    /// Runs `activation` between the projections instead of SwiGLU.
-    ///
-    /// # Errors
-    /// [`Activation::validate`]'s.
-    pub fn with_activation(mut self, activation: Activation) -> Result<Self> {
-        activation.validate()?;
-        self.activation = activation;
-        Ok(self)
-    }
-
-    /// Adds `bias` to the projections.
-    ///
-    /// # Errors
-    /// [`Error::Shape`] when the biases were made for other sizes than these weights'.
-    pub fn with_bias(mut self, bias: ExpertBias) -> Result<Self> {
-        let [e, f, h] = self.gate.shape();
-        // Gate and up biases interleaved: two words per (expert, column).
-        let want_gate_up = word_bytes(u64::from(e) * u64::from(f) * 2);
-        let want_down = word_bytes(u64::from(e) * u64::from(h));
-        if bias.gate_up.size() != want_gate_up || bias.down.size() != want_down {
-            return Err(Error::shape(
-                "expert biases",
-                format!(
-                    "gate/up [{e}, {f}, 2] and down [{e}, {h}] f32 ({want_gate_up} and {want_down} bytes)"
-                ),
-                format!("{} and {} bytes", bias.gate_up.size(), bias.down.size()),
-            ));
-        }
-        self.bias = Some(bias);
-        Ok(self)
-    }
-
-    /// The activation between the projections.
-    pub fn activation(&self) -> Activation {
-        self.activation
-    }
-
-    /// Whether the projections add biases.
-    pub fn has_bias(&self) -> bool {
-        self.bias.is_some()
-    }
-
-    /// Runs these kernels (order and variants) instead of the adapter's default.
-    ///
-    /// # Errors
-    /// A variant out of its documented ranges.
-    pub fn with_kernels(mut self, kernels: FfnKernels) -> Result<Self> {
-        kernels.validate()?;
-        self.kernels = Some(kernels);
-        Ok(self)
-    }
-
-    /// The kernels this FFN runs on `ctx`.
-    pub fn kernels(&self, ctx: &Context) -> FfnKernels {
-        self.kernels
-            .unwrap_or_else(|| FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict))
-    }
-    /// Experts.
-    pub fn experts(&self) -> u32 {
-        self.gate.experts
-    }
-    /// Hidden size H.
-    pub fn hidden(&self) -> u32 {
-        self.gate.k
-    }
-    /// FFN size F.
-    pub fn ffn(&self) -> u32 {
-        self.gate.n
     }
 }
 
