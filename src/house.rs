@@ -300,7 +300,7 @@ fn the_rooms_import_each_other_without_a_circle() {
 /// (`CUT`); a room joins the list when its `mod.rs` holds nothing but its face.
 #[test]
 fn the_files_import_each_other_without_a_circle() {
-    const CUT: [&str; 1] = ["kernels::gemm"];
+    const CUT: [&str; 3] = ["kernels::gemm", "layer", "weights"];
     let graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> =
         file_graph().into_iter().filter(|(m, _)| CUT.contains(&room(m).as_str())).collect();
     assert!(graph[&module_of("kernels/gemm/plan.rs")].contains(&module_of("kernels/gemm/passes.rs")));

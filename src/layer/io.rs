@@ -1,6 +1,6 @@
 //! The tensors a forward reads and writes outside its workspace.
 
-use super::MoeConfig;
+use super::config::MoeConfig;
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 

@@ -2,8 +2,8 @@
 //! count takes, for [`MoeLayer::plan`](super::MoeLayer::plan) (which takes its regions from it)
 //! and [`MoeConfig::requirements`] (which sizes the device's limits by it).
 
+use super::config::{Capacity, MoeConfig};
 use super::io::CallerOutputs;
-use super::{Capacity, MoeConfig};
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout};
 use crate::kernels::gemm::{GemmVariant, decode_tokens, window_bytes_bound};

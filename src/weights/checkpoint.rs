@@ -239,7 +239,7 @@ impl Checkpoint {
 pub(crate) fn moe_layers<'a>(names: impl Iterator<Item = &'a str>) -> BTreeMap<usize, String> {
     let mut out = BTreeMap::new();
     for n in names {
-        let Some(prefix) = super::router_prefix(n) else {
+        let Some(prefix) = super::naming::router_prefix(n) else {
             continue;
         };
         let layer = prefix.trim_end_matches('.').rsplit('.').next().and_then(|s| s.parse::<usize>().ok());

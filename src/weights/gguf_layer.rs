@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 
 use super::family::{self, Family, SharedNames, TensorFacts};
-use super::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
+use super::loaded::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
@@ -257,7 +257,7 @@ struct Plan<'g, 'a> {
     g: &'g Gguf<'a>,
     prefix: String,
     cfg: MoeConfig,
-    routing: super::Routing,
+    routing: super::family::Routing,
     router: RouterWeights,
     /// gpt-oss's expert biases.
     expert_bias: Option<ExpertBiasValues>,

@@ -17,7 +17,9 @@
 use safetensors::Dtype;
 
 use super::family::{self, Routing, TensorFacts};
-use super::{File, LoadOptions, stored_dtype, to_f32};
+use super::loaded::LoadOptions;
+use super::naming::GPT_OSS_ROUTER;
+use super::tensors::{File, stored_dtype, to_f32};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{ExpertBias, ExpertFfn, ExpertWeights, QuantisedValues, WeightDtype};
@@ -26,7 +28,7 @@ use crate::layer::{ExpertBiasValues, MoeConfig, RouterWeights};
 use crate::quant;
 
 /// The router's name, which marks a gpt-oss layer.
-pub(super) const ROUTER: &str = "mlp.router.weight";
+pub(super) const ROUTER: &str = GPT_OSS_ROUTER;
 const ROUTER_BIAS: &str = "mlp.router.bias";
 const GATE_UP_BLOCKS: &str = "mlp.experts.gate_up_proj_blocks";
 const GATE_UP_SCALES: &str = "mlp.experts.gate_up_proj_scales";
