@@ -1,7 +1,8 @@
 //! The import rules of the crate (docs/ARCHITECTURE.md), read from the source: the context
 //! knows no kernel family and nothing built on it, no kernel imports the CPU references that
 //! check it, the rooms of the crate (each top-level module, each kernel family under
-//! `kernels/`) import each other without a circle, and so do its files.
+//! `kernels/`) import each other without a circle, and so do its files; and a room cut by job
+//! has a face that only declares its modules and exports.
 //!
 //! Imports are the paths that start with `crate::`, `super::` or `self::` outside comments, in
 //! `use` trees (grouped and nested: `crate::{a::b, c::{d, e}}`) and inline (`crate::a::f()`),
@@ -295,18 +296,38 @@ fn the_rooms_import_each_other_without_a_circle() {
     assert!(found.is_empty(), "imports that close a circle (room -> room): {found:?}");
 }
 
-/// The files import each other without a circle: a family's face (`mod.rs`) imports its
-/// files, which import each other, never the face. Checked in the rooms cut by job so far
-/// (`CUT`); a room joins the list when its `mod.rs` holds nothing but its face.
+/// The files import each other without a circle: a face (`mod.rs`) imports its files, which
+/// import each other, never the face.
 #[test]
 fn the_files_import_each_other_without_a_circle() {
-    const CUT: [&str; 3] = ["kernels::gemm", "layer", "weights"];
-    let graph: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> =
-        file_graph().into_iter().filter(|(m, _)| CUT.contains(&room(m).as_str())).collect();
+    let graph = file_graph();
     assert!(graph[&module_of("kernels/gemm/plan.rs")].contains(&module_of("kernels/gemm/passes.rs")));
     let found: Vec<(String, String)> =
         circles(&graph).into_iter().map(|(a, b)| (a.join("::"), b.join("::"))).collect();
     assert!(found.is_empty(), "imports that close a circle (file -> file): {found:?}");
+}
+
+/// The rooms cut by job have a face that holds nothing but its modules and what it exports
+/// (after the module docs): every other line is a `mod`, a `use` or a `cfg` attribute, or
+/// continues one.
+#[test]
+fn the_faces_hold_only_modules_and_exports() {
+    const FACES: [&str; 3] = ["kernels/gemm/mod.rs", "layer/mod.rs", "weights/mod.rs"];
+    for (path, text) in sources().into_iter().filter(|(p, _)| FACES.contains(&p.as_str())) {
+        let mut open_group = false;
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with("//")) {
+            let declaration = ["mod ", "pub mod ", "use ", "pub use ", "pub(crate) use ", "#[cfg("]
+                .iter()
+                .any(|start| line.starts_with(start));
+            assert!(open_group || declaration, "{path}: `{line}` is neither a module nor an export");
+            if line.ends_with('{') {
+                open_group = true;
+            }
+            if line.ends_with("};") {
+                open_group = false;
+            }
+        }
+    }
 }
 
 /// The reader of imports sees grouped, nested, relative and inline paths and skips comments

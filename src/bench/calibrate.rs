@@ -6,13 +6,13 @@ use bytemuck::{Pod, Zeroable};
 
 use super::comparison::SizeSet;
 use super::record::Calibration;
-use super::timer::Sampler;
 use super::verdict::median;
 use crate::context::Context;
 use crate::error::Result;
 use crate::pipeline::{Access, Binding, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 use crate::tensor::word_bytes;
+use crate::timer::Sampler;
 
 static COPY_SHADER: ShaderSource = ShaderSource {
     name: "probe/copy",

@@ -4,11 +4,11 @@ use std::time::Instant;
 
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use super::record::{Calibration, CaseRecord, ComparisonRecord, Settings, VariantFigures};
-use super::timer::{Sample, Sampler};
 use super::verdict::{Block, Counts, Summary, geomean_change, median, summarize};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::Dispatch;
+use crate::timer::{Sample, Sampler};
 
 /// Seed of held-out runs (different data as well as different sizes).
 pub const HELD_OUT_SEED: u64 = 7919;

@@ -3,7 +3,7 @@
 //! layout (`moeflow::reference::dispatch` re-exports it) and the layout
 //! [`super::host_dispatch`] uploads (the host-dispatch path).
 
-use super::{
+use super::meta::{
     META_INVALID, META_MAX_COUNT, META_NONEMPTY, META_OVERFLOW, META_PADDED_ROWS, META_ROWS, META_TILES,
     META_WORDS,
 };

@@ -18,6 +18,12 @@ use crate::workspace::{DispatchPart, Region, Scratch, ScratchKey};
 use host::{Layout, Meta};
 
 pub mod host;
+mod meta;
+
+pub use meta::{
+    META_INVALID, META_MAX_COUNT, META_NONEMPTY, META_OVERFLOW, META_PADDED_ROWS, META_ROWS, META_TILES,
+    META_WORDS,
+};
 
 /// Entries per placement block (and workgroup size of the block kernels).
 pub const DISPATCH_WG: u32 = 256;
@@ -25,24 +31,6 @@ pub const DISPATCH_WG: u32 = 256;
 pub const MAX_EXPERTS: u32 = 65536;
 /// Largest supported tile (tiles are powers of two).
 pub const MAX_TILE: u32 = 256;
-/// Word of the layout's `meta` buffer holding the valid entries placed (`META_ROWS` in
-/// wgsl/dispatch/params.wgsl, as are the words below).
-pub const META_ROWS: u32 = 0;
-/// Meta word: rows including tile padding.
-pub const META_PADDED_ROWS: u32 = 1;
-/// Meta word: tiles in use.
-pub const META_TILES: u32 = 2;
-/// Meta word: the largest expert count.
-pub const META_MAX_COUNT: u32 = 3;
-/// Meta word: experts with at least one entry.
-pub const META_NONEMPTY: u32 = 4;
-/// Meta word: entries past the bucket bound.
-pub const META_OVERFLOW: u32 = 5;
-/// Meta word: entries whose expert index was out of range.
-pub const META_INVALID: u32 = 6;
-/// Words of the `meta` buffer (the last one unused).
-pub const META_WORDS: u32 = 8;
-
 static LAYOUT_SHADER: ShaderSource = ShaderSource {
     name: "dispatch/layout",
     parts: &[wgsl!("dispatch/params.wgsl"), wgsl!("dispatch/layout.wgsl")],
