@@ -1,8 +1,8 @@
 //! The import rules of the crate (docs/ARCHITECTURE.md), read from the source: the context
 //! knows no kernel family and nothing built on it, no kernel imports the CPU references that
 //! check it, the rooms of the crate (each top-level module, each kernel family under
-//! `kernels/`) import each other without a circle, and so do its files; and a room cut by job
-//! has a face that only declares its modules and exports.
+//! `kernels/`) import each other without a circle, and so do its files; a room cut by job has
+//! a face that only declares its modules and exports; and no file is past 900 lines.
 //!
 //! Imports are the paths that start with `crate::`, `super::` or `self::` outside comments, in
 //! `use` trees (grouped and nested: `crate::{a::b, c::{d, e}}`) and inline (`crate::a::f()`),
@@ -328,6 +328,17 @@ fn the_faces_hold_only_modules_and_exports() {
             }
         }
     }
+}
+
+/// No file of `src/` is past 900 lines: a file that grows past it holds more than one job.
+#[test]
+fn no_file_is_past_900_lines() {
+    let long: Vec<(String, usize)> = sources()
+        .into_iter()
+        .map(|(path, text)| (path, text.lines().count()))
+        .filter(|(_, lines)| *lines > 900)
+        .collect();
+    assert!(long.is_empty(), "files past 900 lines: {long:?}");
 }
 
 /// The reader of imports sees grouped, nested, relative and inline paths and skips comments
