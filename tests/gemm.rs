@@ -520,10 +520,10 @@ fn every_variant_is_bit_identical_within_an_order() {
                     continue;
                 }
                 let what = format!("{} {dtype:?} {order:?}", ctx.adapter().slug());
-                let ffn_with = |up, down| m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+                let ffn_of = |up, down| m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
                 let under_test = variants_under_test(ctx);
                 let first = under_test[0];
-                let decode = run(ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
+                let decode = run(ctx, &ffn_of(first, first), &x, &idx, k, Path::Decode);
                 let want = m.reference_in(order, &x, &idx, k);
                 let finite: Vec<bool> = want.iter().map(|v| v.is_finite()).collect();
                 let (g, w): (Vec<f32>, Vec<f32>) = decode
@@ -537,7 +537,7 @@ fn every_variant_is_bit_identical_within_an_order() {
                 for case in here {
                     let up = under_test[case[3] % under_test.len()];
                     let down = [up, first][case[4]];
-                    let grouped = run(ctx, &ffn_with(up, down), &x, &idx, k, Path::Grouped);
+                    let grouped = run(ctx, &ffn_of(up, down), &x, &idx, k, Path::Grouped);
                     assert_eq!(
                         bits(&grouped),
                         bits(&decode),
@@ -622,26 +622,26 @@ fn assert_every_path_agrees(
     run_check: impl Fn(usize) -> bool,
 ) {
     let want = m.reference(x, idx, k);
-    let ffn_with =
+    let ffn_of =
         |up, down| m.upload(ctx).with_kernels(FfnKernels { order: GemmOrder::Strict, up, down }).unwrap();
     let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
     let tiled = GemmVariant::Tiled { bk4: 1 };
     let mut variants = vec![d.up, d.down, tiled];
     variants.extend_from_slice(extra);
     let first = variants[0];
-    let decode = run(ctx, &ffn_with(first, first), x, idx, k, Path::Decode);
+    let decode = run(ctx, &ffn_of(first, first), x, idx, k, Path::Decode);
     assert_rows_close(&format!("{what} decode vs reference"), &decode, &want, m.h as usize);
     if run_check(0) {
-        let from_storage = run(ctx, &ffn_with(tiled, tiled), x, idx, k, Path::Decode);
+        let from_storage = run(ctx, &ffn_of(tiled, tiled), x, idx, k, Path::Decode);
         assert_eq!(bits(&from_storage), bits(&decode), "{what}: row-wise from storage vs the defaults");
     }
     if run_check(1) {
-        let bucketed = run(ctx, &ffn_with(first, first), x, idx, k, Path::Bucketed(4));
+        let bucketed = run(ctx, &ffn_of(first, first), x, idx, k, Path::Bucketed(4));
         assert_eq!(bits(&bucketed), bits(&decode), "{what}: bucketed vs row-wise");
     }
     for (i, v) in variants.into_iter().enumerate() {
         if run_check(2 + i) {
-            let grouped = run(ctx, &ffn_with(v, v), x, idx, k, Path::Grouped);
+            let grouped = run(ctx, &ffn_of(v, v), x, idx, k, Path::Grouped);
             assert_eq!(bits(&grouped), bits(&decode), "{what}: grouped {} vs row-wise", v.name());
         }
     }
@@ -733,13 +733,13 @@ fn blocks_with_few_live_rows_give_the_row_wise_bits() {
         let m = Model::new(70, e, h, f, WeightDtype::F32);
         let x = adversarial(&mut rng(71), (tokens * h) as usize, 1.0);
         for (o, order) in [GemmOrder::Strict, GemmOrder::Fast].into_iter().enumerate() {
-            let ffn_with = |up, down| m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
+            let ffn_of = |up, down| m.upload(ctx).with_kernels(FfnKernels { order, up, down }).unwrap();
             let under_test = with_copies(ctx);
             let first = variants_under_test(ctx)[0];
-            let decode = run(ctx, &ffn_with(first, first), &x, &idx, k, Path::Decode);
+            let decode = run(ctx, &ffn_of(first, first), &x, &idx, k, Path::Decode);
             for case in cases.iter().filter(|c| c[..2] == [a, o]) {
                 let v = under_test[case[2] % under_test.len()];
-                let grouped = run(ctx, &ffn_with(v, v), &x, &idx, k, Path::Grouped);
+                let grouped = run(ctx, &ffn_of(v, v), &x, &idx, k, Path::Grouped);
                 assert_eq!(
                     bits(&grouped),
                     bits(&decode),

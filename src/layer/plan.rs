@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::kernels::combine::{CombineBuffers, Shared, plan_combine, plan_fill_zero_per_token};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout, OverflowPolicy};
 use crate::kernels::gemm::{
-    DenseKernel, FfnBuffers, FfnRouting, plan_dense_ffn_with, plan_dense_with, plan_ffn_with,
+    DenseKernel, FfnBuffers, FfnRouting, plan_dense_ffn_in, plan_dense_in, plan_ffn_in,
 };
 use crate::kernels::routing::{RouteBuffers, plan_route};
 use crate::kernels::sizing::plan_sizing;
@@ -57,7 +57,7 @@ impl MoeLayer {
     pub fn plan(&self, ctx: &Context, io: ForwardIo<'_>) -> Result<ForwardPlan> {
         let workspace = Workspace::own(ctx, &self.workspace_for(ctx, &io)?)?;
         // `workspace_for` checked `io`.
-        self.plan_with(ctx, &io, &workspace)
+        self.plan_checked(ctx, &io, &workspace)
     }
 
     /// [`Self::plan`] with its scratch in `workspace`: a [`Workspace`] made from the caller's
@@ -73,7 +73,7 @@ impl MoeLayer {
     /// takes, or one too small.
     pub fn plan_in(&self, ctx: &Context, io: ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
         io.check(&self.cfg)?;
-        self.plan_with(ctx, &io, workspace)
+        self.plan_checked(ctx, &io, workspace)
     }
 
     /// The scratch a plan for up to `max_tokens` tokens takes on `ctx`: its regions, the bytes
@@ -112,7 +112,7 @@ impl MoeLayer {
 
     /// Plans a forward of `io` (checked against the layer by the caller) with its scratch taken
     /// from `workspace`.
-    fn plan_with(&self, ctx: &Context, io: &ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
+    fn plan_checked(&self, ctx: &Context, io: &ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
         let c = &self.cfg;
         let (max_tokens, x, y) = (io.max_tokens(), io.x.view(), io.y.view());
         let (t, h, k) = (u64::from(max_tokens), u64::from(c.route.hidden), u64::from(c.route.k));
@@ -164,14 +164,8 @@ impl MoeLayer {
         // The decode path for the counts that take it, the grouped path past them.
         let decode_until = c.decode_until(max_tokens);
         let decode = |counts| -> Result<Vec<Dispatch>> {
-            let ds = plan_ffn_with(
-                scratch,
-                &self.experts,
-                decode_until,
-                c.route.k,
-                &ffn_bufs,
-                FfnRouting::Decode,
-            )?;
+            let ds =
+                plan_ffn_in(scratch, &self.experts, decode_until, c.route.k, &ffn_bufs, FfnRouting::Decode)?;
             Ok(only_for(ds.into_dispatches(), counts))
         };
         match c.capacity {
@@ -189,7 +183,7 @@ impl MoeLayer {
                 stages
                     .push((ForwardStage::Dispatch, only_for(l.plan(ctx, indices.view())?, grouped.clone())));
                 let mut ds = decode(0..=decode_until)?;
-                let ffn = plan_ffn_with(
+                let ffn = plan_ffn_in(
                     scratch,
                     &self.experts,
                     max_tokens,
@@ -213,7 +207,7 @@ impl MoeLayer {
                 let routing = FfnRouting::Bucketed(&b);
                 stages.push((
                     ForwardStage::Experts,
-                    plan_ffn_with(scratch, &self.experts, max_tokens, c.route.k, &ffn_bufs, routing)?
+                    plan_ffn_in(scratch, &self.experts, max_tokens, c.route.k, &ffn_bufs, routing)?
                         .into_dispatches(),
                 ));
                 buckets = Some(b);
@@ -222,14 +216,13 @@ impl MoeLayer {
         let mut shared = None;
         if let Some(s) = &self.shared {
             let rows = scratch.take(ScratchKey::SharedOutput, word_bytes(t * h))?;
-            let mut ds = plan_dense_ffn_with(scratch, s, max_tokens, x, rows.view())?.into_dispatches();
+            let mut ds = plan_dense_ffn_in(scratch, s, max_tokens, x, rows.view())?.into_dispatches();
             let gate_logits = match &self.shared_gate {
                 Some(g) => {
                     let gl = scratch.take(ScratchKey::SharedGateLogits, word_bytes(t))?;
                     let (kernel, order) = (DenseKernel::Rowwise, c.gemm_order);
                     ds.extend(
-                        plan_dense_with(scratch, g, max_tokens, x, gl.view(), kernel, order)?
-                            .into_dispatches(),
+                        plan_dense_in(scratch, g, max_tokens, x, gl.view(), kernel, order)?.into_dispatches(),
                     );
                     Some(gl)
                 }

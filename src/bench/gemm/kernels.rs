@@ -111,7 +111,7 @@ pub fn unchecked_vs_checked() -> Registered {
 pub(super) fn build_unchecked_vs_checked(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
     let kernels = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
     let p = Problem::new(size, seed)?;
-    let ffn = p.ffn_with(ctx, kernels)?;
+    let ffn = p.ffn_running(ctx, kernels)?;
     let bufs = PairBuffers::new(ctx, &p)?;
     // The context's choice applies to the pipelines built while it holds.
     let before = ctx.bounds_checks();

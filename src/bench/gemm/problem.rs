@@ -94,7 +94,7 @@ impl Problem {
     }
 
     /// The FFN with explicit kernels (order and variants).
-    pub(super) fn ffn_with(&self, ctx: &Context, kernels: FfnKernels) -> Result<ExpertFfn> {
+    pub(super) fn ffn_running(&self, ctx: &Context, kernels: FfnKernels) -> Result<ExpertFfn> {
         self.ffn(ctx)?.with_kernels(kernels)
     }
 
@@ -114,12 +114,12 @@ impl Problem {
 
     /// Checks the first and last entries of `partial` against the CPU reference (strict order).
     pub(super) fn check(&self, ctx: &Context, partial: &wgpu::Buffer, what: &str) -> Result<Vec<f32>> {
-        self.check_with(ctx, partial, what, GemmOrder::Strict, false, 2e-5)
+        self.check_in_order(ctx, partial, what, GemmOrder::Strict, false, 2e-5)
     }
 
     /// Checks the first and last entries of `partial` against the CPU reference in `order`, on
     /// f16-rounded operands where `f16_operands` (the kernels that stage in f16).
-    pub(super) fn check_with(
+    pub(super) fn check_in_order(
         &self,
         ctx: &Context,
         partial: &wgpu::Buffer,
@@ -297,7 +297,7 @@ pub(super) fn grouped_pair(
     b: FfnKernels,
 ) -> Result<Case> {
     let p = Problem::new(size, seed)?;
-    let (fa, fb) = (p.ffn_with(ctx, a)?, p.ffn_with(ctx, b)?);
+    let (fa, fb) = (p.ffn_running(ctx, a)?, p.ffn_running(ctx, b)?);
     let bufs = PairBuffers::new(ctx, &p)?;
     let runs = (bufs.grouped(ctx, &p, &fa, false)?, bufs.grouped(ctx, &p, &fb, true)?);
     let note = format!(
@@ -311,8 +311,8 @@ pub(super) fn grouped_pair(
     );
     Ok(bufs.case(p, runs, note, move |p, bufs, ctx| {
         let tolerance = |k| if device_order(k) { COOP_TOLERANCE } else { 2e-5 };
-        let got_a = p.check_with(ctx, &bufs.a, "A", a.order, stages_f16(a), tolerance(a))?;
-        let got_b = p.check_with(ctx, &bufs.b, "B", b.order, stages_f16(b), tolerance(b))?;
+        let got_a = p.check_in_order(ctx, &bufs.a, "A", a.order, stages_f16(a), tolerance(a))?;
+        let got_b = p.check_in_order(ctx, &bufs.b, "B", b.order, stages_f16(b), tolerance(b))?;
         let exact = !device_order(a) && !device_order(b);
         if exact && a.order == b.order && stages_f16(a) == stages_f16(b) && !bit_identical(&got_a, &got_b) {
             return Err(Error::Validation("variants of one order are not bitwise equal".into()));

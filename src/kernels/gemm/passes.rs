@@ -239,7 +239,7 @@ impl<'a> Pass<'a> {
     }
 
     /// The uniform parameters with the FLAG_* bits of this pass and `extra`.
-    fn params_with(&self, extra: u32) -> Params {
+    fn params_flagged(&self, extra: u32) -> Params {
         let bit = |on: bool, f: u32| if on { f } else { 0 };
         let flags = bit(self.kind == PassKind::GateUp, FLAG_GATHER)
             | bit(self.kind == PassKind::DownToEntries, FLAG_OUT_ENTRY)
@@ -310,7 +310,7 @@ impl<'a> Pass<'a> {
                     expert_count: c.experts.end - c.experts.start,
                     col_base: c.cols.start,
                     cols: c.cols.end - c.cols.start,
-                    ..self.params_with(extra_flags)
+                    ..self.params_flagged(extra_flags)
                 };
                 (i, params)
             })
@@ -420,7 +420,7 @@ impl<'a> Pass<'a> {
                 expert_count: self.w.experts,
                 col_base: 0,
                 cols: self.w.n,
-                ..self.params_with(extra_flags)
+                ..self.params_flagged(extra_flags)
             };
             return Ok(vec![(None, p)]);
         }
@@ -750,7 +750,7 @@ impl Staged {
         };
         let ctx = scratch.ctx();
         let buffer = scratch.take(ScratchKey::XWindows, windows.bytes())?;
-        let p = Params { win_rows: windows.rows, win_stride4: windows.stride4(), ..pass.params_with(0) };
+        let p = Params { win_rows: windows.rows, win_stride4: windows.stride4(), ..pass.params_flagged(0) };
         let params = ctx.uniform("stage params", &p)?;
         let kernel = ctx.kernel(&STAGE, &[])?;
         let groups = STAGE.groups(u64::from(p.rows) * u64::from(p.kdim.div_ceil(4)))?;

@@ -98,11 +98,11 @@ pub fn plan_ffn(
     bufs: &FfnBuffers<'_>,
     routing: FfnRouting<'_>,
 ) -> Result<FfnPlan> {
-    plan_ffn_with(Scratch::Own(ctx), ffn, tokens, k, bufs, routing)
+    plan_ffn_in(Scratch::Own(ctx), ffn, tokens, k, bufs, routing)
 }
 
 /// [`plan_ffn`] with its activations and x windows taken from `scratch`.
-pub(crate) fn plan_ffn_with(
+pub(crate) fn plan_ffn_in(
     scratch: Scratch<'_>,
     ffn: &ExpertFfn,
     tokens: u32,
@@ -251,11 +251,11 @@ pub fn plan_dense_ffn<'b>(
     x: impl Into<BufferView<'b>>,
     y: impl Into<BufferView<'b>>,
 ) -> Result<FfnPlan> {
-    plan_dense_ffn_with(Scratch::Own(ctx), ffn, tokens, x.into(), y.into())
+    plan_dense_ffn_in(Scratch::Own(ctx), ffn, tokens, x.into(), y.into())
 }
 
 /// [`plan_dense_ffn`] with its activations and x windows taken from `scratch`.
-pub(crate) fn plan_dense_ffn_with(
+pub(crate) fn plan_dense_ffn_in(
     scratch: Scratch<'_>,
     ffn: &ExpertFfn,
     tokens: u32,
@@ -338,11 +338,11 @@ pub fn plan_dense<'b>(
     kernel: DenseKernel,
     order: GemmOrder,
 ) -> Result<FfnPlan> {
-    plan_dense_with(Scratch::Own(ctx), w, rows, x.into(), y.into(), kernel, order)
+    plan_dense_in(Scratch::Own(ctx), w, rows, x.into(), y.into(), kernel, order)
 }
 
 /// [`plan_dense`] with its x windows taken from `scratch`.
-pub(crate) fn plan_dense_with(
+pub(crate) fn plan_dense_in(
     scratch: Scratch<'_>,
     w: &ExpertWeights,
     rows: u32,
