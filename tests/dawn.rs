@@ -19,7 +19,7 @@ use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use moeflow::kernels::gemm::{
     Activation, AdapterKind, ExpertFfn, ExpertWeights, FfnBuffers, FfnKernels, FfnRouting, GemmOrder,
-    GemmVariant, WeightDtype, plan_ffn,
+    GemmVariant, TileBlock, WeightDtype, plan_ffn,
 };
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteBuffers, RouteConfig, RouteMode, plan_route};
 use moeflow::layer::{MoeConfig, MoeLayer};
@@ -408,7 +408,7 @@ fn grouped_gemm_cases() {
         let x = uniform(&mut r, (tokens * h) as usize, 1.0);
         let idx = common::routes(22, tokens, e, k, true);
         let default = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-        let tiled = GemmVariant::Tiled { bk4: 2 };
+        let tiled = GemmVariant::Tile(TileBlock::tiled(2));
         for (name, kernels) in
             [("tiled", FfnKernels { up: tiled, down: tiled, ..default }), ("default", default)]
         {

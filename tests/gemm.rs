@@ -300,7 +300,7 @@ fn bad_input_is_an_error() {
         .unwrap_err()
         .to_string();
         assert!(err.contains("mix dtypes"), "{err}");
-        let tiled = GemmVariant::Tiled { bk4: 8 };
+        let tiled = GemmVariant::Tile(TileBlock::tiled(8));
         let ffn =
             ExpertFfn::new(w(2, 4, 6, f32w).unwrap(), w(2, 4, 6, f32w).unwrap(), w(2, 6, 4, f32w).unwrap())
                 .unwrap()
@@ -464,10 +464,10 @@ fn variants_under_test(ctx: &Context) -> Vec<GemmVariant> {
         GemmVariant::Direct(LaneBlock::new(4, 3, 5)),
         GemmVariant::Direct(LaneBlock::new(32, 2, 8)),
         GemmVariant::Texture(LaneBlock::new(4, 3, 5)),
-        GemmVariant::Tiled { bk4: 1 },
-        GemmVariant::Tiled { bk4: 3 },
-        GemmVariant::TiledWide { cols: 64, tn: 4, bk4: 1 },
-        GemmVariant::TiledWide { cols: 128, tn: 8, bk4: 3 },
+        GemmVariant::Tile(TileBlock::tiled(1)),
+        GemmVariant::Tile(TileBlock::tiled(3)),
+        GemmVariant::Tile(TileBlock::wide(64, 4, 1)),
+        GemmVariant::Tile(TileBlock::wide(128, 8, 3)),
         GemmVariant::Tile(TileBlock::new(64, 32, 4, 4, 2)),
         GemmVariant::Tile(TileBlock::new(128, 64, 8, 8, 1)),
     ];
@@ -625,7 +625,7 @@ fn assert_every_path_agrees(
     let ffn_of =
         |up, down| m.upload(ctx).with_kernels(FfnKernels { order: GemmOrder::Strict, up, down }).unwrap();
     let d = FfnKernels::default_for(AdapterKind::of(ctx.adapter()), GemmOrder::Strict);
-    let tiled = GemmVariant::Tiled { bk4: 1 };
+    let tiled = GemmVariant::Tile(TileBlock::tiled(1));
     let mut variants = vec![d.up, d.down, tiled];
     variants.extend_from_slice(extra);
     let first = variants[0];
@@ -1001,7 +1001,7 @@ fn split_weights_give_the_unsplit_results_bitwise() {
                     // Any variant shows the split (all are bit-identical within an order); a
                     // short-chunk tiled kernel compiles fast on a fresh device of every adapter
                     // (SwiftShader keeps no shader cache).
-                    let tiled = GemmVariant::Tiled { bk4: 2 };
+                    let tiled = GemmVariant::Tile(TileBlock::tiled(2));
                     let kernels = FfnKernels { order, up: tiled, down: tiled };
                     let a = m.upload(&whole).with_kernels(kernels).unwrap();
                     let b = m.upload(&split).with_kernels(kernels).unwrap();
@@ -1055,7 +1055,7 @@ fn kernels_without_bounds_checks_give_the_checked_bits() {
         let x = adversarial(&mut r, (tokens * h) as usize, 1.0);
         let idx = routes(92, tokens, e, k, true);
         let d = FfnKernels::default_for(AdapterKind::of(checked.adapter()), GemmOrder::Strict);
-        let tiled = GemmVariant::Tiled { bk4: 3 };
+        let tiled = GemmVariant::Tile(TileBlock::tiled(3));
         for (up, path) in
             [(d.up, Path::Grouped), (tiled, Path::Grouped), (d.up, Path::Bucketed(3)), (d.up, Path::Decode)]
         {

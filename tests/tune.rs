@@ -6,7 +6,7 @@ mod common;
 
 use moeflow::kernels::gemm::{
     AdapterKind, ExpertFfn, ExpertWeights, FfnKernels, GemmOrder, GemmVariant, LaneBlock,
-    TUNE_DEFAULT_MARGIN, TuneOptions, WeightDtype, tune,
+    TUNE_DEFAULT_MARGIN, TileBlock, TuneOptions, WeightDtype, tune,
 };
 use moeflow::layer::{KernelChoice, MoeConfig, MoeLayer};
 use moeflow::synth::Synth;
@@ -15,7 +15,7 @@ fn small_candidates() -> Vec<GemmVariant> {
     vec![
         GemmVariant::Direct(LaneBlock::new(4, 2, 8)),
         GemmVariant::Direct(LaneBlock::new(8, 4, 8)),
-        GemmVariant::Tiled { bk4: 2 },
+        GemmVariant::Tile(TileBlock::tiled(2)),
     ]
 }
 
@@ -62,9 +62,14 @@ fn the_tuner_picks_a_candidate_and_its_cache_survives_a_restart() {
             entry["down"] = stale.clone();
         }
         std::fs::write(&path, doctored.to_string()).unwrap();
-        let only_tiled = TuneOptions { candidates: vec![GemmVariant::Tiled { bk4: 2 }], ..opts.clone() };
+        let only_tiled =
+            TuneOptions { candidates: vec![GemmVariant::Tile(TileBlock::tiled(2))], ..opts.clone() };
         let t = tune(&ctx, &ffn, GemmOrder::Fast, &only_tiled).unwrap();
-        assert_eq!(t.kernels.up, GemmVariant::Tiled { bk4: 2 }, "{what}: only candidates are chosen");
+        assert_eq!(
+            t.kernels.up,
+            GemmVariant::Tile(TileBlock::tiled(2)),
+            "{what}: only candidates are chosen"
+        );
         assert!(!t.from_cache);
         // No candidates: an error, not a panic.
         let none = TuneOptions { candidates: Vec::new(), cache: None, ..opts };

@@ -71,7 +71,7 @@ pub(super) fn build_dense_wide_vs_default(ctx: &Context, size: &Size, seed: u64)
     let wide = if ctx.adapter().is_cpu() {
         GemmVariant::Window(LaneBlock::new(32, 4, 8))
     } else {
-        GemmVariant::Tiled { bk4: 16 }
+        GemmVariant::Tile(TileBlock::tiled(16))
     };
     dense_pair(ctx, size, seed, DenseKernel::Block(default), DenseKernel::Block(wide))
 }
@@ -126,8 +126,8 @@ pub(super) fn build_unchecked_vs_checked(ctx: &Context, size: &Size, seed: u64) 
     }))
 }
 
-/// The grouped FFN on another workgroup-memory tile (B) against the GPU default, `Tiled`'s
-/// 32 × 32 tiles (A), in one order: what a tile of the GPU family does at the layer shapes
+/// The grouped FFN on another workgroup-memory tile (B) against the GPU default, the 32 × 32
+/// tiles of `tiled-bk8` (A), in one order: what a tile of the GPU family does at the layer shapes
 /// (the figures that decide a tile per rows per expert), or what f16 staging does against the
 /// same tile in f32.
 pub(super) struct TileVsTile {
@@ -138,7 +138,7 @@ pub(super) struct TileVsTile {
 
 /// The GPU tile family's comparisons.
 pub fn tile_comparisons() -> Vec<Registered> {
-    let tiled = GemmVariant::Tiled { bk4: 8 };
+    let tiled = GemmVariant::Tile(TileBlock::tiled(8));
     let tile64 = GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 4));
     vec![
         Registered::configured(
@@ -235,7 +235,7 @@ pub fn direct_vs_tiled() -> Registered {
 }
 
 pub(super) fn build_direct_vs_tiled(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
-    let tiled = GemmVariant::Tiled { bk4: 8 };
+    let tiled = GemmVariant::Tile(TileBlock::tiled(8));
     let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
     let a = FfnKernels { order: GemmOrder::Strict, up: tiled, down: tiled };
     grouped_pair(ctx, size, seed, a, FfnKernels { up: direct, down: direct, ..a })

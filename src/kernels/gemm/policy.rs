@@ -48,7 +48,8 @@ impl AdapterKind {
 }
 
 impl FfnKernels {
-    /// The fixed default for a kind of adapter: [`GemmVariant::Tiled`] on GPUs;
+    /// The fixed default for a kind of adapter: the 32 × 32 tiles ([`TileBlock::tiled`], `bk4` 8)
+    /// on GPUs;
     /// [`GemmVariant::Texture`] 16 × 8 blocks of 8 lanes on LLVM CPU adapters (weights from
     /// texture copies, x from windows; 8 × 16 blocks, then the direct block, where K is too long
     /// for a window of 16 rows; the window block where the weights are past the texture
@@ -58,7 +59,7 @@ impl FfnKernels {
     /// weights, and texture weights make no consistent difference there.
     pub fn default_for(kind: AdapterKind, order: GemmOrder) -> Self {
         let block = match kind {
-            AdapterKind::Gpu => GemmVariant::Tiled { bk4: 8 },
+            AdapterKind::Gpu => GemmVariant::Tile(TileBlock::tiled(8)),
             AdapterKind::Cpu => GemmVariant::Texture(LaneBlock::new(16, 8, 8)),
             AdapterKind::SwiftShader => GemmVariant::Window(LaneBlock::new(16, 4, 8)),
         };
@@ -86,17 +87,17 @@ pub fn candidates(kind: AdapterKind) -> Vec<GemmVariant> {
             GemmVariant::Window(LaneBlock::new(8, 4, 8)),
             GemmVariant::Window(LaneBlock::new(4, 4, 16)),
             GemmVariant::Direct(LaneBlock::new(4, 4, 64)),
-            GemmVariant::Tiled { bk4: 2 },
+            GemmVariant::Tile(TileBlock::tiled(2)),
         ],
         AdapterKind::Gpu => vec![
-            GemmVariant::Tiled { bk4: 4 },
-            GemmVariant::Tiled { bk4: 8 },
-            GemmVariant::Tiled { bk4: 16 },
+            GemmVariant::Tile(TileBlock::tiled(4)),
+            GemmVariant::Tile(TileBlock::tiled(8)),
+            GemmVariant::Tile(TileBlock::tiled(16)),
             GemmVariant::Direct(LaneBlock::new(4, 4, 64)),
             GemmVariant::Direct(LaneBlock::new(8, 4, 32)),
-            GemmVariant::TiledWide { cols: 64, tn: 4, bk4: 4 },
-            GemmVariant::TiledWide { cols: 64, tn: 8, bk4: 4 },
-            GemmVariant::TiledWide { cols: 128, tn: 4, bk4: 2 },
+            GemmVariant::Tile(TileBlock::wide(64, 4, 4)),
+            GemmVariant::Tile(TileBlock::wide(64, 8, 4)),
+            GemmVariant::Tile(TileBlock::wide(128, 4, 2)),
             // The GPU tile family (ggml's medium and large warptiles have 64 x 64 and
             // 128 x 128 outputs of 128 invocations): more outputs per staged value, for
             // experts with many rows. A tile past the device's workgroup memory is refused and

@@ -6,13 +6,11 @@
 //! variables (a private array indexed by a loop counter is kept in memory by llvmpipe, and
 //! loops that index it are not unrolled for it):
 //!
-//! - [`GemmVariant::Tiled`] (GPUs): 8 × 8 invocations, each a 4 × 4 block of a 32 × 32 output
-//!   tile, K staged through workgroup memory `4·bk4` at a time.
-//! - [`GemmVariant::TiledWide`] (GPU candidates): the tiled kernel on 32 × `cols` tiles (64 or
-//!   128 columns), each invocation 4 rows × `tn` columns: each staged x value feeds `cols`
-//!   outputs instead of 32, for GPUs whose tiled kernel waits on workgroup memory.
-//! - [`GemmVariant::Tile`] (GPU candidates): the same kernel on 32- to 128-row and -column
-//!   tiles, 4 × 4 to 8 × 8 outputs per invocation; `Tiled` and `TiledWide` are its 32-row shapes.
+//! - [`GemmVariant::Tile`] (GPUs): workgroup-memory tiles of 32 to 128 rows and columns, 4 × 4
+//!   to 8 × 8 outputs per invocation, K staged through workgroup memory `4·bk4` at a time. The
+//!   GPU default is its 32 × 32 tile of 8 × 8 invocations ([`TileBlock::tiled`], named
+//!   `tiled-bk8`); the 32-row tiles of 64 or 128 columns ([`TileBlock::wide`], `tiledw-…`) feed
+//!   each staged x value to more outputs, for GPUs whose tiled kernel waits on workgroup memory.
 //! - [`GemmVariant::TileF16`] (a precision mode the caller chooses): `Tile` staging its operands
 //!   in f16; not bitwise equal to the exact variants (see its docs).
 //! - [`GemmVariant::Direct`]: no workgroup memory and no barriers. `lanes` invocations share
@@ -65,26 +63,9 @@ pub enum GemmOrder {
 
 /// One kernel shape of the grouped, dense and all-experts GEMM (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(from = "VariantRecord", into = "VariantRecord")]
 #[non_exhaustive]
 pub enum GemmVariant {
-    /// Workgroup-memory tiles: 8 × 8 invocations, 4 × 4 outputs each, K staged `4·bk4` at a
-    /// time (`bk4` in 1..=16).
-    Tiled {
-        /// Groups of four K values staged per chunk.
-        bk4: u32,
-    },
-    /// Workgroup-memory tiles of 32 rows × `cols` columns: 8 × `cols / tn` invocations, each
-    /// 4 rows × `tn` columns (rows `4·ty + i`, columns `tx + (cols / tn)·j`), K staged `4·bk4`
-    /// at a time. `cols` is 32, 64 or 128, `tn` 4 or 8, `bk4` in 1..=16.
-    TiledWide {
-        /// Output columns per workgroup.
-        cols: u32,
-        /// Output columns per invocation.
-        tn: u32,
-        /// Groups of four K values staged per chunk.
-        bk4: u32,
-    },
     /// Workgroup-memory tiles of `rows` × `cols` outputs (see [`TileBlock`]).
     Tile(TileBlock),
     /// A precision mode, not an exact variant: [`GemmVariant::Tile`] with x and the weights
@@ -189,10 +170,30 @@ impl TileBlock {
         TileBlock { rows, cols, tm, tn, bk4 }
     }
 
-    /// 32 rows × `cols`, 4 × `tn` per invocation: the tile of [`GemmVariant::TiledWide`]
-    /// (and of [`GemmVariant::Tiled`], `wide(32, 4, bk4)`).
-    const fn wide(cols: u32, tn: u32, bk4: u32) -> Self {
+    /// The 32 × 32 tile of 8 × 8 invocations, 4 × 4 outputs each (the GPU default with
+    /// `bk4` = 8; named `tiled-bk{bk4}`).
+    pub const fn tiled(bk4: u32) -> Self {
+        TileBlock::wide(32, 4, bk4)
+    }
+
+    /// 32 rows × `cols` (32, 64 or 128), 4 × `tn` outputs per invocation (named
+    /// `tiledw-c{cols}t{tn}-bk{bk4}` for 64 and 128 columns).
+    pub const fn wide(cols: u32, tn: u32, bk4: u32) -> Self {
         TileBlock { rows: 32, cols, tm: 4, tn, bk4 }
+    }
+
+    /// The variant's short name: `tiled-bk{bk4}` for [`Self::tiled`], `tiledw-c{cols}t{tn}-bk{bk4}`
+    /// for the 32-row tiles of 64 or 128 columns ([`Self::wide`]), else `tile-` and
+    /// [`Self::name`]'s shape.
+    fn variant_name(self) -> String {
+        let TileBlock { rows, cols, tm, tn, bk4 } = self;
+        if self == TileBlock::tiled(bk4) {
+            format!("tiled-bk{bk4}")
+        } else if rows == 32 && tm == 4 && matches!(cols, 64 | 128) {
+            format!("tiledw-c{cols}t{tn}-bk{bk4}")
+        } else {
+            format!("tile-{}", self.name())
+        }
     }
 
     /// Invocations per workgroup.
@@ -239,7 +240,6 @@ impl GemmVariant {
     /// Rows per workgroup block; dispatch tiles must be a multiple of it.
     pub fn block_rows(self) -> u32 {
         match self {
-            GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => 32,
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.rows,
             GemmVariant::CoopF16(b) => b.rows,
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.rows,
@@ -249,8 +249,6 @@ impl GemmVariant {
     /// Output columns per workgroup.
     pub fn block_cols(self) -> u32 {
         match self {
-            GemmVariant::Tiled { .. } => 32,
-            GemmVariant::TiledWide { cols, .. } => cols,
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.cols,
             GemmVariant::CoopF16(b) => b.cols,
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.cols * b.lanes,
@@ -263,16 +261,6 @@ impl GemmVariant {
     /// [`Error::InvalidArgument`] naming the parameter.
     pub fn validate(self) -> Result<()> {
         match self {
-            GemmVariant::Tiled { bk4 } | GemmVariant::TiledWide { bk4, .. } if !(1..=16).contains(&bk4) => {
-                Err(Error::invalid(format!("tiled GEMM bk4 = {bk4} must be in 1..=16")))
-            }
-            GemmVariant::TiledWide { cols, .. } if !matches!(cols, 32 | 64 | 128) => {
-                Err(Error::invalid(format!("wide tiled GEMM cols = {cols} must be 32, 64 or 128")))
-            }
-            GemmVariant::TiledWide { tn, .. } if !matches!(tn, 4 | 8) => {
-                Err(Error::invalid(format!("wide tiled GEMM tn = {tn} must be 4 or 8")))
-            }
-            GemmVariant::Tiled { .. } | GemmVariant::TiledWide { .. } => Ok(()),
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.validate(),
             GemmVariant::CoopF16(b) => b.validate(),
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.validate(),
@@ -282,10 +270,8 @@ impl GemmVariant {
     /// A short name, e.g. `direct-r16c8l8` or `tiled-bk8`.
     pub fn name(self) -> String {
         match self {
-            GemmVariant::Tiled { bk4 } => format!("tiled-bk{bk4}"),
-            GemmVariant::TiledWide { cols, tn, bk4 } => format!("tiledw-c{cols}t{tn}-bk{bk4}"),
             GemmVariant::TileF16(t) => format!("tileh-{}", t.name()),
-            GemmVariant::Tile(t) => format!("tile-{}", t.name()),
+            GemmVariant::Tile(t) => t.variant_name(),
             GemmVariant::CoopF16(b) => format!("coop-{}", b.name()),
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => {
                 let kind = match self.source() {
@@ -315,10 +301,6 @@ impl GemmVariant {
     /// The kernel shape the variant's WGSL is generated from.
     pub(super) fn shape(self) -> Shape {
         match self {
-            GemmVariant::Tiled { bk4 } => Shape::Tile { tile: TileBlock::wide(32, 4, bk4), f16: false },
-            GemmVariant::TiledWide { cols, tn, bk4 } => {
-                Shape::Tile { tile: TileBlock::wide(cols, tn, bk4), f16: false }
-            }
             GemmVariant::Tile(tile) => Shape::Tile { tile, f16: false },
             GemmVariant::TileF16(tile) => Shape::Tile { tile, f16: true },
             GemmVariant::CoopF16(b) => Shape::Coop(b),
@@ -329,8 +311,6 @@ impl GemmVariant {
     /// Invocations per workgroup.
     pub fn invocations(self) -> u32 {
         match self {
-            GemmVariant::Tiled { .. } => 64,
-            GemmVariant::TiledWide { cols, tn, .. } => 8 * cols / tn,
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.invocations(),
             GemmVariant::CoopF16(b) => b.lanes,
             GemmVariant::Direct(b) | GemmVariant::Window(b) | GemmVariant::Texture(b) => b.lanes,
@@ -375,9 +355,7 @@ impl GemmVariant {
         match self {
             GemmVariant::Texture(_) => OperandSource::Texture,
             GemmVariant::Window(_) => OperandSource::Window,
-            GemmVariant::Tiled { .. }
-            | GemmVariant::TiledWide { .. }
-            | GemmVariant::Tile(_)
+            GemmVariant::Tile(_)
             | GemmVariant::TileF16(_)
             | GemmVariant::CoopF16(_)
             | GemmVariant::Direct(_) => OperandSource::Storage,
@@ -441,4 +419,82 @@ pub(super) enum Shape {
 /// of `bk4` vec4 with `bk4` even puts every such read in the same banks on a GPU).
 pub(super) fn tile_stride(bk4: u32) -> u32 {
     bk4 | 1
+}
+
+/// How a [`GemmVariant`] is written in tune caches and bench records: the 32-row tiles under
+/// their own keys (`{"tiled": {"bk4": 8}}`, `{"tiledwide": {"cols": 64, "tn": 4, "bk4": 4}}`),
+/// every other variant as its own case. Records written before the tiles had one name read
+/// back as the same variants.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum VariantRecord {
+    Tiled { bk4: u32 },
+    TiledWide { cols: u32, tn: u32, bk4: u32 },
+    Tile(TileBlock),
+    TileF16(TileBlock),
+    CoopF16(CoopBlock),
+    Direct(LaneBlock),
+    Window(LaneBlock),
+    Texture(LaneBlock),
+}
+
+impl From<VariantRecord> for GemmVariant {
+    fn from(r: VariantRecord) -> Self {
+        match r {
+            VariantRecord::Tiled { bk4 } => GemmVariant::Tile(TileBlock::tiled(bk4)),
+            VariantRecord::TiledWide { cols, tn, bk4 } => GemmVariant::Tile(TileBlock::wide(cols, tn, bk4)),
+            VariantRecord::Tile(t) => GemmVariant::Tile(t),
+            VariantRecord::TileF16(t) => GemmVariant::TileF16(t),
+            VariantRecord::CoopF16(b) => GemmVariant::CoopF16(b),
+            VariantRecord::Direct(b) => GemmVariant::Direct(b),
+            VariantRecord::Window(b) => GemmVariant::Window(b),
+            VariantRecord::Texture(b) => GemmVariant::Texture(b),
+        }
+    }
+}
+
+impl From<GemmVariant> for VariantRecord {
+    fn from(v: GemmVariant) -> Self {
+        match v {
+            GemmVariant::Tile(t) if t == TileBlock::tiled(t.bk4) => VariantRecord::Tiled { bk4: t.bk4 },
+            GemmVariant::Tile(t) if t.rows == 32 && t.tm == 4 && matches!(t.cols, 64 | 128) => {
+                VariantRecord::TiledWide { cols: t.cols, tn: t.tn, bk4: t.bk4 }
+            }
+            GemmVariant::Tile(t) => VariantRecord::Tile(t),
+            GemmVariant::TileF16(t) => VariantRecord::TileF16(t),
+            GemmVariant::CoopF16(b) => VariantRecord::CoopF16(b),
+            GemmVariant::Direct(b) => VariantRecord::Direct(b),
+            GemmVariant::Window(b) => VariantRecord::Window(b),
+            GemmVariant::Texture(b) => VariantRecord::Texture(b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 32-row tiles keep the names and records they had as variants of their own
+    /// (`Tiled`, `TiledWide`), and read back from those records as one `Tile`.
+    #[test]
+    fn tiles_keep_their_names_and_records() {
+        let tiled = GemmVariant::Tile(TileBlock::tiled(8));
+        assert_eq!(tiled.name(), "tiled-bk8");
+        assert_eq!(serde_json::to_string(&tiled).unwrap(), r#"{"tiled":{"bk4":8}}"#);
+        let wide = GemmVariant::Tile(TileBlock::wide(64, 4, 4));
+        assert_eq!(wide.name(), "tiledw-c64t4-bk4");
+        let record = r#"{"tiledwide":{"cols":64,"tn":4,"bk4":4}}"#;
+        assert_eq!(serde_json::to_string(&wide).unwrap(), record);
+        assert_eq!(serde_json::from_str::<GemmVariant>(record).unwrap(), wide);
+        let big = GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 4));
+        assert_eq!(big.name(), "tile-r64c64-m4n4-bk4");
+        let text = serde_json::to_string(&big).unwrap();
+        assert!(text.starts_with(r#"{"tile":"#), "{text}");
+        assert_eq!(serde_json::from_str::<GemmVariant>(&text).unwrap(), big);
+        let direct = GemmVariant::Direct(LaneBlock::new(16, 8, 8));
+        assert_eq!(
+            serde_json::from_str::<GemmVariant>(&serde_json::to_string(&direct).unwrap()).unwrap(),
+            direct
+        );
+    }
 }

@@ -1,5 +1,5 @@
-//! The workgroup-memory tiles' WGSL ([`GemmVariant::Tile`](super::super::GemmVariant::Tile)
-//! and its 32-row shapes `Tiled`, `TiledWide`; `TileF16` staging in f16).
+//! The workgroup-memory tiles' WGSL ([`GemmVariant::Tile`](super::super::GemmVariant::Tile),
+//! and `TileF16` staging in f16).
 
 use std::fmt::Write as _;
 
