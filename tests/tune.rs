@@ -108,6 +108,8 @@ fn a_tuned_layer_runs_the_cached_choice_and_gives_the_default_bits() {
         ..TuneOptions::for_context(ctx)
     };
     let key = tune(ctx, &experts, GemmOrder::Fast, &probe).unwrap().key;
+    assert_eq!((key.rows, key.order, key.experts), (probe.rows, GemmOrder::Fast, 4), "{key}");
+    let key = key.to_string();
     let choice =
         moeflow::kernels::gemm::candidates(moeflow::kernels::gemm::AdapterKind::of(ctx.adapter()))[0];
     let entry = serde_json::json!({"up": choice, "down": choice, "timings": []});
@@ -124,7 +126,8 @@ fn a_tuned_layer_runs_the_cached_choice_and_gives_the_default_bits() {
     // whose entry names the candidate of the most block rows (not the first one's).
     let rows = cfg.expected_rows_per_expert(256);
     assert_eq!(rows, 128);
-    let key128 = tune(ctx, &experts, GemmOrder::Fast, &TuneOptions { rows, ..probe }).unwrap().key;
+    let key128 =
+        tune(ctx, &experts, GemmOrder::Fast, &TuneOptions { rows, ..probe }).unwrap().key.to_string();
     assert_ne!(key128, key, "the rows are part of the cache key");
     let kind = moeflow::kernels::gemm::AdapterKind::of(ctx.adapter());
     let tallest =

@@ -31,6 +31,7 @@ mod slots;
 mod specs;
 mod texture;
 mod tune;
+mod tune_cache;
 mod variant;
 mod weights;
 
@@ -46,6 +47,7 @@ pub(crate) use plan::{plan_dense_ffn_in, plan_dense_in, plan_ffn_in};
 pub use policy::{AdapterKind, candidates};
 pub use quantised::QuantisedValues;
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
+pub use tune_cache::TuneKey;
 pub use variant::{FfnKernels, GemmOrder, GemmVariant, LaneBlock, TileBlock};
 pub use weights::{ExpertWeights, StoredValues};
 

@@ -24,17 +24,13 @@
 //! that cannot be read or parsed, or an entry that names no current candidate, is ignored
 //! with a log line and rewritten.
 
-use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
-use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 use super::ffn::ExpertFfn;
 use super::params::{NONE, Params};
 use super::passes::Pass;
 use super::policy;
+use super::tune_cache::{CacheEntry, TuneKey, read_cache, write_cache};
 use super::variant::{FfnKernels, GemmOrder, GemmVariant};
 use crate::context::Context;
 use crate::context::wait::Driver;
@@ -105,80 +101,7 @@ pub struct Tuned {
     /// Median seconds per candidate (each listed once) and pass (`up` then `down`), when timed.
     pub timings: Vec<(GemmVariant, f64, f64)>,
     /// The cache key.
-    pub key: String,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct CacheFile {
-    entries: BTreeMap<String, CacheEntry>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct CacheEntry {
-    up: GemmVariant,
-    down: GemmVariant,
-    /// `(variant name, up seconds, down seconds)` as measured.
-    timings: Vec<(String, f64, f64)>,
-}
-
-/// FNV-1a over the source of every kernel the tuner can choose (both orders, both weight
-/// paths): a new kernel revision gets new cache keys.
-fn kernel_revision() -> u64 {
-    static REV: OnceLock<u64> = OnceLock::new();
-    *REV.get_or_init(|| {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for s in super::specs::shaders() {
-            for b in s.compose().bytes() {
-                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        h
-    })
-}
-
-fn key(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, rows: u32) -> String {
-    let a = ctx.adapter();
-    format!(
-        "{} | {} | {} | wgpu {} | kernels {:016x} | {:?}{} | {order:?} | E={} H={} F={} rows={rows}",
-        a.name,
-        a.driver,
-        a.driver_info,
-        crate::context::WGPU_VERSION,
-        kernel_revision(),
-        ffn.gate.dtype,
-        if ffn.gate.native_f16 { " native" } else { "" },
-        ffn.experts(),
-        ffn.hidden(),
-        ffn.ffn(),
-    )
-}
-
-fn read_cache(path: &Path) -> CacheFile {
-    match std::fs::read(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => CacheFile::default(),
-        Err(e) => {
-            log::warn!("moeflow: ignoring the tuning cache {}: {e}", path.display());
-            CacheFile::default()
-        }
-        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-            log::warn!("moeflow: ignoring the tuning cache {} (not a cache file: {e})", path.display());
-            CacheFile::default()
-        }),
-    }
-}
-
-fn write_cache(path: &Path, cache: &CacheFile) {
-    let write = || -> std::io::Result<()> {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
-        let mut tmp = tempfile::Builder::new().prefix(".moeflow-tune-").tempfile_in(dir)?;
-        tmp.write_all(&serde_json::to_vec_pretty(cache).map_err(std::io::Error::other)?)?;
-        tmp.persist(path).map_err(|e| e.error)?;
-        Ok(())
-    };
-    if let Err(e) = write() {
-        log::warn!("moeflow: could not write the tuning cache {}: {e}", path.display());
-    }
+    pub key: TuneKey,
 }
 
 /// Chooses `ffn`'s kernels in `order` by timing `opts.candidates` on `ctx` (or reading the
@@ -214,9 +137,9 @@ pub(crate) async fn tune_with(
     driver: Driver,
 ) -> Result<Tuned> {
     let rows = opts.rows.max(1);
-    let key = key(ctx, ffn, order, rows);
+    let key = TuneKey::new(ctx, ffn, order, rows);
     let mut cache = opts.cache.as_deref().map(read_cache).unwrap_or_default();
-    if let Some(e) = cache.entries.get(&key) {
+    if let Some(e) = cache.get(&key) {
         let known = |v: &GemmVariant| opts.candidates.contains(v) && v.validate().is_ok();
         if known(&e.up) && known(&e.down) {
             return Ok(Tuned {
@@ -247,8 +170,8 @@ pub(crate) async fn tune_with(
     };
     let kernels = FfnKernels { order, up: best(|t| t.1, default.up)?, down: best(|t| t.2, default.down)? };
     if let Some(path) = &opts.cache {
-        cache.entries.insert(
-            key.clone(),
+        cache.insert(
+            &key,
             CacheEntry {
                 up: kernels.up,
                 down: kernels.down,
