@@ -55,9 +55,9 @@ pub use weights::{ExpertWeights, StoredValues};
 pub(crate) use params::{
     FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES, FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY, NONE,
 };
-#[cfg(test)]
-pub(crate) use passes::ROWWISE_SUBGROUP_ROW_ALIGN;
 pub(crate) use passes::window_bytes_bound;
+#[cfg(test)]
+pub(crate) use specs::ROWWISE_SUBGROUP_ROW_ALIGN;
 #[cfg(test)]
 pub(crate) use specs::shaders;
 #[cfg(test)]

@@ -14,11 +14,7 @@ use super::params::{
 use super::policy::AdapterKind;
 use super::slots;
 use super::specs::WeightLoads;
-use super::specs::{
-    ROWWISE, ROWWISE_F16, ROWWISE_QUANT, ROWWISE_SUBGROUP, ROWWISE_SUBGROUP_F16, ROWWISE_SUBGROUP_QUANT,
-    ROWWISE_SUBGROUP_TEXTURE, ROWWISE_TEXTURE, ROWWISE_WINDOW, ROWWISE_WINDOW_F16, ROWWISE_WINDOW_QUANT,
-    ROWWISE_WINDOW_TEXTURE, STAGE, WINDOW_BYTES, spec,
-};
+use super::specs::{RowWeights, RowX, STAGE, WINDOW_BYTES, rowwise_spec, spec};
 use super::texture::TextureWeights;
 use super::variant::GemmOrder;
 use super::variant::{GemmVariant, LaneBlock, OperandSource};
@@ -477,7 +473,16 @@ impl<'a> Pass<'a> {
             Some(_) if ctx.capabilities().subgroups => RowX::WindowShared,
             Some(_) => RowX::Window,
         };
-        let spec = rowwise_spec(x, textures.is_some(), self.w.native_f16, self.w.dtype.is_quantised());
+        let weights = if textures.is_some() {
+            RowWeights::Texture
+        } else if self.w.dtype.is_quantised() {
+            RowWeights::Quantised
+        } else if self.w.native_f16 {
+            RowWeights::NativeF16
+        } else {
+            RowWeights::Packed
+        };
+        let spec = rowwise_spec(x, weights);
         let kernel = ctx.kernel(spec, &constants)?;
         let from_indices = if indices.is_some() { FLAG_EXPERT_FROM_INDICES } else { 0 };
         let placeholder = ctx.storage_scratch("no indices", 4)?;
@@ -506,52 +511,6 @@ impl<'a> Pass<'a> {
             }
         }
         Ok(out)
-    }
-}
-
-/// How the row-wise kernel reads x.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum RowX {
-    /// Each invocation from storage.
-    Storage,
-    /// Each invocation from the dispatch's uniform window.
-    Window,
-    /// From the uniform window, each load shared by a subgroup (`gemm/rowwise_x_subgroup.wgsl`;
-    /// needs subgroups, and pads every row's columns to whole workgroups).
-    WindowShared,
-}
-
-impl RowX {
-    /// Invocations a row of `cols` output columns takes (`row_lanes` in `gemm/rowwise.wgsl`:
-    /// `cols` rounded up to the module's `ROW_ALIGN`).
-    fn row_lanes(self, cols: u32) -> u64 {
-        let align = match self {
-            RowX::Storage | RowX::Window => 1,
-            RowX::WindowShared => u64::from(ROWWISE_SUBGROUP_ROW_ALIGN),
-        };
-        u64::from(cols).div_ceil(align) * align
-    }
-}
-
-/// `ROW_ALIGN` of `gemm/rowwise_x_subgroup.wgsl`: a row's invocations fill whole workgroups.
-pub(crate) const ROWWISE_SUBGROUP_ROW_ALIGN: u32 = 64;
-
-/// The row-wise kernel reading x as `x` says, the weights from texture copies (`texture`) or
-/// from buffers as native f16 (`native_f16`), quantised blocks (`quantised`) or packed words.
-fn rowwise_spec(x: RowX, texture: bool, native_f16: bool, quantised: bool) -> &'static KernelSpec {
-    match (x, texture, native_f16, quantised) {
-        (RowX::Storage, true, _, _) => &ROWWISE_TEXTURE,
-        (RowX::Window, true, _, _) => &ROWWISE_WINDOW_TEXTURE,
-        (RowX::WindowShared, true, _, _) => &ROWWISE_SUBGROUP_TEXTURE,
-        (RowX::Storage, false, _, true) => &ROWWISE_QUANT,
-        (RowX::Window, false, _, true) => &ROWWISE_WINDOW_QUANT,
-        (RowX::WindowShared, false, _, true) => &ROWWISE_SUBGROUP_QUANT,
-        (RowX::Storage, false, false, false) => &ROWWISE,
-        (RowX::Storage, false, true, false) => &ROWWISE_F16,
-        (RowX::Window, false, false, false) => &ROWWISE_WINDOW,
-        (RowX::Window, false, true, false) => &ROWWISE_WINDOW_F16,
-        (RowX::WindowShared, false, false, false) => &ROWWISE_SUBGROUP,
-        (RowX::WindowShared, false, true, false) => &ROWWISE_SUBGROUP_F16,
     }
 }
 

@@ -108,44 +108,80 @@ macro_rules! rowwise_shader {
         )
     };
 }
-static ROWWISE_SHADER: ShaderSource = rowwise_shader!("rowwise", storage, packed);
-static ROWWISE_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_f16", storage, f16);
-static ROWWISE_QUANT_SHADER: ShaderSource = rowwise_shader!("rowwise_quant", storage, quant);
-static ROWWISE_TEXTURE_SHADER: ShaderSource = rowwise_shader!("rowwise_texture", storage, texture);
-static ROWWISE_WINDOW_SHADER: ShaderSource = rowwise_shader!("rowwise_window", window, packed);
-static ROWWISE_WINDOW_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_window_f16", window, f16);
-static ROWWISE_WINDOW_QUANT_SHADER: ShaderSource = rowwise_shader!("rowwise_window_quant", window, quant);
-static ROWWISE_WINDOW_TEXTURE_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_window_texture", window, texture);
-static ROWWISE_SUBGROUP_SHADER: ShaderSource = rowwise_shader!("rowwise_subgroup", subgroup, packed);
-static ROWWISE_SUBGROUP_F16_SHADER: ShaderSource = rowwise_shader!("rowwise_subgroup_f16", subgroup, f16);
-static ROWWISE_SUBGROUP_QUANT_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_subgroup_quant", subgroup, quant);
-static ROWWISE_SUBGROUP_TEXTURE_SHADER: ShaderSource =
-    rowwise_shader!("rowwise_subgroup_texture", subgroup, texture);
+/// How the row-wise kernel reads x (the table's first index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RowX {
+    /// Each invocation from storage.
+    Storage = 0,
+    /// Each invocation from the dispatch's uniform window.
+    Window = 1,
+    /// From the uniform window, each load shared by a subgroup (`gemm/rowwise_x_subgroup.wgsl`;
+    /// needs subgroups, and pads every row's columns to whole workgroups).
+    WindowShared = 2,
+}
+
+impl RowX {
+    /// Invocations a row of `cols` output columns takes (`row_lanes` in `gemm/rowwise.wgsl`:
+    /// `cols` rounded up to the module's `ROW_ALIGN`).
+    pub(super) fn row_lanes(self, cols: u32) -> u64 {
+        let align = match self {
+            RowX::Storage | RowX::Window => 1,
+            RowX::WindowShared => u64::from(ROWWISE_SUBGROUP_ROW_ALIGN),
+        };
+        u64::from(cols).div_ceil(align) * align
+    }
+}
+
+/// `ROW_ALIGN` of `gemm/rowwise_x_subgroup.wgsl`: a row's invocations fill whole workgroups.
+pub(crate) const ROWWISE_SUBGROUP_ROW_ALIGN: u32 = 64;
+
+/// How the row-wise kernel reads the weights (the table's second index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RowWeights {
+    /// Packed u32 words, any float dtype.
+    Packed = 0,
+    /// Native f16 loads.
+    NativeF16 = 1,
+    /// Quantised blocks.
+    Quantised = 2,
+    /// Texture copies.
+    Texture = 3,
+}
+
+/// The row-wise kernel's modules, by [`RowX`] and [`RowWeights`].
+static ROWWISE_SHADERS: [[ShaderSource; 4]; 3] = [
+    [
+        rowwise_shader!("rowwise", storage, packed),
+        rowwise_shader!("rowwise_f16", storage, f16),
+        rowwise_shader!("rowwise_quant", storage, quant),
+        rowwise_shader!("rowwise_texture", storage, texture),
+    ],
+    [
+        rowwise_shader!("rowwise_window", window, packed),
+        rowwise_shader!("rowwise_window_f16", window, f16),
+        rowwise_shader!("rowwise_window_quant", window, quant),
+        rowwise_shader!("rowwise_window_texture", window, texture),
+    ],
+    [
+        rowwise_shader!("rowwise_subgroup", subgroup, packed),
+        rowwise_shader!("rowwise_subgroup_f16", subgroup, f16),
+        rowwise_shader!("rowwise_subgroup_quant", subgroup, quant),
+        rowwise_shader!("rowwise_subgroup_texture", subgroup, texture),
+    ],
+];
+
+/// Every row-wise module as `(RowX, RowWeights)` indices, in the order the tuner's kernel hash
+/// has always read them (a new order would re-key every tune cache).
+const ROWWISE_ORDER: [(usize, usize); 12] =
+    [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (0, 3), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)];
 
 /// The gemm family's shader modules (the `_f16` ones need the shader-f16 feature): the
 /// row-wise kernel and the generated block kernels of every [`contract_variants`] variant in
 /// both orders (the contract test checks them; the tuner's cache keys hash them).
 pub(crate) fn shaders() -> Vec<&'static ShaderSource> {
-    let mut all = vec![
-        &ROWWISE_SHADER,
-        &ROWWISE_F16_SHADER,
-        &ROWWISE_QUANT_SHADER,
-        &ROWWISE_WINDOW_SHADER,
-        &ROWWISE_WINDOW_F16_SHADER,
-        &ROWWISE_WINDOW_QUANT_SHADER,
-        &ROWWISE_TEXTURE_SHADER,
-        &ROWWISE_WINDOW_TEXTURE_SHADER,
-        &ROWWISE_SUBGROUP_SHADER,
-        &ROWWISE_SUBGROUP_F16_SHADER,
-        &ROWWISE_SUBGROUP_QUANT_SHADER,
-        &ROWWISE_SUBGROUP_TEXTURE_SHADER,
-        &STAGE_SHADER,
-        &UNPACK_SHADER,
-        &UNPACK_QUANT_SHADER,
-        &texture::PACK_SHADER,
-    ];
+    let mut all: Vec<&'static ShaderSource> =
+        ROWWISE_ORDER.iter().map(|&(x, w)| &ROWWISE_SHADERS[x][w]).collect();
+    all.extend([&STAGE_SHADER, &UNPACK_SHADER, &UNPACK_QUANT_SHADER, &texture::PACK_SHADER]);
     for v in contract_variants() {
         for order in [GemmOrder::Strict, GemmOrder::Fast] {
             for loads in WeightLoads::ALL {
@@ -164,22 +200,8 @@ pub(crate) fn specs_for(
     order: GemmOrder,
     loads: WeightLoads,
 ) -> Vec<&'static KernelSpec> {
-    let mut all: Vec<&'static KernelSpec> = vec![
-        &STAGE,
-        &texture::PACK,
-        &ROWWISE,
-        &ROWWISE_F16,
-        &ROWWISE_QUANT,
-        &ROWWISE_TEXTURE,
-        &ROWWISE_WINDOW,
-        &ROWWISE_WINDOW_F16,
-        &ROWWISE_WINDOW_QUANT,
-        &ROWWISE_WINDOW_TEXTURE,
-        &ROWWISE_SUBGROUP,
-        &ROWWISE_SUBGROUP_F16,
-        &ROWWISE_SUBGROUP_QUANT,
-        &ROWWISE_SUBGROUP_TEXTURE,
-    ];
+    let mut all: Vec<&'static KernelSpec> = vec![&STAGE, &texture::PACK];
+    all.extend(ROWWISE.iter().flatten());
     for &v in variants {
         for v in [v, v.without_texture(), v.without_window()] {
             all.push(spec(v, order, loads));
@@ -298,24 +320,31 @@ const fn rowwise(shader: &'static ShaderSource, bindings: &'static [(u32, Access
         workgroup: Workgroup::Fixed(64),
     }
 }
-pub(super) static ROWWISE: KernelSpec = rowwise(&ROWWISE_SHADER, &ROWWISE_BINDINGS);
-pub(super) static ROWWISE_F16: KernelSpec = rowwise(&ROWWISE_F16_SHADER, &ROWWISE_BINDINGS);
-pub(super) static ROWWISE_QUANT: KernelSpec = rowwise(&ROWWISE_QUANT_SHADER, &ROWWISE_BINDINGS);
-pub(super) static ROWWISE_TEXTURE: KernelSpec = rowwise(&ROWWISE_TEXTURE_SHADER, &ROWWISE_TEXTURE_BINDINGS);
-pub(super) static ROWWISE_WINDOW: KernelSpec = rowwise(&ROWWISE_WINDOW_SHADER, &ROWWISE_WINDOW_BINDINGS);
-pub(super) static ROWWISE_WINDOW_F16: KernelSpec =
-    rowwise(&ROWWISE_WINDOW_F16_SHADER, &ROWWISE_WINDOW_BINDINGS);
-pub(super) static ROWWISE_WINDOW_QUANT: KernelSpec =
-    rowwise(&ROWWISE_WINDOW_QUANT_SHADER, &ROWWISE_WINDOW_BINDINGS);
-pub(super) static ROWWISE_WINDOW_TEXTURE: KernelSpec =
-    rowwise(&ROWWISE_WINDOW_TEXTURE_SHADER, &ROWWISE_WINDOW_TEXTURE_BINDINGS);
-pub(super) static ROWWISE_SUBGROUP: KernelSpec = rowwise(&ROWWISE_SUBGROUP_SHADER, &ROWWISE_WINDOW_BINDINGS);
-pub(super) static ROWWISE_SUBGROUP_F16: KernelSpec =
-    rowwise(&ROWWISE_SUBGROUP_F16_SHADER, &ROWWISE_WINDOW_BINDINGS);
-pub(super) static ROWWISE_SUBGROUP_QUANT: KernelSpec =
-    rowwise(&ROWWISE_SUBGROUP_QUANT_SHADER, &ROWWISE_WINDOW_BINDINGS);
-pub(super) static ROWWISE_SUBGROUP_TEXTURE: KernelSpec =
-    rowwise(&ROWWISE_SUBGROUP_TEXTURE_SHADER, &ROWWISE_WINDOW_TEXTURE_BINDINGS);
+/// The row-wise kernels, by [`RowX`] and [`RowWeights`] (see [`rowwise_spec`]).
+static ROWWISE: [[KernelSpec; 4]; 3] = {
+    const fn row(
+        shaders: &'static [ShaderSource; 4],
+        bindings: &'static [(u32, Access)],
+        texture: &'static [(u32, Access)],
+    ) -> [KernelSpec; 4] {
+        [
+            rowwise(&shaders[0], bindings),
+            rowwise(&shaders[1], bindings),
+            rowwise(&shaders[2], bindings),
+            rowwise(&shaders[3], texture),
+        ]
+    }
+    [
+        row(&ROWWISE_SHADERS[0], &ROWWISE_BINDINGS, &ROWWISE_TEXTURE_BINDINGS),
+        row(&ROWWISE_SHADERS[1], &ROWWISE_WINDOW_BINDINGS, &ROWWISE_WINDOW_TEXTURE_BINDINGS),
+        row(&ROWWISE_SHADERS[2], &ROWWISE_WINDOW_BINDINGS, &ROWWISE_WINDOW_TEXTURE_BINDINGS),
+    ]
+};
+
+/// The row-wise kernel reading x as `x` says and the weights as `w` says.
+pub(super) fn rowwise_spec(x: RowX, w: RowWeights) -> &'static KernelSpec {
+    &ROWWISE[x as usize][w as usize]
+}
 
 /// The generated block kernels' bindings, by where they read their operands.
 static STORAGE_BINDINGS: [(u32, Access); 8] = slots::block_bindings(OperandSource::Storage);
