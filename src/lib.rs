@@ -19,11 +19,11 @@
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod bits;
-pub mod context;
+mod context;
 #[cfg(feature = "dag")]
 pub mod dag;
-pub mod error;
-pub mod gpu;
+mod error;
+mod gpu;
 pub mod kernels;
 pub mod layer;
 mod live;
@@ -31,14 +31,14 @@ mod overlap;
 pub mod pipeline;
 pub mod quant;
 pub mod reference;
-pub mod requirements;
+mod requirements;
 pub mod shader;
 mod size;
 mod sync;
 #[cfg(feature = "synth")]
 pub mod synth;
-pub mod tensor;
-pub mod timer;
+mod tensor;
+mod timer;
 pub mod workspace;
 
 #[cfg(test)]
@@ -71,12 +71,15 @@ pub mod prelude {
 }
 
 pub use context::{
-    AdapterDescription, AdapterSelector, Allocations, BoundsChecks, Capabilities, Context, KeyLimits,
-    adapters, instance, wgpu_adapters, wgpu_adapters_async,
+    ADAPTER_ENV, AdapterDescription, AdapterSelector, Allocations, BOUNDS_CHECKS_ENV, BoundsChecks,
+    COOPERATIVE_MATRIX_ENV, Capabilities, Context, KeyLimits, WGPU_VERSION, adapters, instance, wgpu_adapters,
+    wgpu_adapters_async,
 };
 pub use error::{Error, GpuErrorKind, Result};
 pub use pipeline::{BufferView, Dispatch};
+pub use requirements::Requirements;
 pub use tensor::{DType, Tensor};
+pub use timer::{MAX_TIMED_SAMPLES, Sample, Sampler};
 
 /// `docs/layer.md`, compiled and run as a doc test.
 #[cfg(all(doctest, feature = "checkpoint", feature = "synth"))]

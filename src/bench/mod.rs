@@ -16,13 +16,12 @@ pub mod routing;
 pub mod runner;
 pub mod verdict;
 
-/// The two clocks of a sample (moved to the crate root, where the tuner uses them too).
-pub use crate::timer;
+/// The two clocks of a sample (`src/timer.rs`, where the tuner uses them too).
+pub use crate::timer::{MAX_TIMED_SAMPLES, Sample, Sampler};
 
 pub use comparison::{Case, Comparison, Registered, Size, SizeSet};
 pub use record::{Calibration, RunRecord, Settings};
 pub use runner::{run_case, run_comparison};
-pub use timer::Sampler;
 pub use verdict::{Block, Rules, Summary, Verdict};
 
 /// Every registered comparison, in matrix order.
