@@ -72,8 +72,8 @@ pub mod prelude {
 
 pub use context::{
     ADAPTER_ENV, AdapterDescription, AdapterSelector, Allocations, BOUNDS_CHECKS_ENV, BoundsChecks,
-    COOPERATIVE_MATRIX_ENV, Capabilities, Context, KeyLimits, WGPU_VERSION, adapters, instance, wgpu_adapters,
-    wgpu_adapters_async,
+    COOPERATIVE_MATRIX_ENV, Capabilities, Context, KeyLimits, WGPU_VERSION, adapters, instance,
+    wgpu_adapters, wgpu_adapters_async,
 };
 pub use error::{Error, GpuErrorKind, Result};
 pub use pipeline::{BufferView, Dispatch};

@@ -9,17 +9,43 @@
 //! wgpu (like WebGPU) tracks usage per buffer, not per range: within one dispatch a buffer is
 //! either only read (as read-only storage, or uniform) or bound only as read-write storage. So
 //! every kernel declares the storage bindings that can hold a region, x or y as `read_write`
-//! (weights and parameters stay read-only), and x, y and the regions can share one buffer. The
-//! x windows, which the window kernels read as uniform, are a buffer of the workspace's own. A layer computes its layout once
-//! (`MoeConfig::workspace_layout`), and both its plan and its device requirements read it, so
-//! the sizes have one source. Nothing in a workspace is read before a forward writes it, so
-//! layers that run one after another can share one workspace whatever it held before.
+//! (weights and parameters stay read-only), and x, y and the regions can share one buffer. The x
+//! windows, which the window kernels read as uniform, are a buffer of the workspace's own. A layer
+//! computes its layout once (`MoeConfig::workspace_layout`), and both its plan and its device
+//! requirements read it; each region's size is a [`RegionSize`] made by one function of its family,
+//! which the layout pushes and the planner takes, so the sizes have one source. Nothing in a
+//! workspace is read before a forward writes it, so layers that run one after another can share one
+//! workspace whatever it held before.
 
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::pipeline::{Binding, BufferView};
 use crate::size;
 use crate::tensor::WORD_BYTES;
+
+/// A region's key and its size in bytes, made by the one sizing function of its family (the
+/// layer's routing results and outputs in `layer/workspace.rs`, the dispatch layout's in
+/// `kernels/dispatch`, the activations in `kernels/gemm/plan.rs`): a layout pushes it and a
+/// planner takes it, so neither recomputes the other's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RegionSize {
+    /// The region.
+    pub(crate) key: ScratchKey,
+    /// Its size in bytes.
+    pub(crate) bytes: u64,
+}
+
+impl RegionSize {
+    /// `key` holding the product of `counts` 32-bit words.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] where the product overflows 64 bits.
+    pub(crate) fn words(key: ScratchKey, counts: &[u64]) -> Result<Self> {
+        let mut factors = counts.to_vec();
+        factors.push(WORD_BYTES);
+        Ok(RegionSize { key, bytes: size::product(&format!("workspace region {key:?}"), &factors)? })
+    }
+}
 
 /// The scratch regions of a forward, one per kind of intermediate value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -182,7 +208,8 @@ impl<'a> Scratch<'a> {
     /// [`Error::LimitExceeded`] for bytes past the device's storage-binding or buffer limits;
     /// [`Error::InvalidArgument`] where the workspace has no region of that size for `key` (one
     /// made for a smaller layer or token count).
-    pub(crate) fn take(&self, key: ScratchKey, bytes: u64) -> Result<Region> {
+    pub(crate) fn take(&self, size: RegionSize) -> Result<Region> {
+        let RegionSize { key, bytes } = size;
         match *self {
             Scratch::Own(ctx) => Ok(Region::whole(match key {
                 ScratchKey::XWindows => ctx.window_scratch(key.label(), bytes)?,
@@ -224,12 +251,13 @@ impl WorkspaceLayout {
         WorkspaceLayout { spans: Vec::new(), bytes: 0, alignment, windows: None }
     }
 
-    /// Adds a region of `bytes` bytes (at least 4, rounded up to 4) for `key`, or grows the
-    /// one it has to hold `bytes` (for [`ScratchKey::XWindows`]: the windows' bytes).
+    /// Adds `size`'s region (at least 4 bytes, rounded up to 4), or grows the one it has for its
+    /// key to hold it (for [`ScratchKey::XWindows`]: the windows' bytes).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] where the region or the layout's end does not fit in a u64.
-    pub(crate) fn push(&mut self, key: ScratchKey, bytes: u64) -> Result<()> {
+    pub(crate) fn push(&mut self, size: RegionSize) -> Result<()> {
+        let RegionSize { key, bytes } = size;
         let what = format!("workspace region {key:?}");
         let bytes = size::round_up(&what, bytes.max(4), 4)?;
         let aligned = size::round_up(&what, bytes, self.alignment)?;
@@ -255,18 +283,6 @@ impl WorkspaceLayout {
         Ok(())
     }
 
-    /// [`Self::push`] of a region of 32-bit values, as many as the product of `counts` (a
-    /// shape's dimensions).
-    ///
-    /// # Errors
-    /// As [`Self::push`], and where the product's bytes do not fit in a u64.
-    pub(crate) fn push_words(&mut self, key: ScratchKey, counts: &[u64]) -> Result<()> {
-        let mut factors = counts.to_vec();
-        factors.push(WORD_BYTES);
-        let bytes = size::product(&format!("workspace region {key:?}"), &factors)?;
-        self.push(key, bytes)
-    }
-
     /// A layout that holds both `self`'s and `other`'s regions, each as large as the larger
     /// (for one workspace shared by layers of different shapes).
     ///
@@ -281,10 +297,10 @@ impl WorkspaceLayout {
         }
         let mut out = self.clone();
         for (key, _, bytes) in other.regions() {
-            out.push(key, bytes)?;
+            out.push(RegionSize { key, bytes })?;
         }
         if let Some(w) = other.windows {
-            out.push(ScratchKey::XWindows, w)?;
+            out.push(RegionSize { key: ScratchKey::XWindows, bytes: w })?;
         }
         Ok(out)
     }
@@ -342,7 +358,7 @@ impl Workspace {
         let regions = layout
             .regions()
             .chain(windows)
-            .map(|(key, _, bytes)| Ok((key, Scratch::Own(ctx).take(key, bytes)?)))
+            .map(|(key, _, bytes)| Ok((key, Scratch::Own(ctx).take(RegionSize { key, bytes })?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Workspace { regions })
     }
@@ -401,7 +417,8 @@ impl Workspace {
             })
             .collect::<Result<Vec<_>>>()?;
         if let Some(w) = layout.windows {
-            regions.push((ScratchKey::XWindows, Scratch::Own(ctx).take(ScratchKey::XWindows, w)?));
+            let windows = RegionSize { key: ScratchKey::XWindows, bytes: w };
+            regions.push((ScratchKey::XWindows, Scratch::Own(ctx).take(windows)?));
         }
         Ok(Workspace { regions })
     }
@@ -425,10 +442,10 @@ mod tests {
     fn regions_are_aligned_and_one_per_key() {
         let mut l = layout(32, 256);
         assert_eq!(l.alignment(), 256);
-        l.push(ScratchKey::TopkIndices, 10).unwrap();
-        l.push(ScratchKey::Activations, 300).unwrap();
-        l.push(ScratchKey::TopkWeights, 0).unwrap();
-        l.push(ScratchKey::XWindows, 5000).unwrap();
+        l.push(RegionSize { key: ScratchKey::TopkIndices, bytes: 10 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::Activations, bytes: 300 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::TopkWeights, bytes: 0 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::XWindows, bytes: 5000 }).unwrap();
         assert_eq!(l.window_bytes(), Some(5000), "the windows are not a region");
         assert_eq!(
             l.regions().collect::<Vec<_>>(),
@@ -439,13 +456,15 @@ mod tests {
             ]
         );
         assert_eq!(l.bytes(), 1024);
-        l.push(ScratchKey::Activations, 100).unwrap();
+        l.push(RegionSize { key: ScratchKey::Activations, bytes: 100 }).unwrap();
         assert_eq!(l.bytes(), 1024, "a smaller request fits the region there is");
-        l.push(ScratchKey::Activations, 600).unwrap();
-        let err = l.push(ScratchKey::TopkWeights, u64::MAX).unwrap_err().to_string();
+        l.push(RegionSize { key: ScratchKey::Activations, bytes: 600 }).unwrap();
+        let err =
+            l.push(RegionSize { key: ScratchKey::TopkWeights, bytes: u64::MAX }).unwrap_err().to_string();
         assert!(err.contains("TopkWeights") && err.contains("do not fit in 64 bits"), "{err}");
-        assert!(l.push(ScratchKey::TopkWeights, u64::MAX - 64).is_err(), "the layout's end would wrap");
-        assert!(l.push_words(ScratchKey::TopkWeights, &[1 << 32, 1 << 32]).is_err());
+        let wraps = RegionSize { key: ScratchKey::TopkWeights, bytes: u64::MAX - 64 };
+        assert!(l.push(wraps).is_err(), "the layout's end would wrap");
+        assert!(RegionSize::words(ScratchKey::TopkWeights, &[1 << 32, 1 << 32]).is_err());
         assert_eq!(
             l.regions().collect::<Vec<_>>(),
             [

@@ -16,9 +16,8 @@ use crate::kernels::routing::{RouteBuffers, plan_route};
 use crate::kernels::sizing::plan_sizing;
 use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{BufferView, Dispatch};
-use crate::tensor::word_bytes;
 use crate::tensor::{DType, Tensor};
-use crate::workspace::{Region, Scratch, ScratchKey, Workspace, WorkspaceLayout};
+use crate::workspace::{Region, Scratch, Workspace, WorkspaceLayout};
 
 impl MoeLayer {
     /// The [`ForwardIo`] of `x[tokens, H]` and `y[tokens, H]` (f32) at the start of `x` and `y`
@@ -115,7 +114,7 @@ impl MoeLayer {
     fn plan_checked(&self, ctx: &Context, io: &ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
         let c = &self.cfg;
         let (max_tokens, x, y) = (io.max_tokens(), io.x.view(), io.y.view());
-        let (t, h, k) = (u64::from(max_tokens), u64::from(c.route.hidden), u64::from(c.route.k));
+        let (t, k) = (u64::from(max_tokens), u64::from(c.route.k));
         let entries = max_tokens
             .checked_mul(c.route.k)
             .ok_or_else(|| Error::limit("max_tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
@@ -133,19 +132,17 @@ impl MoeLayer {
         let scratch = Scratch::Laid(ctx, workspace);
         let (indices, weights) = match io.routing {
             Some((i, w)) => (Region::of(i.view()), Region::of(w.view())),
-            None => (
-                scratch.take(ScratchKey::TopkIndices, word_bytes(t * k))?,
-                scratch.take(ScratchKey::TopkWeights, word_bytes(t * k))?,
-            ),
+            None => {
+                let [indices, weights] = c.routing_regions(max_tokens)?;
+                (scratch.take(indices)?, scratch.take(weights)?)
+            }
         };
         let logits = match (c.route_mode.writes_logits(), io.logits) {
             (true, Some(l)) => Some(Region::of(l.view())),
-            (true, None) => {
-                Some(scratch.take(ScratchKey::RouterLogits, word_bytes(t * u64::from(c.route.experts)))?)
-            }
+            (true, None) => Some(scratch.take(c.logits_region(max_tokens)?)?),
             (false, _) => None,
         };
-        let partial = scratch.take(ScratchKey::ExpertOutputs, word_bytes(t * k * h))?;
+        let partial = scratch.take(c.outputs_region(max_tokens)?)?;
         let mut stages = Vec::new();
         let route_bufs = RouteBuffers {
             x,
@@ -215,11 +212,11 @@ impl MoeLayer {
         }
         let mut shared = None;
         if let Some(s) = &self.shared {
-            let rows = scratch.take(ScratchKey::SharedOutput, word_bytes(t * h))?;
+            let rows = scratch.take(c.shared_output_region(max_tokens)?)?;
             let mut ds = plan_dense_ffn_in(scratch, s, max_tokens, x, rows.view())?.into_dispatches();
             let gate_logits = match &self.shared_gate {
                 Some(g) => {
-                    let gl = scratch.take(ScratchKey::SharedGateLogits, word_bytes(t))?;
+                    let gl = scratch.take(c.shared_gate_logits_region(max_tokens)?)?;
                     let (kernel, order) = (DenseKernel::Rowwise, c.gemm_order);
                     ds.extend(
                         plan_dense_in(scratch, g, max_tokens, x, gl.view(), kernel, order)?.into_dispatches(),

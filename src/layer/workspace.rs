@@ -6,8 +6,11 @@ use super::config::{Capacity, MoeConfig};
 use super::io::CallerOutputs;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout};
-use crate::kernels::gemm::{GemmVariant, decode_tokens, window_bytes_bound};
-use crate::workspace::{ScratchKey, WorkspaceLayout};
+use crate::kernels::gemm::{
+    GemmVariant, activations, bucket_activations, decode_tokens, overflow_activations, shared_activations,
+    window_bytes_bound,
+};
+use crate::workspace::{RegionSize, ScratchKey, WorkspaceLayout};
 
 impl MoeConfig {
     /// The largest token count of a dropless layer's decode path at a maximum of `max_tokens`
@@ -46,16 +49,16 @@ impl MoeConfig {
                 "u32 entries",
             )
         })?;
-        let (t, h, f) = (u64::from(max_tokens), u64::from(self.route.hidden), u64::from(self.ffn));
         let mut l = WorkspaceLayout::new(limits);
         if !caller.routing {
-            l.push_words(ScratchKey::TopkIndices, &[u64::from(entries)])?;
-            l.push_words(ScratchKey::TopkWeights, &[u64::from(entries)])?;
+            for r in self.routing_regions(max_tokens)? {
+                l.push(r)?;
+            }
         }
         if self.route_mode.writes_logits() && !caller.logits {
-            l.push_words(ScratchKey::RouterLogits, &[t, u64::from(e)])?;
+            l.push(self.logits_region(max_tokens)?)?;
         }
-        l.push_words(ScratchKey::ExpertOutputs, &[u64::from(entries), h])?;
+        l.push(self.outputs_region(max_tokens)?)?;
         // The (rows, K) of every pass that may stage x windows.
         let mut passes: Vec<(u32, u32)> = Vec::new();
         // Passes over `rows` rows: K = hidden (gate/up) and K = ffn (down).
@@ -63,42 +66,89 @@ impl MoeConfig {
         match self.capacity {
             Capacity::Dropless => {
                 let decode_rows = self.decode_until(max_tokens) * k;
-                l.push_words(ScratchKey::Activations, &[u64::from(decode_rows), f])?;
+                l.push(activations(u64::from(decode_rows), self.ffn)?)?;
                 passes.extend(ffn_passes(decode_rows));
                 if decode_rows < entries {
                     let cfg = DispatchConfig { experts: e, k, tile };
                     for (key, bytes) in DispatchLayout::scratch_bytes(cfg, max_tokens)? {
-                        l.push(key, bytes)?;
+                        l.push(RegionSize { key, bytes })?;
                     }
                     // The grouped rows: entries plus each expert's padding to the tile.
                     let max_rows = DispatchLayout::max_rows_for(cfg, max_tokens)?;
-                    l.push_words(ScratchKey::Activations, &[u64::from(max_rows), f])?;
+                    l.push(activations(u64::from(max_rows), self.ffn)?)?;
                     passes.extend(ffn_passes(max_rows));
                 }
             }
             Capacity::Bounded { bound, policy } => {
                 let cfg = BucketConfig { n_caps: e, bound, policy };
                 for (key, bytes) in BucketLayout::scratch_bytes(cfg, entries)? {
-                    l.push(key, bytes)?;
+                    l.push(RegionSize { key, bytes })?;
                 }
                 // Each bucket's slots (`bound` rows per pass), then the overflow entries.
-                l.push_words(ScratchKey::Activations, &[u64::from(e), u64::from(bound), f])?;
-                l.push_words(ScratchKey::OverflowActivations, &[u64::from(entries), f])?;
+                l.push(bucket_activations(e, bound, self.ffn)?)?;
+                l.push(overflow_activations(u64::from(entries), self.ffn)?)?;
                 passes.extend(ffn_passes(bound));
                 passes.extend(ffn_passes(entries));
             }
         }
         if let Some(fs) = self.shared_ffn {
-            l.push_words(ScratchKey::SharedOutput, &[t, h])?;
+            l.push(self.shared_output_region(max_tokens)?)?;
             if self.shared_gate {
-                l.push_words(ScratchKey::SharedGateLogits, &[t])?;
+                l.push(self.shared_gate_logits_region(max_tokens)?)?;
             }
-            l.push_words(ScratchKey::SharedActivations, &[t, u64::from(fs)])?;
+            l.push(shared_activations(max_tokens, fs)?)?;
             passes.extend([(max_tokens, self.route.hidden), (max_tokens, fs)]);
         }
         if let Some(bytes) = window_bytes_bound(variants, &passes, limits) {
-            l.push(ScratchKey::XWindows, bytes)?;
+            l.push(RegionSize { key: ScratchKey::XWindows, bytes })?;
         }
         Ok(l)
+    }
+
+    /// The routing results' regions, `indices[T, k]` (u32) and `weights[T, k]` (f32), at a
+    /// maximum of `max_tokens` tokens: sized here for the layout and the plan alike (as the
+    /// layer's other regions below).
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] where the bytes overflow 64 bits.
+    pub(crate) fn routing_regions(&self, max_tokens: u32) -> Result<[RegionSize; 2]> {
+        let dims = [u64::from(max_tokens), u64::from(self.route.k)];
+        Ok([
+            RegionSize::words(ScratchKey::TopkIndices, &dims)?,
+            RegionSize::words(ScratchKey::TopkWeights, &dims)?,
+        ])
+    }
+
+    /// The router logits' region `[T, experts]` (f32).
+    ///
+    /// # Errors
+    /// As [`Self::routing_regions`].
+    pub(crate) fn logits_region(&self, max_tokens: u32) -> Result<RegionSize> {
+        RegionSize::words(ScratchKey::RouterLogits, &[u64::from(max_tokens), u64::from(self.route.experts)])
+    }
+
+    /// The routed experts' outputs `[T * k, hidden]` (f32).
+    ///
+    /// # Errors
+    /// As [`Self::routing_regions`].
+    pub(crate) fn outputs_region(&self, max_tokens: u32) -> Result<RegionSize> {
+        let dims = [u64::from(max_tokens), u64::from(self.route.k), u64::from(self.route.hidden)];
+        RegionSize::words(ScratchKey::ExpertOutputs, &dims)
+    }
+
+    /// The shared expert's output `[T, hidden]` (f32).
+    ///
+    /// # Errors
+    /// As [`Self::routing_regions`].
+    pub(crate) fn shared_output_region(&self, max_tokens: u32) -> Result<RegionSize> {
+        RegionSize::words(ScratchKey::SharedOutput, &[u64::from(max_tokens), u64::from(self.route.hidden)])
+    }
+
+    /// The shared expert's gate logits `[T]` (f32).
+    ///
+    /// # Errors
+    /// As [`Self::routing_regions`].
+    pub(crate) fn shared_gate_logits_region(&self, max_tokens: u32) -> Result<RegionSize> {
+        RegionSize::words(ScratchKey::SharedGateLogits, &[u64::from(max_tokens)])
     }
 }

@@ -14,7 +14,7 @@ use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
 use crate::shader::{Indexing, ShaderSource, wgsl};
 use crate::size;
-use crate::workspace::{DispatchPart, Region, Scratch, ScratchKey};
+use crate::workspace::{DispatchPart, Region, RegionSize, Scratch, ScratchKey};
 use host::{Layout, Meta};
 
 pub mod host;
@@ -268,8 +268,8 @@ impl DispatchLayout {
     /// overflow accounting.
     ///
     /// # Errors
-    /// [`DispatchConfig::validate`]'s errors on `cfg`; [`Error::LimitExceeded`] for buffers past the
-    /// adapter's binding or buffer limits or u32 indices.
+    /// [`DispatchConfig::validate`]'s errors on `cfg`; [`Error::LimitExceeded`] for buffers past
+    /// the adapter's binding or buffer limits or u32 indices.
     pub fn new(ctx: &Context, cfg: DispatchConfig, tokens: u32, bound: u32) -> Result<Self> {
         Self::with_scratch(Scratch::Own(ctx), cfg, tokens, bound)
     }
@@ -327,7 +327,7 @@ impl DispatchLayout {
             }
         }
         let [hist, counts, offsets, padded, perm, inverse, tile_expert, meta, overflow_offsets] =
-            bytes.map(|(key, bytes)| scratch.take(key, bytes));
+            bytes.map(|(key, bytes)| scratch.take(RegionSize { key, bytes }));
         let params = ctx.uniform(
             "dispatch params",
             &Params {
@@ -641,13 +641,25 @@ impl BucketLayout {
     /// As [`DispatchLayout::scratch_bytes`].
     pub(crate) fn scratch_bytes(cfg: BucketConfig, tokens: u32) -> Result<Vec<(ScratchKey, u64)>> {
         let mut bytes = DispatchLayout::scratch_bytes(Self::grouping(cfg), tokens)?.to_vec();
-        let slots = size::product(
+        let slots = Self::slots_region(cfg)?;
+        bytes.push((slots.key, slots.bytes));
+        let overflow = Self::overflow_region(tokens);
+        bytes.push((overflow.key, overflow.bytes));
+        Ok(bytes)
+    }
+
+    /// The slots' region (`pad_perm`): `bound` u32 entries per bucket.
+    fn slots_region(cfg: BucketConfig) -> Result<RegionSize> {
+        let bytes = size::product(
             "bucket slots (n_caps × bound)",
             &[u64::from(cfg.n_caps), u64::from(cfg.bound), U32],
         )?;
-        bytes.push((ScratchKey::BucketSlots, slots));
-        bytes.push((ScratchKey::BucketOverflow, u64::from(tokens) * U32));
-        Ok(bytes)
+        Ok(RegionSize { key: ScratchKey::BucketSlots, bytes })
+    }
+
+    /// The overflow list's region: one u32 entry per entry of the layout.
+    fn overflow_region(tokens: u32) -> RegionSize {
+        RegionSize { key: ScratchKey::BucketOverflow, bytes: u64::from(tokens) * U32 }
     }
 
     /// [`Self::new`] with its buffers taken from `scratch`.
@@ -657,12 +669,12 @@ impl BucketLayout {
             return Err(Error::invalid("bucket bound must be at least 1"));
         }
         let layout = DispatchLayout::with_scratch(scratch, Self::grouping(cfg), tokens, cfg.bound)?;
+        let slots_region = Self::slots_region(cfg)?;
         let slots = u64::from(cfg.n_caps) * u64::from(cfg.bound);
-        let slot_bytes = size::product("pad_perm bytes (n_caps x bound)", &[slots, U32])?;
-        if slot_bytes > ctx.limits().max_storage_buffer_binding_size {
+        if slots_region.bytes > ctx.limits().max_storage_buffer_binding_size {
             return Err(Error::limit(
                 "pad_perm bytes (n_caps x bound)",
-                slot_bytes,
+                slots_region.bytes,
                 ctx.limits().max_storage_buffer_binding_size,
                 "max_storage_buffer_binding_size",
             ));
@@ -673,8 +685,8 @@ impl BucketLayout {
         Ok(BucketLayout {
             cfg,
             winners_per_token: 1,
-            pad_perm: scratch.take(ScratchKey::BucketSlots, slots * U32)?,
-            overflow: scratch.take(ScratchKey::BucketOverflow, u64::from(tokens) * U32)?,
+            pad_perm: scratch.take(slots_region)?,
+            overflow: scratch.take(Self::overflow_region(tokens))?,
             layout,
         })
     }

@@ -43,7 +43,10 @@ pub use plan::{
     DECODE_MAX_TOKENS, DenseKernel, FfnBuffers, FfnPlan, FfnRouting, decode_tokens, plan_dense,
     plan_dense_ffn, plan_ffn, plan_ffn_all_experts, uses_decode_path,
 };
-pub(crate) use plan::{plan_dense_ffn_in, plan_dense_in, plan_ffn_in};
+pub(crate) use plan::{
+    activations, bucket_activations, overflow_activations, plan_dense_ffn_in, plan_dense_in, plan_ffn_in,
+    shared_activations,
+};
 pub use policy::{AdapterKind, candidates};
 pub use quantised::QuantisedValues;
 pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};

@@ -25,7 +25,7 @@ use crate::kernels::dispatch::DispatchLayout;
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Binding, BufferView, Dispatch, KernelSpec, TextureBinding};
 use crate::shader::Override;
-use crate::workspace::{Region, Scratch, ScratchKey};
+use crate::workspace::{Region, RegionSize, Scratch, ScratchKey};
 
 /// What a pass computes (the kernels' `SWIGLU`, `FLAG_GATHER` and `FLAG_OUT_ENTRY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -708,7 +708,7 @@ impl Staged {
             return Ok(None);
         };
         let ctx = scratch.ctx();
-        let buffer = scratch.take(ScratchKey::XWindows, windows.bytes())?;
+        let buffer = scratch.take(RegionSize { key: ScratchKey::XWindows, bytes: windows.bytes() })?;
         let p = Params { win_rows: windows.rows, win_stride4: windows.stride4(), ..pass.params_flagged(0) };
         let params = ctx.uniform("stage params", &p)?;
         let kernel = ctx.kernel(&STAGE, &[])?;

@@ -11,9 +11,8 @@ use crate::kernels::dispatch::{BucketLayout, DispatchLayout, META_OVERFLOW};
 use crate::live::LiveCount;
 use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{Access, BufferView, Dispatch};
-use crate::size;
 use crate::tensor::word_bytes;
-use crate::workspace::{Scratch, ScratchKey};
+use crate::workspace::{RegionSize, Scratch, ScratchKey};
 
 use super::ffn::ExpertFfn;
 use super::params::{NONE, Params};
@@ -162,7 +161,7 @@ pub(crate) fn plan_ffn_in(
                 )));
             }
             let rows = layout.max_rows();
-            let act = scratch.take(ScratchKey::Activations, word_bytes(u64::from(rows) * u64::from(f)))?;
+            let act = scratch.take(activations(u64::from(rows), f)?)?;
             let p = Pass::grouped_gate_up(ffn, order, base, x, layout, act.view());
             ds.extend(p.gemm(scratch, kernels.up, Some(layout.tile_expert()))?);
             let down = Pass::down(&p, ffn, act.view(), partial);
@@ -178,11 +177,7 @@ pub(crate) fn plan_ffn_in(
                 )));
             }
             let bound = buckets.config().bound;
-            let act_bytes = size::product(
-                "bucket activations (experts × bound × ffn × 4)",
-                &[u64::from(e), u64::from(bound), u64::from(f), 4],
-            )?;
-            let act = scratch.take(ScratchKey::Activations, act_bytes)?;
+            let act = scratch.take(bucket_activations(e, bound, f)?)?;
             for expert in 0..e {
                 let live =
                     LiveRows::new(LiveCount::constant(bound)).offset(LiveCount::constant(expert * bound));
@@ -194,8 +189,7 @@ pub(crate) fn plan_ffn_in(
                 ds.extend(p.gemm(scratch, kernels.up, None)?);
                 ds.extend(Pass::down(&p, ffn, act.view(), partial).gemm(scratch, kernels.down, None)?);
             }
-            let over_act =
-                scratch.take(ScratchKey::OverflowActivations, word_bytes(entries * u64::from(f)))?;
+            let over_act = scratch.take(overflow_activations(entries, f)?)?;
             let live = LiveRows::new(LiveCount::tokens().times(k));
             let mut p =
                 Pass::gate_up(ffn, order, base, x, RowMap::Listed(buckets.overflow()), over_act.view(), live);
@@ -206,7 +200,7 @@ pub(crate) fn plan_ffn_in(
             ds.extend(down.rowwise(scratch, Some(indices), inner.meta(), source)?);
         }
         FfnRouting::Decode => {
-            let act = scratch.take(ScratchKey::Activations, word_bytes(entries * u64::from(f)))?;
+            let act = scratch.take(activations(entries, f)?)?;
             let count = ctx.upload("decode rows", &[entries32])?;
             // Entries are their own rows: the rows binding is not read (and is not `count`,
             // which the kernel binds too: WebGPU refuses two writable bindings of one range).
@@ -235,7 +229,8 @@ pub fn plan_ffn_all_experts<'b>(
     x: impl Into<BufferView<'b>>,
     all: impl Into<BufferView<'b>>,
 ) -> Result<FfnPlan> {
-    every_expert_on_every_token(Scratch::Own(ctx), ScratchKey::Activations, ffn, tokens, x.into(), all.into())
+    let act = activations(u64::from(ffn.experts()) * u64::from(tokens), ffn.ffn())?;
+    every_expert_on_every_token(Scratch::Own(ctx), act, ffn, tokens, x.into(), all.into())
 }
 
 /// (e) A dense FFN: the one expert of `ffn` on every token, `y[tokens, H]` from `x[tokens, H]`
@@ -268,27 +263,27 @@ pub(crate) fn plan_dense_ffn_in(
             ffn.experts()
         )));
     }
-    every_expert_on_every_token(scratch, ScratchKey::SharedActivations, ffn, tokens, x, y)
+    every_expert_on_every_token(scratch, shared_activations(tokens, ffn.ffn())?, ffn, tokens, x, y)
 }
 
 /// `all[E, tokens, H]`: each expert's FFN on every token, expert by expert (see
 /// [`plan_ffn_all_experts`] and [`plan_dense_ffn`]).
-/// Its activations `[E * tokens, F]` are the region `act_key` of `scratch`.
+/// Its activations `[E * tokens, F]` are the region `act` of `scratch`.
 fn every_expert_on_every_token(
     scratch: Scratch<'_>,
-    act_key: ScratchKey,
+    act: RegionSize,
     ffn: &ExpertFfn,
     tokens: u32,
     x: BufferView<'_>,
     all: BufferView<'_>,
 ) -> Result<FfnPlan> {
     let ctx = scratch.ctx();
-    let (e, f, h) = (ffn.experts(), ffn.ffn(), ffn.hidden());
+    let (e, h) = (ffn.experts(), ffn.hidden());
     let rows = u64::from(e) * u64::from(tokens);
     ctx.check_view("x", &x, word_bytes(u64::from(tokens) * u64::from(h)), Access::Read)?;
     ctx.check_view("all-expert output", &all, word_bytes(rows * u64::from(h)), Access::ReadWrite)?;
     check_disjoint(&[("x", x, Use::Read), ("all-expert output", all, Use::Write)])?;
-    let act = scratch.take(act_key, word_bytes(rows * u64::from(f)))?;
+    let act = scratch.take(act)?;
     let unused = ctx.storage_scratch("identity rows", 4)?;
     let kernels = ffn.kernels(ctx);
     let mut ds = Vec::new();
@@ -379,6 +374,40 @@ pub(crate) fn plan_dense_in(
         }
     };
     Ok(FfnPlan { dispatches })
+}
+
+/// The routed experts' activations `[rows, ffn]` (f32): the grouped rows, the decode entries,
+/// or every expert's rows of every token. The planners and the layer's workspace layout size
+/// the region here, and only here (as the activation regions below).
+///
+/// # Errors
+/// [`Error::LimitExceeded`] where the bytes overflow 64 bits.
+pub(crate) fn activations(rows: u64, ffn: u32) -> Result<RegionSize> {
+    RegionSize::words(ScratchKey::Activations, &[rows, u64::from(ffn)])
+}
+
+/// A bucket layout's activations: `bound` rows per bucket `[experts, bound, ffn]` (f32).
+///
+/// # Errors
+/// As [`activations`].
+pub(crate) fn bucket_activations(experts: u32, bound: u32, ffn: u32) -> Result<RegionSize> {
+    RegionSize::words(ScratchKey::Activations, &[u64::from(experts), u64::from(bound), u64::from(ffn)])
+}
+
+/// The activations of a bucket layout's overflow entries `[entries, ffn]` (f32).
+///
+/// # Errors
+/// As [`activations`].
+pub(crate) fn overflow_activations(entries: u64, ffn: u32) -> Result<RegionSize> {
+    RegionSize::words(ScratchKey::OverflowActivations, &[entries, u64::from(ffn)])
+}
+
+/// The shared expert's activations `[tokens, shared ffn]` (f32).
+///
+/// # Errors
+/// As [`activations`].
+pub(crate) fn shared_activations(tokens: u32, ffn: u32) -> Result<RegionSize> {
+    RegionSize::words(ScratchKey::SharedActivations, &[u64::from(tokens), u64::from(ffn)])
 }
 
 #[cfg(test)]
