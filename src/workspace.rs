@@ -12,7 +12,7 @@
 //! (weights and parameters stay read-only), and x, y and the regions can share one buffer. The x
 //! windows, which the window kernels read as uniform, are a buffer of the workspace's own. A layer
 //! computes its layout once (`MoeConfig::workspace_layout`), and both its plan and its device
-//! requirements read it; each region's size is a [`RegionSize`] made by one function of its family,
+//! requirements read it; each region's size is a `RegionSize` made by one function of its family,
 //! which the layout pushes and the planner takes, so the sizes have one source. Nothing in a
 //! workspace is read before a forward writes it, so layers that run one after another can share one
 //! workspace whatever it held before.
