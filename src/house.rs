@@ -342,6 +342,24 @@ fn no_file_is_past_900_lines() {
     assert!(long.is_empty(), "files past 900 lines: {long:?}");
 }
 
+/// Every scratch region's name is declared once (`ScratchKey::new` in its family's file), and
+/// no two regions share one: a shared name would make one region of two.
+#[test]
+fn scratch_keys_have_names_of_their_own() {
+    let mut names: Vec<String> = Vec::new();
+    for (_, text) in sources() {
+        for (at, _) in text.match_indices("ScratchKey::new(\"") {
+            let rest = &text[at + "ScratchKey::new(\"".len()..];
+            names.push(rest.chars().take_while(|&c| c != '"').collect());
+        }
+    }
+    assert!(names.len() >= 20, "found only {names:?}");
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "scratch keys that share a name: {names:?}");
+}
+
 /// The reader of imports sees grouped, nested, relative and inline paths and skips comments
 /// and test modules, so the rules above can fail.
 #[test]

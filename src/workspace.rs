@@ -47,94 +47,35 @@ impl RegionSize {
     }
 }
 
-/// The scratch regions of a forward, one per kind of intermediate value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ScratchKey {
-    /// `indices[tokens, k]` (u32) written by routing.
-    TopkIndices,
-    /// `weights[tokens, k]` (f32) written by routing.
-    TopkWeights,
-    /// `logits[tokens, experts]` (f32), where the route mode writes them.
-    RouterLogits,
-    /// `partial[tokens * k, hidden]` (f32): each routed expert's output per entry.
-    ExpertOutputs,
-    /// One buffer of the dispatch layout (counts, scan, permutation).
-    Dispatch(DispatchPart),
-    /// `pad_perm[buckets * bound]` (u32) of a bucket layout.
-    BucketSlots,
-    /// The overflow list (u32 entries) of a bucket layout.
-    BucketOverflow,
-    /// The routed experts' activations `[rows, ffn]` (f32): the grouped rows, the decode
-    /// entries or the bucket slots (the grouped and decode paths of one plan share it: a
-    /// forward runs one of them).
-    Activations,
-    /// The activations of a bucket layout's overflow entries `[tokens * k, ffn]` (f32).
-    OverflowActivations,
-    /// x rows staged into uniform windows for the window kernels (every pass of a forward
-    /// stages into the same region, one pass after another; a buffer of the workspace's own,
-    /// not a region of the caller's).
-    XWindows,
-    /// The shared expert's output `[tokens, hidden]` (f32).
-    SharedOutput,
-    /// The shared expert's gate logits `[tokens]` (f32).
-    SharedGateLogits,
-    /// The shared expert's activations `[tokens, shared ffn]` (f32).
-    SharedActivations,
-}
-
-/// The buffers of a dispatch layout (see `wgsl/dispatch/layout.wgsl`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DispatchPart {
-    /// Per-block expert histogram `[blocks, experts]`.
-    Hist,
-    /// Rows per expert `[experts]`.
-    Counts,
-    /// Exclusive scan of the counts `[experts + 1]`.
-    Offsets,
-    /// The scan of the tile-padded counts `[experts + 1]`.
-    Padded,
-    /// Row -> entry `[max rows]`.
-    Perm,
-    /// Entry -> row `[entries]`.
-    Inverse,
-    /// Tile -> expert `[max tiles]`.
-    TileExpert,
-    /// Totals (rows, tiles, overflow).
-    Meta,
-    /// Scan of the overflow counts `[experts + 1]`.
-    OverflowOffsets,
-}
+/// A scratch region's identity: its name (also its buffers' label), which the family that
+/// owns the region declares once, as an associated constant in its own file beside the region's
+/// sizing function (`ScratchKey::TOPK_INDICES` in `layer/workspace.rs`, `ScratchKey::ACTIVATIONS`
+/// in `kernels/gemm/plan.rs`, the dispatch and bucket layouts' in `kernels/dispatch/`). This
+/// module names one, [`Self::X_WINDOWS`], the region it keeps in a buffer of its own. Names are
+/// unique (`src/house.rs` checks).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ScratchKey(&'static str);
 
 impl ScratchKey {
+    /// x rows staged into uniform windows for the window kernels (every pass of a forward stages
+    /// into the same region, one pass after another; a buffer of the workspace's own, not a
+    /// region of the caller's).
+    pub const X_WINDOWS: ScratchKey = ScratchKey::new("gemm x windows");
+
+    /// The key named `label`.
+    pub(crate) const fn new(label: &'static str) -> Self {
+        ScratchKey(label)
+    }
+
     /// The buffer label of this region.
     pub fn label(self) -> &'static str {
-        match self {
-            ScratchKey::TopkIndices => "topk indices",
-            ScratchKey::TopkWeights => "topk weights",
-            ScratchKey::RouterLogits => "router logits",
-            ScratchKey::ExpertOutputs => "expert outputs",
-            ScratchKey::Dispatch(part) => match part {
-                DispatchPart::Hist => "dispatch hist",
-                DispatchPart::Counts => "expert counts",
-                DispatchPart::Offsets => "expert offsets",
-                DispatchPart::Padded => "padded offsets",
-                DispatchPart::Perm => "perm",
-                DispatchPart::Inverse => "inverse perm",
-                DispatchPart::TileExpert => "tile expert",
-                DispatchPart::Meta => "dispatch meta",
-                DispatchPart::OverflowOffsets => "overflow offsets",
-            },
-            ScratchKey::BucketSlots => "pad perm",
-            ScratchKey::BucketOverflow => "overflow list",
-            ScratchKey::Activations => "ffn activations",
-            ScratchKey::OverflowActivations => "overflow activations",
-            ScratchKey::XWindows => "gemm x windows",
-            ScratchKey::SharedOutput => "shared expert output",
-            ScratchKey::SharedGateLogits => "shared gate logits",
-            ScratchKey::SharedActivations => "shared expert activations",
-        }
+        self.0
+    }
+}
+
+impl std::fmt::Debug for ScratchKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
     }
 }
 
@@ -212,7 +153,7 @@ impl<'a> Scratch<'a> {
         let RegionSize { key, bytes } = size;
         match *self {
             Scratch::Own(ctx) => Ok(Region::whole(match key {
-                ScratchKey::XWindows => ctx.window_scratch(key.label(), bytes)?,
+                ScratchKey::X_WINDOWS => ctx.window_scratch(key.label(), bytes)?,
                 _ => ctx.storage_scratch(key.label(), bytes)?,
             })),
             Scratch::Laid(_, ws) => match ws.regions.iter().find(|(k, _)| *k == key) {
@@ -252,7 +193,7 @@ impl WorkspaceLayout {
     }
 
     /// Adds `size`'s region (at least 4 bytes, rounded up to 4), or grows the one it has for its
-    /// key to hold it (for [`ScratchKey::XWindows`]: the windows' bytes).
+    /// key to hold it (for [`ScratchKey::X_WINDOWS`]: the windows' bytes).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] where the region or the layout's end does not fit in a u64.
@@ -261,7 +202,7 @@ impl WorkspaceLayout {
         let what = format!("workspace region {key:?}");
         let bytes = size::round_up(&what, bytes.max(4), 4)?;
         let aligned = size::round_up(&what, bytes, self.alignment)?;
-        if key == ScratchKey::XWindows {
+        if key == ScratchKey::X_WINDOWS {
             self.windows = Some(self.windows.map_or(bytes, |w| w.max(bytes)));
             return Ok(());
         }
@@ -300,7 +241,7 @@ impl WorkspaceLayout {
             out.push(RegionSize { key, bytes })?;
         }
         if let Some(w) = other.windows {
-            out.push(RegionSize { key: ScratchKey::XWindows, bytes: w })?;
+            out.push(RegionSize { key: ScratchKey::X_WINDOWS, bytes: w })?;
         }
         Ok(out)
     }
@@ -354,7 +295,7 @@ impl Workspace {
     /// # Errors
     /// A region past the device's storage-binding or buffer limits; device errors.
     pub(crate) fn own(ctx: &Context, layout: &WorkspaceLayout) -> Result<Self> {
-        let windows = layout.windows.map(|w| (ScratchKey::XWindows, 0, w));
+        let windows = layout.windows.map(|w| (ScratchKey::X_WINDOWS, 0, w));
         let regions = layout
             .regions()
             .chain(windows)
@@ -417,8 +358,8 @@ impl Workspace {
             })
             .collect::<Result<Vec<_>>>()?;
         if let Some(w) = layout.windows {
-            let windows = RegionSize { key: ScratchKey::XWindows, bytes: w };
-            regions.push((ScratchKey::XWindows, Scratch::Own(ctx).take(windows)?));
+            let windows = RegionSize { key: ScratchKey::X_WINDOWS, bytes: w };
+            regions.push((ScratchKey::X_WINDOWS, Scratch::Own(ctx).take(windows)?));
         }
         Ok(Workspace { regions })
     }
@@ -442,35 +383,35 @@ mod tests {
     fn regions_are_aligned_and_one_per_key() {
         let mut l = layout(32, 256);
         assert_eq!(l.alignment(), 256);
-        l.push(RegionSize { key: ScratchKey::TopkIndices, bytes: 10 }).unwrap();
-        l.push(RegionSize { key: ScratchKey::Activations, bytes: 300 }).unwrap();
-        l.push(RegionSize { key: ScratchKey::TopkWeights, bytes: 0 }).unwrap();
-        l.push(RegionSize { key: ScratchKey::XWindows, bytes: 5000 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::TOPK_INDICES, bytes: 10 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::ACTIVATIONS, bytes: 300 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::TOPK_WEIGHTS, bytes: 0 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::X_WINDOWS, bytes: 5000 }).unwrap();
         assert_eq!(l.window_bytes(), Some(5000), "the windows are not a region");
         assert_eq!(
             l.regions().collect::<Vec<_>>(),
             [
-                (ScratchKey::TopkIndices, 0, 12),
-                (ScratchKey::Activations, 256, 300),
-                (ScratchKey::TopkWeights, 768, 4)
+                (ScratchKey::TOPK_INDICES, 0, 12),
+                (ScratchKey::ACTIVATIONS, 256, 300),
+                (ScratchKey::TOPK_WEIGHTS, 768, 4)
             ]
         );
         assert_eq!(l.bytes(), 1024);
-        l.push(RegionSize { key: ScratchKey::Activations, bytes: 100 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::ACTIVATIONS, bytes: 100 }).unwrap();
         assert_eq!(l.bytes(), 1024, "a smaller request fits the region there is");
-        l.push(RegionSize { key: ScratchKey::Activations, bytes: 600 }).unwrap();
+        l.push(RegionSize { key: ScratchKey::ACTIVATIONS, bytes: 600 }).unwrap();
         let err =
-            l.push(RegionSize { key: ScratchKey::TopkWeights, bytes: u64::MAX }).unwrap_err().to_string();
-        assert!(err.contains("TopkWeights") && err.contains("do not fit in 64 bits"), "{err}");
-        let wraps = RegionSize { key: ScratchKey::TopkWeights, bytes: u64::MAX - 64 };
+            l.push(RegionSize { key: ScratchKey::TOPK_WEIGHTS, bytes: u64::MAX }).unwrap_err().to_string();
+        assert!(err.contains("topk weights") && err.contains("do not fit in 64 bits"), "{err}");
+        let wraps = RegionSize { key: ScratchKey::TOPK_WEIGHTS, bytes: u64::MAX - 64 };
         assert!(l.push(wraps).is_err(), "the layout's end would wrap");
-        assert!(RegionSize::words(ScratchKey::TopkWeights, &[1 << 32, 1 << 32]).is_err());
+        assert!(RegionSize::words(ScratchKey::TOPK_WEIGHTS, &[1 << 32, 1 << 32]).is_err());
         assert_eq!(
             l.regions().collect::<Vec<_>>(),
             [
-                (ScratchKey::TopkIndices, 0, 12),
-                (ScratchKey::TopkWeights, 256, 4),
-                (ScratchKey::Activations, 512, 600)
+                (ScratchKey::TOPK_INDICES, 0, 12),
+                (ScratchKey::TOPK_WEIGHTS, 256, 4),
+                (ScratchKey::ACTIVATIONS, 512, 600)
             ]
         );
         assert_eq!((l.bytes(), l.largest()), (512 + 768, 600));

@@ -302,7 +302,7 @@ fn routing_outputs_in_the_callers_tensors_match_the_workspace() {
             let io = io.with_logits(Tensor::f32(view(2), [max, e]).unwrap());
             let keys: Vec<ScratchKey> =
                 layer.workspace_for(&ctx, &io).unwrap().regions().map(|r| r.0).collect();
-            for key in [ScratchKey::TopkIndices, ScratchKey::TopkWeights, ScratchKey::RouterLogits] {
+            for key in [ScratchKey::TOPK_INDICES, ScratchKey::TOPK_WEIGHTS, ScratchKey::ROUTER_LOGITS] {
                 assert!(!keys.contains(&key), "{slug} {name}: {key:?} laid out for a caller's tensor");
             }
             let theirs = layer.plan(&ctx, io).unwrap();

@@ -12,6 +12,21 @@ use crate::kernels::gemm::{
 };
 use crate::workspace::{RegionSize, ScratchKey, WorkspaceLayout};
 
+impl ScratchKey {
+    /// `indices[tokens, k]` (u32) written by routing.
+    pub const TOPK_INDICES: ScratchKey = ScratchKey::new("topk indices");
+    /// `weights[tokens, k]` (f32) written by routing.
+    pub const TOPK_WEIGHTS: ScratchKey = ScratchKey::new("topk weights");
+    /// `logits[tokens, experts]` (f32), where the route mode writes them.
+    pub const ROUTER_LOGITS: ScratchKey = ScratchKey::new("router logits");
+    /// `partial[tokens * k, hidden]` (f32): each routed expert's output per entry.
+    pub const EXPERT_OUTPUTS: ScratchKey = ScratchKey::new("expert outputs");
+    /// The shared expert's output `[tokens, hidden]` (f32).
+    pub const SHARED_OUTPUT: ScratchKey = ScratchKey::new("shared expert output");
+    /// The shared expert's gate logits `[tokens]` (f32).
+    pub const SHARED_GATE_LOGITS: ScratchKey = ScratchKey::new("shared gate logits");
+}
+
 impl MoeConfig {
     /// The largest token count of a dropless layer's decode path at a maximum of `max_tokens`
     /// (0 for a bounded capacity, which has none); counts past it take the grouped path.
@@ -100,7 +115,7 @@ impl MoeConfig {
             passes.extend([(max_tokens, self.route.hidden), (max_tokens, fs)]);
         }
         if let Some(bytes) = window_bytes_bound(variants, &passes, limits) {
-            l.push(RegionSize { key: ScratchKey::XWindows, bytes })?;
+            l.push(RegionSize { key: ScratchKey::X_WINDOWS, bytes })?;
         }
         Ok(l)
     }
@@ -114,8 +129,8 @@ impl MoeConfig {
     pub(crate) fn routing_regions(&self, max_tokens: u32) -> Result<[RegionSize; 2]> {
         let dims = [u64::from(max_tokens), u64::from(self.route.k)];
         Ok([
-            RegionSize::words(ScratchKey::TopkIndices, &dims)?,
-            RegionSize::words(ScratchKey::TopkWeights, &dims)?,
+            RegionSize::words(ScratchKey::TOPK_INDICES, &dims)?,
+            RegionSize::words(ScratchKey::TOPK_WEIGHTS, &dims)?,
         ])
     }
 
@@ -124,7 +139,7 @@ impl MoeConfig {
     /// # Errors
     /// As [`Self::routing_regions`].
     pub(crate) fn logits_region(&self, max_tokens: u32) -> Result<RegionSize> {
-        RegionSize::words(ScratchKey::RouterLogits, &[u64::from(max_tokens), u64::from(self.route.experts)])
+        RegionSize::words(ScratchKey::ROUTER_LOGITS, &[u64::from(max_tokens), u64::from(self.route.experts)])
     }
 
     /// The routed experts' outputs `[T * k, hidden]` (f32).
@@ -133,7 +148,7 @@ impl MoeConfig {
     /// As [`Self::routing_regions`].
     pub(crate) fn outputs_region(&self, max_tokens: u32) -> Result<RegionSize> {
         let dims = [u64::from(max_tokens), u64::from(self.route.k), u64::from(self.route.hidden)];
-        RegionSize::words(ScratchKey::ExpertOutputs, &dims)
+        RegionSize::words(ScratchKey::EXPERT_OUTPUTS, &dims)
     }
 
     /// The shared expert's output `[T, hidden]` (f32).
@@ -141,7 +156,7 @@ impl MoeConfig {
     /// # Errors
     /// As [`Self::routing_regions`].
     pub(crate) fn shared_output_region(&self, max_tokens: u32) -> Result<RegionSize> {
-        RegionSize::words(ScratchKey::SharedOutput, &[u64::from(max_tokens), u64::from(self.route.hidden)])
+        RegionSize::words(ScratchKey::SHARED_OUTPUT, &[u64::from(max_tokens), u64::from(self.route.hidden)])
     }
 
     /// The shared expert's gate logits `[T]` (f32).
@@ -149,6 +164,6 @@ impl MoeConfig {
     /// # Errors
     /// As [`Self::routing_regions`].
     pub(crate) fn shared_gate_logits_region(&self, max_tokens: u32) -> Result<RegionSize> {
-        RegionSize::words(ScratchKey::SharedGateLogits, &[u64::from(max_tokens)])
+        RegionSize::words(ScratchKey::SHARED_GATE_LOGITS, &[u64::from(max_tokens)])
     }
 }

@@ -13,6 +13,13 @@ use crate::pipeline::{BufferView, Dispatch};
 use crate::size;
 use crate::workspace::{Region, RegionSize, Scratch, ScratchKey};
 
+impl ScratchKey {
+    /// `pad_perm[buckets * bound]` (u32) of a bucket layout.
+    pub const BUCKET_SLOTS: ScratchKey = ScratchKey::new("pad perm");
+    /// The overflow list (u32 entries) of a bucket layout.
+    pub const BUCKET_OVERFLOW: ScratchKey = ScratchKey::new("overflow list");
+}
+
 /// A bucket layout: the k = 1 grouping plus `pad_perm[n_caps * bound]` and the overflow list.
 #[derive(Debug)]
 pub struct BucketLayout {
@@ -70,12 +77,12 @@ impl BucketLayout {
             "bucket slots (n_caps × bound)",
             &[u64::from(cfg.n_caps), u64::from(cfg.bound), U32],
         )?;
-        Ok(RegionSize { key: ScratchKey::BucketSlots, bytes })
+        Ok(RegionSize { key: ScratchKey::BUCKET_SLOTS, bytes })
     }
 
     /// The overflow list's region: one u32 entry per entry of the layout.
     pub(super) fn overflow_region(tokens: u32) -> RegionSize {
-        RegionSize { key: ScratchKey::BucketOverflow, bytes: u64::from(tokens) * U32 }
+        RegionSize { key: ScratchKey::BUCKET_OVERFLOW, bytes: u64::from(tokens) * U32 }
     }
 
     /// [`Self::new`] with its buffers taken from `scratch`.

@@ -12,7 +12,29 @@ use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec};
 use crate::size;
-use crate::workspace::{DispatchPart, Region, RegionSize, Scratch, ScratchKey};
+use crate::workspace::{Region, RegionSize, Scratch, ScratchKey};
+
+impl ScratchKey {
+    /// Per-block expert histogram `[blocks, experts]` of a dispatch layout
+    /// (`wgsl/dispatch/layout.wgsl`, as the regions below).
+    pub const DISPATCH_HIST: ScratchKey = ScratchKey::new("dispatch hist");
+    /// Rows per expert `[experts]`.
+    pub const DISPATCH_COUNTS: ScratchKey = ScratchKey::new("expert counts");
+    /// Exclusive scan of the counts `[experts + 1]`.
+    pub const DISPATCH_OFFSETS: ScratchKey = ScratchKey::new("expert offsets");
+    /// The scan of the tile-padded counts `[experts + 1]`.
+    pub const DISPATCH_PADDED: ScratchKey = ScratchKey::new("padded offsets");
+    /// Row -> entry `[max rows]`.
+    pub const DISPATCH_PERM: ScratchKey = ScratchKey::new("perm");
+    /// Entry -> row `[entries]`.
+    pub const DISPATCH_INVERSE: ScratchKey = ScratchKey::new("inverse perm");
+    /// Tile -> expert `[max tiles]`.
+    pub const DISPATCH_TILE_EXPERT: ScratchKey = ScratchKey::new("tile expert");
+    /// Totals (rows, tiles, overflow).
+    pub const DISPATCH_META: ScratchKey = ScratchKey::new("dispatch meta");
+    /// Scan of the overflow counts `[experts + 1]`.
+    pub const DISPATCH_OVERFLOW_OFFSETS: ScratchKey = ScratchKey::new("overflow offsets");
+}
 
 /// Device buffers of one grouped layout for `tokens` tokens, and the dispatches that fill
 /// them from an indices buffer. Built once per shape; every forward re-records the same plan,
@@ -91,23 +113,22 @@ impl DispatchLayout {
     pub(crate) fn scratch_bytes(cfg: DispatchConfig, tokens: u32) -> Result<[(ScratchKey, u64); 9]> {
         let s = Shape::of(cfg, tokens)?;
         let (e, e1) = (u64::from(cfg.experts) * U32, (u64::from(cfg.experts) + 1) * U32);
-        let part = ScratchKey::Dispatch;
         Ok([
             (
-                part(DispatchPart::Hist),
+                ScratchKey::DISPATCH_HIST,
                 size::product(
                     "the dispatch histogram",
                     &[u64::from(s.blocks.max(1)), u64::from(cfg.experts), U32],
                 )?,
             ),
-            (part(DispatchPart::Counts), e),
-            (part(DispatchPart::Offsets), e1),
-            (part(DispatchPart::Padded), e1),
-            (part(DispatchPart::Perm), u64::from(s.max_rows) * U32),
-            (part(DispatchPart::Inverse), u64::from(s.entries) * U32),
-            (part(DispatchPart::TileExpert), u64::from(s.max_tiles) * U32),
-            (part(DispatchPart::Meta), u64::from(META_WORDS) * U32),
-            (part(DispatchPart::OverflowOffsets), e1),
+            (ScratchKey::DISPATCH_COUNTS, e),
+            (ScratchKey::DISPATCH_OFFSETS, e1),
+            (ScratchKey::DISPATCH_PADDED, e1),
+            (ScratchKey::DISPATCH_PERM, u64::from(s.max_rows) * U32),
+            (ScratchKey::DISPATCH_INVERSE, u64::from(s.entries) * U32),
+            (ScratchKey::DISPATCH_TILE_EXPERT, u64::from(s.max_tiles) * U32),
+            (ScratchKey::DISPATCH_META, u64::from(META_WORDS) * U32),
+            (ScratchKey::DISPATCH_OVERFLOW_OFFSETS, e1),
         ])
     }
 

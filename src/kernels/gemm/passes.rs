@@ -708,7 +708,7 @@ impl Staged {
             return Ok(None);
         };
         let ctx = scratch.ctx();
-        let buffer = scratch.take(RegionSize { key: ScratchKey::XWindows, bytes: windows.bytes() })?;
+        let buffer = scratch.take(RegionSize { key: ScratchKey::X_WINDOWS, bytes: windows.bytes() })?;
         let p = Params { win_rows: windows.rows, win_stride4: windows.stride4(), ..pass.params_flagged(0) };
         let params = ctx.uniform("stage params", &p)?;
         let kernel = ctx.kernel(&STAGE, &[])?;

@@ -20,6 +20,17 @@ use super::passes::{LiveRows, Pass, RowMap};
 use super::variant::{GemmOrder, GemmVariant, OperandSource};
 use super::weights::ExpertWeights;
 
+impl ScratchKey {
+    /// The routed experts' activations `[rows, ffn]` (f32): the grouped rows, the decode
+    /// entries or the bucket slots (the grouped and decode paths of one plan share it: a
+    /// forward runs one of them).
+    pub const ACTIVATIONS: ScratchKey = ScratchKey::new("ffn activations");
+    /// The activations of a bucket layout's overflow entries `[tokens * k, ffn]` (f32).
+    pub const OVERFLOW_ACTIVATIONS: ScratchKey = ScratchKey::new("overflow activations");
+    /// The shared expert's activations `[tokens, shared ffn]` (f32).
+    pub const SHARED_ACTIVATIONS: ScratchKey = ScratchKey::new("shared expert activations");
+}
+
 /// Token counts past this never use the row-wise decode path when the path is chosen
 /// automatically (see [`uses_decode_path`]).
 pub const DECODE_MAX_TOKENS: u32 = 8;
@@ -383,7 +394,7 @@ pub(crate) fn plan_dense_in(
 /// # Errors
 /// [`Error::LimitExceeded`] where the bytes overflow 64 bits.
 pub(crate) fn activations(rows: u64, ffn: u32) -> Result<RegionSize> {
-    RegionSize::words(ScratchKey::Activations, &[rows, u64::from(ffn)])
+    RegionSize::words(ScratchKey::ACTIVATIONS, &[rows, u64::from(ffn)])
 }
 
 /// A bucket layout's activations: `bound` rows per bucket `[experts, bound, ffn]` (f32).
@@ -391,7 +402,7 @@ pub(crate) fn activations(rows: u64, ffn: u32) -> Result<RegionSize> {
 /// # Errors
 /// As [`activations`].
 pub(crate) fn bucket_activations(experts: u32, bound: u32, ffn: u32) -> Result<RegionSize> {
-    RegionSize::words(ScratchKey::Activations, &[u64::from(experts), u64::from(bound), u64::from(ffn)])
+    RegionSize::words(ScratchKey::ACTIVATIONS, &[u64::from(experts), u64::from(bound), u64::from(ffn)])
 }
 
 /// The activations of a bucket layout's overflow entries `[entries, ffn]` (f32).
@@ -399,7 +410,7 @@ pub(crate) fn bucket_activations(experts: u32, bound: u32, ffn: u32) -> Result<R
 /// # Errors
 /// As [`activations`].
 pub(crate) fn overflow_activations(entries: u64, ffn: u32) -> Result<RegionSize> {
-    RegionSize::words(ScratchKey::OverflowActivations, &[entries, u64::from(ffn)])
+    RegionSize::words(ScratchKey::OVERFLOW_ACTIVATIONS, &[entries, u64::from(ffn)])
 }
 
 /// The shared expert's activations `[tokens, shared ffn]` (f32).
@@ -407,7 +418,7 @@ pub(crate) fn overflow_activations(entries: u64, ffn: u32) -> Result<RegionSize>
 /// # Errors
 /// As [`activations`].
 pub(crate) fn shared_activations(tokens: u32, ffn: u32) -> Result<RegionSize> {
-    RegionSize::words(ScratchKey::SharedActivations, &[u64::from(tokens), u64::from(ffn)])
+    RegionSize::words(ScratchKey::SHARED_ACTIVATIONS, &[u64::from(tokens), u64::from(ffn)])
 }
 
 #[cfg(test)]
