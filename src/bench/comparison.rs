@@ -147,19 +147,16 @@ pub type SizesFn = Box<dyn Fn(SizeSet, bool) -> Vec<Size>>;
 pub type BuildFn = Box<dyn Fn(&Context, &Size, u64) -> Result<Case>>;
 
 /// A comparison written as data: its names, its sizes and how one size is built. Every one of
-/// moeflow's comparisons is a value of it (each bench module's functions return them); the
-/// trait stays for comparisons a caller writes as a type of its own.
+/// moeflow's comparisons is a value of it, made one way: [`Registered::new`] with the sizes and
+/// the builder of one comparison, or [`Registered::configured`] for a table of comparisons of
+/// one kind that differ in a configuration (a bench module's function returns one, or a list
+/// for a table). The trait stays for comparisons a caller writes as a type of its own.
 pub struct Registered {
-    /// Stable name, e.g. `route/fused-vs-unfused`.
-    pub name: &'static str,
-    /// One sentence: what is compared and why.
-    pub description: &'static str,
-    /// Names of variants A and B.
-    pub variants: (&'static str, &'static str),
-    /// Sizes per set.
-    pub sizes: SizesFn,
-    /// One size's case.
-    pub build: BuildFn,
+    name: &'static str,
+    description: &'static str,
+    variants: (&'static str, &'static str),
+    sizes: SizesFn,
+    build: BuildFn,
 }
 
 impl Comparison for Registered {
@@ -181,6 +178,19 @@ impl Comparison for Registered {
 }
 
 impl Registered {
+    /// A comparison: its stable `name` (e.g. `route/fused-vs-unfused`), one sentence of what is
+    /// compared and why, the names of variants A and B, its sizes per set (`held_out`: the
+    /// confirmation sizes) and the case of one size built with data from a seed.
+    pub fn new(
+        name: &'static str,
+        description: &'static str,
+        variants: (&'static str, &'static str),
+        sizes: impl Fn(SizeSet, bool) -> Vec<Size> + 'static,
+        build: impl Fn(&Context, &Size, u64) -> Result<Case> + 'static,
+    ) -> Self {
+        Registered { name, description, variants, sizes: Box::new(sizes), build: Box::new(build) }
+    }
+
     /// A comparison of a table of one kind: `sizes` and `build` take the comparison's
     /// configuration (`config`, e.g. the two executors or formats it compares) first.
     pub fn configured<C: 'static>(
@@ -193,13 +203,13 @@ impl Registered {
     ) -> Self {
         let config = Rc::new(config);
         let sized = Rc::clone(&config);
-        Registered {
+        Registered::new(
             name,
             description,
             variants,
-            sizes: Box::new(move |set, held_out| sizes(&sized, set, held_out)),
-            build: Box::new(move |ctx, size, seed| build(&config, ctx, size, seed)),
-        }
+            move |set, held_out| sizes(&sized, set, held_out),
+            move |ctx, size, seed| build(&config, ctx, size, seed),
+        )
     }
 }
 

@@ -26,14 +26,14 @@ pub fn skewed_indices(seed: u64, tokens: u32, experts: u32, k: u32) -> Vec<u32> 
 
 /// Stable padded grouping on the device (B) against readback, CPU stable sort and upload (A).
 pub fn device_dispatch() -> Registered {
-    Registered {
-        name: "dispatch/device-vs-host",
-        description: "stable tile-padded grouping by expert on the device (B) against reading indices back, \
+    Registered::new(
+        "dispatch/device-vs-host",
+        "stable tile-padded grouping by expert on the device (B) against reading indices back, \
                       sorting on the CPU and uploading the layout (A); identical layouts",
-        variants: ("host", "device"),
-        sizes: Box::new(device_dispatch_sizes),
-        build: Box::new(build_device_dispatch),
-    }
+        ("host", "device"),
+        device_dispatch_sizes,
+        build_device_dispatch,
+    )
 }
 
 fn device_dispatch_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {

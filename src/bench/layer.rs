@@ -13,14 +13,14 @@ use crate::tensor::word_bytes;
 
 /// One-launch combine (B) against one dispatch per token and slot (A).
 pub fn one_launch_combine() -> Registered {
-    Registered {
-        name: "combine/one-launch-vs-sequential",
-        description: "weighted scatter-reduce of k expert rows per token in one dispatch (B) against a clear, one \
+    Registered::new(
+        "combine/one-launch-vs-sequential",
+        "weighted scatter-reduce of k expert rows per token in one dispatch (B) against a clear, one \
                       dispatch per token and slot, as a host loop issues them (A); bit-identical",
-        variants: ("sequential", "one-launch"),
-        sizes: Box::new(one_launch_combine_sizes),
-        build: Box::new(build_one_launch_combine),
-    }
+        ("sequential", "one-launch"),
+        one_launch_combine_sizes,
+        build_one_launch_combine,
+    )
 }
 
 fn one_launch_combine_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
@@ -83,14 +83,14 @@ fn build_one_launch_combine(ctx: &Context, size: &Size, seed: u64) -> Result<Cas
 
 /// The whole layer with fused routing (B) against unfused routing (A).
 pub fn layer_route() -> Registered {
-    Registered {
-        name: "layer/fused-vs-unfused-route",
-        description: "the whole MoE layer (route, dispatch, SwiGLU experts, shared expert, combine) with the fused \
+    Registered::new(
+        "layer/fused-vs-unfused-route",
+        "the whole MoE layer (route, dispatch, SwiGLU experts, shared expert, combine) with the fused \
                       route (B) against the unfused route (A); bit-identical; decode figures are bandwidth, prefill FLOPs",
-        variants: ("unfused route", "fused route"),
-        sizes: Box::new(layer_route_sizes),
-        build: Box::new(build_layer_route),
-    }
+        ("unfused route", "fused route"),
+        layer_route_sizes,
+        build_layer_route,
+    )
 }
 
 fn layer_route_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
@@ -183,15 +183,15 @@ fn layer_check(
 /// The whole layer planned for a maximum and run at a live count (B) against a plan made for
 /// exactly that count (A).
 pub fn layer_live() -> Registered {
-    Registered {
-        name: "layer/live-vs-exact",
-        description: "the whole MoE layer planned once for a maximum of MAX tokens and run at a live count of M (B) \
+    Registered::new(
+        "layer/live-vs-exact",
+        "the whole MoE layer planned once for a maximum of MAX tokens and run at a live count of M (B) \
                       against a plan made for exactly M tokens (A): the cost of one plan for every count (buffers \
                       for the maximum, grids read from the device); bit-identical",
-        variants: ("exact plan", "plan for the maximum"),
-        sizes: Box::new(layer_live_sizes),
-        build: Box::new(build_layer_live),
-    }
+        ("exact plan", "plan for the maximum"),
+        layer_live_sizes,
+        build_layer_live,
+    )
 }
 
 fn layer_live_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {

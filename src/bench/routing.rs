@@ -115,14 +115,14 @@ fn logits_of(out: &RouteOutputs) -> Result<&wgpu::Buffer> {
 
 /// Fused route (one dispatch, logits in workgroup memory) against gate matvec + top-k.
 pub fn fused_route() -> Registered {
-    Registered {
-        name: "route/fused-vs-unfused",
-        description: "gate matvec + top-k in one dispatch (B) against two dispatches through a logits buffer (A); \
+    Registered::new(
+        "route/fused-vs-unfused",
+        "gate matvec + top-k in one dispatch (B) against two dispatches through a logits buffer (A); \
                       softmax, renormalised, bit-identical outputs",
-        variants: ("unfused", "fused"),
-        sizes: Box::new(route_sizes),
-        build: Box::new(build_fused_route),
-    }
+        ("unfused", "fused"),
+        route_sizes,
+        build_fused_route,
+    )
 }
 
 fn build_fused_route(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -164,14 +164,14 @@ fn build_fused_route(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
 /// reads back and the selection), the most a fused route can save unless its own matvec is
 /// faster. At E=256, k=8: why the fused route does or does not reach 1.3x.
 pub fn gate_share() -> Registered {
-    Registered {
-        name: "route/gate-share",
-        description: "the unfused route's gate matvec alone (B) against the whole unfused route, matvec + top-k \
+    Registered::new(
+        "route/gate-share",
+        "the unfused route's gate matvec alone (B) against the whole unfused route, matvec + top-k \
                       (A): B/A is the matvec's share, 1 - B/A the most a fused route can save; logits bit-identical",
-        variants: ("unfused route", "gate matvec"),
-        sizes: Box::new(route_sizes),
-        build: Box::new(build_gate_share),
-    }
+        ("unfused route", "gate matvec"),
+        route_sizes,
+        build_gate_share,
+    )
 }
 
 fn build_gate_share(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {

@@ -14,15 +14,15 @@ use crate::kernels::gemm::{
 /// The dense GEMM through the adapter's default block kernel (B) against one output per
 /// invocation read straight from memory (A). Bit-identical outputs.
 pub fn tiled_vs_rowwise() -> Registered {
-    Registered {
-        name: "gemm/block-vs-rowwise-dense",
-        description: "dense GEMM with the adapter's default block kernel (B: 16x8 register blocks reading x from \
+    Registered::new(
+        "gemm/block-vs-rowwise-dense",
+        "dense GEMM with the adapter's default block kernel (B: 16x8 register blocks reading x from \
                       uniform windows on CPU adapters, 32x32 workgroup-memory tiles elsewhere) against one output \
                       per invocation (A); bit-identical",
-        variants: ("rowwise", "block"),
-        sizes: Box::new(tiled_vs_rowwise_sizes),
-        build: Box::new(build_tiled_vs_rowwise),
-    }
+        ("rowwise", "block"),
+        tiled_vs_rowwise_sizes,
+        build_tiled_vs_rowwise,
+    )
 }
 
 pub(super) fn tiled_vs_rowwise_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
@@ -44,15 +44,15 @@ pub(super) fn build_tiled_vs_rowwise(ctx: &Context, size: &Size, seed: u64) -> R
 /// tiles with a 64-deep K chunk elsewhere) against the adapter's default block (A), strict
 /// order; bitwise equal. The dense target of the kernel work is read from B.
 pub fn dense_wide_vs_default() -> Registered {
-    Registered {
-        name: "gemm/dense-wide-vs-default",
-        description: "dense GEMM y = x . w^T on one f32 weight matrix with the widest block candidate (B: window \
+    Registered::new(
+        "gemm/dense-wide-vs-default",
+        "dense GEMM y = x . w^T on one f32 weight matrix with the widest block candidate (B: window \
                       32x4 register blocks on CPU adapters, 32x32 tiles with a 64-deep K chunk elsewhere) against \
                       the adapter's default block (A), strict order; bitwise equal",
-        variants: ("default", "wide"),
-        sizes: Box::new(dense_wide_vs_default_sizes),
-        build: Box::new(build_dense_wide_vs_default),
-    }
+        ("default", "wide"),
+        dense_wide_vs_default_sizes,
+        build_dense_wide_vs_default,
+    )
 }
 
 pub(super) fn dense_wide_vs_default_sizes(set: SizeSet, held_out: bool) -> Vec<Size> {
@@ -79,14 +79,14 @@ pub(super) fn build_dense_wide_vs_default(ctx: &Context, size: &Size, seed: u64)
 /// The grouped FFN in the fast order (B) against the strict order (A), same variants: what the
 /// strict order costs.
 pub fn fast_vs_strict() -> Registered {
-    Registered {
-        name: "gemm/fast-vs-strict",
-        description: "grouped expert FFN with one accumulator per output (B, GemmOrder::Fast) against four lane \
+    Registered::new(
+        "gemm/fast-vs-strict",
+        "grouped expert FFN with one accumulator per output (B, GemmOrder::Fast) against four lane \
                       accumulators (A, GemmOrder::Strict), the adapter's default variants: the cost of the strict order",
-        variants: ("strict", "fast"),
-        sizes: Box::new(layer_shape_sizes),
-        build: Box::new(build_fast_vs_strict),
-    }
+        ("strict", "fast"),
+        layer_shape_sizes,
+        build_fast_vs_strict,
+    )
 }
 
 pub(super) fn build_fast_vs_strict(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -97,15 +97,15 @@ pub(super) fn build_fast_vs_strict(ctx: &Context, size: &Size, seed: u64) -> Res
 /// The grouped FFN with the GEMM modules built without runtime bounds checks (B, the default)
 /// against the same kernels built with them (A): what the checks cost.
 pub fn unchecked_vs_checked() -> Registered {
-    Registered {
-        name: "gemm/unchecked-vs-checked",
-        description: "grouped expert FFN, the adapter's default variants, strict order, built without runtime bounds \
+    Registered::new(
+        "gemm/unchecked-vs-checked",
+        "grouped expert FFN, the adapter's default variants, strict order, built without runtime bounds \
                       checks (B, BoundsChecks::WhereUnproven) against every module built with them (A, \
                       BoundsChecks::Everywhere); bitwise equal",
-        variants: ("checked", "unchecked"),
-        sizes: Box::new(layer_shape_sizes),
-        build: Box::new(build_unchecked_vs_checked),
-    }
+        ("checked", "unchecked"),
+        layer_shape_sizes,
+        build_unchecked_vs_checked,
+    )
 }
 
 pub(super) fn build_unchecked_vs_checked(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -224,14 +224,14 @@ impl CoopVsTile {
 
 /// The grouped FFN with direct (CPU-shaped) blocks (B) against workgroup-memory tiles (A).
 pub fn direct_vs_tiled() -> Registered {
-    Registered {
-        name: "gemm/direct-vs-tiled",
-        description: "grouped expert FFN with direct 16x8 register blocks of 8 lanes, no workgroup memory (B), \
+    Registered::new(
+        "gemm/direct-vs-tiled",
+        "grouped expert FFN with direct 16x8 register blocks of 8 lanes, no workgroup memory (B), \
                       against 32x32 workgroup-memory tiles of 4x4 blocks (A), strict order; bitwise equal",
-        variants: ("tiled", "direct"),
-        sizes: Box::new(layer_shape_sizes),
-        build: Box::new(build_direct_vs_tiled),
-    }
+        ("tiled", "direct"),
+        layer_shape_sizes,
+        build_direct_vs_tiled,
+    )
 }
 
 pub(super) fn build_direct_vs_tiled(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -244,15 +244,15 @@ pub(super) fn build_direct_vs_tiled(ctx: &Context, size: &Size, seed: u64) -> Re
 /// The grouped FFN with window blocks (B: x read from uniform-buffer windows a staging pass
 /// fills) against the same direct blocks reading x from storage (A).
 pub fn window_vs_direct() -> Registered {
-    Registered {
-        name: "gemm/window-vs-direct",
-        description: "grouped expert FFN with 16x8 register blocks of 8 lanes reading x from uniform-buffer \
+    Registered::new(
+        "gemm/window-vs-direct",
+        "grouped expert FFN with 16x8 register blocks of 8 lanes reading x from uniform-buffer \
                       windows filled by a staging pass (B) against the same blocks reading x from storage (A), \
                       strict order; bitwise equal",
-        variants: ("direct", "window"),
-        sizes: Box::new(layer_shape_sizes),
-        build: Box::new(build_window_vs_direct),
-    }
+        ("direct", "window"),
+        layer_shape_sizes,
+        build_window_vs_direct,
+    )
 }
 
 pub(super) fn build_window_vs_direct(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -265,15 +265,15 @@ pub(super) fn build_window_vs_direct(ctx: &Context, size: &Size, seed: u64) -> R
 /// The grouped FFN with texture blocks (B: the weights read from texture copies made on the
 /// device) against the same window blocks reading the weights from storage (A).
 pub fn texture_vs_window() -> Registered {
-    Registered {
-        name: "gemm/texture-vs-window",
-        description: "grouped expert FFN with 16x8 register blocks of 8 lanes (16x4 on SwiftShader) reading the \
+    Registered::new(
+        "gemm/texture-vs-window",
+        "grouped expert FFN with 16x8 register blocks of 8 lanes (16x4 on SwiftShader) reading the \
                       weights from texture copies (B) against the same blocks reading them from storage (A), x \
                       from uniform windows in both, strict order; bitwise equal",
-        variants: ("window", "texture"),
-        sizes: Box::new(layer_shape_sizes),
-        build: Box::new(build_texture_vs_window),
-    }
+        ("window", "texture"),
+        layer_shape_sizes,
+        build_texture_vs_window,
+    )
 }
 
 pub(super) fn build_texture_vs_window(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -287,15 +287,15 @@ pub(super) fn build_texture_vs_window(ctx: &Context, size: &Size, seed: u64) -> 
 /// The dense GEMM with texture blocks of 32 rows (B) against window 32 x 4 blocks (A, the
 /// widest storage-weight block), strict order; bitwise equal.
 pub fn dense_texture_vs_window() -> Registered {
-    Registered {
-        name: "gemm/dense-texture-vs-window",
-        description: "dense GEMM y = x . w^T on one f32 weight matrix with 32x8 register blocks (32x4 on \
+    Registered::new(
+        "gemm/dense-texture-vs-window",
+        "dense GEMM y = x . w^T on one f32 weight matrix with 32x8 register blocks (32x4 on \
                       SwiftShader) reading the weights from a texture copy (B) against window 32x4 blocks reading \
                       them from storage (A), strict order; bitwise equal",
-        variants: ("window", "texture"),
-        sizes: Box::new(dense_wide_vs_default_sizes),
-        build: Box::new(build_dense_texture_vs_window),
-    }
+        ("window", "texture"),
+        dense_wide_vs_default_sizes,
+        build_dense_texture_vs_window,
+    )
 }
 
 pub(super) fn build_dense_texture_vs_window(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -307,14 +307,14 @@ pub(super) fn build_dense_texture_vs_window(ctx: &Context, size: &Size, seed: u6
 /// The grouped FFN with the tuner's choice (B) against the adapter's fixed default (A); the
 /// note says which variants the tuner chose.
 pub fn tuned_vs_default() -> Registered {
-    Registered {
-        name: "gemm/tuned-vs-default",
-        description: "grouped expert FFN with the variants the tuner picked on this adapter (B; the note names \
+    Registered::new(
+        "gemm/tuned-vs-default",
+        "grouped expert FFN with the variants the tuner picked on this adapter (B; the note names \
                       them) against the adapter's fixed default (A), strict order; bitwise equal",
-        variants: ("default", "tuned"),
-        sizes: Box::new(layer_shape_sizes),
-        build: Box::new(build_tuned_vs_default),
-    }
+        ("default", "tuned"),
+        layer_shape_sizes,
+        build_tuned_vs_default,
+    )
 }
 
 pub(super) fn build_tuned_vs_default(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {

@@ -15,14 +15,14 @@ use crate::tensor::word_bytes;
 
 /// Grouped GEMM (B) against three dense GEMMs of the same FLOPs (A).
 pub fn grouped_vs_dense() -> Registered {
-    Registered {
-        name: "gemm/grouped-vs-dense",
-        description: "SwiGLU expert FFN as padded-tile grouped GEMMs with the dispatch (B) against dense GEMMs of \
+    Registered::new(
+        "gemm/grouped-vs-dense",
+        "SwiGLU expert FFN as padded-tile grouped GEMMs with the dispatch (B) against dense GEMMs of \
                       the same FLOPs on one weight matrix (A): the throughput yardstick",
-        variants: ("dense", "grouped"),
-        sizes: Box::new(|set, held_out| gemm_sizes(set, held_out, false)),
-        build: Box::new(build_grouped_vs_dense),
-    }
+        ("dense", "grouped"),
+        |set, held_out| gemm_sizes(set, held_out, false),
+        build_grouped_vs_dense,
+    )
 }
 
 pub(super) fn build_grouped_vs_dense(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -62,14 +62,14 @@ pub(super) fn build_grouped_vs_dense(ctx: &Context, size: &Size, seed: u64) -> R
 /// Grouped GEMM (B) against seed 000's path (A): one grouped matmul per bucket with a bound of
 /// the mean load, plus a row-wise overflow pass. Outputs are bitwise equal.
 pub fn grouped_vs_bucketed() -> Registered {
-    Registered {
-        name: "gemm/grouped-vs-bucketed",
-        description: "padded-tile grouped GEMM (B) against per-bucket grouped matmuls bounded at the mean load \
+    Registered::new(
+        "gemm/grouped-vs-bucketed",
+        "padded-tile grouped GEMM (B) against per-bucket grouped matmuls bounded at the mean load \
                       with an overflow pass (A); both include their dispatch, outputs bitwise equal",
-        variants: ("bucketed", "grouped"),
-        sizes: Box::new(|set, held_out| gemm_sizes(set, held_out, false)),
-        build: Box::new(build_grouped_vs_bucketed),
-    }
+        ("bucketed", "grouped"),
+        |set, held_out| gemm_sizes(set, held_out, false),
+        build_grouped_vs_bucketed,
+    )
 }
 
 pub(super) fn build_grouped_vs_bucketed(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
@@ -101,14 +101,14 @@ pub(super) fn build_grouped_vs_bucketed(ctx: &Context, size: &Size, seed: u64) -
 
 /// Row-wise decode path (B) against the grouped path with its dispatch (A) at decode sizes.
 pub fn decode_vs_grouped() -> Registered {
-    Registered {
-        name: "gemm/decode-vs-grouped",
-        description: "row-wise expert FFN over the routed entries (B) against dispatch + grouped GEMM (A) for a \
+    Registered::new(
+        "gemm/decode-vs-grouped",
+        "row-wise expert FFN over the routed entries (B) against dispatch + grouped GEMM (A) for a \
                       few tokens; bandwidth counts the selected experts' weights; outputs bitwise equal",
-        variants: ("grouped", "decode"),
-        sizes: Box::new(|set, held_out| gemm_sizes(set, held_out, true)),
-        build: Box::new(build_decode_vs_grouped),
-    }
+        ("grouped", "decode"),
+        |set, held_out| gemm_sizes(set, held_out, true),
+        build_decode_vs_grouped,
+    )
 }
 
 pub(super) fn build_decode_vs_grouped(ctx: &Context, size: &Size, seed: u64) -> Result<Case> {
