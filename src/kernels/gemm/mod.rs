@@ -34,6 +34,7 @@ mod tune;
 mod tune_cache;
 mod variant;
 mod weights;
+mod windows;
 
 pub use coop::CoopBlock;
 pub use device_check::check_on_device;
@@ -58,7 +59,6 @@ pub use weights::{ExpertWeights, StoredValues};
 pub(crate) use params::{
     FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES, FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY, NONE,
 };
-pub(crate) use passes::window_bytes_bound;
 #[cfg(test)]
 pub(crate) use specs::ROWWISE_SUBGROUP_ROW_ALIGN;
 #[cfg(test)]
@@ -69,3 +69,4 @@ pub(crate) use specs::{WINDOW_BYTES, WeightLoads, specs_for};
 pub(crate) use tune::tune_with;
 #[cfg(feature = "checkpoint")]
 pub(crate) use weights::STREAM_CHUNK;
+pub(crate) use windows::window_bytes_bound;
