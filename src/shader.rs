@@ -57,7 +57,17 @@ pub enum Indexing {
     Proven,
 }
 
+/// The 64-bit FNV-1a offset basis, where [`ShaderSource::fnv1a`] hashes start.
+pub(crate) const FNV1A_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
 impl ShaderSource {
+    /// 64-bit FNV-1a of the module's full WGSL text ([`Self::compose`]), continued from `h`:
+    /// from [`FNV1A_BASIS`] the module's hash, folded over modules the hash of their texts one
+    /// after another.
+    pub(crate) fn fnv1a(&self, h: u64) -> u64 {
+        self.compose().bytes().fold(h, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    }
+
     /// The module's full WGSL text, each part preceded by a comment naming its file.
     pub fn compose(&self) -> String {
         let mut out = String::new();

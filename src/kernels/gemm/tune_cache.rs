@@ -13,6 +13,7 @@ use super::dtype::WeightDtype;
 use super::ffn::ExpertFfn;
 use super::variant::{GemmOrder, GemmVariant};
 use crate::context::Context;
+use crate::shader::FNV1A_BASIS;
 
 /// What a tuning choice holds for: the adapter (name, driver and its version string), the wgpu
 /// version, a hash of the kernels' source (so a changed kernel is tuned again), and the
@@ -97,15 +98,7 @@ impl fmt::Display for TuneKey {
 /// paths): a new kernel revision gets new cache keys.
 pub(super) fn kernel_revision() -> u64 {
     static REV: OnceLock<u64> = OnceLock::new();
-    *REV.get_or_init(|| {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for s in super::specs::shaders() {
-            for b in s.compose().bytes() {
-                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        h
-    })
+    *REV.get_or_init(|| super::specs::shaders().iter().fold(FNV1A_BASIS, |h, s| s.fnv1a(h)))
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -186,13 +186,24 @@ impl TileBlock {
     /// for the 32-row tiles of 64 or 128 columns ([`Self::wide`]), else `tile-` and
     /// [`Self::name`]'s shape.
     fn variant_name(self) -> String {
+        match self.record() {
+            VariantRecord::Tiled { bk4 } => format!("tiled-bk{bk4}"),
+            VariantRecord::TiledWide { cols, tn, bk4 } => format!("tiledw-c{cols}t{tn}-bk{bk4}"),
+            _ => format!("tile-{}", self.name()),
+        }
+    }
+
+    /// How [`GemmVariant::Tile`] of this tile is recorded: its 32-row tiles under their own
+    /// keys (the 32 × 32 tile of [`Self::tiled`], those of 64 or 128 columns of [`Self::wide`]),
+    /// every other tile as a `Tile`.
+    fn record(self) -> VariantRecord {
         let TileBlock { rows, cols, tm, tn, bk4 } = self;
         if self == TileBlock::tiled(bk4) {
-            format!("tiled-bk{bk4}")
+            VariantRecord::Tiled { bk4 }
         } else if rows == 32 && tm == 4 && matches!(cols, 64 | 128) {
-            format!("tiledw-c{cols}t{tn}-bk{bk4}")
+            VariantRecord::TiledWide { cols, tn, bk4 }
         } else {
-            format!("tile-{}", self.name())
+            VariantRecord::Tile(self)
         }
     }
 
@@ -456,11 +467,7 @@ impl From<VariantRecord> for GemmVariant {
 impl From<GemmVariant> for VariantRecord {
     fn from(v: GemmVariant) -> Self {
         match v {
-            GemmVariant::Tile(t) if t == TileBlock::tiled(t.bk4) => VariantRecord::Tiled { bk4: t.bk4 },
-            GemmVariant::Tile(t) if t.rows == 32 && t.tm == 4 && matches!(t.cols, 64 | 128) => {
-                VariantRecord::TiledWide { cols: t.cols, tn: t.tn, bk4: t.bk4 }
-            }
-            GemmVariant::Tile(t) => VariantRecord::Tile(t),
+            GemmVariant::Tile(t) => t.record(),
             GemmVariant::TileF16(t) => VariantRecord::TileF16(t),
             GemmVariant::CoopF16(b) => VariantRecord::CoopF16(b),
             GemmVariant::Direct(b) => VariantRecord::Direct(b),
