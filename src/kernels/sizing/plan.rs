@@ -1,93 +1,12 @@
-//! Sizing: a plan made for a maximum token count runs at a live count set per forward.
-//!
-//! Every dispatch of such a plan says how it follows the live count t ([`Sizing`], in
-//! [`crate::live`]). [`plan_sizing`] turns those rules into the plan's first dispatches: one
-//! `size_plan` kernel per five parameter buffers (`wgsl/sizing/sizing.wgsl`) reads t from the
-//! plan's live-count word and rewrites those words and the indirect grids of the dispatches
-//! after it. The kernels themselves are unchanged: at live count t they read the parameters and
-//! run the grids a plan made for exactly t would have, so their outputs are that plan's bits
-//! (the layer tests prove it on every path). The host checks at plan time that each value at
-//! the maximum fits in u32; values grow with t, so none wraps below it.
+//! Planning the sizing dispatches of a plan: each dispatch's rules gathered per parameter
+//! buffer and grid, checked at the maximum count, and grouped into `size_plan` dispatches.
 
-use bytemuck::{Pod, Zeroable};
-
+use super::specs::{GRIDS, KIND_SPILL, KIND_VALUE, MAX_RULES, Rule, Rules, SIZE_PLAN, TARGETS};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::live::{LiveGrid, LiveValue, Sizing};
-use crate::pipeline::{Access, Binding, Dispatch, Indirect, KernelSpec, Workgroup};
-use crate::shader::{Indexing, ShaderSource, wgsl};
+use crate::pipeline::{Access, Binding, Dispatch, Indirect};
 use crate::tensor::word_bytes;
-
-static SIZING_SHADER: ShaderSource = ShaderSource {
-    name: "sizing/sizing",
-    parts: &[wgsl!("sizing/sizing.wgsl")],
-    entry_points: &["size_plan"],
-    indexing: Indexing::Checked,
-};
-
-/// The sizing family's shader modules.
-#[cfg(test)]
-pub(crate) static SHADERS: &[&ShaderSource] = &[&SIZING_SHADER];
-
-/// Parameter buffers one sizing dispatch rewrites (`TARGETS` in the WGSL).
-const TARGETS: usize = 5;
-/// Rules one sizing dispatch carries (`MAX_RULES` in the WGSL).
-const MAX_RULES: usize = 64;
-/// `Rule.kind`: one word.
-const KIND_VALUE: u32 = 0;
-/// `Rule.kind`: a 1-D grid spilled into y, two words.
-const KIND_SPILL: u32 = 1;
-
-use Access::{Read, ReadWrite, Uniform};
-static SIZE_PLAN: KernelSpec = KernelSpec {
-    shader: &SIZING_SHADER,
-    entry: "size_plan",
-    bindings: &[
-        (0, Uniform),
-        (1, Read),
-        (2, ReadWrite),
-        (3, ReadWrite),
-        (4, ReadWrite),
-        (5, ReadWrite),
-        (6, ReadWrite),
-        (7, ReadWrite),
-    ],
-    params_bytes: std::mem::size_of::<Rules>() as u64,
-    workgroup: Workgroup::Fixed(64),
-};
-/// Every sizing kernel (for the requirements and the contract test).
-pub(crate) static SPECS: &[&KernelSpec] = &[&SIZE_PLAN];
-
-/// One rule of `size_plan` (`Rule` in the WGSL).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-struct Rule {
-    target: u32,
-    word: u32,
-    kind: u32,
-    per_token: u32,
-    base: u32,
-    floor: u32,
-    divisor: u32,
-    cap: u32,
-    from_tokens: u32,
-    to_tokens: u32,
-    pad: [u32; 2],
-}
-
-/// The uniform rules of one `size_plan` dispatch (`Rules` in the WGSL).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-struct Rules {
-    count: u32,
-    max_groups: u32,
-    max_tokens: u32,
-    pad: u32,
-    list: [Rule; MAX_RULES],
-}
-
-/// Target of the grid rules (`TARGETS` in the WGSL: past the parameter buffers).
-const GRIDS: u32 = TARGETS as u32;
 
 /// The sizing dispatches of a plan for up to `max_tokens` tokens whose live count is word 0 of
 /// `live`, to run before `dispatches`; each of `dispatches` with a count-dependent grid is

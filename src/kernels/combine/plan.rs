@@ -1,104 +1,20 @@
-//! Combine: `y[t] = sum_j w[t, j] * partial[t * k + j] (+ shared[t])`, in one launch over
-//! `tokens x hidden`, or sequentially (a clear, one dispatch per token and slot, one for the
-//! shared row) as the A side of the A/B and the oracle of the bit-identity test. Both use the
-//! same operations in the same order (see `wgsl/combine/combine.wgsl`), so they are
-//! bit-identical.
+//! Planning a combine: validating its buffers against the sizes and limits, binding them to
+//! each kernel's slots, and the one-launch or sequential dispatches; the zero fill of dropped
+//! entries' rows.
 
 use std::mem::offset_of;
 
-use bytemuck::{Pod, Zeroable};
-
+use super::buffers::{CombineBuffers, CombineMode};
+use super::specs::{ADD_SCALED, ADD_SHARED, CLEAR_ROW, COMBINE, FILL_ZERO, PARAMS_BYTES, Params};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::overlap::{Use, check_disjoint};
-use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{Indexing, Override, ShaderSource, wgsl};
+use crate::pipeline::Access::{Read, ReadWrite};
+use crate::pipeline::{Binding, BufferView, Dispatch, KernelSpec};
+use crate::shader::Override;
 use crate::size;
 use crate::tensor::word_bytes;
-
-static COMBINE_SHADER: ShaderSource = ShaderSource {
-    name: "combine/combine",
-    parts: &[wgsl!("combine/combine.wgsl")],
-    entry_points: &["combine", "clear_row", "add_scaled", "add_shared", "fill_zero"],
-    indexing: Indexing::Checked,
-};
-
-/// The combine family's shader modules.
-#[cfg(test)]
-pub(crate) static SHADERS: &[&ShaderSource] = &[&COMBINE_SHADER];
-
-use Access::{Read, ReadWrite, Uniform};
-/// Bytes of `CombineParams` (wgsl/combine/combine.wgsl).
-const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
-/// A combine kernel: 64 invocations per workgroup, [`Params`] at binding 0.
-const fn spec(entry: &'static str, bindings: &'static [(u32, Access)]) -> KernelSpec {
-    KernelSpec {
-        shader: &COMBINE_SHADER,
-        entry,
-        bindings,
-        params_bytes: PARAMS_BYTES,
-        workgroup: Workgroup::Fixed(64),
-    }
-}
-static COMBINE: KernelSpec = spec(
-    "combine",
-    &[(0, Uniform), (1, ReadWrite), (2, ReadWrite), (3, ReadWrite), (4, ReadWrite), (5, ReadWrite)],
-);
-static CLEAR_ROW: KernelSpec = spec("clear_row", &[(0, Uniform), (5, ReadWrite)]);
-static ADD_SCALED: KernelSpec =
-    spec("add_scaled", &[(0, Uniform), (1, ReadWrite), (2, ReadWrite), (5, ReadWrite)]);
-static ADD_SHARED: KernelSpec =
-    spec("add_shared", &[(0, Uniform), (3, ReadWrite), (4, ReadWrite), (5, ReadWrite)]);
-static FILL_ZERO: KernelSpec = spec("fill_zero", &[(0, Uniform), (5, ReadWrite)]);
-/// Every combine kernel (for the requirements and the contract test).
-pub(crate) static SPECS: &[&KernelSpec] = &[&COMBINE, &CLEAR_ROW, &ADD_SCALED, &ADD_SHARED, &FILL_ZERO];
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct Params {
-    tokens: u32,
-    hidden: u32,
-    k: u32,
-    token: u32,
-    slot: u32,
-    pad: [u32; 3],
-}
-
-/// The shared expert's contribution.
-#[derive(Clone, Copy, Debug)]
-pub struct Shared<'a> {
-    /// `shared[tokens, hidden]`: the shared expert FFN's output.
-    pub rows: BufferView<'a>,
-    /// `shared_logit[tokens]`: gate logits (Qwen2-MoE's `shared_expert_gate`), scaled by
-    /// their sigmoid; None adds the rows as they are.
-    pub gate_logits: Option<BufferView<'a>>,
-}
-
-/// Buffers of the combine.
-#[derive(Clone, Copy, Debug)]
-pub struct CombineBuffers<'a> {
-    /// `weights[tokens, k]`.
-    pub weights: BufferView<'a>,
-    /// `partial[tokens * k, hidden]`.
-    pub partial: BufferView<'a>,
-    /// Shared expert, if any.
-    pub shared: Option<Shared<'a>>,
-    /// `y[tokens, hidden]`, written.
-    pub y: BufferView<'a>,
-}
-
-/// One-launch or sequential.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum CombineMode {
-    /// One dispatch over `tokens x hidden`.
-    #[default]
-    OneLaunch,
-    /// `tokens * (k + 1 + shared)` dispatches, as a host loop would issue them.
-    Sequential,
-}
 
 struct Bound<'a> {
     params: wgpu::Buffer,
