@@ -26,7 +26,7 @@ fn all_shaders() -> Vec<&'static ShaderSource> {
     all.extend_from_slice(crate::kernels::sizing::SHADERS);
     #[cfg(feature = "dag")]
     {
-        all.extend_from_slice(crate::dag::run::SHADERS);
+        all.extend_from_slice(crate::dag::shaders::SHADERS);
         all.extend_from_slice(crate::dag::moe::SHADERS);
         all.extend_from_slice(crate::dag::probe::SHADERS);
     }
@@ -45,7 +45,7 @@ fn all_specs() -> Vec<&'static KernelSpec> {
     all.extend_from_slice(crate::kernels::sizing::SPECS);
     #[cfg(feature = "dag")]
     {
-        all.extend_from_slice(crate::dag::run::SPECS);
+        all.extend_from_slice(crate::dag::shaders::SPECS);
         all.extend_from_slice(crate::dag::moe::SPECS);
         all.extend_from_slice(crate::dag::probe::SPECS);
     }

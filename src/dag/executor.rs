@@ -1,46 +1,42 @@
-//! The three executors of a [`RowGraph`]: one dispatch per stage, fused static passes, and
-//! the persistent queue, all running the same WGSL code (`wgsl/dag/`), so they agree bit for
-//! bit on one adapter. [`RowRun::prepare`] asks the adapter's probe before it builds a queue;
-//! the building and running live in [`super::run`].
+//! The three executors of a row graph ([`Executor`]): one dispatch per stage, fused static
+//! passes, and the persistent queue, all running the same WGSL code (`wgsl/dag/`), so they
+//! agree bit for bit on one adapter; the static passes' lanes per adapter ([`lanes_for`]);
+//! and what a run did ([`RunReport`]). Building and running live in [`super::run`], the
+//! probe-gated entry in [`RowRun::prepare`](super::RowRun::prepare).
 
-use super::chain::RowGraph;
-use super::probe::probe;
-use super::program::RowInputs;
-pub use super::run::{Executor, RowRun, RunReport, lanes_for};
+use serde::Serialize;
+
+use super::plan::Fusion;
+use super::queue::{Granularity, QUEUE_LANES, QueueOptions};
 use crate::context::Context;
-use crate::error::{Error, Result};
 
-impl RowRun {
-    /// Prepares `graph` on `inputs` for `executor` with the adapter's lanes
-    /// ([`lanes_for`]). A queue on an adapter whose probe refuses it runs fused passes
-    /// instead; [`Self::refused`] says why.
-    ///
-    /// # Errors
-    /// As [`Self::prepare_with_lanes`].
-    pub fn prepare(ctx: &Context, graph: &RowGraph, inputs: &RowInputs, executor: Executor) -> Result<Self> {
-        Self::prepare_with_lanes(ctx, graph, inputs, executor, lanes_for(ctx))
-    }
+/// Lanes (workgroup size) of the static passes on `ctx`'s adapter: 64 on GPUs, 8 on CPU
+/// adapters, which run a workgroup as one coroutine per 8-lane SIMD vector and pay for every
+/// coroutine (measured on lavapipe: 2-4x faster with 8 lanes). No result depends on it.
+pub fn lanes_for(ctx: &Context) -> u32 {
+    if ctx.adapter().is_cpu() { 8 } else { QUEUE_LANES }
+}
 
-    /// As [`Self::prepare`] with static passes of `lanes` lanes (a power of two from 1 to 64;
-    /// the queue's workers always have [`super::QUEUE_LANES`]). Results do not depend on it.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for `lanes` out of range; [`Error::LimitExceeded`] for a
-    /// queue wider than the adapter allows; device errors while preparing or probing.
-    pub fn prepare_with_lanes(
-        ctx: &Context,
-        graph: &RowGraph,
-        inputs: &RowInputs,
-        executor: Executor,
-        lanes: u32,
-    ) -> Result<Self> {
-        if !lanes.is_power_of_two() || lanes > 64 {
-            return Err(Error::invalid(format!("lanes must be a power of two from 1 to 64, not {lanes}")));
-        }
-        let refused = match executor {
-            Executor::Queue(_, q) => probe(ctx)?.gate(q.workers)?,
-            Executor::Staged | Executor::Fused(_) => None,
-        };
-        Self::build(ctx, graph, inputs, executor, refused, lanes)
-    }
+/// How a graph runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Executor {
+    /// One dispatch per stage, all in one encoder and one submission.
+    Staged,
+    /// One dispatch per pass of the planner's plan with this fusion.
+    Fused(Fusion),
+    /// One dispatch of persistent workers taking tasks of this size from a ready queue (plus
+    /// one that clears the queue's state).
+    Queue(Granularity, QueueOptions),
+}
+
+/// What a run did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RunReport {
+    /// The executor that produced the outputs.
+    pub ran: String,
+    /// Why the requested executor was replaced, if it was.
+    pub fallback: Option<String>,
 }

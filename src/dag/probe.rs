@@ -9,9 +9,10 @@ use bytemuck::{Pod, Zeroable};
 use serde::{Deserialize, Serialize};
 
 use super::chain::RowGraph;
+use super::executor::Executor;
 use super::program::RowInputs;
 use super::queue::{Granularity, QueueOptions};
-use super::run::{Executor, RowRun};
+use super::run::RowRun;
 use crate::bits::bit_identical;
 use crate::context::Context;
 use crate::error::{Error, Result};

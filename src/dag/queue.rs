@@ -106,6 +106,28 @@ pub struct QueueStatus {
 }
 
 impl QueueStatus {
+    /// Reads the state words at the start of `state` after a run of `tasks` tasks.
+    ///
+    /// # Errors
+    /// A device error while reading the state back.
+    pub(crate) fn read(ctx: &Context, state: &wgpu::Buffer, tasks: u32) -> Result<Self> {
+        let w: Vec<u32> = ctx.read_back(state, STATE_HEADER as usize)?;
+        let word = |i: u32| w.get(i as usize).copied().unwrap_or(0);
+        Ok(QueueStatus {
+            tickets: word(TICKET),
+            status: word(STATUS),
+            done: word(DONE),
+            max_spins: word(MAX_SPINS),
+            earlier_faults: word(FAULTS),
+            tasks,
+        })
+    }
+
+    /// The status of a run without a queue: no tickets, no tasks.
+    pub(crate) fn idle() -> Self {
+        QueueStatus { tickets: 0, status: 0, done: 0, max_spins: 0, earlier_faults: 0, tasks: 0 }
+    }
+
     /// Whether the last run completed every task without stopping early.
     pub fn complete(&self) -> bool {
         self.status == 0 && self.done == self.tasks

@@ -1,98 +1,19 @@
 //! Building and running a [`RowGraph`] on one executor: one dispatch per stage, fused static
 //! passes, or the persistent queue, all running the same WGSL code (`wgsl/dag/`), so they
 //! agree bit for bit on one adapter. This module knows nothing of the probe: the probe runs
-//! its progress tests through it, and [`super::executor`] asks the probe before a queue.
-
-use serde::Serialize;
+//! its progress tests through it, and [`RowRun::prepare`] asks the probe before a queue.
 
 use super::chain::RowGraph;
+use super::executor::{Executor, RunReport, lanes_for};
 use super::plan::{Fusion, Plan, plan};
 use super::program::{Params, RowInputs, encode, to_u32};
-use super::queue::{
-    DONE, FAULTS, Granularity, MAX_SPINS, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER, STATUS,
-    TICKET,
-};
+use super::queue::{Granularity, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER};
+use super::shaders::{PARAMS_BYTES, PERSISTENT, RESET_QUEUE, STATIC_PASS};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::pipeline::{Access, Binding, Dispatch, KernelSpec, Workgroup};
-use crate::shader::{Indexing, Override, ShaderSource, wgsl};
+use crate::pipeline::{Access, Binding, Dispatch};
+use crate::shader::Override;
 use crate::tensor::word_bytes;
-
-static STATIC_SHADER: ShaderSource = ShaderSource {
-    name: "dag/static",
-    parts: &[wgsl!("dag/program.wgsl"), wgsl!("dag/static.wgsl")],
-    entry_points: &["static_pass"],
-    indexing: Indexing::Checked,
-};
-static QUEUE_SHADER: ShaderSource = ShaderSource {
-    name: "dag/queue",
-    parts: &[wgsl!("dag/program.wgsl"), wgsl!("dag/row_queue.wgsl"), wgsl!("dag/queue.wgsl")],
-    entry_points: &["reset_queue", "persistent"],
-    indexing: Indexing::Checked,
-};
-
-/// The DAG family's shader modules.
-#[cfg(test)]
-pub(crate) static SHADERS: &[&ShaderSource] = &[&STATIC_SHADER, &QUEUE_SHADER];
-
-use Access::{Read, ReadWrite, Uniform};
-/// Bytes of `DagParams` (wgsl/dag/program.wgsl).
-const PARAMS_BYTES: u64 = std::mem::size_of::<Params>() as u64;
-static STATIC_PASS: KernelSpec = KernelSpec {
-    shader: &STATIC_SHADER,
-    entry: "static_pass",
-    bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite)],
-    params_bytes: PARAMS_BYTES,
-    workgroup: Workgroup::Override(Override::Lanes),
-};
-static RESET_QUEUE: KernelSpec = KernelSpec {
-    shader: &QUEUE_SHADER,
-    entry: "reset_queue",
-    bindings: &[(0, Uniform), (4, ReadWrite)],
-    params_bytes: PARAMS_BYTES,
-    workgroup: Workgroup::Fixed(64),
-};
-static PERSISTENT: KernelSpec = KernelSpec {
-    shader: &QUEUE_SHADER,
-    entry: "persistent",
-    bindings: &[(0, Uniform), (1, Read), (2, Read), (3, ReadWrite), (4, ReadWrite)],
-    params_bytes: PARAMS_BYTES,
-    workgroup: Workgroup::Override(Override::Lanes),
-};
-/// The run's kernels (for the contract test, `src/contract.rs`).
-#[cfg(test)]
-pub(crate) static SPECS: &[&KernelSpec] = &[&STATIC_PASS, &RESET_QUEUE, &PERSISTENT];
-
-/// Lanes (workgroup size) of the static passes on `ctx`'s adapter: 64 on GPUs, 8 on CPU
-/// adapters, which run a workgroup as one coroutine per 8-lane SIMD vector and pay for every
-/// coroutine (measured on lavapipe: 2-4x faster with 8 lanes). No result depends on it.
-pub fn lanes_for(ctx: &Context) -> u32 {
-    if ctx.adapter().is_cpu() { 8 } else { QUEUE_LANES }
-}
-
-/// How a graph runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum Executor {
-    /// One dispatch per stage, all in one encoder and one submission.
-    Staged,
-    /// One dispatch per pass of the planner's plan with this fusion.
-    Fused(Fusion),
-    /// One dispatch of persistent workers taking tasks of this size from a ready queue (plus
-    /// one that clears the queue's state).
-    Queue(Granularity, QueueOptions),
-}
-
-/// What a run did.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct RunReport {
-    /// The executor that produced the outputs.
-    pub ran: String,
-    /// Why the requested executor was replaced, if it was.
-    pub fallback: Option<String>,
-}
 
 /// Scratch sizing shared by a run and its fallback.
 #[derive(Clone, Copy, Debug)]
@@ -213,7 +134,7 @@ impl RowRun {
             ));
         }
         let vals = ctx.zeroed("row graph values", word_bytes(elems))?;
-        ctx.check_binding("row graph values", &vals, word_bytes(elems), ReadWrite)?;
+        ctx.check_binding("row graph values", &vals, word_bytes(elems), Access::ReadWrite)?;
         let state_words = match queue {
             Some(_) => u64::from(STATE_HEADER) + main_plan.passes.len() as u64 * u64::from(g.tiles()),
             None => 1,
@@ -372,26 +293,10 @@ impl RowRun {
     /// # Errors
     /// A device error while reading the state back.
     pub fn queue_status(&self, ctx: &Context) -> Result<QueueStatus> {
-        if self.main.tasks == 0 {
-            return Ok(QueueStatus {
-                tickets: 0,
-                status: 0,
-                done: 0,
-                max_spins: 0,
-                earlier_faults: 0,
-                tasks: 0,
-            });
+        match self.main.tasks {
+            0 => Ok(QueueStatus::idle()),
+            tasks => QueueStatus::read(ctx, &self.state, tasks),
         }
-        let w: Vec<u32> = ctx.read_back(&self.state, STATE_HEADER as usize)?;
-        let word = |i: u32| w.get(i as usize).copied().unwrap_or(0);
-        Ok(QueueStatus {
-            tickets: word(TICKET),
-            status: word(STATUS),
-            done: word(DONE),
-            max_spins: word(MAX_SPINS),
-            earlier_faults: word(FAULTS),
-            tasks: self.main.tasks,
-        })
     }
 
     /// Zeroes the queue's state words, including the count of earlier runs that stopped early.

@@ -2,9 +2,7 @@
 //! words uploaded once), which layers it supports, and its dispatches: one persistent queue
 //! or one per static pass.
 
-use super::super::queue::{
-    DONE, FAULTS, MAX_SPINS, QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER, STATUS, TICKET,
-};
+use super::super::queue::{QUEUE_LANES, QueueOptions, QueueStatus, STATE_HEADER};
 use super::bindings::{SharedMatrices, whole, whole_binding};
 use super::encode::encode;
 use super::header::Header;
@@ -272,17 +270,7 @@ impl MoeProgram {
     /// # Errors
     /// A device error while reading the state back.
     pub fn status(&self, ctx: &Context) -> Result<QueueStatus> {
-        let w: Vec<u32> = ctx.read_back(&self.state, STATE_HEADER as usize)?;
-        let word = |i: u32| w.get(i as usize).copied().unwrap_or(0);
-        let tasks = u32::try_from(self.tasks.total()).unwrap_or(u32::MAX);
-        Ok(QueueStatus {
-            tickets: word(TICKET),
-            status: word(STATUS),
-            done: word(DONE),
-            max_spins: word(MAX_SPINS),
-            earlier_faults: word(FAULTS),
-            tasks,
-        })
+        QueueStatus::read(ctx, &self.state, u32::try_from(self.tasks.total()).unwrap_or(u32::MAX))
     }
 }
 
