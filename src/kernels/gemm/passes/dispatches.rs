@@ -4,17 +4,14 @@
 
 use std::sync::Arc;
 
-use crate::kernels::gemm::windows::{Span, Windows};
-
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::params::{FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES, PARAMS_BYTES, Params};
 use crate::kernels::gemm::slots;
-use crate::kernels::gemm::specs::WeightLoads;
-use crate::kernels::gemm::specs::{RowWeights, RowX, STAGE, WINDOW_BYTES, rowwise_spec, spec};
+use crate::kernels::gemm::specs::{RowWeights, RowX, STAGE, WINDOW_BYTES, WeightLoads, rowwise_spec, spec};
 use crate::kernels::gemm::texture::TextureWeights;
-use crate::kernels::gemm::variant::GemmOrder;
-use crate::kernels::gemm::variant::{GemmVariant, OperandSource};
+use crate::kernels::gemm::variant::{GemmOrder, GemmVariant, OperandSource};
+use crate::kernels::gemm::windows::{Span, Windows};
 use crate::live::LiveGrid;
 use crate::pipeline::{Binding, BufferView, Dispatch, KernelSpec, TextureBinding};
 use crate::shader::Override;
