@@ -117,7 +117,7 @@ impl Error {
     }
 
     /// An [`Error::LimitExceeded`] for `what`.
-    pub fn limit(what: impl Into<String>, value: u64, limit: u64, why: impl Into<String>) -> Self {
+    pub(crate) fn limit(what: impl Into<String>, value: u64, limit: u64, why: impl Into<String>) -> Self {
         Error::LimitExceeded { what: what.into(), value, limit, why: why.into() }
     }
 

@@ -26,7 +26,7 @@ pub enum Access {
 
 impl Access {
     /// Whether the binding is a buffer (every access but [`Access::TextureU32`]).
-    pub fn is_buffer(self) -> bool {
+    pub(crate) fn is_buffer(self) -> bool {
         self != Access::TextureU32
     }
 }
@@ -479,7 +479,7 @@ impl Dispatch {
 /// Environment variable naming a folder where every pipeline moeflow creates is recorded (its
 /// module's WGSL and, per entry point and constant set, a JSON file), so other WGSL compilers
 /// can be checked on exactly what the library builds (`tools/tint/`).
-pub const DUMP_PIPELINES: &str = "MOEFLOW_DUMP_PIPELINES";
+pub(crate) const DUMP_PIPELINES: &str = "MOEFLOW_DUMP_PIPELINES";
 
 /// Writes `spec`'s module source and `{module, entry, constants}` under `dir` (files named for
 /// the module, entry and constants, so concurrent writers of one pipeline write the same

@@ -30,8 +30,9 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// A sample timed on the wall clock only.
-    pub fn wall_only(wall_s: f64) -> Self {
+    /// A sample timed on the wall clock only (the bench harness's host-side runs).
+    #[cfg(feature = "bench")]
+    pub(crate) fn wall_only(wall_s: f64) -> Self {
         Sample { wall_s, query: None }
     }
 }

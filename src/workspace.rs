@@ -264,7 +264,7 @@ impl WorkspaceLayout {
 
     /// The largest region's bytes (each is bound on its own: the storage-binding limit applies
     /// to it, not to the whole).
-    pub fn largest(&self) -> u64 {
+    pub(crate) fn largest(&self) -> u64 {
         self.spans.iter().map(|s| s.2).max().unwrap_or(0)
     }
 

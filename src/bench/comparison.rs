@@ -51,7 +51,7 @@ impl Size {
 
     /// The value of `name`, or `None` when the size leaves it out (a parameter with a
     /// default, such as a worker count the device's probe chooses).
-    pub fn optional(&self, name: &str) -> Option<u32> {
+    pub(crate) fn optional(&self, name: &str) -> Option<u32> {
         self.0.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
     }
 }
@@ -67,7 +67,7 @@ impl fmt::Display for Size {
 pub type Validate = Box<dyn Fn(&Context) -> Result<()>>;
 
 /// Host-driven work: runs once per call and returns when its effects are complete.
-pub type HostRun = Box<dyn Fn(&Context) -> Result<()>>;
+pub(crate) type HostRun = Box<dyn Fn(&Context) -> Result<()>>;
 
 /// What one variant runs per repetition.
 pub enum Work {
@@ -95,7 +95,7 @@ impl Work {
     }
 
     /// Device-to-host readbacks per run.
-    pub fn readbacks(&self) -> u32 {
+    pub(crate) fn readbacks(&self) -> u32 {
         match self {
             Work::Gpu(_) => 0,
             Work::Host { readbacks, .. } => *readbacks,
@@ -141,10 +141,10 @@ pub trait Comparison {
 }
 
 /// The sizes of a set (`held_out`: the confirmation sizes).
-pub type SizesFn = Box<dyn Fn(SizeSet, bool) -> Vec<Size>>;
+pub(crate) type SizesFn = Box<dyn Fn(SizeSet, bool) -> Vec<Size>>;
 
 /// Builds the case for one size with data from a seed.
-pub type BuildFn = Box<dyn Fn(&Context, &Size, u64) -> Result<Case>>;
+pub(crate) type BuildFn = Box<dyn Fn(&Context, &Size, u64) -> Result<Case>>;
 
 /// A comparison written as data: its names, its sizes and how one size is built. Every one of
 /// moeflow's comparisons is a value of it, made one way: [`Registered::new`] with the sizes and

@@ -267,7 +267,7 @@ struct MoeComparison {
 }
 
 /// The registered MoE layer executor comparisons.
-pub fn moe_comparisons() -> Vec<Registered> {
+pub(crate) fn moe_comparisons() -> Vec<Registered> {
     vec![
         Registered::configured(
             "dag/moe-passes-vs-staged",

@@ -25,7 +25,7 @@ pub fn skewed_indices(seed: u64, tokens: u32, experts: u32, k: u32) -> Vec<u32> 
 }
 
 /// Stable padded grouping on the device (B) against readback, CPU stable sort and upload (A).
-pub fn device_dispatch() -> Registered {
+pub(crate) fn device_dispatch() -> Registered {
     Registered::new(
         "dispatch/device-vs-host",
         "stable tile-padded grouping by expert on the device (B) against reading indices back, \

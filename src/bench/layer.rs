@@ -12,7 +12,7 @@ use crate::synth::Synth;
 use crate::tensor::word_bytes;
 
 /// One-launch combine (B) against one dispatch per token and slot (A).
-pub fn one_launch_combine() -> Registered {
+pub(crate) fn one_launch_combine() -> Registered {
     Registered::new(
         "combine/one-launch-vs-sequential",
         "weighted scatter-reduce of k expert rows per token in one dispatch (B) against a clear, one \
@@ -82,7 +82,7 @@ fn build_one_launch_combine(ctx: &Context, size: &Size, seed: u64) -> Result<Cas
 }
 
 /// The whole layer with fused routing (B) against unfused routing (A).
-pub fn layer_route() -> Registered {
+pub(crate) fn layer_route() -> Registered {
     Registered::new(
         "layer/fused-vs-unfused-route",
         "the whole MoE layer (route, dispatch, SwiGLU experts, shared expert, combine) with the fused \
@@ -182,7 +182,7 @@ fn layer_check(
 
 /// The whole layer planned for a maximum and run at a live count (B) against a plan made for
 /// exactly that count (A).
-pub fn layer_live() -> Registered {
+pub(crate) fn layer_live() -> Registered {
     Registered::new(
         "layer/live-vs-exact",
         "the whole MoE layer planned once for a maximum of MAX tokens and run at a live count of M (B) \

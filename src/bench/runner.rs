@@ -11,7 +11,7 @@ use crate::pipeline::Dispatch;
 use crate::timer::{Sample, Sampler};
 
 /// Seed of held-out runs (different data as well as different sizes).
-pub const HELD_OUT_SEED: u64 = 7919;
+pub(crate) const HELD_OUT_SEED: u64 = 7919;
 
 fn validation(stage: &str, e: Error) -> Error {
     match e {

@@ -59,7 +59,7 @@ impl Block {
     }
 
     /// `max(|a1 - a2| / mean(a), |b1 - b2| / mean(b))`.
-    pub fn spread(&self) -> f64 {
+    pub(crate) fn spread(&self) -> f64 {
         let rel = |p: [f64; 2]| (p[0] - p[1]).abs() / ((p[0] + p[1]) / 2.0);
         rel(self.a).max(rel(self.b))
     }
@@ -67,12 +67,12 @@ impl Block {
 
 impl Rules {
     /// The slowdown B may show at this spread: `max(min_tolerance, spread_factor * spread)`.
-    pub fn tolerance(&self, spread: f64) -> f64 {
+    pub(crate) fn tolerance(&self, spread: f64) -> f64 {
         self.min_tolerance.max(self.spread_factor * spread)
     }
 
     /// Verdict for a ratio measured with a spread.
-    pub fn judge(&self, ratio: f64, spread: f64) -> Verdict {
+    pub(crate) fn judge(&self, ratio: f64, spread: f64) -> Verdict {
         if spread.is_nan() || spread > self.max_spread || !ratio.is_finite() {
             Verdict::Inconclusive
         } else if ratio <= 1.0 + self.tolerance(spread) {
@@ -134,7 +134,7 @@ pub fn median(values: &mut [f64]) -> f64 {
 }
 
 /// Summarises recorded blocks (no blocks: an inconclusive summary with NaN ratio).
-pub fn summarize(blocks: &[Block], rules: &Rules) -> Summary {
+pub(crate) fn summarize(blocks: &[Block], rules: &Rules) -> Summary {
     let mut counts = Counts::default();
     for b in blocks {
         counts.add(rules.judge(b.ratio(), b.spread()));
@@ -152,7 +152,7 @@ pub fn summarize(blocks: &[Block], rules: &Rules) -> Summary {
 }
 
 /// Geometric-mean change across sizes: `exp(mean(ln ratio)) - 1` (-0.4 is 40% less time).
-pub fn geomean_change(ratios: &[f64]) -> f64 {
+pub(crate) fn geomean_change(ratios: &[f64]) -> f64 {
     if ratios.is_empty() {
         return f64::NAN;
     }

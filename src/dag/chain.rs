@@ -37,7 +37,7 @@ pub enum RowOp {
 
 impl RowOp {
     /// How the op reads its source.
-    pub fn reach(&self) -> Reach {
+    pub(crate) fn reach(&self) -> Reach {
         match self {
             RowOp::Silu => Reach::Halo(1),
             RowOp::Affine { .. } | RowOp::Rms { .. } => Reach::RowLocal,
@@ -113,7 +113,7 @@ impl RowGraph {
     }
 
     /// The source of stage `s` (`None` for the graph input).
-    pub fn source(&self, s: usize) -> Option<usize> {
+    pub(crate) fn source(&self, s: usize) -> Option<usize> {
         self.graph.stages()[s].reads.first().and_then(|r| match r.source {
             Source::Stage(q) => Some(q),
             Source::Input => None,

@@ -102,7 +102,7 @@ impl<K> Graph<K> {
     }
 
     /// Rows per tile.
-    pub fn tile_rows(&self) -> u32 {
+    pub(crate) fn tile_rows(&self) -> u32 {
         self.tile_rows
     }
 
@@ -117,13 +117,13 @@ impl<K> Graph<K> {
     }
 
     /// Rows `[lo, hi)` of tile `t`.
-    pub fn tile_span(&self, t: u32) -> (u32, u32) {
+    pub(crate) fn tile_span(&self, t: u32) -> (u32, u32) {
         let lo = t * self.tile_rows;
         (lo, (lo + self.tile_rows).min(self.rows))
     }
 
     /// Rows `[lo, hi)` of the source that rows `[lo, hi)` of a reader need through `reach`.
-    pub fn reach_rows(&self, rows: (u32, u32), reach: Reach) -> (u32, u32) {
+    pub(crate) fn reach_rows(&self, rows: (u32, u32), reach: Reach) -> (u32, u32) {
         match reach {
             Reach::RowLocal => rows,
             Reach::Halo(h) => (rows.0.saturating_sub(h), (rows.1 + h).min(self.rows)),
@@ -132,7 +132,7 @@ impl<K> Graph<K> {
     }
 
     /// Tiles `[first, last]` covering rows `[lo, hi)`.
-    pub fn tiles_of(&self, rows: (u32, u32)) -> (u32, u32) {
+    pub(crate) fn tiles_of(&self, rows: (u32, u32)) -> (u32, u32) {
         tiles_for(rows, self.tile_rows)
     }
 }

@@ -18,7 +18,7 @@ use crate::layer::{ForwardIo, ForwardPlan, ForwardStage, MoeLayer};
 use crate::pipeline::Dispatch;
 
 /// A graph whose stages are lists of dispatches that run whole.
-pub type DispatchGraph = Graph<Vec<Dispatch>>;
+pub(crate) type DispatchGraph = Graph<Vec<Dispatch>>;
 
 /// The layer's forward plan as a graph over its tokens (one tile): each stage reads the
 /// earlier stages [`ForwardStage::reads`] names, whole.
@@ -73,7 +73,7 @@ impl MoeExecutor {
 /// The passes of a layer's dispatch graph for an executor: one stage per pass for
 /// [`MoeExecutor::Staged`]; [`Fusion::Neighbours`]'s passes for the others, which run them
 /// where the layer has no task program.
-pub fn dispatch_plan(graph: &DispatchGraph, executor: MoeExecutor) -> Plan {
+pub(crate) fn dispatch_plan(graph: &DispatchGraph, executor: MoeExecutor) -> Plan {
     match executor {
         MoeExecutor::Staged => plan(graph, Fusion::None),
         MoeExecutor::Passes(_) | MoeExecutor::Queue(..) => plan(graph, Fusion::Neighbours),
@@ -81,7 +81,7 @@ pub fn dispatch_plan(graph: &DispatchGraph, executor: MoeExecutor) -> Plan {
 }
 
 /// Records `plan` of `graph`: one compute pass per pass, its stages' dispatches in order.
-pub fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &DispatchGraph, plan: &Plan) {
+pub(crate) fn record_dispatch_graph(encoder: &mut wgpu::CommandEncoder, graph: &DispatchGraph, plan: &Plan) {
     for pass in &plan.passes {
         let dispatches: Vec<&Dispatch> =
             pass.steps.iter().flat_map(|s| graph.stages()[s.stage].kernel.iter()).collect();

@@ -25,5 +25,5 @@ pub use moe::{CombineRule, MoeProgram, MoeTasks, TaskShape, TaskSize};
 pub use plan::{Fusion, Pass, Plan, Step, Task, plan};
 pub use probe::{ProbeReport, ProbeVerdict, probe};
 pub use program::RowInputs;
-pub use queue::{DEFAULT_SPIN_LIMIT, Granularity, QUEUE_LANES, QueueOptions, QueueStatus};
+pub use queue::{Granularity, QUEUE_LANES, QueueOptions, QueueStatus};
 pub use run::RowRun;

@@ -134,12 +134,12 @@ pub fn plan<K>(graph: &Graph<K>, fusion: Fusion) -> Plan {
 
 impl Plan {
     /// Largest step count of any pass.
-    pub fn max_steps(&self) -> usize {
+    pub(crate) fn max_steps(&self) -> usize {
         self.passes.iter().map(|p| p.steps.len()).max().unwrap_or(0)
     }
 
     /// Largest extra row count of any step.
-    pub fn max_extra(&self) -> u32 {
+    pub(crate) fn max_extra(&self) -> u32 {
         self.passes.iter().flat_map(|p| p.steps.iter().map(|s| s.extra)).max().unwrap_or(0)
     }
 

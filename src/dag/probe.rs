@@ -46,7 +46,7 @@ static MESSAGE_PASSING: KernelSpec = KernelSpec {
 pub(crate) static SPECS: &[&KernelSpec] = &[&MESSAGE_PASSING];
 
 /// Worker counts the progress test tries, in order; the bound is the last that passes.
-pub const WORKER_LADDER: &[u32] = &[1, 4, 8, 20, 32, 64, 128, 256];
+pub(crate) const WORKER_LADDER: &[u32] = &[1, 4, 8, 20, 32, 64, 128, 256];
 
 const MP_PAIRS: u32 = 128;
 const MP_STRESSORS: u32 = 64;

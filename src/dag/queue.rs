@@ -28,7 +28,7 @@ pub(crate) const STATUS_TIMEOUT: u32 = 1;
 /// Status: the driver cut a shader loop short.
 pub(crate) const STATUS_LOOP_LIMIT: u32 = 2;
 /// Default bound on one dependency wait, in polls of the leader invocation.
-pub const DEFAULT_SPIN_LIMIT: u32 = 1 << 24;
+pub(crate) const DEFAULT_SPIN_LIMIT: u32 = 1 << 24;
 
 /// Task size of a row graph's persistent queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

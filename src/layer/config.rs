@@ -116,7 +116,7 @@ impl MoeConfig {
 
     /// The expert projections' kernels on a kind of adapter before tuning: the fixed choice,
     /// else the kind's default.
-    pub fn ffn_kernels(&self, kind: AdapterKind) -> FfnKernels {
+    pub(crate) fn ffn_kernels(&self, kind: AdapterKind) -> FfnKernels {
         match self.kernels {
             KernelChoice::Default | KernelChoice::Tuned | KernelChoice::TunedFor { .. } => {
                 FfnKernels::default_for(kind, self.gemm_order)

@@ -182,7 +182,7 @@ impl ForwardPlan {
     ///
     /// # Errors
     /// As [`Self::set_live_tokens`].
-    pub fn check_live(&self, tokens: u32) -> Result<()> {
+    pub(crate) fn check_live(&self, tokens: u32) -> Result<()> {
         if tokens == 0 || tokens > self.max_tokens {
             return Err(Error::invalid(format!(
                 "live token count {tokens}: this plan runs 1 to {} tokens (an empty batch is \

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 
 /// Where tensors come from: one in-memory file or a (sharded) checkpoint.
-pub trait TensorSource {
+pub(crate) trait TensorSource {
     /// Every tensor name.
     fn names(&self) -> Vec<&str>;
     /// The tensor `name`, if present.

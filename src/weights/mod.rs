@@ -27,7 +27,7 @@ mod output;
 mod safetensors_layer;
 mod tensors;
 
-pub use checkpoint::{Checkpoint, TensorSource};
+pub use checkpoint::Checkpoint;
 pub use family::{Family, Routing, RoutingFlags};
 pub use gguf_layer::{gguf_moe_layers, load_gguf_layer, upload_gguf_layer, upload_gguf_layer_async};
 pub use loaded::{LoadOptions, LoadedLayer, UploadedLayer};

@@ -13,7 +13,7 @@ use crate::kernels::gemm::{
 
 /// The dense GEMM through the adapter's default block kernel (B) against one output per
 /// invocation read straight from memory (A). Bit-identical outputs.
-pub fn tiled_vs_rowwise() -> Registered {
+pub(crate) fn tiled_vs_rowwise() -> Registered {
     Registered::new(
         "gemm/block-vs-rowwise-dense",
         "dense GEMM with the adapter's default block kernel (B: 16x8 register blocks reading x from \
@@ -43,7 +43,7 @@ pub(super) fn build_tiled_vs_rowwise(ctx: &Context, size: &Size, seed: u64) -> R
 /// The dense GEMM with the widest block candidate (B: window 32 x 4 blocks on CPU adapters,
 /// tiles with a 64-deep K chunk elsewhere) against the adapter's default block (A), strict
 /// order; bitwise equal. The dense target of the kernel work is read from B.
-pub fn dense_wide_vs_default() -> Registered {
+pub(crate) fn dense_wide_vs_default() -> Registered {
     Registered::new(
         "gemm/dense-wide-vs-default",
         "dense GEMM y = x . w^T on one f32 weight matrix with the widest block candidate (B: window \
@@ -78,7 +78,7 @@ pub(super) fn build_dense_wide_vs_default(ctx: &Context, size: &Size, seed: u64)
 
 /// The grouped FFN in the fast order (B) against the strict order (A), same variants: what the
 /// strict order costs.
-pub fn fast_vs_strict() -> Registered {
+pub(crate) fn fast_vs_strict() -> Registered {
     Registered::new(
         "gemm/fast-vs-strict",
         "grouped expert FFN with one accumulator per output (B, GemmOrder::Fast) against four lane \
@@ -96,7 +96,7 @@ pub(super) fn build_fast_vs_strict(ctx: &Context, size: &Size, seed: u64) -> Res
 
 /// The grouped FFN with the GEMM modules built without runtime bounds checks (B, the default)
 /// against the same kernels built with them (A): what the checks cost.
-pub fn unchecked_vs_checked() -> Registered {
+pub(crate) fn unchecked_vs_checked() -> Registered {
     Registered::new(
         "gemm/unchecked-vs-checked",
         "grouped expert FFN, the adapter's default variants, strict order, built without runtime bounds \
@@ -137,7 +137,7 @@ pub(super) struct TileVsTile {
 }
 
 /// The GPU tile family's comparisons.
-pub fn tile_comparisons() -> Vec<Registered> {
+pub(crate) fn tile_comparisons() -> Vec<Registered> {
     let tiled = GemmVariant::Tile(TileBlock::tiled(8));
     let tile64 = GemmVariant::Tile(TileBlock::new(64, 64, 4, 4, 4));
     vec![
@@ -223,7 +223,7 @@ impl CoopVsTile {
 }
 
 /// The grouped FFN with direct (CPU-shaped) blocks (B) against workgroup-memory tiles (A).
-pub fn direct_vs_tiled() -> Registered {
+pub(crate) fn direct_vs_tiled() -> Registered {
     Registered::new(
         "gemm/direct-vs-tiled",
         "grouped expert FFN with direct 16x8 register blocks of 8 lanes, no workgroup memory (B), \
@@ -243,7 +243,7 @@ pub(super) fn build_direct_vs_tiled(ctx: &Context, size: &Size, seed: u64) -> Re
 
 /// The grouped FFN with window blocks (B: x read from uniform-buffer windows a staging pass
 /// fills) against the same direct blocks reading x from storage (A).
-pub fn window_vs_direct() -> Registered {
+pub(crate) fn window_vs_direct() -> Registered {
     Registered::new(
         "gemm/window-vs-direct",
         "grouped expert FFN with 16x8 register blocks of 8 lanes reading x from uniform-buffer \
@@ -264,7 +264,7 @@ pub(super) fn build_window_vs_direct(ctx: &Context, size: &Size, seed: u64) -> R
 
 /// The grouped FFN with texture blocks (B: the weights read from texture copies made on the
 /// device) against the same window blocks reading the weights from storage (A).
-pub fn texture_vs_window() -> Registered {
+pub(crate) fn texture_vs_window() -> Registered {
     Registered::new(
         "gemm/texture-vs-window",
         "grouped expert FFN with 16x8 register blocks of 8 lanes (16x4 on SwiftShader) reading the \
@@ -286,7 +286,7 @@ pub(super) fn build_texture_vs_window(ctx: &Context, size: &Size, seed: u64) -> 
 
 /// The dense GEMM with texture blocks of 32 rows (B) against window 32 x 4 blocks (A, the
 /// widest storage-weight block), strict order; bitwise equal.
-pub fn dense_texture_vs_window() -> Registered {
+pub(crate) fn dense_texture_vs_window() -> Registered {
     Registered::new(
         "gemm/dense-texture-vs-window",
         "dense GEMM y = x . w^T on one f32 weight matrix with 32x8 register blocks (32x4 on \
@@ -306,7 +306,7 @@ pub(super) fn build_dense_texture_vs_window(ctx: &Context, size: &Size, seed: u6
 
 /// The grouped FFN with the tuner's choice (B) against the adapter's fixed default (A); the
 /// note says which variants the tuner chose.
-pub fn tuned_vs_default() -> Registered {
+pub(crate) fn tuned_vs_default() -> Registered {
     Registered::new(
         "gemm/tuned-vs-default",
         "grouped expert FFN with the variants the tuner picked on this adapter (B; the note names \

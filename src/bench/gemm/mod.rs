@@ -7,9 +7,11 @@ mod paths;
 mod problem;
 mod quant;
 
-pub use kernels::{
+pub(crate) use kernels::tile_comparisons;
+pub(crate) use kernels::{
     dense_texture_vs_window, dense_wide_vs_default, direct_vs_tiled, fast_vs_strict, texture_vs_window,
-    tile_comparisons, tiled_vs_rowwise, tuned_vs_default, unchecked_vs_checked, window_vs_direct,
+    tiled_vs_rowwise, tuned_vs_default, unchecked_vs_checked, window_vs_direct,
 };
-pub use paths::{decode_vs_grouped, grouped_vs_bucketed, grouped_vs_dense};
-pub use quant::quant_comparisons;
+pub(crate) use paths::grouped_vs_dense;
+pub(crate) use paths::{decode_vs_grouped, grouped_vs_bucketed};
+pub(crate) use quant::quant_comparisons;

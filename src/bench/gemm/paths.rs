@@ -14,7 +14,7 @@ use crate::synth::Synth;
 use crate::tensor::word_bytes;
 
 /// Grouped GEMM (B) against three dense GEMMs of the same FLOPs (A).
-pub fn grouped_vs_dense() -> Registered {
+pub(crate) fn grouped_vs_dense() -> Registered {
     Registered::new(
         "gemm/grouped-vs-dense",
         "SwiGLU expert FFN as padded-tile grouped GEMMs with the dispatch (B) against dense GEMMs of \
@@ -61,7 +61,7 @@ pub(super) fn build_grouped_vs_dense(ctx: &Context, size: &Size, seed: u64) -> R
 
 /// Grouped GEMM (B) against seed 000's path (A): one grouped matmul per bucket with a bound of
 /// the mean load, plus a row-wise overflow pass. Outputs are bitwise equal.
-pub fn grouped_vs_bucketed() -> Registered {
+pub(crate) fn grouped_vs_bucketed() -> Registered {
     Registered::new(
         "gemm/grouped-vs-bucketed",
         "padded-tile grouped GEMM (B) against per-bucket grouped matmuls bounded at the mean load \
@@ -100,7 +100,7 @@ pub(super) fn build_grouped_vs_bucketed(ctx: &Context, size: &Size, seed: u64) -
 }
 
 /// Row-wise decode path (B) against the grouped path with its dispatch (A) at decode sizes.
-pub fn decode_vs_grouped() -> Registered {
+pub(crate) fn decode_vs_grouped() -> Registered {
     Registered::new(
         "gemm/decode-vs-grouped",
         "row-wise expert FFN over the routed entries (B) against dispatch + grouped GEMM (A) for a \

@@ -21,7 +21,7 @@ pub(super) struct QuantVsF16 {
 }
 
 /// One comparison of quantised against f16 weights per quantised format and path.
-pub fn quant_comparisons() -> Vec<Registered> {
+pub(crate) fn quant_comparisons() -> Vec<Registered> {
     let formats = [WeightDtype::Q8_0, WeightDtype::Q4_0, WeightDtype::Mxfp4, WeightDtype::Fp8];
     [true, false]
         .into_iter()

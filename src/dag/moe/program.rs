@@ -237,13 +237,13 @@ impl MoeProgram {
     }
 
     /// What the program runs: the queue where it was asked for (e.g. `queue (fine MoE tasks, 8
-    /// workers)`), else [`Self::passes_label`].
+    /// workers)`), else the static passes (e.g. `5 static passes of fine MoE tasks`).
     pub fn label(&self) -> String {
         self.queue_label.clone().unwrap_or_else(|| self.passes_label())
     }
 
     /// What the static passes run, e.g. `5 static passes of fine MoE tasks`.
-    pub fn passes_label(&self) -> String {
+    pub(crate) fn passes_label(&self) -> String {
         format!("{} static passes of {} MoE tasks", self.passes.len(), self.tasks.size.name())
     }
 

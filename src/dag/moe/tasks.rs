@@ -216,7 +216,7 @@ impl MoeTasks {
 
     /// Tasks in each of the static passes [`passes`] gives for this task size (ticket order
     /// is pass order).
-    pub fn pass_counts(&self) -> Vec<u32> {
+    pub(crate) fn pass_counts(&self) -> Vec<u32> {
         match self.size {
             TaskSize::Fine => vec![
                 self.route,

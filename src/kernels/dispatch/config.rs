@@ -7,7 +7,7 @@ use super::host::Meta;
 use crate::error::{Error, Result};
 
 /// Entries per placement block (and workgroup size of the block kernels).
-pub const DISPATCH_WG: u32 = 256;
+pub(crate) const DISPATCH_WG: u32 = 256;
 
 /// Largest supported expert (or bucket) count.
 pub const MAX_EXPERTS: u32 = 65536;
@@ -119,7 +119,7 @@ impl LoadStats {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] naming the first index at or past `experts`.
-pub fn check_indices(indices: &[u32], experts: u32) -> Result<()> {
+pub(crate) fn check_indices(indices: &[u32], experts: u32) -> Result<()> {
     match indices.iter().position(|&i| i >= experts) {
         None => Ok(()),
         Some(p) => Err(Error::invalid(format!(

@@ -413,7 +413,8 @@ pub fn host_dispatch<'b>(
 /// Groups host `indices[tokens * k]` on the device and reads the layout back.
 ///
 /// # Errors
-/// [`check_indices`] and [`DispatchConfig::validate`]'s errors; [`Error::Shape`] when
+/// [`Error::InvalidArgument`] naming the first index at or past `experts`;
+/// [`DispatchConfig::validate`]'s errors; [`Error::Shape`] when
 /// the length is not a multiple of k; device errors while running or reading back.
 pub fn dispatch_host_indices(ctx: &Context, cfg: DispatchConfig, indices: &[u32]) -> Result<Layout> {
     cfg.validate()?;

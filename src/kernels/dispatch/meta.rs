@@ -3,18 +3,18 @@
 
 /// Word of the layout's `meta` buffer holding the valid entries placed (`META_ROWS` in
 /// wgsl/dispatch/params.wgsl, as are the words below).
-pub const META_ROWS: u32 = 0;
+pub(crate) const META_ROWS: u32 = 0;
 /// Meta word: rows including tile padding.
-pub const META_PADDED_ROWS: u32 = 1;
+pub(crate) const META_PADDED_ROWS: u32 = 1;
 /// Meta word: tiles in use.
-pub const META_TILES: u32 = 2;
+pub(crate) const META_TILES: u32 = 2;
 /// Meta word: the largest expert count.
-pub const META_MAX_COUNT: u32 = 3;
+pub(crate) const META_MAX_COUNT: u32 = 3;
 /// Meta word: experts with at least one entry.
-pub const META_NONEMPTY: u32 = 4;
+pub(crate) const META_NONEMPTY: u32 = 4;
 /// Meta word: entries past the bucket bound.
-pub const META_OVERFLOW: u32 = 5;
+pub(crate) const META_OVERFLOW: u32 = 5;
 /// Meta word: entries whose expert index was out of range.
-pub const META_INVALID: u32 = 6;
+pub(crate) const META_INVALID: u32 = 6;
 /// Words of the `meta` buffer (the last one unused).
-pub const META_WORDS: u32 = 8;
+pub(crate) const META_WORDS: u32 = 8;

@@ -15,15 +15,14 @@ mod meta;
 mod specs;
 
 pub use buckets::{BucketLayout, HostBuckets};
-pub use config::{
-    BucketConfig, DISPATCH_WG, DispatchConfig, LoadStats, MAX_EXPERTS, MAX_TILE, OverflowPolicy,
-    check_indices,
-};
+pub use config::{BucketConfig, DispatchConfig, LoadStats, MAX_EXPERTS, MAX_TILE, OverflowPolicy};
 pub use layout::{DispatchLayout, dispatch_host_indices, host_dispatch};
-pub use meta::{
-    META_INVALID, META_MAX_COUNT, META_NONEMPTY, META_OVERFLOW, META_PADDED_ROWS, META_ROWS, META_TILES,
-    META_WORDS,
-};
+
+#[cfg(test)]
+pub(crate) use config::DISPATCH_WG;
+pub(crate) use meta::META_OVERFLOW;
+#[cfg(test)]
+pub(crate) use meta::{META_INVALID, META_MAX_COUNT, META_NONEMPTY, META_PADDED_ROWS, META_ROWS, META_TILES};
 #[cfg(test)]
 pub(crate) use specs::SHADERS;
 pub(crate) use specs::SPECS;

@@ -41,8 +41,8 @@ pub use device_check::check_on_device;
 pub use dtype::WeightDtype;
 pub use ffn::{Activation, ExpertBias, ExpertFfn};
 pub use plan::{
-    DECODE_MAX_TOKENS, DenseKernel, FfnBuffers, FfnPlan, FfnRouting, decode_tokens, plan_dense,
-    plan_dense_ffn, plan_ffn, plan_ffn_all_experts, uses_decode_path,
+    DECODE_MAX_TOKENS, DenseKernel, FfnBuffers, FfnPlan, FfnRouting, plan_dense, plan_dense_ffn, plan_ffn,
+    plan_ffn_all_experts, uses_decode_path,
 };
 pub(crate) use plan::{
     activations, bucket_activations, overflow_activations, plan_dense_ffn_in, plan_dense_in, plan_ffn_in,
@@ -50,7 +50,7 @@ pub(crate) use plan::{
 };
 pub use policy::{AdapterKind, candidates};
 pub use quantised::QuantisedValues;
-pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, default_cache_path, tune, tune_async};
+pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, tune, tune_async};
 pub use tune_cache::TuneKey;
 pub use variant::{FfnKernels, GemmOrder, GemmVariant, LaneBlock, TileBlock};
 pub use weights::{ExpertWeights, StoredValues};
@@ -59,6 +59,7 @@ pub use weights::{ExpertWeights, StoredValues};
 pub(crate) use params::{
     FLAG_EXPERT_FROM_INDICES, FLAG_EXPERT_FROM_TILES, FLAG_GATHER, FLAG_IDENTITY_ROWS, FLAG_OUT_ENTRY, NONE,
 };
+pub(crate) use plan::decode_tokens;
 #[cfg(test)]
 pub(crate) use specs::ROWWISE_SUBGROUP_ROW_ALIGN;
 #[cfg(test)]

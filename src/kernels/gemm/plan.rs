@@ -78,7 +78,7 @@ pub fn uses_decode_path(tokens: u32, k: u32, experts: u32) -> bool {
 
 /// The largest token count that takes the decode path ([`uses_decode_path`]): the counts that
 /// take it are 1 up to this one.
-pub fn decode_tokens(k: u32, experts: u32) -> u32 {
+pub(crate) fn decode_tokens(k: u32, experts: u32) -> u32 {
     (1..=DECODE_MAX_TOKENS).rev().find(|&t| uses_decode_path(t, k, experts)).unwrap_or(1)
 }
 

@@ -79,7 +79,7 @@ impl TuneOptions {
 }
 
 /// The default cache file, if a home or cache directory is known.
-pub fn default_cache_path() -> Option<PathBuf> {
+pub(crate) fn default_cache_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("MOEFLOW_TUNE_CACHE") {
         return Some(PathBuf::from(p));
     }

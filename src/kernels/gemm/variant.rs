@@ -258,7 +258,7 @@ impl GemmVariant {
     }
 
     /// Output columns per workgroup.
-    pub fn block_cols(self) -> u32 {
+    pub(crate) fn block_cols(self) -> u32 {
         match self {
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.cols,
             GemmVariant::CoopF16(b) => b.cols,
@@ -296,7 +296,7 @@ impl GemmVariant {
     }
 
     /// Workgroup memory the variant uses, in bytes.
-    pub fn workgroup_bytes(self) -> u32 {
+    pub(crate) fn workgroup_bytes(self) -> u32 {
         match self.shape() {
             // An x tile of `rows` rows, w and up tiles of `cols` rows, each row `tile_stride`
             // groups of four (a vec4 of f32, or of f16 packed in a vec2<u32>), plus the block's
@@ -320,7 +320,7 @@ impl GemmVariant {
     }
 
     /// Invocations per workgroup.
-    pub fn invocations(self) -> u32 {
+    pub(crate) fn invocations(self) -> u32 {
         match self {
             GemmVariant::Tile(t) | GemmVariant::TileF16(t) => t.invocations(),
             GemmVariant::CoopF16(b) => b.lanes,
@@ -330,7 +330,7 @@ impl GemmVariant {
 
     /// The direct variant of a window or texture variant's block (what runs where no window
     /// fits); other variants unchanged.
-    pub fn without_window(self) -> Self {
+    pub(crate) fn without_window(self) -> Self {
         match self {
             GemmVariant::Window(b) | GemmVariant::Texture(b) => GemmVariant::Direct(b),
             other => other,
@@ -339,7 +339,7 @@ impl GemmVariant {
 
     /// The window variant of a texture variant's block (what runs where the weights have no
     /// texture copy); other variants unchanged.
-    pub fn without_texture(self) -> Self {
+    pub(crate) fn without_texture(self) -> Self {
         match self {
             GemmVariant::Texture(b) => GemmVariant::Window(b),
             other => other,
@@ -357,7 +357,7 @@ impl GemmVariant {
     }
 
     /// Whether x comes from uniform windows (window and texture variants).
-    pub fn reads_windows(self) -> bool {
+    pub(crate) fn reads_windows(self) -> bool {
         self.source() != OperandSource::Storage
     }
 

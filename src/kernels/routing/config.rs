@@ -218,7 +218,7 @@ pub enum RouteMode {
 
 impl RouteMode {
     /// Whether this mode writes the logits buffer.
-    pub fn writes_logits(self) -> bool {
+    pub(crate) fn writes_logits(self) -> bool {
         match self {
             RouteMode::Unfused => true,
             RouteMode::Fused { write_logits } => write_logits,
