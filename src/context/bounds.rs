@@ -1,7 +1,8 @@
 //! Which shader modules are built with wgpu's runtime bounds checks ([`BoundsChecks`]).
 
-use crate::error::{Error, Result};
 use std::str::FromStr;
+
+use crate::error::{Error, Result};
 
 /// Environment variable read when a context is made (see [`BoundsChecks`]): `everywhere`
 /// builds every module with runtime bounds checks; unset or `where-unproven`, only the modules

@@ -6,7 +6,8 @@ use std::num::NonZeroU64;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{BoundsChecks, Context};
+use super::bounds::BoundsChecks;
+use super::device::Context;
 use crate::error::{Error, Result};
 use crate::live::spill;
 use crate::overlap::{Use, check_disjoint};

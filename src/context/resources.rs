@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use bytemuck::Pod;
 
-use super::Context;
+use super::device::Context;
 use super::wait::{Driver, Signal, Until};
 use crate::error::{Error, Result};
 use crate::gpu::{DATA_USAGE, record};

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 
-use super::{Context, DeviceHealth};
+use super::device::Context;
+use super::health::DeviceHealth;
 use crate::error::{Error, GpuErrorKind, Result};
 use crate::sync::lock;
 
