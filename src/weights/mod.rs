@@ -19,6 +19,7 @@
 mod checkpoint;
 pub mod family;
 pub mod gguf;
+mod gguf_config;
 mod gguf_layer;
 mod gpt_oss;
 mod loaded;
