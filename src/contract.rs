@@ -507,7 +507,7 @@ fn every_module_validates_and_translates_to_every_backend() {
 }
 
 /// Every module's override constants, as naga reflects them, are those its parts declare in
-/// [`Override::declared_in`]: a pipeline's typed constants name what its WGSL has.
+/// [`Override::of_file`]: a pipeline's typed constants name what its WGSL has.
 #[test]
 fn every_modules_overrides_are_its_parts_declared_ones() {
     for source in all_shaders() {
@@ -516,7 +516,7 @@ fn every_modules_overrides_are_its_parts_declared_ones() {
         wgsl.sort_unstable();
         let mut declared: Vec<&str> = source.overrides().iter().map(|o| o.name()).collect();
         declared.sort_unstable();
-        assert_eq!(wgsl, declared, "{}: the WGSL's overrides against Override::declared_in", source.name);
+        assert_eq!(wgsl, declared, "{}: the WGSL's overrides against Override::of_file", source.name);
     }
 }
 

@@ -2,7 +2,8 @@
 //! knows no kernel family and nothing built on it, no kernel imports the CPU references that
 //! check it, the rooms of the crate (each top-level module, each kernel family under
 //! `kernels/`) import each other without a circle, and so do its files; a room cut by job has
-//! a face that only declares its modules and exports; and no file is past 900 lines.
+//! a face that only declares its modules and exports; no file is past 900 lines; and the name
+//! suffixes `_with` and `_in` mean one thing each.
 //!
 //! Imports are the paths that start with `crate::`, `super::` or `self::` outside comments, in
 //! `use` trees (grouped and nested: `crate::{a::b, c::{d, e}}`) and inline (`crate::a::f()`),
@@ -406,4 +407,34 @@ fn imports_are_read_from_every_kind_of_path() {
     assert_eq!(room(&module_of("context/mod.rs")), "context");
     let g: BTreeMap<u8, BTreeSet<u8>> = [(1, [2].into()), (2, [1, 3].into()), (3, [].into())].into();
     assert_eq!(circles(&g), [(1, 2), (2, 1)]);
+}
+
+/// One meaning per name suffix (docs/ARCHITECTURE.md): a function whose name ends in `_with`
+/// takes a `Driver` (how it waits), one ending in `_in` the scratch or workspace it plans in.
+#[test]
+fn name_suffixes_mean_one_thing() {
+    let mut wrong = Vec::new();
+    for (path, text) in sources() {
+        for (at, _) in text.match_indices("fn ") {
+            if text[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let rest = &text[at + 3..];
+            let name: String = rest.chars().take_while(|&c| c.is_alphanumeric() || c == '_').collect();
+            // To the body, or the `;` that ends a declaration (not an array type's `[u32; 3]`).
+            let end = [rest.find('{'), rest.find(";\n")].into_iter().flatten().min();
+            let signature = &rest[..end.unwrap_or(rest.len())];
+            let takes: &[&str] = if name.ends_with("_with") {
+                &["Driver"]
+            } else if name.ends_with("_in") {
+                &["Scratch", "Workspace"]
+            } else {
+                continue;
+            };
+            if !takes.iter().any(|t| signature.contains(t)) {
+                wrong.push(format!("{path}: `{name}` takes none of {takes:?}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "suffixes used for something else: {wrong:#?}");
 }

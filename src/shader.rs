@@ -87,15 +87,15 @@ impl ShaderSource {
     }
 
     /// The override constants the module declares: those of its parts
-    /// ([`Override::declared_in`]).
+    /// ([`Override::of_file`]).
     pub fn overrides(&self) -> Vec<Override> {
-        self.parts.iter().flat_map(|p| Override::declared_in(p.path)).copied().collect()
+        self.parts.iter().flat_map(|p| Override::of_file(p.path)).copied().collect()
     }
 }
 
 /// An override constant of the WGSL modules (`override NAME` in one of their files): the
 /// typed key of a pipeline's specialisation ([`crate::pipeline::Constants`]). Which file
-/// declares which constants is one table ([`Override::declared_in`]); a module's constants are
+/// declares which constants is one table ([`Override::of_file`]); a module's constants are
 /// those of its parts ([`ShaderSource::overrides`]), which the contract test checks against
 /// naga's reflection of every module, and a pipeline is refused a constant its module does not
 /// declare.
@@ -163,7 +163,7 @@ impl Override {
     }
 
     /// The constants the WGSL file `path` (relative to `wgsl/`) declares, in its order.
-    pub fn declared_in(path: &str) -> &'static [Override] {
+    pub fn of_file(path: &str) -> &'static [Override] {
         use Override::*;
         match path {
             "combine/combine.wgsl" => &[HasShared, SharedGated],

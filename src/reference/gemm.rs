@@ -29,7 +29,7 @@ pub fn dot_fast(x: &[f32], w: &[f32]) -> f32 {
 }
 
 /// `sum_k x[k] * w[k]` in `order` ([`dot`] for strict, [`dot_fast`] for fast).
-pub fn dot_in(order: GemmOrder, x: &[f32], w: &[f32]) -> f32 {
+pub fn dot_in_order(order: GemmOrder, x: &[f32], w: &[f32]) -> f32 {
     match order {
         GemmOrder::Strict => dot(x, w),
         GemmOrder::Fast => dot_fast(x, w),
@@ -109,7 +109,7 @@ pub fn round_f16(v: &[f32]) -> Vec<f32> {
 pub fn ffn_row(x: &[f32], expert: usize, w: &FfnWeights<'_>) -> Vec<f32> {
     let (hidden, ffn) = (w.hidden, w.ffn);
     let add = |v: f32, b: Option<&[f32]>, i: usize| b.map_or(v, |b| v + b[i]);
-    let dot = |x: &[f32], row: &[f32]| dot_in(w.order, x, &multiplied(row, w.f16_operands));
+    let dot = |x: &[f32], row: &[f32]| dot_in_order(w.order, x, &multiplied(row, w.f16_operands));
     let x = multiplied(x, w.f16_operands);
     let act: Vec<f32> = (0..ffn)
         .map(|n| {

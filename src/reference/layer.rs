@@ -67,7 +67,8 @@ pub fn forward(cfg: &MoeConfig, w: &MoeWeights, x: &[f32]) -> Result<(Vec<f32>, 
             };
             gemm::ffn_row(xt, 0, &sw)
         });
-        let s = w.shared_gate.as_ref().map_or(1.0, |g| 1.0 / (1.0 + (-gemm::dot_in(order, xt, g)).exp()));
+        let s =
+            w.shared_gate.as_ref().map_or(1.0, |g| 1.0 / (1.0 + (-gemm::dot_in_order(order, xt, g)).exp()));
         for (c, out) in row.iter_mut().enumerate() {
             let mut acc = 0.0f32;
             for j in 0..k {
