@@ -72,9 +72,11 @@ pub mod prelude {
 
 pub use context::{
     ADAPTER_ENV, AdapterDescription, AdapterSelector, Allocations, BOUNDS_CHECKS_ENV, BoundsChecks,
-    COOPERATIVE_MATRIX_ENV, Capabilities, Context, KeyLimits, WGPU_VERSION, adapters, instance,
-    wgpu_adapters, wgpu_adapters_async,
+    COOPERATIVE_MATRIX_ENV, Capabilities, Context, KeyLimits, WGPU_VERSION, adapters_async, instance,
+    wgpu_adapters_async,
 };
+#[cfg(not(target_arch = "wasm32"))]
+pub use context::{adapters, wgpu_adapters};
 pub use error::{Error, GpuErrorKind, Result};
 pub use pipeline::{BufferView, Dispatch};
 pub use requirements::Requirements;

@@ -2,7 +2,7 @@
 //! (resolved once, after the whole timed sequence) and host wall time from submit to
 //! completion.
 
-use std::time::Instant;
+use web_time::Instant;
 
 use crate::context::Context;
 use crate::context::wait::Driver;
@@ -119,6 +119,7 @@ impl<'c> Sampler<'c> {
     /// # Errors
     /// [`Error::InvalidArgument`] when the stages need more samples than remain; device
     /// errors.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn sample_stages(&mut self, stages: &[Vec<&Dispatch>]) -> Result<Vec<Sample>> {
         let n = stages.len() as u32;
         if self.queries.is_some() && self.used + n > self.capacity {
@@ -151,6 +152,7 @@ impl<'c> Sampler<'c> {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the sampler is full; device errors.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn sample(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
         pollster::block_on(self.run(dispatches, reps, true, Driver::Inline))
     }
@@ -169,6 +171,7 @@ impl<'c> Sampler<'c> {
     ///
     /// # Errors
     /// Device errors.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn untimed(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
         pollster::block_on(self.run(dispatches, reps, false, Driver::Inline))
     }
@@ -188,6 +191,7 @@ impl<'c> Sampler<'c> {
     ///
     /// # Errors
     /// Device errors while resolving or reading the timestamps.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn gpu_seconds(&self, samples: &[Sample]) -> Result<Vec<Option<f64>>> {
         pollster::block_on(self.gpu_seconds_with(samples, Driver::Inline))
     }

@@ -1,6 +1,6 @@
 //! Runs a comparison under the protocol: validate, warm up, ABBA blocks, validate again.
 
-use std::time::Instant;
+use web_time::Instant;
 
 use super::comparison::{Case, Comparison, Size, SizeSet, Work};
 use super::record::{Calibration, CaseRecord, ComparisonRecord, Settings, VariantFigures};

@@ -22,4 +22,6 @@ pub use device::Context;
 #[cfg(test)]
 pub(crate) use open::test_contexts;
 pub use open::{COOPERATIVE_MATRIX_ENV, WGPU_VERSION};
-pub use selection::{ADAPTER_ENV, AdapterSelector, adapters, instance, wgpu_adapters, wgpu_adapters_async};
+pub use selection::{ADAPTER_ENV, AdapterSelector, adapters_async, instance, wgpu_adapters_async};
+#[cfg(not(target_arch = "wasm32"))]
+pub use selection::{adapters, wgpu_adapters};

@@ -10,9 +10,9 @@ use super::allocations::AllocationCounter;
 use super::bounds::BoundsChecks;
 use super::device::Context;
 use super::health::DeviceHealth;
-use super::selection::{
-    ADAPTER_ENV, AdapterSelector, preference, runs_compute, wgpu_adapters, wgpu_adapters_async,
-};
+#[cfg(not(target_arch = "wasm32"))]
+use super::selection::wgpu_adapters;
+use super::selection::{ADAPTER_ENV, AdapterSelector, preference, runs_compute, wgpu_adapters_async};
 use crate::error::{Error, Result};
 use crate::pipeline::PipelineCache;
 
@@ -37,6 +37,7 @@ impl Context {
     ///
     /// # Errors
     /// An unparsable `MOEFLOW_ADAPTER`, as [`Self::with_selector`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self> {
         pollster::block_on(Context::new_async())
     }
@@ -58,6 +59,7 @@ impl Context {
     /// # Errors
     /// [`Error::NoAdapter`] when nothing matches (the message lists what exists);
     /// [`Error::MissingFeature`] or the device request's error from [`Self::from_adapter`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn with_selector(selector: &AdapterSelector) -> Result<Self> {
         pollster::block_on(Context::with_selector_async(selector))
     }
@@ -94,6 +96,7 @@ impl Context {
     ///
     /// # Errors
     /// As [`Self::matching`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn all() -> Result<Vec<Self>> {
         Context::matching(&AdapterSelector::default())
     }
@@ -104,6 +107,7 @@ impl Context {
     ///
     /// # Errors
     /// The first adapter whose device request fails ([`Self::from_adapter`]).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn matching(selector: &AdapterSelector) -> Result<Vec<Self>> {
         wgpu_adapters()
             .iter()
@@ -119,6 +123,7 @@ impl Context {
     /// [`Error::MissingFeature`] for an adapter without compute shaders or indirect dispatch;
     /// the device request's
     /// error.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
         pollster::block_on(Context::from_adapter_async(adapter))
     }

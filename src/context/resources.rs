@@ -148,6 +148,7 @@ impl Context {
     /// or submitted (a destroyed buffer, a resource of another device, a copy past a buffer's
     /// end: validation errors that would otherwise reach the device's uncaptured-error
     /// handler); a lost device (before or during the wait), or a failed poll.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
         pollster::block_on(self.submitted("submission", encoder, Driver::Inline))
     }
@@ -159,7 +160,7 @@ impl Context {
     /// # Errors
     /// As [`Self::submit_and_wait`].
     pub async fn submit_async(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
-        self.submitted("submission", encoder, Driver::Thread).await
+        self.submitted("submission", encoder, Driver::Await).await
     }
 
     /// Submits `encoder` now; the returned future resolves when the device has finished it,
@@ -196,6 +197,7 @@ impl Context {
     /// # Errors
     /// A validation error while recording or submitting (a destroyed buffer, say), or a lost
     /// device.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn run(&self, dispatches: &[&Dispatch]) -> Result<()> {
         pollster::block_on(self.run_with(dispatches, Driver::Inline))
     }
@@ -205,7 +207,7 @@ impl Context {
     /// # Errors
     /// As [`Self::run`].
     pub async fn run_async(&self, dispatches: &[&Dispatch]) -> Result<()> {
-        self.run_with(dispatches, Driver::Thread).await
+        self.run_with(dispatches, Driver::Await).await
     }
 
     /// Records `dispatches`, submits them (inside error scopes) and waits as `driver` says.
@@ -221,6 +223,7 @@ impl Context {
     /// # Errors
     /// More elements than the view holds, a buffer without `COPY_SRC`, a destroyed or
     /// mapped buffer (a validation error), a failed mapping, or a lost device.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_back<'b, T: Pod>(&self, from: impl Into<BufferView<'b>>, len: usize) -> Result<Vec<T>> {
         pollster::block_on(self.read_back_with(from, len, Driver::Inline))
     }
@@ -234,7 +237,7 @@ impl Context {
         from: impl Into<BufferView<'b>>,
         len: usize,
     ) -> Result<Vec<T>> {
-        self.read_back_with(from, len, Driver::Thread).await
+        self.read_back_with(from, len, Driver::Await).await
     }
 
     /// Copies the first `len` elements of `from` out, waiting as `driver` says.

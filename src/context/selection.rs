@@ -104,6 +104,7 @@ pub fn instance() -> &'static wgpu::Instance {
 /// once per process and kept, then the GL adapters of a fresh GL-only instance. An adapter
 /// without compute shaders (a GL context below 4.3 or ES 3.1, as EGL gives on some headless
 /// GPUs) can run nothing of moeflow's; it is left out with a log line.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn wgpu_adapters() -> Vec<wgpu::Adapter> {
     pollster::block_on(wgpu_adapters_async())
 }
@@ -188,8 +189,16 @@ pub(super) fn preference(info: &wgpu::AdapterInfo) -> (u8, u8) {
 }
 
 /// Every adapter wgpu can see, described with the features and limits moeflow uses.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn adapters() -> Vec<AdapterDescription> {
-    wgpu_adapters()
+    pollster::block_on(adapters_async())
+}
+
+/// [`adapters`], awaiting wgpu's enumeration instead of blocking on it (in a browser: the one
+/// adapter `navigator.gpu` offers, if any).
+pub async fn adapters_async() -> Vec<AdapterDescription> {
+    wgpu_adapters_async()
+        .await
         .iter()
         .map(|a| AdapterDescription::new(&a.get_info(), Capabilities::wanted(a.features()), &a.limits()))
         .collect()

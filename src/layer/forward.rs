@@ -2,6 +2,7 @@
 //! caller's encoder at each live token count.
 
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{BucketLayout, DispatchLayout, LoadStats};
 use crate::pipeline::Dispatch;
@@ -224,19 +225,34 @@ impl ForwardPlan {
     ///
     /// # Errors
     /// A device error while reading back.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load(&self, ctx: &Context, experts: u32) -> Result<LoadStats> {
-        let live = ctx.read_back::<u32>(&self.live, 1)?.first().copied().unwrap_or(self.max_tokens);
-        let live = live.min(self.max_tokens);
+        pollster::block_on(self.load_with(ctx, experts, Driver::Inline))
+    }
+
+    /// [`Self::load`], awaiting the read-backs instead of blocking on them.
+    ///
+    /// # Errors
+    /// As [`Self::load`].
+    pub async fn load_async(&self, ctx: &Context, experts: u32) -> Result<LoadStats> {
+        self.load_with(ctx, experts, Driver::Await).await
+    }
+
+    /// [`Self::load`], its read-backs waited for as `driver` says.
+    async fn load_with(&self, ctx: &Context, experts: u32, driver: Driver) -> Result<LoadStats> {
+        let live = ctx.read_back_with::<u32>(&self.live, 1, driver).await?;
+        let live = live.first().copied().unwrap_or(self.max_tokens).min(self.max_tokens);
         if let Some(b) = &self.buckets {
-            return b.layout().stats(ctx);
+            return b.layout().stats_with(ctx, driver).await;
         }
         if let Some(l) = &self.layout
             && live > self.decode_until
         {
-            return l.stats(ctx);
+            return l.stats_with(ctx, driver).await;
         }
         // Decode path: no layout was filled; count on the host.
-        let idx: Vec<u32> = ctx.read_back(self.indices.view(), live as usize * self.k as usize)?;
+        let idx: Vec<u32> =
+            ctx.read_back_with(self.indices.view(), live as usize * self.k as usize, driver).await?;
         let l = crate::kernels::dispatch::host::layout(&idx, experts, 1, 0);
         Ok(LoadStats::new(l.counts, l.meta))
     }

@@ -8,7 +8,8 @@ use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{
-    AdapterKind, ExpertBias, ExpertFfn, ExpertWeights, TuneOptions, WeightDtype, check_on_device, tune_with,
+    AdapterKind, ExpertBias, ExpertFfn, ExpertWeights, TuneOptions, WeightDtype, check_on_device_with,
+    tune_with,
 };
 
 /// A MoE layer with its weights on the device.
@@ -28,6 +29,7 @@ impl MoeLayer {
     /// # Errors
     /// [`MoeConfig::validate`] and [`MoeWeights::check`]'s errors; tuning and device errors
     /// while uploading.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights) -> Result<Self> {
         pollster::block_on(Self::new_with(ctx, cfg, weights, Driver::Inline))
     }
@@ -38,7 +40,7 @@ impl MoeLayer {
     /// # Errors
     /// As [`Self::new`].
     pub async fn new_async(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights) -> Result<Self> {
-        Self::new_with(ctx, cfg, weights, Driver::Thread).await
+        Self::new_with(ctx, cfg, weights, Driver::Await).await
     }
 
     async fn new_with(ctx: &Context, cfg: MoeConfig, weights: &MoeWeights, driver: Driver) -> Result<Self> {
@@ -79,6 +81,7 @@ impl MoeLayer {
     /// `cfg` (`[E, F, H]`, `[E, F, H]`, `[E, H, F]` routed, `[1, Fs, H]` ... shared, in
     /// `cfg.weight_dtype`); router tensors whose lengths differ from `cfg`; a shared expert or
     /// gate present in one of `cfg` and the weights only; device errors.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn with_experts(
         ctx: &Context,
         cfg: MoeConfig,
@@ -101,7 +104,7 @@ impl MoeLayer {
         experts: ExpertFfn,
         shared: Option<ExpertFfn>,
     ) -> Result<Self> {
-        Self::with_experts_with(ctx, cfg, router, experts, shared, Driver::Thread).await
+        Self::with_experts_with(ctx, cfg, router, experts, shared, Driver::Await).await
     }
 
     /// [`Self::with_experts`], its waits driven as `driver` says.
@@ -162,7 +165,7 @@ impl MoeLayer {
             kernels = tune_with(ctx, &experts, cfg.gemm_order, &opts, driver).await?.kernels;
         }
         // A cooperative-matrix block runs its device check here, so no plan of the layer submits.
-        check_on_device(ctx, &[kernels.up, kernels.down])?;
+        check_on_device_with(ctx, &[kernels.up, kernels.down], driver).await?;
         let experts = experts.with_kernels(kernels)?;
         let shared = shared.map(|s| s.with_kernels(kernels)?.with_activation(cfg.activation)).transpose()?;
         let shared_gate = match &router.shared_gate {

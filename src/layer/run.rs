@@ -44,6 +44,7 @@ impl MoeLayer {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for zero tokens; [`Self::plan`]'s errors.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn prepare(&self, ctx: &Context, max_tokens: u32) -> Result<PrepareReport> {
         pollster::block_on(self.prepare_with(ctx, max_tokens, Driver::Inline))
     }
@@ -55,7 +56,7 @@ impl MoeLayer {
     /// # Errors
     /// As [`Self::prepare`].
     pub async fn prepare_async(&self, ctx: &Context, max_tokens: u32) -> Result<PrepareReport> {
-        self.prepare_with(ctx, max_tokens, Driver::Thread).await
+        self.prepare_with(ctx, max_tokens, Driver::Await).await
     }
 
     async fn prepare_with(&self, ctx: &Context, max_tokens: u32, driver: Driver) -> Result<PrepareReport> {
@@ -63,7 +64,7 @@ impl MoeLayer {
             return Err(Error::invalid("prepare needs a maximum token count of at least 1"));
         }
         let before = ctx.pipeline_count();
-        let start = std::time::Instant::now();
+        let start = web_time::Instant::now();
         let rows = word_bytes(u64::from(max_tokens) * u64::from(self.cfg.route.hidden));
         let x = ctx.storage_scratch("prepare x", rows)?;
         let y = ctx.storage_scratch("prepare y", rows)?;
@@ -85,6 +86,7 @@ impl MoeLayer {
     /// # Errors
     /// [`Error::Shape`] when `x` is not whole rows of H; [`Self::plan`]'s errors; device
     /// errors while running or reading back.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn forward_host(&self, ctx: &Context, x: &[f32]) -> Result<ForwardOutput> {
         pollster::block_on(self.forward_host_with(ctx, x, Driver::Inline))
     }
@@ -95,7 +97,7 @@ impl MoeLayer {
     /// # Errors
     /// As [`Self::forward_host`].
     pub async fn forward_host_async(&self, ctx: &Context, x: &[f32]) -> Result<ForwardOutput> {
-        self.forward_host_with(ctx, x, Driver::Thread).await
+        self.forward_host_with(ctx, x, Driver::Await).await
     }
 
     async fn forward_host_with(&self, ctx: &Context, x: &[f32], driver: Driver) -> Result<ForwardOutput> {

@@ -1,16 +1,16 @@
-//! A checkpoint on disk: one `.safetensors` file, or the shards a
-//! `model.safetensors.index.json` names, memory-mapped (nothing is read until a tensor is
-//! used) and indexed by tensor name across shards.
+//! A checkpoint: one `.safetensors` file, or the shards a `model.safetensors.index.json` names,
+//! memory-mapped (nothing is read until a tensor is used) and indexed by tensor name across
+//! shards; or one file's bytes already in memory ([`Checkpoint::from_bytes`]: a file a browser
+//! page was given, where there is no file system to map).
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Metadata, TensorView};
 use serde::Deserialize;
 
+use super::file_bytes::FileBytes;
 use crate::error::{Error, Result};
 
 /// Where tensors come from: one in-memory file or a (sharded) checkpoint.
@@ -44,47 +44,32 @@ impl TensorSource for InMemory<'_> {
     }
 }
 
-/// One memory-mapped shard with its parsed header.
+/// One shard's bytes with its parsed header.
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    map: FileBytes,
     header: usize,
     meta: Metadata,
 }
 
 impl Shard {
     fn open(path: &Path) -> Result<Self> {
-        let io = |source| Error::Io { path: path.display().to_string(), source };
-        let file = File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only; a file changed by another process while mapped is
-        // outside what any safetensors reader can guard against (the header is re-validated
-        // against the map's length here, and every view is bounds-checked by slicing).
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Shard::parse(path, FileBytes::open(path)?)
+    }
+
+    fn parse(path: &Path, map: FileBytes) -> Result<Self> {
         let (header, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
             Error::invalid(format!("{} is not a readable safetensors file: {e}", path.display()))
         })?;
         Ok(Shard { path: path.to_path_buf(), map, header, meta })
     }
 
-    /// Lets the kernel drop the resident pages of `name`'s bytes.
+    /// Lets the kernel drop the resident pages of `name`'s bytes (where they are mapped).
     fn release(&self, name: &str) {
-        let Some(info) = self.meta.info(name) else { return };
-        let (start, end) = info.data_offsets;
-        #[cfg(unix)]
-        {
-            // SAFETY: the map is a shared, read-only mapping of a file: after MADV_DONTNEED the
-            // next access reads the same bytes back from the file, so no view of the map sees
-            // different data. Advice is only a hint: its failure changes nothing.
-            let _ = unsafe {
-                self.map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    8 + self.header + start,
-                    end - start,
-                )
-            };
+        if let Some(info) = self.meta.info(name) {
+            let (start, end) = info.data_offsets;
+            self.map.release(8 + self.header + start, end - start);
         }
-        #[cfg(not(unix))]
-        let _ = (start, end);
     }
 
     fn view(&self, name: &str) -> Option<TensorView<'_>> {
@@ -162,9 +147,21 @@ impl Checkpoint {
     }
 
     fn single(path: &Path) -> Result<Self> {
-        let shard = Shard::open(path)?;
+        Checkpoint::of_shard(Shard::open(path)?)
+    }
+
+    /// One safetensors file's bytes, already in memory, called `name` in messages (a file a
+    /// browser page was given, or one fetched). Nothing is copied.
+    ///
+    /// # Errors
+    /// Bytes that are not a complete safetensors file.
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
+        Checkpoint::of_shard(Shard::parse(Path::new(name), FileBytes::Owned(bytes))?)
+    }
+
+    fn of_shard(shard: Shard) -> Result<Self> {
         let index = shard.meta.offset_keys().into_iter().map(|n| (n, 0)).collect();
-        Ok(Checkpoint { root: path.to_path_buf(), shards: vec![shard], index })
+        Ok(Checkpoint { root: shard.path.clone(), shards: vec![shard], index })
     }
 
     fn from_index(path: &Path) -> Result<Self> {
@@ -264,5 +261,32 @@ impl TensorSource for Checkpoint {
         if let Some(&i) = self.index.get(name) {
             self.shards[i].release(name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::Dtype;
+
+    /// A file's bytes give the checkpoint its file gives: the same tensors, layers and values;
+    /// bytes that are no safetensors file are an error naming the source.
+    #[test]
+    fn a_checkpoint_from_bytes_is_the_checkpoint_of_its_file() {
+        let router: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let view = TensorView::new(Dtype::F32, vec![1, 2], &router).unwrap();
+        let name = "model.layers.3.mlp.gate.weight";
+        let bytes = safetensors::serialize([(name, view)], None).unwrap();
+        let file = tempfile::Builder::new().suffix(".safetensors").tempfile().unwrap();
+        std::fs::write(file.path(), &bytes).unwrap();
+        let mapped = Checkpoint::open(file.path()).unwrap();
+        let held = Checkpoint::from_bytes("layer.safetensors", bytes).unwrap();
+        assert_eq!(held.names(), mapped.names());
+        assert_eq!(held.moe_layers(), mapped.moe_layers());
+        assert_eq!(held.moe_layers().get(&3).map(String::as_str), Some("model.layers.3."));
+        assert_eq!(held.tensor(name).unwrap().data(), mapped.tensor(name).unwrap().data());
+        assert_eq!(held.describe(), "layer.safetensors");
+        let err = Checkpoint::from_bytes("page upload", vec![7; 12]).unwrap_err().to_string();
+        assert!(err.contains("page upload"), "{err}");
     }
 }

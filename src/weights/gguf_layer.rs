@@ -374,6 +374,7 @@ pub fn load_gguf_layer(g: &Gguf<'_>, opts: &LoadOptions) -> Result<LoadedLayer> 
 ///
 /// # Errors
 /// As [`load_gguf_layer`]; an `adjust` that changes what the file fixed; device errors.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn upload_gguf_layer(
     ctx: &Context,
     g: &Gguf<'_>,
@@ -395,7 +396,7 @@ pub async fn upload_gguf_layer_async(
     opts: &LoadOptions,
     adjust: impl FnOnce(MoeConfig) -> MoeConfig,
 ) -> Result<UploadedLayer> {
-    upload_with(ctx, g, opts, adjust, Driver::Thread).await
+    upload_with(ctx, g, opts, adjust, Driver::Await).await
 }
 
 async fn upload_with(

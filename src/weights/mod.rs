@@ -18,6 +18,7 @@
 
 mod checkpoint;
 pub mod family;
+mod file_bytes;
 pub mod gguf;
 mod gguf_config;
 mod gguf_layer;
@@ -30,10 +31,12 @@ mod tensors;
 
 pub use checkpoint::Checkpoint;
 pub use family::{Family, Routing, RoutingFlags};
-pub use gguf_layer::{gguf_moe_layers, load_gguf_layer, upload_gguf_layer, upload_gguf_layer_async};
+#[cfg(not(target_arch = "wasm32"))]
+pub use gguf_layer::upload_gguf_layer;
+pub use gguf_layer::{gguf_moe_layers, load_gguf_layer, upload_gguf_layer_async};
 pub use loaded::{LoadOptions, LoadedLayer, UploadedLayer};
 pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
-pub use safetensors_layer::{
-    load_checkpoint_layer, load_layer, upload_checkpoint_layer, upload_checkpoint_layer_async,
-};
+#[cfg(not(target_arch = "wasm32"))]
+pub use safetensors_layer::upload_checkpoint_layer;
+pub use safetensors_layer::{load_checkpoint_layer, load_layer, upload_checkpoint_layer_async};
 pub use tensors::{load_input, read_file, to_f32};

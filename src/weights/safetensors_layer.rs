@@ -262,6 +262,7 @@ pub(super) fn load_from(src: &dyn TensorSource, opts: &LoadOptions) -> Result<Lo
 /// # Errors
 /// As [`load_checkpoint_layer`]; an `adjust` that changes what the checkpoint fixed; device
 /// errors (sizes past the device's limits among them).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn upload_checkpoint_layer(
     ctx: &Context,
     ckpt: &Checkpoint,
@@ -283,7 +284,7 @@ pub async fn upload_checkpoint_layer_async(
     opts: &LoadOptions,
     adjust: impl FnOnce(MoeConfig) -> MoeConfig,
 ) -> Result<UploadedLayer> {
-    upload_from(ctx, ckpt, opts, adjust, Driver::Thread).await
+    upload_from(ctx, ckpt, opts, adjust, Driver::Await).await
 }
 
 pub(super) async fn upload_from(

@@ -2,8 +2,10 @@
 //! dispatch layout.
 
 use super::config::{BucketConfig, DispatchConfig, OverflowPolicy};
+#[cfg(not(target_arch = "wasm32"))]
 use super::host::Meta;
 use super::layout::{DispatchLayout, U32};
+#[cfg(not(target_arch = "wasm32"))]
 use super::meta::META_WORDS;
 use super::specs::{BUCKET_OVERFLOW, BUCKET_SLOTS};
 use crate::context::Context;
@@ -176,6 +178,7 @@ impl BucketLayout {
     ///
     /// # Errors
     /// A device error while reading back.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read(&self, ctx: &Context) -> Result<HostBuckets> {
         let meta = Meta::from_words(&ctx.read_back::<u32>(self.layout.meta(), META_WORDS as usize)?);
         let slots = (self.cfg.n_caps * self.cfg.bound) as usize;

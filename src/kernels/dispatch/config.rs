@@ -119,6 +119,7 @@ impl LoadStats {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] naming the first index at or past `experts`.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn check_indices(indices: &[u32], experts: u32) -> Result<()> {
     match indices.iter().position(|&i| i >= experts) {
         None => Ok(()),

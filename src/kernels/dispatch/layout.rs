@@ -3,11 +3,14 @@
 
 use std::mem::offset_of;
 
-use super::config::{DISPATCH_WG, DispatchConfig, LoadStats, check_indices};
+#[cfg(not(target_arch = "wasm32"))]
+use super::config::check_indices;
+use super::config::{DISPATCH_WG, DispatchConfig, LoadStats};
 use super::host::{Layout, Meta};
 use super::meta::META_WORDS;
 use super::specs::{BLOCK_HIST, EXPERT_BASE, PARAMS_BYTES, Params, SCAN, SCATTER};
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::live::{LiveCount, LiveGrid, Sizing};
 use crate::pipeline::{Access, Binding, BufferView, Dispatch, KernelSpec};
@@ -326,6 +329,7 @@ impl DispatchLayout {
     ///
     /// # Errors
     /// A device error while reading back.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read(&self, ctx: &Context) -> Result<Layout> {
         let e = self.cfg.experts as usize;
         let meta = Meta::from_words(&ctx.read_back::<u32>(self.meta.view(), META_WORDS as usize)?);
@@ -345,6 +349,7 @@ impl DispatchLayout {
     ///
     /// # Errors
     /// A device error while reading back.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_tile_map(&self, ctx: &Context) -> Result<Vec<u32>> {
         ctx.read_back(self.tile_expert.view(), self.max_tiles as usize)
     }
@@ -353,9 +358,26 @@ impl DispatchLayout {
     ///
     /// # Errors
     /// A device error while reading back.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn stats(&self, ctx: &Context) -> Result<LoadStats> {
-        let meta = Meta::from_words(&ctx.read_back::<u32>(self.meta.view(), META_WORDS as usize)?);
-        Ok(LoadStats::new(ctx.read_back(self.counts.view(), self.cfg.experts as usize)?, meta))
+        pollster::block_on(self.stats_with(ctx, Driver::Inline))
+    }
+
+    /// [`Self::stats`], awaiting the read-back instead of blocking on it.
+    ///
+    /// # Errors
+    /// As [`Self::stats`].
+    pub async fn stats_async(&self, ctx: &Context) -> Result<LoadStats> {
+        self.stats_with(ctx, Driver::Await).await
+    }
+
+    /// [`Self::stats`], its read-backs waited for as `driver` says.
+    pub(crate) async fn stats_with(&self, ctx: &Context, driver: Driver) -> Result<LoadStats> {
+        let meta = Meta::from_words(
+            &ctx.read_back_with::<u32>(self.meta.view(), META_WORDS as usize, driver).await?,
+        );
+        let counts = ctx.read_back_with(self.counts.view(), self.cfg.experts as usize, driver).await?;
+        Ok(LoadStats::new(counts, meta))
     }
 
     /// Writes a host-built layout into the device buffers (the host-dispatch path).
@@ -398,6 +420,7 @@ impl DispatchLayout {
 ///
 /// # Errors
 /// As [`DispatchLayout::upload`], and device errors while reading `indices` back.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn host_dispatch<'b>(
     ctx: &Context,
     layout: &DispatchLayout,
@@ -416,6 +439,7 @@ pub fn host_dispatch<'b>(
 /// [`Error::InvalidArgument`] naming the first index at or past `experts`;
 /// [`DispatchConfig::validate`]'s errors; [`Error::Shape`] when
 /// the length is not a multiple of k; device errors while running or reading back.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn dispatch_host_indices(ctx: &Context, cfg: DispatchConfig, indices: &[u32]) -> Result<Layout> {
     cfg.validate()?;
     check_indices(indices, cfg.experts)?;

@@ -16,7 +16,9 @@ mod specs;
 
 pub use buckets::{BucketLayout, HostBuckets};
 pub use config::{BucketConfig, DispatchConfig, LoadStats, MAX_EXPERTS, MAX_TILE, OverflowPolicy};
-pub use layout::{DispatchLayout, dispatch_host_indices, host_dispatch};
+pub use layout::DispatchLayout;
+#[cfg(not(target_arch = "wasm32"))]
+pub use layout::{dispatch_host_indices, host_dispatch};
 
 #[cfg(test)]
 pub(crate) use config::DISPATCH_WG;

@@ -21,6 +21,7 @@ use super::passes::Pass;
 use super::variant::{GemmOrder, GemmVariant};
 use super::weights::ExpertWeights;
 use crate::context::Context;
+use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 use crate::kernels::dispatch::{DispatchConfig, DispatchLayout};
 use crate::sync::lock;
@@ -38,23 +39,41 @@ use crate::workspace::Scratch;
 /// ([`CoopBlock`]'s requirements); [`Error::InvalidArgument`] naming the first output past the
 /// bound where the device computed the check wrongly (remembered: the block stays refused for
 /// the context's life); device errors while checking (not remembered).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn check_on_device(ctx: &Context, variants: &[GemmVariant]) -> Result<()> {
+    pollster::block_on(check_on_device_with(ctx, variants, Driver::Inline))
+}
+
+/// [`check_on_device`], awaiting the device instead of blocking on it.
+///
+/// # Errors
+/// As [`check_on_device`].
+pub async fn check_on_device_async(ctx: &Context, variants: &[GemmVariant]) -> Result<()> {
+    check_on_device_with(ctx, variants, Driver::Await).await
+}
+
+/// [`check_on_device`], its waits driven as `driver` says.
+pub(crate) async fn check_on_device_with(
+    ctx: &Context,
+    variants: &[GemmVariant],
+    driver: Driver,
+) -> Result<()> {
     for &variant in variants {
         if let GemmVariant::CoopF16(b) = variant {
-            check(ctx, b)?;
+            check(ctx, b, driver).await?;
         }
     }
     Ok(())
 }
 
 /// [`check_on_device`] for one block.
-fn check(ctx: &Context, b: CoopBlock) -> Result<()> {
+async fn check(ctx: &Context, b: CoopBlock, driver: Driver) -> Result<()> {
     b.require(ctx)?;
     let verdicts = ctx.kept::<Verdicts>();
     if let Some(done) = lock(&verdicts.of).get(&b) {
         return done.clone().map_err(Error::invalid);
     }
-    let outcome = match compare(ctx, GemmVariant::CoopF16(b), b.rows.max(32))? {
+    let outcome = match compare(ctx, GemmVariant::CoopF16(b), b.rows.max(32), driver).await? {
         None => Ok(()),
         Some(wrong) => Err(format!(
             "the coop-{} GEMM failed its check against the CPU reference on this device: {wrong}",
@@ -90,7 +109,7 @@ fn next(state: &mut u64) -> f32 {
 /// `Some` describes the first value past its bound. (Any kernel that rounds its operands to f16
 /// and sums in f32 passes, so the tests run it on `TileF16` where no adapter has cooperative
 /// matrices.)
-fn compare(ctx: &Context, variant: GemmVariant, tile: u32) -> Result<Option<String>> {
+async fn compare(ctx: &Context, variant: GemmVariant, tile: u32, driver: Driver) -> Result<Option<String>> {
     // Two experts, 37 and 5 rows (partial blocks); K of 72 and 40 and F of 40, no multiple of
     // a chunk; N of 40 and 72, no multiple of a block.
     let (e, h, f, tokens) = (2u32, 72usize, 40usize, 42u32);
@@ -115,10 +134,10 @@ fn compare(ctx: &Context, variant: GemmVariant, tile: u32) -> Result<Option<Stri
     // The block under check is planned without the verdict it is about to get.
     dispatches.extend(up_pass.gemm_unchecked(scratch, variant, Some(layout.tile_expert()))?);
     dispatches.extend(down_pass.gemm_unchecked(scratch, variant, Some(layout.tile_expert()))?);
-    ctx.run(&dispatches.iter().collect::<Vec<_>>())?;
-    let rows: Vec<u32> = ctx.read_back(layout.inverse(), tokens as usize)?;
-    let act: Vec<f32> = ctx.read_back(&act, layout.max_rows() as usize * f)?;
-    let got: Vec<f32> = ctx.read_back(&partial, tokens as usize * h)?;
+    ctx.run_with(&dispatches.iter().collect::<Vec<_>>(), driver).await?;
+    let rows: Vec<u32> = ctx.read_back_with(layout.inverse(), tokens as usize, driver).await?;
+    let act: Vec<f32> = ctx.read_back_with(&act, layout.max_rows() as usize * f, driver).await?;
+    let got: Vec<f32> = ctx.read_back_with(&partial, tokens as usize * h, driver).await?;
 
     let round = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| f64::from(half::f16::from_f32(x))).collect() };
     let (xr, gr, ur, dr) = (round(&x), round(&gate), round(&up), round(&down));
@@ -179,9 +198,11 @@ mod tests {
         for ctx in crate::context::test_contexts() {
             let tile = TileBlock::new(32, 32, 4, 4, 2);
             let slug = ctx.adapter().slug();
-            let passed = compare(&ctx, GemmVariant::TileF16(tile), 32).expect("the check runs");
+            let passed = pollster::block_on(compare(&ctx, GemmVariant::TileF16(tile), 32, Driver::Inline))
+                .expect("the check runs");
             assert_eq!(passed, None, "{slug}: f16-staged tiles");
-            let refused = compare(&ctx, GemmVariant::Tile(tile), 32).expect("the check runs");
+            let refused = pollster::block_on(compare(&ctx, GemmVariant::Tile(tile), 32, Driver::Inline))
+                .expect("the check runs");
             assert!(refused.is_some(), "{slug}: exact tiles passed the f16 check");
             eprintln!("{slug}: exact tiles refused: {}", refused.unwrap_or_default());
         }
@@ -192,7 +213,8 @@ mod tests {
     #[test]
     fn the_check_refuses_devices_without_cooperative_matrices() {
         for ctx in crate::context::test_contexts() {
-            let err = check(&ctx, CoopBlock::new(32, 32, 16, 32)).expect_err("no CPU adapter has them");
+            let err = pollster::block_on(check(&ctx, CoopBlock::new(32, 32, 16, 32), Driver::Inline))
+                .expect_err("no CPU adapter has them");
             assert!(matches!(err, Error::MissingFeature(_)), "{err}");
             assert!(lock(&ctx.kept::<Verdicts>().of).is_empty());
             let err = super::super::coop::passed(&ctx, CoopBlock::new(32, 32, 16, 32))

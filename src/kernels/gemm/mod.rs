@@ -32,12 +32,17 @@ mod specs;
 mod texture;
 mod tune;
 mod tune_cache;
+#[cfg(not(target_arch = "wasm32"))]
+mod unpack;
 mod variant;
 mod weights;
 mod windows;
 
 pub use coop::CoopBlock;
+#[cfg(not(target_arch = "wasm32"))]
 pub use device_check::check_on_device;
+pub use device_check::check_on_device_async;
+pub(crate) use device_check::check_on_device_with;
 pub use dtype::WeightDtype;
 pub use ffn::{Activation, ExpertBias, ExpertFfn};
 pub use plan::{
@@ -50,7 +55,9 @@ pub(crate) use plan::{
 };
 pub use policy::{AdapterKind, candidates};
 pub use quantised::QuantisedValues;
-pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, tune, tune_async};
+#[cfg(not(target_arch = "wasm32"))]
+pub use tune::tune;
+pub use tune::{TUNE_DEFAULT_MARGIN, TuneOptions, Tuned, tune_async};
 pub use tune_cache::TuneKey;
 pub use variant::{FfnKernels, GemmOrder, GemmVariant, LaneBlock, TileBlock};
 pub use weights::{ExpertWeights, StoredValues};

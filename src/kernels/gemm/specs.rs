@@ -280,7 +280,7 @@ static UNPACK_QUANT_SHADER: ShaderSource = ShaderSource {
     indexing: Indexing::Checked,
 };
 
-use Access::{Read, ReadWrite, Uniform};
+use Access::{ReadWrite, Uniform};
 pub(super) static STAGE: KernelSpec = KernelSpec {
     shader: &STAGE_SHADER,
     entry: "stage",
@@ -293,14 +293,23 @@ pub(super) static STAGE: KernelSpec = KernelSpec {
     params_bytes: PARAMS_BYTES,
     workgroup: Workgroup::Fixed(64),
 };
+/// The unpacking kernels ([`ExpertWeights::unpack`](super::ExpertWeights::unpack), natively only).
+#[cfg(not(target_arch = "wasm32"))]
 pub(super) static UNPACK: KernelSpec = unpack(&UNPACK_SHADER);
+#[cfg(not(target_arch = "wasm32"))]
 pub(super) static UNPACK_QUANT: KernelSpec = unpack(&UNPACK_QUANT_SHADER);
 /// An unpacking kernel: one invocation per group of four values.
+#[cfg(not(target_arch = "wasm32"))]
 const fn unpack(shader: &'static ShaderSource) -> KernelSpec {
     KernelSpec {
         shader,
         entry: "unpack",
-        bindings: &[(slots::PARAMS, Uniform), (slots::W, Read), (slots::W_UP, Read), (slots::OUT, ReadWrite)],
+        bindings: &[
+            (slots::PARAMS, Uniform),
+            (slots::W, Access::Read),
+            (slots::W_UP, Access::Read),
+            (slots::OUT, ReadWrite),
+        ],
         params_bytes: PARAMS_BYTES,
         workgroup: Workgroup::Fixed(64),
     }

@@ -110,6 +110,7 @@ pub struct Tuned {
 /// # Errors
 /// An empty candidate list or one whose variants are all refused by the device; device
 /// errors while timing. A cache that cannot be read or written is not an error.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn tune(ctx: &Context, ffn: &ExpertFfn, order: GemmOrder, opts: &TuneOptions) -> Result<Tuned> {
     pollster::block_on(tune_with(ctx, ffn, order, opts, Driver::Inline))
 }
@@ -125,7 +126,7 @@ pub async fn tune_async(
     order: GemmOrder,
     opts: &TuneOptions,
 ) -> Result<Tuned> {
-    tune_with(ctx, ffn, order, opts, Driver::Thread).await
+    tune_with(ctx, ffn, order, opts, Driver::Await).await
 }
 
 /// [`tune`], waiting as `driver` says.
@@ -212,8 +213,6 @@ async fn measure(
     let mut fills: Vec<Dispatch> = Vec::new();
     let mut build = |v: GemmVariant| -> Result<(Vec<Dispatch>, Vec<Dispatch>)> {
         v.validate()?;
-        // A cooperative-matrix block is timed only after it passed its device check.
-        super::device_check::check_on_device(ctx, &[v])?;
         let tile = v.block_rows();
         if !layouts.iter().any(|(t, ..)| *t == tile) {
             let layout = DispatchLayout::new(ctx, DispatchConfig { experts: e, k: 1, tile }, tokens, 0)?;
@@ -242,7 +241,9 @@ async fn measure(
         if opts.candidates[..i].contains(&v) {
             continue;
         }
-        match build(v) {
+        // A cooperative-matrix block is timed only after it passed its device check.
+        let checked = super::device_check::check_on_device_with(ctx, &[v], driver).await;
+        match checked.and_then(|()| build(v)) {
             Ok(pair) => runs.push((v, Some(pair))),
             Err(e) => {
                 log::info!("moeflow: tuner skips {}: {e}", v.name());

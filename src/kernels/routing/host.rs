@@ -1,5 +1,5 @@
 //! Routing host data on the device and reading it back ([`route_host`], [`topk_host`]):
-//! for tests, examples and one-off use.
+//! for tests, examples and one-off use. Blocking read-backs, so natively only.
 
 use super::config::{RouteConfig, RouteMode};
 use super::plan::{RouteBuffers, plan_route, plan_topk};

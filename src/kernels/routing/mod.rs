@@ -23,11 +23,13 @@
 //! and read back). This file is the face.
 
 mod config;
+#[cfg(not(target_arch = "wasm32"))]
 mod host;
 mod plan;
 mod specs;
 
 pub use config::{Gating, GroupLimit, MAX_EXPERTS, MAX_GROUPS, MAX_K, RouteConfig, RouteMode};
+#[cfg(not(target_arch = "wasm32"))]
 pub use host::{RouteOutput, route_host, topk_host};
 pub use plan::{RouteBuffers, RoutePlan, plan_argmax, plan_route, plan_topk};
 pub use specs::ROUTE_WG;

@@ -1,18 +1,18 @@
-//! A GGUF file on disk, memory-mapped.
+//! A GGUF file on disk, memory-mapped (in a browser, parse the file's bytes with
+//! [`Gguf::parse`] instead).
 
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-
 use super::parse::Gguf;
 use crate::error::{Error, Result};
+use crate::weights::file_bytes::FileBytes;
 
 /// A GGUF file on disk, memory-mapped: nothing is read until [`GgufFile::parse`] reads the
 /// header and a tensor's bytes are touched.
 #[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
-    map: Mmap,
+    map: FileBytes,
 }
 
 impl GgufFile {
@@ -21,13 +21,7 @@ impl GgufFile {
     /// # Errors
     /// [`Error::Io`] naming the file.
     pub fn open(path: &Path) -> Result<Self> {
-        let io = |source| Error::Io { path: path.display().to_string(), source };
-        let file = std::fs::File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only; a file changed by another process while mapped is
-        // outside what a reader can guard against (every tensor's extent is checked against
-        // the map's length when parsed, and every read is bounds-checked by slicing).
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Ok(GgufFile { path: path.to_path_buf(), map })
+        Ok(GgufFile { path: path.to_path_buf(), map: FileBytes::open(path)? })
     }
 
     /// Whether `path` is a file that starts with GGUF's magic (false for a directory).
