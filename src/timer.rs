@@ -121,6 +121,19 @@ impl<'c> Sampler<'c> {
     /// errors.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn sample_stages(&mut self, stages: &[Vec<&Dispatch>]) -> Result<Vec<Sample>> {
+        pollster::block_on(self.sample_stages_with(stages, Driver::Inline))
+    }
+
+    /// [`Self::sample_stages`], awaiting the submission instead of blocking on it.
+    ///
+    /// # Errors
+    /// As [`Self::sample_stages`].
+    pub async fn sample_stages_async(&mut self, stages: &[Vec<&Dispatch>]) -> Result<Vec<Sample>> {
+        self.sample_stages_with(stages, Driver::Await).await
+    }
+
+    /// [`Self::sample_stages`], waiting as `driver` says.
+    async fn sample_stages_with(&mut self, stages: &[Vec<&Dispatch>], driver: Driver) -> Result<Vec<Sample>> {
         let n = stages.len() as u32;
         if self.queries.is_some() && self.used + n > self.capacity {
             return Err(Error::invalid(format!("sampler holds {} timed samples", self.capacity)));
@@ -143,7 +156,7 @@ impl<'c> Sampler<'c> {
             }
         }
         let start = Instant::now();
-        self.ctx.submit_and_wait(encoder)?;
+        self.ctx.submitted("timed stages", encoder, driver).await?;
         let wall_s = start.elapsed().as_secs_f64();
         Ok(queries.into_iter().map(|query| Sample { wall_s, query }).collect())
     }
@@ -155,6 +168,14 @@ impl<'c> Sampler<'c> {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn sample(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
         pollster::block_on(self.run(dispatches, reps, true, Driver::Inline))
+    }
+
+    /// [`Self::sample`], awaiting the submission instead of blocking on it.
+    ///
+    /// # Errors
+    /// As [`Self::sample`].
+    pub async fn sample_async(&mut self, dispatches: &[&Dispatch], reps: u32) -> Result<Sample> {
+        self.run(dispatches, reps, true, Driver::Await).await
     }
 
     /// [`Self::sample`], waiting as `driver` says.
@@ -194,6 +215,14 @@ impl<'c> Sampler<'c> {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn gpu_seconds(&self, samples: &[Sample]) -> Result<Vec<Option<f64>>> {
         pollster::block_on(self.gpu_seconds_with(samples, Driver::Inline))
+    }
+
+    /// [`Self::gpu_seconds`], awaiting the read-back instead of blocking on it.
+    ///
+    /// # Errors
+    /// As [`Self::gpu_seconds`].
+    pub async fn gpu_seconds_async(&self, samples: &[Sample]) -> Result<Vec<Option<f64>>> {
+        self.gpu_seconds_with(samples, Driver::Await).await
     }
 
     /// [`Self::gpu_seconds`], waiting as `driver` says.

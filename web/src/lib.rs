@@ -1,0 +1,256 @@
+//! The moeflow MoE layer on the browser's WebGPU adapter: what `moe_layer` prints for the
+//! seeded synthetic layer, as a JSON report the page (`index.html`) shows.
+//!
+//! [`run_synthetic`] takes the page's options as JSON (`tokens`: one count or several,
+//! `hidden`, `ffn`, `experts`, `k`, `shared_ffn`, `dtype`: f32, f16, bf16, q8_0, q4_0, mxfp4
+//! or fp8, `seed`) and returns the report: the adapter and its features, per forward the
+//! per-stage GPU times (where the browser grants `timestamp-query`) and the host wall time,
+//! tokens/s, the check against the CPU reference (routing equal, outputs within
+//! `2e-5 + 2e-5·|row scale|`) and the expert load. Every wait is awaited: the browser's event
+//! loop runs the device's callbacks.
+
+use moeflow::kernels::gemm::WeightDtype;
+use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
+use moeflow::reference::layer as reference;
+use moeflow::synth::Synth;
+use moeflow::{Context, Error, Result, Sampler};
+use serde::{Deserialize, Serialize};
+use wasm_bindgen::prelude::*;
+use web_time::Instant;
+
+/// The page's choices (every field optional: `moe_layer`'s defaults, smaller).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Options {
+    tokens: Vec<u32>,
+    hidden: u32,
+    ffn: u32,
+    experts: u32,
+    k: u32,
+    shared_ffn: u32,
+    dtype: String,
+    seed: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            tokens: vec![1, 64],
+            hidden: 256,
+            ffn: 128,
+            experts: 16,
+            k: 4,
+            shared_ffn: 0,
+            dtype: "f32".into(),
+            seed: 42,
+        }
+    }
+}
+
+/// What the page shows.
+#[derive(Debug, Serialize)]
+struct Report {
+    adapter: String,
+    backend: String,
+    device_type: String,
+    driver: String,
+    timestamps: bool,
+    subgroups: bool,
+    shader_f16: bool,
+    max_storage_binding_mib: u64,
+    layer: String,
+    runs: Vec<Run>,
+    pass: bool,
+}
+
+/// One forward at one token count.
+#[derive(Debug, Serialize)]
+struct Run {
+    tokens: u32,
+    stages: Vec<Stage>,
+    gpu_ms: Option<f64>,
+    wall_ms: f64,
+    tokens_per_s: f64,
+    checked_tokens: usize,
+    routing_equal: usize,
+    outputs_within: bool,
+    worst_of_bound: f32,
+    bit_equal: usize,
+    values: usize,
+    load: Vec<u32>,
+    load_mean: f64,
+    load_imbalance: f64,
+    pass: bool,
+}
+
+/// One stage's dispatches and GPU time.
+#[derive(Debug, Serialize)]
+struct Stage {
+    name: String,
+    dispatches: usize,
+    gpu_ms: Option<f64>,
+}
+
+/// Runs the seeded synthetic layer at each token count of `options` (JSON) on the browser's
+/// adapter and returns the report as JSON; an error's message where anything fails.
+#[wasm_bindgen]
+pub async fn run_synthetic(options: String) -> std::result::Result<String, JsValue> {
+    std::panic::set_hook(Box::new(|info| web_sys::console::error_1(&info.to_string().into())));
+    let opts: Options =
+        serde_json::from_str(&options).map_err(|e| JsValue::from_str(&format!("options: {e}")))?;
+    let report = synthetic(&opts).await.map_err(|e| JsValue::from_str(&e.to_string()))?;
+    serde_json::to_string(&report).map_err(|e| JsValue::from_str(&e.to_string()))
+}
+
+fn dtype(name: &str) -> Result<WeightDtype> {
+    Ok(match name {
+        "f32" => WeightDtype::F32,
+        "f16" => WeightDtype::F16,
+        "bf16" => WeightDtype::Bf16,
+        "q8_0" => WeightDtype::Q8_0,
+        "q4_0" => WeightDtype::Q4_0,
+        "mxfp4" => WeightDtype::Mxfp4,
+        "fp8" => WeightDtype::Fp8,
+        other => {
+            return Err(Error::invalid(format!(
+                "dtype `{other}`: one of f32, f16, bf16, q8_0, q4_0, mxfp4, fp8"
+            )));
+        }
+    })
+}
+
+async fn synthetic(opts: &Options) -> Result<Report> {
+    if opts.tokens.is_empty() || opts.tokens.contains(&0) {
+        return Err(Error::invalid("tokens: one or more counts, each at least 1"));
+    }
+    let cfg = MoeConfig {
+        shared_ffn: (opts.shared_ffn > 0).then_some(opts.shared_ffn),
+        weight_dtype: dtype(&opts.dtype)?,
+        ..MoeConfig::new(opts.hidden, opts.ffn, opts.experts, opts.k)
+    };
+    cfg.validate()?;
+    let max = opts.tokens.iter().copied().max().unwrap_or(1);
+    let ctx = open(&cfg, max).await?;
+    let a = ctx.adapter();
+    let caps = ctx.capabilities();
+    let mut synth = Synth::new(opts.seed);
+    let w = synth.moe_weights(&cfg);
+    let h = cfg.route.hidden as usize;
+    let max = max as usize;
+    let x = synth.uniform(max * h, 1.0);
+    let layer = MoeLayer::new_async(&ctx, cfg, &w).await?;
+    layer.prepare_async(&ctx, max as u32).await?;
+    let xb = ctx.upload("x", &x)?;
+    let yb = ctx.zeroed("y", (max * h) as u64 * 4)?;
+    let mut runs = Vec::new();
+    for &tokens in &opts.tokens {
+        runs.push(run(&ctx, &layer, &cfg, &w, &x, (&xb, &yb), tokens).await?);
+    }
+    Ok(Report {
+        adapter: if a.name.is_empty() { "(the browser names none)".into() } else { a.name.clone() },
+        backend: a.backend.clone(),
+        device_type: a.device_type.clone(),
+        driver: format!("{} {}", a.driver, a.driver_info).trim().to_string(),
+        timestamps: caps.timestamps,
+        subgroups: caps.subgroups,
+        shader_f16: caps.shader_f16,
+        max_storage_binding_mib: ctx.limits().max_storage_buffer_binding_size >> 20,
+        layer: cfg.to_string(),
+        pass: runs.iter().all(|r| r.pass),
+        runs,
+    })
+}
+
+/// A context on the browser's adapter with the features and limits the layer needs for
+/// forwards of up to `max_tokens` tokens ([`MoeConfig::requirements`]); where the browser
+/// refuses them, an error saying which.
+async fn open(cfg: &MoeConfig, max_tokens: u32) -> Result<Context> {
+    let adapter = moeflow::wgpu_adapters_async()
+        .await
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NoAdapter("navigator.gpu offered no adapter".into()))?;
+    let need = cfg.requirements(&adapter, max_tokens)?;
+    let desc = moeflow::wgpu::DeviceDescriptor {
+        label: Some("moeflow web"),
+        required_features: need.features,
+        required_limits: need.limits.clone(),
+        ..Default::default()
+    };
+    let (device, queue) = adapter.request_device(&desc).await.map_err(|e| {
+        Error::MissingFeature(format!(
+            "the browser refused a device with the layer's features {:?} and limits {:?}: {e}",
+            need.features, need.limits
+        ))
+    })?;
+    Ok(Context::from_wgpu(device, queue))
+}
+
+/// Plans, times and checks a forward of the first `tokens` rows of `x`, as `moe_layer` does.
+async fn run(
+    ctx: &Context,
+    layer: &MoeLayer,
+    cfg: &MoeConfig,
+    w: &MoeWeights,
+    x: &[f32],
+    (xb, yb): (&moeflow::wgpu::Buffer, &moeflow::wgpu::Buffer),
+    tokens: u32,
+) -> Result<Run> {
+    let (m, h, k) = (tokens as usize, cfg.route.hidden as usize, cfg.route.k as usize);
+    let plan = layer.plan(ctx, layer.io(xb, yb, tokens)?)?;
+    let stages = plan.stages_at(tokens)?;
+    let passes: Vec<Vec<&moeflow::Dispatch>> = stages.iter().map(|(_, d)| d.iter().collect()).collect();
+    let mut sampler = Sampler::new(ctx, 2 * passes.len() as u32)?;
+    sampler.sample_stages_async(&passes).await?; // warm-up
+    let start = Instant::now();
+    let samples = sampler.sample_stages_async(&passes).await?;
+    let wall = start.elapsed().as_secs_f64();
+    let gpu = sampler.gpu_seconds_async(&samples).await?;
+    let gpu_total: Option<f64> = gpu.iter().copied().sum();
+    let stages_out = stages
+        .iter()
+        .zip(&gpu)
+        .map(|((name, ds), t)| Stage {
+            name: name.to_string(),
+            dispatches: ds.len(),
+            gpu_ms: t.map(|t| t * 1e3),
+        })
+        .collect();
+
+    // The CPU reference on a sample of tokens (a token's output depends on its row alone).
+    let y: Vec<f32> = ctx.read_back_async(yb, m * h).await?;
+    let idx: Vec<u32> = ctx.read_back_async(plan.indices(), m * k).await?;
+    let picks: Vec<usize> = (0..m.min(16)).chain(m.saturating_sub(16).max(16)..m).collect();
+    let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * h..(t + 1) * h].to_vec()).collect();
+    let (ry, ridx, _) = reference::forward(cfg, w, &xs)?;
+    let (mut worst, mut bit_equal, mut routing_equal) = (0.0f32, 0usize, 0usize);
+    for (n, &t) in picks.iter().enumerate() {
+        let want = &ry[n * h..(n + 1) * h];
+        let got = &y[t * h..(t + 1) * h];
+        let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        for (g, r) in got.iter().zip(want) {
+            worst = worst.max((g - r).abs() / (2e-5 + 2e-5 * scale));
+            bit_equal += usize::from(moeflow::bits::same_bits(*g, *r));
+        }
+        routing_equal += usize::from(idx[t * k..(t + 1) * k] == ridx[n * k..(n + 1) * k]);
+    }
+    let load = plan.load_async(ctx, cfg.route.experts).await?;
+    let seconds = gpu_total.unwrap_or(wall);
+    Ok(Run {
+        tokens,
+        stages: stages_out,
+        gpu_ms: gpu_total.map(|t| t * 1e3),
+        wall_ms: wall * 1e3,
+        tokens_per_s: m as f64 / seconds,
+        checked_tokens: picks.len(),
+        routing_equal,
+        outputs_within: worst <= 1.0,
+        worst_of_bound: worst,
+        bit_equal,
+        values: picks.len() * h,
+        load: load.per_expert.clone(),
+        load_mean: load.mean,
+        load_imbalance: load.imbalance,
+        pass: worst <= 1.0 && routing_equal == picks.len(),
+    })
+}
