@@ -2,7 +2,7 @@
 // scripted run: ?tokens=1,64&dtype=q4_0&run=1), runs the wasm module, and shows its report as
 // moe_layer prints it, with the last run's expert load drawn. window.moeflowResult holds the
 // report (or {error}) once a run ends, for tests that drive the page.
-import init, { run_synthetic } from "./pkg/moeflow_web.js";
+import init, { run_file, run_synthetic } from "./pkg/moeflow_web.js";
 
 const form = document.getElementById("options");
 const status = document.getElementById("status");
@@ -23,7 +23,7 @@ function text(r) {
     `adapter: ${r.adapter} on ${r.backend} (${r.device_type}${r.driver ? `, ${r.driver}` : ""})`,
     `features: timestamps=${r.timestamps} subgroups=${r.subgroups} shader-f16=${r.shader_f16}; ` +
       `max storage binding ${r.max_storage_binding_mib} MiB`,
-    `synthetic layer: ${r.layer}`,
+    `layer: ${r.layer}`,
   ];
   for (const run of r.runs) {
     lines.push(`M=${run.tokens}: per-stage GPU time`);
@@ -58,10 +58,34 @@ function draw(load) {
 }
 
 async function run(opts) {
+  await show(() => run_synthetic(JSON.stringify(opts)));
+}
+
+// The layer of the picked file, read as the native loaders read it (config.json decides a
+// safetensors layer's routing; a GGUF file's metadata decides its own).
+async function runFile() {
+  const f = new FormData(fileForm);
+  const weights = f.get("weights");
+  if (!(weights instanceof File) || weights.size === 0) {
+    status.textContent = "Pick a weights file first.";
+    return;
+  }
+  const config = f.get("config");
+  const configText = config instanceof File && config.size > 0 ? await config.text() : undefined;
+  const layer = String(f.get("layer")).trim();
+  const opts = {
+    tokens: String(f.get("tokens")).split(",").map((t) => Number(t.trim())),
+    layer: layer === "" ? null : Number(layer),
+  };
+  const bytes = new Uint8Array(await weights.arrayBuffer());
+  await show(() => run_file(weights.name, bytes, configText, JSON.stringify(opts)));
+}
+
+async function show(start) {
   status.textContent = "Running…";
   out.textContent = "";
   try {
-    const report = JSON.parse(await run_synthetic(JSON.stringify(opts)));
+    const report = JSON.parse(await start());
     out.textContent = text(report);
     out.className = report.pass ? "pass" : "fail";
     draw(report.runs[report.runs.length - 1].load);
@@ -80,6 +104,11 @@ form.addEventListener("submit", (ev) => {
   ev.preventDefault();
   run(options());
 });
+const fileForm = document.getElementById("file");
+fileForm.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  runFile();
+});
 
 await init();
 if (!navigator.gpu) {
@@ -89,5 +118,6 @@ if (!navigator.gpu) {
   status.textContent = "Ready.";
   const q = new URLSearchParams(location.search);
   for (const [k, v] of q) if (form.elements[k]) form.elements[k].value = v;
+  window.moeflowReady = true;
   if (q.get("run") === "1") run(options());
 }

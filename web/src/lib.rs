@@ -8,11 +8,20 @@
 //! tokens/s, the check against the CPU reference (routing equal, outputs within
 //! `2e-5 + 2e-5·|row scale|`) and the expert load. Every wait is awaited: the browser's event
 //! loop runs the device's callbacks.
+//!
+//! [`run_file`] runs a user's own layer instead: a safetensors file (with its `config.json`,
+//! which decides the routing as `transformers` does) or a GGUF file (its metadata decides),
+//! read by the same loaders as natively, from the file's bytes; the input is seeded.
 
 use moeflow::kernels::gemm::WeightDtype;
 use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::Synth;
+use moeflow::weights::gguf::Gguf;
+use moeflow::weights::{
+    Checkpoint, LoadOptions, load_checkpoint_layer, load_gguf_layer, upload_checkpoint_layer_async,
+    upload_gguf_layer_async,
+};
 use moeflow::{Context, Error, Result, Sampler};
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
@@ -44,6 +53,22 @@ impl Default for Options {
             dtype: "f32".into(),
             seed: 42,
         }
+    }
+}
+
+/// The page's choices for a user's file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileOptions {
+    tokens: Vec<u32>,
+    /// The MoE layer by index, where the file holds several.
+    layer: Option<usize>,
+    seed: u64,
+}
+
+impl Default for FileOptions {
+    fn default() -> Self {
+        FileOptions { tokens: vec![1, 37], layer: None, seed: 42 }
     }
 }
 
@@ -102,6 +127,64 @@ pub async fn run_synthetic(options: String) -> std::result::Result<String, JsVal
     serde_json::to_string(&report).map_err(|e| JsValue::from_str(&e.to_string()))
 }
 
+/// Runs the MoE layer of a user's file at each token count of `options` (JSON) on the
+/// browser's adapter: `name` and `bytes` the file (GGUF by its magic, else safetensors),
+/// `config` its `config.json` (safetensors; GGUF files carry theirs). Returns the report as
+/// JSON; an error's message where anything fails.
+#[wasm_bindgen]
+pub async fn run_file(
+    name: String,
+    bytes: Vec<u8>,
+    config: Option<String>,
+    options: String,
+) -> std::result::Result<String, JsValue> {
+    std::panic::set_hook(Box::new(|info| web_sys::console::error_1(&info.to_string().into())));
+    let opts: FileOptions =
+        serde_json::from_str(&options).map_err(|e| JsValue::from_str(&format!("options: {e}")))?;
+    let report = from_file(&name, bytes, config.as_deref(), &opts)
+        .await
+        .map_err(|e| JsValue::from_str(&e.to_string()))?;
+    serde_json::to_string(&report).map_err(|e| JsValue::from_str(&e.to_string()))
+}
+
+async fn from_file(name: &str, bytes: Vec<u8>, config: Option<&str>, opts: &FileOptions) -> Result<Report> {
+    check_tokens(&opts.tokens)?;
+    let config = match config {
+        Some(text) => {
+            Some(serde_json::from_str(text).map_err(|e| Error::invalid(format!("config.json: {e}")))?)
+        }
+        None => None,
+    };
+    let load = LoadOptions { config, layer: opts.layer, ..LoadOptions::default() };
+    let max = opts.tokens.iter().copied().max().unwrap_or(1);
+    // The host load (exact decoded values) is the CPU reference's; the device gets the stored
+    // blocks themselves.
+    let (loaded, ctx, layer) = if bytes.starts_with(b"GGUF") {
+        let g = Gguf::parse(&bytes, name)?;
+        let loaded = load_gguf_layer(&g, &load)?;
+        let ctx = open(&loaded.config, max).await?;
+        let layer = upload_gguf_layer_async(&ctx, &g, &load, |c| c).await?.layer;
+        (loaded, ctx, layer)
+    } else {
+        let ckpt = Checkpoint::from_bytes(name, bytes)?;
+        let loaded = load_checkpoint_layer(&ckpt, &load)?;
+        let ctx = open(&loaded.config, max).await?;
+        let layer = upload_checkpoint_layer_async(&ctx, &ckpt, &load, |c| c).await?.layer;
+        (loaded, ctx, layer)
+    };
+    let reference_cfg = MoeConfig { weight_dtype: WeightDtype::F32, ..loaded.config };
+    let label = format!("{name} ({}): {}", loaded.prefix, layer.config());
+    let x = Synth::new(opts.seed).uniform(max as usize * reference_cfg.route.hidden as usize, 1.0);
+    report(&ctx, &layer, &reference_cfg, &loaded.weights, &x, &opts.tokens, label).await
+}
+
+fn check_tokens(tokens: &[u32]) -> Result<()> {
+    if tokens.is_empty() || tokens.contains(&0) {
+        return Err(Error::invalid("tokens: one or more counts, each at least 1"));
+    }
+    Ok(())
+}
+
 fn dtype(name: &str) -> Result<WeightDtype> {
     Ok(match name {
         "f32" => WeightDtype::F32,
@@ -120,9 +203,7 @@ fn dtype(name: &str) -> Result<WeightDtype> {
 }
 
 async fn synthetic(opts: &Options) -> Result<Report> {
-    if opts.tokens.is_empty() || opts.tokens.contains(&0) {
-        return Err(Error::invalid("tokens: one or more counts, each at least 1"));
-    }
+    check_tokens(&opts.tokens)?;
     let cfg = MoeConfig {
         shared_ffn: (opts.shared_ffn > 0).then_some(opts.shared_ffn),
         weight_dtype: dtype(&opts.dtype)?,
@@ -131,20 +212,33 @@ async fn synthetic(opts: &Options) -> Result<Report> {
     cfg.validate()?;
     let max = opts.tokens.iter().copied().max().unwrap_or(1);
     let ctx = open(&cfg, max).await?;
-    let a = ctx.adapter();
-    let caps = ctx.capabilities();
     let mut synth = Synth::new(opts.seed);
     let w = synth.moe_weights(&cfg);
-    let h = cfg.route.hidden as usize;
-    let max = max as usize;
-    let x = synth.uniform(max * h, 1.0);
+    let x = synth.uniform(max as usize * cfg.route.hidden as usize, 1.0);
     let layer = MoeLayer::new_async(&ctx, cfg, &w).await?;
-    layer.prepare_async(&ctx, max as u32).await?;
-    let xb = ctx.upload("x", &x)?;
+    report(&ctx, &layer, &cfg, &w, &x, &opts.tokens, cfg.to_string()).await
+}
+
+/// Prepares `layer` and runs it at each count of `tokens` on the first rows of `x`, checked
+/// against the CPU reference of `reference_cfg` and `w`.
+async fn report(
+    ctx: &Context,
+    layer: &MoeLayer,
+    reference_cfg: &MoeConfig,
+    w: &MoeWeights,
+    x: &[f32],
+    tokens: &[u32],
+    label: String,
+) -> Result<Report> {
+    let (a, caps) = (ctx.adapter(), ctx.capabilities());
+    let h = reference_cfg.route.hidden as usize;
+    let max = tokens.iter().copied().max().unwrap_or(1) as usize;
+    layer.prepare_async(ctx, max as u32).await?;
+    let xb = ctx.upload("x", &x[..max * h])?;
     let yb = ctx.zeroed("y", (max * h) as u64 * 4)?;
     let mut runs = Vec::new();
-    for &tokens in &opts.tokens {
-        runs.push(run(&ctx, &layer, &cfg, &w, &x, (&xb, &yb), tokens).await?);
+    for &n in tokens {
+        runs.push(run(ctx, layer, reference_cfg, w, x, (&xb, &yb), n).await?);
     }
     Ok(Report {
         adapter: if a.name.is_empty() { "(the browser names none)".into() } else { a.name.clone() },
@@ -155,7 +249,7 @@ async fn synthetic(opts: &Options) -> Result<Report> {
         subgroups: caps.subgroups,
         shader_f16: caps.shader_f16,
         max_storage_binding_mib: ctx.limits().max_storage_buffer_binding_size >> 20,
-        layer: cfg.to_string(),
+        layer: label,
         pass: runs.iter().all(|r| r.pass),
         runs,
     })

@@ -14,12 +14,19 @@ const root = fileURLToPath(new URL("..", import.meta.url));
 const browserPath = process.argv[2] ?? "/usr/bin/chromium-headless-shell";
 const types = { ".html": "text/html", ".js": "text/javascript", ".wasm": "application/wasm" };
 
-// The cases: decode and prefill sizes, f32 and quantised weights. The split-binding case sizes
-// the expert weights past the 4 MiB binding the device is asked for (see below).
+// The synthetic cases: decode and prefill sizes, f32 and quantised weights.
 const cases = [
   { name: "f32, decode and prefill", query: "tokens=1,64&dtype=f32" },
   { name: "q4_0, decode and prefill", query: "tokens=1,64&dtype=q4_0" },
   { name: "mxfp4, prefill", query: "tokens=33&dtype=mxfp4" },
+];
+
+// A user's own files, picked on the page: checkpoints of tests/parity.rs (made by
+// tools/hf_fixtures.py), their routing read from config.json as the native loader reads it.
+const fixtures = fileURLToPath(new URL("../../tests/fixtures/hf/", import.meta.url));
+const files = [
+  { name: "file: Mixtral f32 (safetensors + config.json)", dir: "mixtral_f32_t37", tokens: "1,37" },
+  { name: "file: gpt-oss MXFP4 blocks (safetensors + config.json)", dir: "gpt_oss_mxfp4_t37", tokens: "37" },
 ];
 
 const server = createServer(async (req, res) => {
@@ -48,25 +55,45 @@ const browser = await chromium.launch({
   ],
 });
 let failed = 0;
+// Opens the page and leaves the report of the run `start` begins.
+async function report(query, start) {
+  const page = await browser.newPage();
+  page.on("console", (m) => m.type() === "error" && console.log(`  console: ${m.text()}`));
+  await page.goto(`${base}index.html?${query}`);
+  await start(page);
+  await page.waitForFunction(() => window.moeflowResult !== undefined, null, { timeout: 300_000 });
+  const r = await page.evaluate(() => window.moeflowResult);
+  const text = await page.evaluate(() => document.getElementById("report").textContent);
+  await page.close();
+  return { r, text };
+}
+const all = [
+  ...cases.map((c) => ({ name: c.name, query: `${c.query}&run=1`, start: async () => {} })),
+  ...files.map((f) => ({
+    name: f.name,
+    query: "",
+    start: async (page) => {
+      await page.waitForFunction(() => window.moeflowReady === true, null, { timeout: 60_000 });
+      await page.setInputFiles("#file input[name=weights]", join(fixtures, f.dir, "weights.safetensors"));
+      await page.setInputFiles("#file input[name=config]", join(fixtures, f.dir, "config.json"));
+      await page.fill("#file input[name=tokens]", f.tokens);
+      await page.click("#file button");
+    },
+  })),
+];
 try {
-  for (const c of cases) {
-    const page = await browser.newPage();
-    page.on("console", (m) => m.type() === "error" && console.log(`  console: ${m.text()}`));
-    await page.goto(`${base}index.html?${c.query}&run=1`);
-    await page.waitForFunction(() => window.moeflowResult !== undefined, null, { timeout: 300_000 });
-    const r = await page.evaluate(() => window.moeflowResult);
-    const report = await page.evaluate(() => document.getElementById("report").textContent);
-    console.log(`== ${c.name}\n${report}`);
+  for (const c of all) {
+    const { r, text } = await report(c.query, c.start);
+    console.log(`== ${c.name}\n${text}`);
     const ok = !r.error && r.pass && r.runs.every((run) => run.routing_equal === run.checked_tokens && run.outputs_within);
     if (!ok) {
       failed += 1;
       console.log(`FAIL: ${c.name}: ${r.error ?? "routing or outputs differ from the CPU reference"}`);
     }
-    await page.close();
   }
 } finally {
   await browser.close();
   server.close();
 }
-console.log(failed ? `${failed} of ${cases.length} cases failed` : `all ${cases.length} cases passed`);
+console.log(failed ? `${failed} of ${all.length} cases failed` : `all ${all.length} cases passed`);
 process.exit(failed ? 1 : 0);
