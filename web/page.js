@@ -15,6 +15,7 @@ function options() {
     tokens: String(f.get("tokens")).split(",").map((t) => Number(t.trim())),
     hidden: num("hidden"), ffn: num("ffn"), experts: num("experts"), k: num("k"),
     shared_ffn: num("shared_ffn"), dtype: String(f.get("dtype")), seed: num("seed"),
+    max_binding_mib: String(f.get("max_binding_mib")).trim() === "" ? null : num("max_binding_mib"),
   };
 }
 
@@ -22,7 +23,8 @@ function text(r) {
   const lines = [
     `adapter: ${r.adapter} on ${r.backend} (${r.device_type}${r.driver ? `, ${r.driver}` : ""})`,
     `features: timestamps=${r.timestamps} subgroups=${r.subgroups} shader-f16=${r.shader_f16}; ` +
-      `max storage binding ${r.max_storage_binding_mib} MiB`,
+      `max storage binding ${r.max_storage_binding_mib} MiB; ` +
+      `expert weights in ${r.weight_bindings.join(" / ")} bindings (gate / up / down)`,
     `layer: ${r.layer}`,
   ];
   for (const run of r.runs) {

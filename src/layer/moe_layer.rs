@@ -187,6 +187,12 @@ impl MoeLayer {
         &self.cfg
     }
 
+    /// The routed experts' weights on the device (how each projection is split across
+    /// bindings: [`ExpertWeights::chunk_count`](crate::kernels::gemm::ExpertWeights::chunk_count)).
+    pub fn experts(&self) -> &ExpertFfn {
+        &self.experts
+    }
+
     /// The router `[E, H]` and its selection bias `[E]` on the device.
     #[cfg(feature = "dag")]
     pub(crate) fn router_buffers(&self) -> (&wgpu::Buffer, Option<&wgpu::Buffer>) {

@@ -39,6 +39,9 @@ struct Options {
     shared_ffn: u32,
     dtype: String,
     seed: u64,
+    /// A cap on the device's storage-binding size, MiB (a browser grants at least WebGPU's
+    /// default, 128 MiB): expert weights past it are split across bindings.
+    max_binding_mib: Option<u64>,
 }
 
 impl Default for Options {
@@ -52,6 +55,7 @@ impl Default for Options {
             shared_ffn: 0,
             dtype: "f32".into(),
             seed: 42,
+            max_binding_mib: None,
         }
     }
 }
@@ -83,6 +87,8 @@ struct Report {
     subgroups: bool,
     shader_f16: bool,
     max_storage_binding_mib: u64,
+    /// Bindings the routed experts' gate, up and down weights are split across.
+    weight_bindings: [usize; 3],
     layer: String,
     runs: Vec<Run>,
     pass: bool,
@@ -162,13 +168,13 @@ async fn from_file(name: &str, bytes: Vec<u8>, config: Option<&str>, opts: &File
     let (loaded, ctx, layer) = if bytes.starts_with(b"GGUF") {
         let g = Gguf::parse(&bytes, name)?;
         let loaded = load_gguf_layer(&g, &load)?;
-        let ctx = open(&loaded.config, max).await?;
+        let ctx = open(&loaded.config, max, None).await?;
         let layer = upload_gguf_layer_async(&ctx, &g, &load, |c| c).await?.layer;
         (loaded, ctx, layer)
     } else {
         let ckpt = Checkpoint::from_bytes(name, bytes)?;
         let loaded = load_checkpoint_layer(&ckpt, &load)?;
-        let ctx = open(&loaded.config, max).await?;
+        let ctx = open(&loaded.config, max, None).await?;
         let layer = upload_checkpoint_layer_async(&ctx, &ckpt, &load, |c| c).await?.layer;
         (loaded, ctx, layer)
     };
@@ -211,7 +217,7 @@ async fn synthetic(opts: &Options) -> Result<Report> {
     };
     cfg.validate()?;
     let max = opts.tokens.iter().copied().max().unwrap_or(1);
-    let ctx = open(&cfg, max).await?;
+    let ctx = open(&cfg, max, opts.max_binding_mib).await?;
     let mut synth = Synth::new(opts.seed);
     let w = synth.moe_weights(&cfg);
     let x = synth.uniform(max as usize * cfg.route.hidden as usize, 1.0);
@@ -230,7 +236,7 @@ async fn report(
     tokens: &[u32],
     label: String,
 ) -> Result<Report> {
-    let (a, caps) = (ctx.adapter(), ctx.capabilities());
+    let (a, caps, e) = (ctx.adapter(), ctx.capabilities(), layer.experts());
     let h = reference_cfg.route.hidden as usize;
     let max = tokens.iter().copied().max().unwrap_or(1) as usize;
     layer.prepare_async(ctx, max as u32).await?;
@@ -249,6 +255,7 @@ async fn report(
         subgroups: caps.subgroups,
         shader_f16: caps.shader_f16,
         max_storage_binding_mib: ctx.limits().max_storage_buffer_binding_size >> 20,
+        weight_bindings: [&e.gate, &e.up, &e.down].map(|w| w.chunk_count()),
         layer: label,
         pass: runs.iter().all(|r| r.pass),
         runs,
@@ -256,15 +263,20 @@ async fn report(
 }
 
 /// A context on the browser's adapter with the features and limits the layer needs for
-/// forwards of up to `max_tokens` tokens ([`MoeConfig::requirements`]); where the browser
-/// refuses them, an error saying which.
-async fn open(cfg: &MoeConfig, max_tokens: u32) -> Result<Context> {
+/// forwards of up to `max_tokens` tokens ([`MoeConfig::requirements`]), the storage binding
+/// capped at `max_binding_mib` where given; where the browser refuses them, an error saying
+/// which.
+async fn open(cfg: &MoeConfig, max_tokens: u32, max_binding_mib: Option<u64>) -> Result<Context> {
     let adapter = moeflow::wgpu_adapters_async()
         .await
         .into_iter()
         .next()
         .ok_or_else(|| Error::NoAdapter("navigator.gpu offered no adapter".into()))?;
-    let need = cfg.requirements(&adapter, max_tokens)?;
+    let mut need = cfg.requirements(&adapter, max_tokens)?;
+    if let Some(mib) = max_binding_mib {
+        let cap = mib << 20;
+        need.limits.max_storage_buffer_binding_size = need.limits.max_storage_buffer_binding_size.min(cap);
+    }
     let desc = moeflow::wgpu::DeviceDescriptor {
         label: Some("moeflow web"),
         required_features: need.features,

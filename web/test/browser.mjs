@@ -19,6 +19,13 @@ const cases = [
   { name: "f32, decode and prefill", query: "tokens=1,64&dtype=f32" },
   { name: "q4_0, decode and prefill", query: "tokens=1,64&dtype=q4_0" },
   { name: "mxfp4, prefill", query: "tokens=33&dtype=mxfp4" },
+  // Each projection's f32 weights (16 x 1040 x 2048) are past the 128 MiB binding the device
+  // is capped at, so each is split across two bindings, as natively.
+  {
+    name: "f32 weights split across bindings, decode and prefill",
+    query: "tokens=1,8&hidden=2048&ffn=1040&experts=16&k=2&max_binding_mib=128",
+    split: true,
+  },
 ];
 
 // A user's own files, picked on the page: checkpoints of tests/parity.rs (made by
@@ -68,7 +75,7 @@ async function report(query, start) {
   return { r, text };
 }
 const all = [
-  ...cases.map((c) => ({ name: c.name, query: `${c.query}&run=1`, start: async () => {} })),
+  ...cases.map((c) => ({ ...c, query: `${c.query}&run=1`, start: async () => {} })),
   ...files.map((f) => ({
     name: f.name,
     query: "",
@@ -85,7 +92,11 @@ try {
   for (const c of all) {
     const { r, text } = await report(c.query, c.start);
     console.log(`== ${c.name}\n${text}`);
-    const ok = !r.error && r.pass && r.runs.every((run) => run.routing_equal === run.checked_tokens && run.outputs_within);
+    const ok =
+      !r.error &&
+      r.pass &&
+      r.runs.every((run) => run.routing_equal === run.checked_tokens && run.outputs_within) &&
+      (!c.split || r.weight_bindings.every((n) => n > 1));
     if (!ok) {
       failed += 1;
       console.log(`FAIL: ${c.name}: ${r.error ?? "routing or outputs differ from the CPU reference"}`);
