@@ -1,18 +1,11 @@
 // Runs web/index.html in headless Chromium on its WebGPU adapter (SwiftShader) and checks the
 // reports the page leaves in window.moeflowResult: for every case, routing equal to the CPU
-// reference on every checked token and every output within the bound. Serves web/ on
-// 127.0.0.1 (module scripts are not loaded from file://). Chromium is driven over the DevTools
-// protocol by playwright-core. A missing browser, no WebGPU adapter or a failed case is a
+// reference on every checked token and every output within the bound (page.mjs serves web/
+// and starts Chromium). A missing browser, no WebGPU adapter or a failed case is a
 // failure (exit status 1). Usage: node web/test/browser.mjs [chromium binary]
-import { createServer } from "node:http";
-import { readFile } from "node:fs/promises";
-import { extname, join, normalize } from "node:path";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { chromium } from "playwright-core";
-
-const root = fileURLToPath(new URL("..", import.meta.url));
-const browserPath = process.argv[2] ?? "/usr/bin/chromium-headless-shell";
-const types = { ".html": "text/html", ".js": "text/javascript", ".wasm": "application/wasm" };
+import { result, start } from "./page.mjs";
 
 // The synthetic cases: decode and prefill sizes, f32 and quantised weights.
 const cases = [
@@ -36,50 +29,24 @@ const files = [
   { name: "file: gpt-oss MXFP4 blocks (safetensors + config.json)", dir: "gpt_oss_mxfp4_t37", tokens: "37" },
 ];
 
-const server = createServer(async (req, res) => {
-  const path = normalize(decodeURIComponent(new URL(req.url, "http://x").pathname));
-  try {
-    const body = await readFile(join(root, path === "/" ? "index.html" : path));
-    res.writeHead(200, { "content-type": types[extname(path)] ?? "application/octet-stream" });
-    res.end(body);
-  } catch {
-    res.writeHead(404).end();
-  }
-});
-await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
-const base = `http://127.0.0.1:${server.address().port}/`;
-
-const browser = await chromium.launch({
-  executablePath: browserPath,
-  args: [
-    "--no-sandbox",
-    "--enable-unsafe-webgpu",
-    "--enable-unsafe-swiftshader",
-    "--use-webgpu-adapter=swiftshader",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-  ],
-});
+const { base, browser, close } = await start(process.argv[2]);
 let failed = 0;
-// Opens the page and leaves the report of the run `start` begins.
-async function report(query, start) {
+// Opens the page at `query`, lets `begin` start a run, and returns its report.
+async function report(query, begin) {
   const page = await browser.newPage();
   page.on("console", (m) => m.type() === "error" && console.log(`  console: ${m.text()}`));
   await page.goto(`${base}index.html?${query}`);
-  await start(page);
-  await page.waitForFunction(() => window.moeflowResult !== undefined, null, { timeout: 300_000 });
-  const r = await page.evaluate(() => window.moeflowResult);
-  const text = await page.evaluate(() => document.getElementById("report").textContent);
+  await begin(page);
+  const out = await result(page);
   await page.close();
-  return { r, text };
+  return out;
 }
 const all = [
-  ...cases.map((c) => ({ ...c, query: `${c.query}&run=1`, start: async () => {} })),
+  ...cases.map((c) => ({ ...c, query: `${c.query}&run=1`, begin: async () => {} })),
   ...files.map((f) => ({
     name: f.name,
     query: "",
-    start: async (page) => {
+    begin: async (page) => {
       await page.waitForFunction(() => window.moeflowReady === true, null, { timeout: 60_000 });
       await page.setInputFiles("#file input[name=weights]", join(fixtures, f.dir, "weights.safetensors"));
       await page.setInputFiles("#file input[name=config]", join(fixtures, f.dir, "config.json"));
@@ -90,7 +57,7 @@ const all = [
 ];
 try {
   for (const c of all) {
-    const { r, text } = await report(c.query, c.start);
+    const { r, text } = await report(c.query, c.begin);
     console.log(`== ${c.name}\n${text}`);
     const ok =
       !r.error &&
@@ -103,8 +70,7 @@ try {
     }
   }
 } finally {
-  await browser.close();
-  server.close();
+  await close();
 }
 console.log(failed ? `${failed} of ${all.length} cases failed` : `all ${all.length} cases passed`);
 process.exit(failed ? 1 : 0);
