@@ -2,7 +2,7 @@
 // scripted run: ?tokens=1,64&dtype=q4_0&run=1), runs the wasm module, and shows its report as
 // moe_layer prints it, with the last run's expert load drawn. window.moeflowResult holds the
 // report (or {error}) once a run ends, for tests that drive the page.
-import init, { run_file, run_synthetic } from "./pkg/moeflow_web.js";
+import init, { error_checks, run_file, run_synthetic } from "./pkg/moeflow_web.js";
 
 const form = document.getElementById("options");
 const status = document.getElementById("status");
@@ -122,4 +122,11 @@ if (!navigator.gpu) {
   for (const [k, v] of q) if (form.elements[k]) form.elements[k].value = v;
   window.moeflowReady = true;
   if (q.get("run") === "1") run(options());
+  // For the browser test: ?errors=1 runs the misuse checks instead.
+  if (q.get("errors") === "1") {
+    error_checks().then(
+      (message) => { window.moeflowResult = { refused: message }; },
+      (e) => { window.moeflowResult = { error: String(e) }; },
+    );
+  }
 }

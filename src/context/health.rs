@@ -4,7 +4,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::selection::ready_now;
 use crate::error::{Error, GpuErrorKind, Result};
 use crate::sync::lock;
 
@@ -94,25 +93,56 @@ impl DeviceHealth {
     ) -> Result<T> {
         self.check_alive(device)?;
         if let Some((kind, message)) = lock(&self.stray).take() {
+            let earlier = if cfg!(target_arch = "wasm32") {
+                "earlier work on this device (a browser reports GPU errors after the call)"
+            } else {
+                "earlier work outside moeflow's error scopes"
+            };
             return Err(Error::Gpu {
-                context: format!("earlier work outside moeflow's error scopes (reported at `{context}`)"),
+                context: format!("{earlier} (reported at `{context}`)"),
                 kind,
                 message,
             });
         }
-        let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
-        let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let value = f();
-        let errors = [validation.pop(), memory.pop(), internal.pop()].map(|pop| ready_now(pop).flatten());
-        self.check_alive(device)?;
-        match errors.into_iter().flatten().next() {
-            None => Ok(value),
-            Some(e) => Err(Error::Gpu {
-                context: context.to_string(),
-                kind: GpuErrorKind::of(&e),
-                message: e.to_string(),
-            }),
+        // In a browser a scope answers only through a promise, which this cannot wait for: no
+        // scope is pushed there, so an error reaches the uncaptured-error handler, which keeps it
+        // for the next call (`Context::from_wgpu`).
+        #[cfg(target_arch = "wasm32")]
+        {
+            let value = f();
+            self.check_alive(device)?;
+            Ok(value)
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
+            let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let value = f();
+            let errors = [validation.pop(), memory.pop(), internal.pop()].map(|pop| ready_now(pop).flatten());
+            self.check_alive(device)?;
+            match errors.into_iter().flatten().next() {
+                None => Ok(value),
+                Some(e) => Err(Error::Gpu {
+                    context: context.to_string(),
+                    kind: GpuErrorKind::of(&e),
+                    message: e.to_string(),
+                }),
+            }
+        }
+    }
+}
+
+/// The value of a future that is ready when first polled, else None (without waiting): native
+/// wgpu resolves an error scope when it is popped, so no wait for the device ever blocks on one.
+#[cfg(not(target_arch = "wasm32"))]
+fn ready_now<T>(fut: impl std::future::Future<Output = T>) -> Option<T> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(fut).poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => {
+            log::warn!("moeflow: an error scope did not resolve when popped; its error is not checked here");
+            None
         }
     }
 }

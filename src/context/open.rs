@@ -188,10 +188,18 @@ impl Context {
     /// every later call returns [`Error::DeviceLost`] instead of working on a dead device; an
     /// app that wants to hear of the loss too passes its own callback to
     /// [`Context::on_device_lost`]. See [`instance`](crate::instance) for where the device should come from.
+    ///
+    /// In a browser (wasm32) moeflow also takes the device's uncaptured-error handler: WebGPU
+    /// answers an error scope only through a promise, so moeflow pushes none there, and a GPU
+    /// error of its work reaches that handler, which logs it and keeps it for the next call
+    /// that checks its work to return as its `Err` (one call later than natively, where the
+    /// scopes answer at once). An app that wants its own handler sets it after this.
     pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let description =
             AdapterDescription::new(&device.adapter_info(), device.features(), &device.limits());
         let health = DeviceHealth::watch(&device);
+        #[cfg(target_arch = "wasm32")]
+        health.keep_stray_errors(&device);
         Context {
             device,
             queue,

@@ -143,21 +143,6 @@ pub async fn wgpu_adapters_async() -> Vec<wgpu::Adapter> {
     adapters
 }
 
-/// The value of a future that is ready when first polled, else None (without waiting): native
-/// wgpu resolves an error scope when it is popped, so no wait for the device ever blocks on one.
-/// Where one is not ready (a browser's), its error goes to the device's uncaptured-error
-/// handler instead, with a log line.
-pub(super) fn ready_now<T>(fut: impl std::future::Future<Output = T>) -> Option<T> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match std::pin::pin!(fut).poll(&mut cx) {
-        std::task::Poll::Ready(v) => Some(v),
-        std::task::Poll::Pending => {
-            log::warn!("moeflow: an error scope did not resolve when popped; its error is not checked here");
-            None
-        }
-    }
-}
-
 /// Whether an adapter with these capabilities runs compute shaders, with grids read from the
 /// device (a plan for a maximum token count sizes its grids there; every compute back end has
 /// both: GL from 4.3 and ES 3.1, which brought compute shaders).

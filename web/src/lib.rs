@@ -184,6 +184,27 @@ async fn from_file(name: &str, bytes: Vec<u8>, config: Option<&str>, opts: &File
     report(&ctx, &layer, &reference_cfg, &loaded.weights, &x, &opts.tokens, label).await
 }
 
+/// Misuse in a browser is an `Err` too, as natively: a read-back of a destroyed buffer (the
+/// error reaches the device's uncaptured-error handler, since a browser's error scopes answer
+/// only through promises, and the read-back's next check returns it). Returns the error's
+/// message; an error where the misuse went through.
+#[wasm_bindgen]
+pub async fn error_checks() -> std::result::Result<String, JsValue> {
+    let checks = async {
+        let ctx = Context::new_async().await?;
+        let buffer = ctx.upload("destroyed", &[1.0f32; 16])?;
+        buffer.destroy();
+        match ctx.read_back_async::<f32>(&buffer, 16).await {
+            Ok(values) => Err(Error::invalid(format!(
+                "a read-back of a destroyed buffer gave Ok ({} values)",
+                values.len()
+            ))),
+            Err(e) => Ok(e.to_string()),
+        }
+    };
+    checks.await.map_err(|e: Error| JsValue::from_str(&e.to_string()))
+}
+
 fn check_tokens(tokens: &[u32]) -> Result<()> {
     if tokens.is_empty() || tokens.contains(&0) {
         return Err(Error::invalid("tokens: one or more counts, each at least 1"));

@@ -56,6 +56,14 @@ const all = [
   })),
 ];
 try {
+  {
+    const { r } = await report("errors=1", async () => {});
+    console.log(`== misuse: read-back of a destroyed buffer\n${r.refused ?? r.error}`);
+    if (!r.refused) {
+      failed += 1;
+      console.log(`FAIL: misuse went through: ${r.error}`);
+    }
+  }
   for (const c of all) {
     const { r, text } = await report(c.query, c.begin);
     console.log(`== ${c.name}\n${text}`);
@@ -72,5 +80,6 @@ try {
 } finally {
   await close();
 }
-console.log(failed ? `${failed} of ${all.length} cases failed` : `all ${all.length} cases passed`);
+const total = all.length + 1;
+console.log(failed ? `${failed} of ${total} cases failed` : `all ${total} cases passed`);
 process.exit(failed ? 1 : 0);
