@@ -5,6 +5,7 @@
 // failure (exit status 1). Usage: node web/test/browser.mjs [chromium binary]
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { qwen3MoeLayer } from "./gguf.mjs";
 import { result, start } from "./page.mjs";
 
 // The synthetic cases: decode and prefill sizes, f32 and quantised weights.
@@ -54,6 +55,17 @@ const all = [
       await page.click("#file button");
     },
   })),
+  {
+    name: "file: Qwen3-MoE Q8_0 (GGUF, written by gguf.mjs)",
+    query: "",
+    begin: async (page) => {
+      await page.waitForFunction(() => window.moeflowReady === true, null, { timeout: 60_000 });
+      const buffer = Buffer.from(qwen3MoeLayer());
+      await page.setInputFiles("#file input[name=weights]", { name: "layer.gguf", mimeType: "application/octet-stream", buffer });
+      await page.fill("#file input[name=tokens]", "1,40");
+      await page.click("#file button");
+    },
+  },
 ];
 try {
   {
