@@ -3,7 +3,8 @@
 //!
 //! [`run_synthetic`] takes the page's options as JSON (`tokens`: one count or several,
 //! `hidden`, `ffn`, `experts`, `k`, `shared_ffn`, `dtype`: f32, f16, bf16, q8_0, q4_0, mxfp4
-//! or fp8, `seed`) and returns the report: the adapter and its features, per forward the
+//! or fp8, `seed`, `max_binding_mib`: a cap on the device's storage binding) and returns the
+//! report: the adapter and its features, per forward the
 //! per-stage GPU times (where the browser grants `timestamp-query`) and the host wall time,
 //! tokens/s, the check against the CPU reference (routing equal, outputs within
 //! `2e-5 + 2e-5·|row scale|`) and the expert load. Every wait is awaited: the browser's event
@@ -12,6 +13,7 @@
 //! [`run_file`] runs a user's own layer instead: a safetensors file (with its `config.json`,
 //! which decides the routing as `transformers` does) or a GGUF file (its metadata decides),
 //! read by the same loaders as natively, from the file's bytes; the input is seeded.
+//! [`error_checks`] is the browser test's check that misuse is an `Err` there too.
 
 use moeflow::kernels::gemm::WeightDtype;
 use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
