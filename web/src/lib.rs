@@ -346,23 +346,10 @@ async fn run(
         })
         .collect();
 
-    // The CPU reference on a sample of tokens (a token's output depends on its row alone).
+    // The CPU reference on a sample of tokens.
     let y: Vec<f32> = ctx.read_back_async(yb, m * h).await?;
     let idx: Vec<u32> = ctx.read_back_async(plan.indices(), m * k).await?;
-    let picks: Vec<usize> = (0..m.min(16)).chain(m.saturating_sub(16).max(16)..m).collect();
-    let xs: Vec<f32> = picks.iter().flat_map(|&t| x[t * h..(t + 1) * h].to_vec()).collect();
-    let (ry, ridx, _) = reference::forward(cfg, w, &xs)?;
-    let (mut worst, mut bit_equal, mut routing_equal) = (0.0f32, 0usize, 0usize);
-    for (n, &t) in picks.iter().enumerate() {
-        let want = &ry[n * h..(n + 1) * h];
-        let got = &y[t * h..(t + 1) * h];
-        let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        for (g, r) in got.iter().zip(want) {
-            worst = worst.max((g - r).abs() / (2e-5 + 2e-5 * scale));
-            bit_equal += usize::from(moeflow::bits::same_bits(*g, *r));
-        }
-        routing_equal += usize::from(idx[t * k..(t + 1) * k] == ridx[n * k..(n + 1) * k]);
-    }
+    let a = reference::agreement(cfg, w, x, &y, &idx, m)?;
     let load = plan.load_async(ctx, cfg.route.experts).await?;
     let seconds = gpu_total.unwrap_or(wall);
     Ok(Run {
@@ -371,15 +358,15 @@ async fn run(
         gpu_ms: gpu_total.map(|t| t * 1e3),
         wall_ms: wall * 1e3,
         tokens_per_s: m as f64 / seconds,
-        checked_tokens: picks.len(),
-        routing_equal,
-        outputs_within: worst <= 1.0,
-        worst_of_bound: worst,
-        bit_equal,
-        values: picks.len() * h,
+        checked_tokens: a.tokens,
+        routing_equal: a.routing_equal,
+        outputs_within: a.within(),
+        worst_of_bound: a.worst_of_bound,
+        bit_equal: a.bit_equal,
+        values: a.values,
         load: load.per_expert.clone(),
         load_mean: load.mean,
         load_imbalance: load.imbalance,
-        pass: worst <= 1.0 && routing_equal == picks.len(),
+        pass: a.passes(),
     })
 }
