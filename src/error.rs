@@ -60,6 +60,14 @@ pub enum Error {
     /// Reading a buffer back to the host failed.
     #[error("buffer readback failed: {0}")]
     Readback(String),
+    /// The host could not allocate memory for a buffer of the CPU's own work (host experts).
+    #[error("out of host memory: {what} needs {bytes} bytes")]
+    HostMemory {
+        /// The buffer.
+        what: String,
+        /// Its size.
+        bytes: u64,
+    },
     /// A file could not be read or written.
     #[error("I/O error on {path}: {source}")]
     Io {

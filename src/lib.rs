@@ -24,6 +24,8 @@ mod context;
 pub mod dag;
 mod error;
 mod gpu;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod host_experts;
 pub mod kernels;
 pub mod layer;
 mod live;

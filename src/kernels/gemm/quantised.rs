@@ -282,7 +282,7 @@ impl QuantisedValues<'_> {
     }
 
     /// Checks the lengths against `[experts, n, k]`.
-    fn check(&self, [experts, n, k]: [usize; 3]) -> Result<()> {
+    pub(crate) fn check(&self, [experts, n, k]: [usize; 3]) -> Result<()> {
         let what = format!("{:?} expert weights [{experts}, {n}, {k}]", self.dtype());
         let rows = size::host_product(&what, &[experts, n])?;
         let need = |what: &str, want: usize, got: usize| -> Result<()> {

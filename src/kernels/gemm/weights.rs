@@ -64,9 +64,12 @@ impl StoredValues<'_> {
     }
 
     /// Checks that these are the `n * k` values of expert `e` of `[experts, n, k]`.
-    fn check(&self, e: u32, [experts, n, k]: [u32; 3]) -> Result<()> {
+    pub(crate) fn check(&self, e: u32, [experts, n, k]: [u32; 3]) -> Result<()> {
         let StoredValues::Float { dtype, bytes } = *self else {
-            return Ok(()); // `QuantisedValues` checks its own lengths when it is read.
+            return match self {
+                StoredValues::Quantised(q) => q.check([1, n as usize, k as usize]),
+                StoredValues::Float { .. } => Ok(()),
+            };
         };
         let per_expert = u64::from(n) * u64::from(k);
         let want = per_expert * stored_element_bytes(dtype)? as u64;

@@ -1,0 +1,24 @@
+//! Routed experts kept in host memory and computed on the CPU ([`HostExperts`]), as
+//! llama.cpp's `--cpu-moe` keeps them: the weights read where they lie (a memory-mapped
+//! checkpoint, in their stored format: f32, f16, bf16, Q8_0, Q4_0, MXFP4 or FP8), never
+//! uploaded; the (clamped) SwiGLU FFN of the rows routed to them threaded over experts and
+//! output columns, its dot products in SIMD chosen at run time for the CPU, each value decoded
+//! as [`crate::quant`] decodes it and each dot in the layer's accumulation order, so a host
+//! expert's output has the bits of the CPU reference (`reference::gemm::ffn_row`).
+//!
+//! Files: `projection.rs` (one projection's stored values, expert by expert), `decode.rs`
+//! (stored values to f32 tiles), `kernel.rs` (the dot products per order and SIMD target),
+//! `experts.rs` (the experts a host holds, checked), `ffn.rs` (the FFN over the rows routed to the
+//! host). This file is the face.
+
+mod decode;
+mod experts;
+mod ffn;
+mod kernel;
+mod projection;
+#[cfg(test)]
+mod tests;
+
+pub use experts::{HostBias, HostExperts};
+pub use ffn::HostEntry;
+pub use projection::HostProjection;

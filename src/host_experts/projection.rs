@@ -1,0 +1,117 @@
+//! [`HostProjection`]: one projection of the routed experts, `[E, N, K]`, held in host memory
+//! in its stored format, expert by expert.
+
+use crate::error::{Error, Result};
+use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
+
+/// One projection `[E, N, K]` of a layer's routed experts as host memory holds it: for each
+/// expert the host computes, its `[N, K]` values where they lie (a memory-mapped checkpoint
+/// tensor, quantised blocks as shipped, or f32 values of the caller's), never converted or
+/// copied. Experts the host does not hold are absent.
+#[derive(Clone, Debug)]
+pub struct HostProjection<'a> {
+    shape: [u32; 3],
+    dtype: Option<WeightDtype>,
+    experts: Vec<Option<StoredValues<'a>>>,
+}
+
+impl<'a> HostProjection<'a> {
+    /// A projection of shape `[experts, n, k]` holding no expert yet.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty dimension.
+    pub fn new(shape: [u32; 3]) -> Result<Self> {
+        if shape.contains(&0) {
+            return Err(Error::invalid(format!(
+                "a host projection needs every dimension at least 1; got {shape:?}"
+            )));
+        }
+        Ok(HostProjection { shape, dtype: None, experts: vec![None; shape[0] as usize] })
+    }
+
+    /// Every expert of `[experts, n, k]` f32 values (row-major, as [`crate::layer::MoeWeights`]
+    /// holds them), read in place.
+    ///
+    /// # Errors
+    /// As [`Self::new`]; [`Error::Shape`] when `values` is not `experts · n · k` long.
+    pub fn from_f32(values: &'a [f32], shape: [u32; 3]) -> Result<Self> {
+        let mut p = Self::new(shape)?;
+        let per = shape[1] as usize * shape[2] as usize;
+        if values.len() as u64 != per as u64 * u64::from(shape[0]) {
+            return Err(Error::shape("host expert values", format!("{shape:?}"), values.len()));
+        }
+        for (e, v) in values.chunks_exact(per).enumerate() {
+            p.hold(
+                e as u32,
+                StoredValues::Float { dtype: WeightDtype::F32, bytes: bytemuck::cast_slice(v) },
+            )?;
+        }
+        Ok(p)
+    }
+
+    /// Holds expert `e`'s `[n, k]` values `values`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an expert past the shape's, one held already, or values
+    /// in another dtype than the experts held before; the values' own length checks
+    /// ([`Error::Shape`]; K not whole blocks for a block format).
+    pub fn hold(&mut self, e: u32, values: StoredValues<'a>) -> Result<()> {
+        let [experts, _, _] = self.shape;
+        let slot = self.experts.get_mut(e as usize).ok_or_else(|| {
+            Error::invalid(format!("expert {e} is out of range: the projection has experts 0..{experts}"))
+        })?;
+        if slot.is_some() {
+            return Err(Error::invalid(format!("expert {e} is placed on the host twice")));
+        }
+        let dtype = values.dtype();
+        if let Some(held) = self.dtype
+            && held != dtype
+        {
+            return Err(Error::invalid(format!(
+                "expert {e}'s values are {dtype:?}; the experts held before are {held:?}"
+            )));
+        }
+        values.check(e, self.shape)?;
+        *slot = Some(values);
+        self.dtype = Some(dtype);
+        Ok(())
+    }
+
+    /// `[experts, n, k]`.
+    pub fn shape(&self) -> [u32; 3] {
+        self.shape
+    }
+
+    /// The stored dtype of the experts held (None while none is).
+    pub fn dtype(&self) -> Option<WeightDtype> {
+        self.dtype
+    }
+
+    /// Whether expert `e` is held.
+    pub fn holds(&self, e: u32) -> bool {
+        self.experts.get(e as usize).is_some_and(Option::is_some)
+    }
+
+    /// Expert `e`'s values, where held.
+    pub(super) fn values(&self, e: u32) -> Option<&StoredValues<'a>> {
+        self.experts.get(e as usize).and_then(Option::as_ref)
+    }
+
+    /// Bytes of host memory the held experts' values take (as stored).
+    pub fn bytes(&self) -> u64 {
+        self.experts.iter().flatten().map(stored_bytes).sum()
+    }
+}
+
+/// The bytes of one expert's stored values.
+fn stored_bytes(v: &StoredValues<'_>) -> u64 {
+    let bytes = match *v {
+        StoredValues::Float { bytes, .. } => bytes.len(),
+        StoredValues::Quantised(QuantisedValues::Q8_0(b) | QuantisedValues::Q4_0(b)) => b.len(),
+        StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales }) => codes.len() + scales.len(),
+        StoredValues::Quantised(QuantisedValues::Fp8 { weight, scale_inv, .. }) => {
+            weight.len() + std::mem::size_of_val(scale_inv)
+        }
+    };
+    bytes as u64
+}
