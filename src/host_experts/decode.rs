@@ -1,50 +1,61 @@
-//! Stored expert values decoded to f32 tiles: `R` rows (output columns) by a chunk of K, laid
-//! out `[k][r]` so that the kernels multiply one x value into `R` rows at once. Every value is
-//! decoded as [`crate::quant`] decodes it (one table lookup, or one f32 product of exact
-//! operands), so it has the bits of [`WeightDtype::round`]'s and
-//! [`QuantisedValues::dequantise`]'s.
+//! Stored expert values decoded to f32 tiles for the kernels: row by row (the strict order's
+//! [`rows`]) or transposed, `[k][r]` (the fast order's [`transposed`]). Every value is decoded
+//! as [`crate::quant`] decodes it (one table lookup, or one f32 product of exact operands), so
+//! it has the bits of [`WeightDtype::round`]'s and [`QuantisedValues::dequantise`]'s.
 
 use std::ops::Range;
 use std::sync::LazyLock;
 
-use half::{bf16, f16};
+use half::f16;
+use multiversion::multiversion;
 
 use super::kernel::{Lanes, R};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
-use crate::quant::{self, BLOCK_VALUES, FP4_E2M1, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
+use crate::quant::{self, BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
 /// Every FP8 e4m3 byte as its value ([`quant::fp8_e4m3`]).
 static FP8: LazyLock<[f32; 256]> = LazyLock::new(|| std::array::from_fn(|b| quant::fp8_e4m3(b as u8)));
 
-/// Fills `tile[..ks.len()]` with rows `rows` (at most [`R`]) and columns `ks` of one expert's
-/// `[n, k]` values `v` (`tile[kk][r]` = value `(rows.start + r, ks.start + kk)`), zeros in the
-/// lanes past the rows and in the tile's rows past `ks` (K padded to the kernels' groups).
-/// For block formats `ks.start` is a multiple of 32 (and of 128 for FP8 tiles of 128
-/// columns) and `ks.end` a multiple of 32 or K. The values were checked against `[n, k]`.
-pub(super) fn tile(v: &StoredValues<'_>, k: usize, rows: Range<usize>, ks: Range<usize>, tile: &mut [Lanes]) {
+/// Rows `rows` and columns `ks` of one expert's `[n, k]` values `v` into `tile`, row by row
+/// `width` apart (`tile[r * width + kk]` = value `(rows.start + r, ks.start + kk)`), zeros past
+/// `ks` in each row (K padded to the kernels' groups) and in the rows past `rows` up to
+/// `tile.len() / width`. For block formats `ks.start` is a multiple of 32 (and of 128 for FP8
+/// tiles of 128 columns) and `ks.end` a multiple of 32 or K. The values were checked against
+/// `[n, k]`.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
+pub(super) fn rows(
+    v: &StoredValues<'_>,
+    k: usize,
+    rows: Range<usize>,
+    ks: Range<usize>,
+    tile: &mut [f32],
+    width: usize,
+) {
     let live = rows.len();
+    for (n, out) in rows.zip(tile.chunks_exact_mut(width)) {
+        row(v, k, n, &ks, &mut out[..ks.len()]);
+        out[ks.len()..].fill(0.0);
+    }
+    tile[live * width..].fill(0.0);
+}
+
+/// As [`rows`], transposed into `tile[kk][r]` for at most [`R`] rows (zeros in the lanes past
+/// `rows` and in the tile's rows past `ks`); `scratch` holds at least `ks.len()` values.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
+pub(super) fn transposed(
+    v: &StoredValues<'_>,
+    k: usize,
+    rows: Range<usize>,
+    ks: Range<usize>,
+    tile: &mut [Lanes],
+    scratch: &mut [f32],
+) {
+    let live = rows.len();
+    let values = &mut scratch[..ks.len()];
     for (r, n) in rows.enumerate() {
-        match *v {
-            StoredValues::Float { dtype: WeightDtype::F16, bytes } => {
-                let row = &bytes[(n * k + ks.start) * 2..(n * k + ks.end) * 2];
-                for (kk, b) in row.chunks_exact(2).enumerate() {
-                    tile[kk][r] = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
-            StoredValues::Float { dtype: WeightDtype::Bf16, bytes } => {
-                let row = &bytes[(n * k + ks.start) * 2..(n * k + ks.end) * 2];
-                for (kk, b) in row.chunks_exact(2).enumerate() {
-                    tile[kk][r] = bf16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
-            // f32: the only other float dtype a checked `StoredValues` holds.
-            StoredValues::Float { bytes, .. } => {
-                let row = &bytes[(n * k + ks.start) * 4..(n * k + ks.end) * 4];
-                for (kk, b) in row.chunks_exact(4).enumerate() {
-                    tile[kk][r] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-            }
-            StoredValues::Quantised(q) => quantised_row(&q, k, n, &ks, r, tile),
+        row(v, k, n, &ks, values);
+        for (lanes, &value) in tile.iter_mut().zip(values.iter()) {
+            lanes[r] = value;
         }
     }
     for lanes in tile.iter_mut() {
@@ -55,57 +66,205 @@ pub(super) fn tile(v: &StoredValues<'_>, k: usize, rows: Range<usize>, ks: Range
     }
 }
 
-/// Row `n`, columns `ks`, of quantised values into lane `r` of `tile`.
-fn quantised_row(
-    q: &QuantisedValues<'_>,
-    k: usize,
-    n: usize,
-    ks: &Range<usize>,
-    r: usize,
-    tile: &mut [Lanes],
-) {
+/// Row `n`, columns `ks`, of `v` into `out` (`ks.len()` values); inlined into its callers,
+/// each compiled per SIMD target (the block formats' and halves' loops are functions of their
+/// own per target).
+#[inline(always)]
+fn row(v: &StoredValues<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
+    let at = n * k + ks.start..n * k + ks.end;
+    match *v {
+        StoredValues::Float { dtype: WeightDtype::F16, bytes } => f16s(&bytes[at.start * 2..at.end * 2], out),
+        StoredValues::Float { dtype: WeightDtype::Bf16, bytes } => {
+            bf16s(&bytes[at.start * 2..at.end * 2], out)
+        }
+        // f32: the only other float dtype a checked `StoredValues` holds.
+        StoredValues::Float { bytes, .. } => {
+            let bytes = &bytes[at.start * 4..at.end * 4];
+            match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+                Ok(values) => out.copy_from_slice(values),
+                Err(_) => {
+                    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                        *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }
+            }
+        }
+        StoredValues::Quantised(q) => quantised_row(&q, k, n, ks, out),
+    }
+}
+
+/// Row `n`, columns `ks`, of quantised values into `out`.
+#[inline(always)]
+fn quantised_row(q: &QuantisedValues<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
     let per_row = k / BLOCK_VALUES;
     let blocks = n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
     match *q {
         QuantisedValues::Q8_0(bytes) => {
-            let row = &bytes[blocks.start * Q8_0_BLOCK_BYTES..blocks.end * Q8_0_BLOCK_BYTES];
-            for (b, block) in row.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
-                let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-                let at = b * BLOCK_VALUES;
-                for (j, &q) in block[2..].iter().enumerate() {
-                    tile[at + j][r] = f32::from(q as i8) * d;
-                }
-            }
+            q8_0(&bytes[blocks.start * Q8_0_BLOCK_BYTES..blocks.end * Q8_0_BLOCK_BYTES], out)
         }
         QuantisedValues::Q4_0(bytes) => {
-            let row = &bytes[blocks.start * Q4_0_BLOCK_BYTES..blocks.end * Q4_0_BLOCK_BYTES];
-            for (b, block) in row.chunks_exact(Q4_0_BLOCK_BYTES).enumerate() {
-                let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-                let at = b * BLOCK_VALUES;
-                for (j, &byte) in block[2..].iter().enumerate() {
-                    tile[at + j][r] = f32::from(i16::from(byte & 0xf) - 8) * d;
-                    tile[at + j + 16][r] = f32::from(i16::from(byte >> 4) - 8) * d;
-                }
-            }
+            q4_0(&bytes[blocks.start * Q4_0_BLOCK_BYTES..blocks.end * Q4_0_BLOCK_BYTES], out)
         }
-        QuantisedValues::Mxfp4 { codes, scales } => {
-            let row = &codes[blocks.start * MXFP4_BLOCK_BYTES..blocks.end * MXFP4_BLOCK_BYTES];
-            for ((b, block), &scale) in row.chunks_exact(MXFP4_BLOCK_BYTES).enumerate().zip(&scales[blocks]) {
-                let s = quant::e8m0(scale);
-                let at = b * BLOCK_VALUES;
-                for (j, &byte) in block.iter().enumerate() {
-                    tile[at + 2 * j][r] = FP4_E2M1[usize::from(byte & 0xf)] * s;
-                    tile[at + 2 * j + 1][r] = FP4_E2M1[usize::from(byte >> 4)] * s;
-                }
-            }
-        }
+        QuantisedValues::Mxfp4 { codes, scales } => mxfp4(
+            &codes[blocks.start * MXFP4_BLOCK_BYTES..blocks.end * MXFP4_BLOCK_BYTES],
+            &scales[blocks],
+            out,
+        ),
         QuantisedValues::Fp8 { weight, scale_inv, block } => {
             let per_row = k.div_ceil(block[1]);
             let scales = &scale_inv[n / block[0] * per_row..(n / block[0] + 1) * per_row];
             let fp8 = &*FP8;
-            for (kk, &byte) in weight[n * k + ks.start..n * k + ks.end].iter().enumerate() {
-                tile[kk][r] = fp8[usize::from(byte)] * scales[(ks.start + kk) / block[1]];
+            for (kk, (o, &byte)) in out.iter_mut().zip(&weight[n * k + ks.start..n * k + ks.end]).enumerate()
+            {
+                *o = fp8[usize::from(byte)] * scales[(ks.start + kk) / block[1]];
             }
+        }
+    }
+}
+
+/// Q8_0 blocks as values (`q · d`), one block of `out` each; a function of its own per SIMD
+/// target, so that its loops vectorise.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
+fn q8_0(blocks: &[u8], out: &mut [f32]) {
+    for (block, o) in blocks.chunks_exact(Q8_0_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        // Whole blocks: the chunks above are exactly these lengths.
+        let (Some(q), Some(o)) =
+            (block[2..].first_chunk::<BLOCK_VALUES>(), o.first_chunk_mut::<BLOCK_VALUES>())
+        else {
+            continue;
+        };
+        for j in 0..BLOCK_VALUES {
+            o[j] = f32::from(q[j] as i8) * d;
+        }
+    }
+}
+
+/// Q4_0 blocks as values (`(nibble − 8) · d`, value `j` the low nibble of byte `j`, `j + 16`
+/// its high nibble), as [`q8_0`].
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
+fn q4_0(blocks: &[u8], out: &mut [f32]) {
+    for (block, o) in blocks.chunks_exact(Q4_0_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)) {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let (Some(q), Some(o)) = (block[2..].first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
+            continue;
+        };
+        for j in 0..16 {
+            o[j] = (i32::from(q[j] & 0xf) - 8) as f32 * d;
+            o[j + 16] = (i32::from(q[j] >> 4) - 8) as f32 * d;
+        }
+    }
+}
+
+/// MXFP4 blocks as values (`FP4_E2M1[code] · 2^(scale − 127)`, value `2j` the low nibble of
+/// byte `j`, `2j + 1` its high nibble), as [`q8_0`].
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
+fn mxfp4(codes: &[u8], scales: &[u8], out: &mut [f32]) {
+    for ((block, o), &scale) in
+        codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)).zip(scales)
+    {
+        // `quant::e8m0`: 2^(scale − 127), 2^-127 subnormal for 0, NaN for 255.
+        let s = match scale {
+            0 => f32::from_bits(0x40_0000),
+            255 => f32::NAN,
+            b => f32::from_bits(u32::from(b) << 23),
+        };
+        let (Some(q), Some(o)) = (block.first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
+            continue;
+        };
+        for j in 0..16 {
+            o[2 * j] = fp4(q[j] & 0xf) * s;
+            o[2 * j + 1] = fp4(q[j] >> 4) * s;
+        }
+    }
+}
+
+/// f16 values (little-endian) as f32, exactly as `half::f16::to_f32` gives them (NaNs quiet),
+/// from their bits without a table or a call, so that it vectorises per SIMD target.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
+fn f16s(bytes: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let h = u32::from(u16::from_le_bytes([b[0], b[1]]));
+        let (sign, exp, mant) = ((h & 0x8000) << 16, (h >> 10) & 0x1f, h & 0x3ff);
+        // Normal: rebias the exponent (15 -> 127); subnormal: mant · 2^-24, exact; inf/NaN.
+        let normal = f32::from_bits(sign | ((exp + 112) << 23) | (mant << 13));
+        let subnormal = f32::from_bits(sign | (mant as f32 * f32::from_bits(0x3380_0000)).to_bits());
+        let special =
+            f32::from_bits(sign | 0x7f80_0000 | (mant << 13) | if mant != 0 { 0x40_0000 } else { 0 });
+        *o = match exp {
+            0 => subnormal,
+            0x1f => special,
+            _ => normal,
+        };
+    }
+}
+
+/// bf16 values (little-endian) as f32: the top half of the f32's bits (NaNs quiet, as
+/// `half::bf16::to_f32`).
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
+fn bf16s(bytes: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let bits = u32::from(u16::from_le_bytes([b[0], b[1]])) << 16;
+        let nan = bits & 0x7fff_ffff > 0x7f80_0000;
+        *o = f32::from_bits(if nan { bits | 0x40_0000 } else { bits });
+    }
+}
+
+/// An FP4 e2m1 code as its value, `quant::FP4_E2M1[code]`, by arithmetic (no table and no
+/// select, which the compiler would turn back into a table and gathers): with exponent `e`
+/// (bits 1-2) and mantissa `m` (bit 0), the magnitude is `(2·[e > 0] + m) · 2^(max(e, 1) − 2)`
+/// (0, 0.5; 1, 1.5; 2, 3; 4, 6), an exact product; the sign is bit 3.
+#[inline(always)]
+fn fp4(code: u8) -> f32 {
+    let code = u32::from(code);
+    let (e, m) = ((code >> 1) & 3, code & 1);
+    let base = u32::from(e != 0) * 2 + m;
+    let magnitude = base as f32 * f32::from_bits((e.max(1) + 125) << 23);
+    f32::from_bits(magnitude.to_bits() | ((code & 8) << 28))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::FP4_E2M1;
+
+    #[test]
+    fn halves_convert_as_half_does() {
+        let all: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let mut out = vec![0.0f32; 1 << 16];
+        f16s(&all, &mut out);
+        for (bits, v) in (0..=u16::MAX).zip(&out) {
+            let want = half::f16::from_bits(bits).to_f32();
+            assert!(
+                crate::bits::same_bits(*v, want) && (v.is_nan() || v.to_bits() == want.to_bits()),
+                "f16 {bits:#06x}"
+            );
+        }
+        bf16s(&all, &mut out);
+        for (bits, v) in (0..=u16::MAX).zip(&out) {
+            let want = half::bf16::from_bits(bits).to_f32();
+            assert!(
+                crate::bits::same_bits(*v, want) && (v.is_nan() || v.to_bits() == want.to_bits()),
+                "bf16 {bits:#06x}"
+            );
+        }
+    }
+
+    #[test]
+    fn mxfp4_blocks_decode_as_quant_does() {
+        // Every code under every scale byte (0: subnormal, 255: NaN).
+        let codes: Vec<u8> = (0..256 * 16).map(|i| (i * 37 % 256) as u8).collect();
+        let scales: Vec<u8> = (0..=255).collect();
+        let mut out = vec![0.0f32; 256 * 32];
+        mxfp4(&codes, &scales, &mut out);
+        let want = quant::mxfp4_dequantize(&codes, &scales).unwrap();
+        assert_eq!(crate::bits::canonical(&out), crate::bits::canonical(&want));
+    }
+
+    #[test]
+    fn fp4_bits_are_the_table() {
+        for code in 0..16u8 {
+            assert_eq!(fp4(code).to_bits(), FP4_E2M1[usize::from(code)].to_bits(), "code {code}");
         }
     }
 }

@@ -1,24 +1,30 @@
 //! The host experts' FFN over the rows routed to them ([`HostExperts::run`]).
 //!
-//! Two passes, each threaded over (expert, block of [`R`] output columns): gate and up over
-//! every row of an expert at once, each column's weights decoded once per chunk of K and
-//! multiplied into all its rows, then the activation; then down over the activations. Each
-//! output column's dot runs over K in the layer's order (`kernel.rs`), its bias one add after
-//! it, the activation `reference::gemm::epilogue`: the bits of `reference::gemm::ffn_row`.
+//! Two passes, each threaded over tasks of (expert, block of [`TASK_COLS`] output columns):
+//! gate and up over every row of an expert at once, each column's weights decoded once per
+//! chunk of K and multiplied into all its rows, then the activation; then down over the
+//! activations. Each output column's dot runs over K in the layer's order (`kernel.rs`), its
+//! bias one add after it, the activation `reference::gemm::epilogue`: the bits of
+//! `reference::gemm::ffn_row`.
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
 use super::decode;
 use super::experts::HostExperts;
-use super::kernel::{self, Lanes, R};
+use super::kernel::{self, Lanes, R, ROWS};
 use super::projection::HostProjection;
 use crate::error::{Error, Result};
-use crate::kernels::gemm::{GemmOrder, StoredValues};
+use crate::kernels::gemm::{GemmOrder, StoredValues, WeightDtype};
 use crate::reference::gemm::epilogue;
 
 /// Columns of K decoded into a tile at a time: a multiple of 128 (so FP8's groups and the
-/// 32-value blocks stay whole), 16 KiB of f32 tile.
+/// 32-value blocks stay whole).
 const KC: usize = 256;
+
+/// Output columns of one task of one expert.
+const TASK_COLS: usize = 64;
 
 /// One row routed to a host expert: token `token`'s x row through expert `expert`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,46 +41,17 @@ struct Group {
     entries: Vec<usize>,
 }
 
-/// Per-thread tiles of decoded weights.
+/// Per-thread tiles of decoded weights: row by row for the strict order, transposed (with a
+/// row of scratch) for the fast one.
 struct Tiles {
-    a: Vec<Lanes>,
-    b: Vec<Lanes>,
+    rows: Vec<f32>,
+    lanes: Vec<Lanes>,
+    scratch: Vec<f32>,
 }
 
 impl Tiles {
     fn new() -> Self {
-        Tiles { a: vec![[0.0; R]; KC], b: vec![[0.0; R]; KC] }
-    }
-}
-
-/// The accumulators of a block of columns for each row, in an order.
-enum Acc {
-    Strict(Vec<[Lanes; 4]>),
-    Fast(Vec<Lanes>),
-}
-
-impl Acc {
-    fn new(order: GemmOrder, rows: usize) -> Result<Self> {
-        Ok(match order {
-            GemmOrder::Strict => Acc::Strict(filled("host experts' accumulators", rows, [[0.0; R]; 4])?),
-            GemmOrder::Fast => Acc::Fast(filled("host experts' accumulators", rows, [0.0; R])?),
-        })
-    }
-
-    /// Adds the chunk of K at `at` of every row of `x` (rows `stride` apart) times `tile`.
-    fn add(&mut self, tile: &[Lanes], x: &[f32], stride: usize, at: usize) {
-        match self {
-            Acc::Strict(a) => kernel::strict_chunk(tile, x, stride, at, a),
-            Acc::Fast(a) => kernel::fast_chunk(tile, x, stride, at, a),
-        }
-    }
-
-    /// Row `m`'s dot products.
-    fn sums(&self, m: usize) -> Lanes {
-        match self {
-            Acc::Strict(a) => kernel::strict_sums(&a[m]),
-            Acc::Fast(a) => a[m],
-        }
+        Tiles { rows: vec![0.0; ROWS * KC], lanes: vec![[0.0; R]; KC], scratch: vec![0.0; KC] }
     }
 }
 
@@ -169,106 +146,182 @@ impl HostExperts<'_> {
                 Ok(rows)
             })
             .collect::<Result<Vec<_>>>()?;
-        let up_tasks: Vec<(usize, usize)> =
-            (0..groups.len()).flat_map(|g| (0..f.div_ceil(R)).map(move |b| (g, b))).collect();
+        let up_tasks = tasks(groups.len(), f);
         let act_blocks: Vec<Vec<f32>> = up_tasks
             .par_iter()
-            .map_init(Tiles::new, |tiles, &(g, b)| self.gate_up_block(tiles, &groups[g], &xs[g], b))
+            .map_init(Tiles::new, |tiles, &(g, ref cols)| {
+                self.gate_up_block(tiles, &groups[g], &xs[g], cols.clone())
+            })
             .collect::<Result<_>>()?;
         let mut acts = groups
             .iter()
             .map(|g| zeros("host experts' activations", g.entries.len() * f4))
             .collect::<Result<Vec<_>>>()?;
-        for (&(g, b), block) in up_tasks.iter().zip(&act_blocks) {
-            scatter(block, &mut acts[g], f4, b * R..f.min((b + 1) * R));
+        for ((g, cols), block) in up_tasks.iter().zip(&act_blocks) {
+            for (src, dst) in block.chunks_exact(cols.len()).zip(acts[*g].chunks_exact_mut(f4)) {
+                dst[cols.clone()].copy_from_slice(src);
+            }
         }
         drop(act_blocks);
-        let down_tasks: Vec<(usize, usize)> =
-            (0..groups.len()).flat_map(|g| (0..h.div_ceil(R)).map(move |b| (g, b))).collect();
+        let down_tasks = tasks(groups.len(), h);
         let out_blocks: Vec<Vec<f32>> = down_tasks
             .par_iter()
-            .map_init(Tiles::new, |tiles, &(g, b)| self.down_block(tiles, &groups[g], &acts[g], b))
+            .map_init(Tiles::new, |tiles, &(g, ref cols)| {
+                self.down_block(tiles, &groups[g], &acts[g], cols.clone())
+            })
             .collect::<Result<_>>()?;
-        for (&(g, b), block) in down_tasks.iter().zip(&out_blocks) {
-            let cols = b * R..h.min((b + 1) * R);
-            for (row, &i) in block.chunks_exact(R).zip(&groups[g].entries) {
-                out[i * h + cols.start..i * h + cols.end].copy_from_slice(&row[..cols.len()]);
+        for ((g, cols), block) in down_tasks.iter().zip(&out_blocks) {
+            for (src, &i) in block.chunks_exact(cols.len()).zip(&groups[*g].entries) {
+                out[i * h + cols.start..i * h + cols.end].copy_from_slice(src);
             }
         }
         Ok(())
     }
 
-    /// Columns `b·R ..` of the activations of `group`'s rows: `[rows, R]`.
-    fn gate_up_block(&self, tiles: &mut Tiles, group: &Group, x: &[f32], b: usize) -> Result<Vec<f32>> {
+    /// Columns `cols` of the activations of `group`'s rows: `[rows, cols]`.
+    fn gate_up_block(
+        &self,
+        tiles: &mut Tiles,
+        group: &Group,
+        x: &[f32],
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>> {
         let [_, f, h] = self.shape();
         let (f, h) = (f as usize, h as usize);
         let (e, rows) = (group.expert, group.entries.len());
-        let cols = b * R..f.min((b + 1) * R);
-        let (gate, up) = (values(&self.gate, e)?, values(&self.up, e)?);
-        let (mut acc_g, mut acc_u) = (Acc::new(self.order, rows)?, Acc::new(self.order, rows)?);
-        let stride = h.next_multiple_of(4);
-        for at in (0..h).step_by(KC) {
-            let ks = at..h.min(at + KC);
-            let len = ks.len().next_multiple_of(4);
-            decode::tile(gate, h, cols.clone(), ks.clone(), &mut tiles.a[..len]);
-            decode::tile(up, h, cols.clone(), ks, &mut tiles.b[..len]);
-            acc_g.add(&tiles.a[..len], x, stride, at);
-            acc_u.add(&tiles.b[..len], x, stride, at);
-        }
-        let mut block = zeros("host experts' output block", rows * R)?;
-        for (m, out) in block.chunks_exact_mut(R).enumerate() {
-            let (g, u) = (acc_g.sums(m), acc_u.sums(m));
-            for (r, n) in cols.clone().enumerate() {
+        let mut g = self.dots(tiles, values(&self.gate, e)?, h, cols.clone(), x, rows)?;
+        let u = self.dots(tiles, values(&self.up, e)?, h, cols.clone(), x, rows)?;
+        for (g_row, u_row) in g.chunks_exact_mut(cols.len()).zip(u.chunks_exact(cols.len())) {
+            for ((gv, &uv), n) in g_row.iter_mut().zip(u_row).zip(cols.clone()) {
                 let i = e as usize * f + n;
-                let (g, u) = match &self.bias {
-                    Some(bias) => (g[r] + bias.gate[i], u[r] + bias.up[i]),
-                    None => (g[r], u[r]),
+                *gv = match &self.bias {
+                    Some(bias) => epilogue(self.activation, *gv + bias.gate[i], uv + bias.up[i]),
+                    None => epilogue(self.activation, *gv, uv),
                 };
-                out[r] = epilogue(self.activation, g, u);
             }
         }
-        Ok(block)
+        Ok(g)
     }
 
-    /// Columns `b·R ..` of the outputs of `group`'s rows from their activations `act`
-    /// (`[rows, F padded to four]`): `[rows, R]`.
-    fn down_block(&self, tiles: &mut Tiles, group: &Group, act: &[f32], b: usize) -> Result<Vec<f32>> {
+    /// Columns `cols` of the outputs of `group`'s rows from their activations `act`
+    /// (`[rows, F padded to four]`): `[rows, cols]`.
+    fn down_block(
+        &self,
+        tiles: &mut Tiles,
+        group: &Group,
+        act: &[f32],
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>> {
         let [_, f, h] = self.shape();
         let (f, h) = (f as usize, h as usize);
-        let (e, rows) = (group.expert, group.entries.len());
-        let cols = b * R..h.min((b + 1) * R);
-        let down = values(&self.down, e)?;
-        let mut acc = Acc::new(self.order, rows)?;
-        let stride = f.next_multiple_of(4);
-        for at in (0..f).step_by(KC) {
-            let ks = at..f.min(at + KC);
-            let len = ks.len().next_multiple_of(4);
-            decode::tile(down, f, cols.clone(), ks, &mut tiles.a[..len]);
-            acc.add(&tiles.a[..len], act, stride, at);
-        }
-        let mut block = zeros("host experts' output block", rows * R)?;
-        for (m, out) in block.chunks_exact_mut(R).enumerate() {
-            let d = acc.sums(m);
-            for (r, n) in cols.clone().enumerate() {
-                out[r] = match &self.bias {
-                    Some(bias) => d[r] + bias.down[e as usize * h + n],
-                    None => d[r],
-                };
+        let e = group.expert;
+        let mut d = self.dots(tiles, values(&self.down, e)?, f, cols.clone(), act, group.entries.len())?;
+        if let Some(bias) = &self.bias {
+            for row in d.chunks_exact_mut(cols.len()) {
+                for (v, n) in row.iter_mut().zip(cols.clone()) {
+                    *v += bias.down[e as usize * h + n];
+                }
             }
         }
-        Ok(block)
+        Ok(d)
     }
+
+    /// `[rows, cols]`: the dot products, in this order, of columns `cols` of one expert's
+    /// `[N, k]` weights `v` with each of the `rows` rows of `x` (K padded with zeros to a
+    /// multiple of four).
+    fn dots(
+        &self,
+        tiles: &mut Tiles,
+        v: &StoredValues<'_>,
+        k: usize,
+        cols: Range<usize>,
+        x: &[f32],
+        rows: usize,
+    ) -> Result<Vec<f32>> {
+        let stride = k.next_multiple_of(4);
+        let width = cols.len();
+        let mut out = zeros("host experts' output block", rows * width)?;
+        match self.order {
+            GemmOrder::Strict => {
+                let mut acc = filled("host experts' accumulators", rows, [[0.0f32; 4]; ROWS])?;
+                for sub in cols.clone().step_by(ROWS) {
+                    let sub = sub..cols.end.min(sub + ROWS);
+                    acc.fill([[0.0; 4]; ROWS]);
+                    for at in (0..k).step_by(KC) {
+                        let ks = at..k.min(at + KC);
+                        let groups = ks.len().div_ceil(4);
+                        let rows = match stored_f32_rows(v, k, sub.clone(), ks.clone()) {
+                            Some(rows) => rows,
+                            None => {
+                                let tile = &mut tiles.rows[..ROWS * groups * 4];
+                                decode::rows(v, k, sub.clone(), ks, tile, groups * 4);
+                                let tile: &[[f32; 4]] = bytemuck::cast_slice(tile);
+                                std::array::from_fn(|r| &tile[r * groups..(r + 1) * groups])
+                            }
+                        };
+                        kernel::strict_rows(rows, groups, x, stride, at, &mut acc);
+                    }
+                    for (o, a) in out.chunks_exact_mut(width).zip(&acc) {
+                        for (r, n) in sub.clone().enumerate() {
+                            o[n - cols.start] = kernel::strict_sum(&a[r]);
+                        }
+                    }
+                }
+            }
+            GemmOrder::Fast => {
+                let mut acc = filled("host experts' accumulators", rows, [0.0f32; R])?;
+                for sub in cols.clone().step_by(R) {
+                    let sub = sub..cols.end.min(sub + R);
+                    acc.fill([0.0; R]);
+                    for at in (0..k).step_by(KC) {
+                        let ks = at..k.min(at + KC);
+                        let tile = &mut tiles.lanes[..ks.len().next_multiple_of(4)];
+                        decode::transposed(v, k, sub.clone(), ks, tile, &mut tiles.scratch);
+                        kernel::fast_chunk(tile, x, stride, at, &mut acc);
+                    }
+                    for (o, a) in out.chunks_exact_mut(width).zip(&acc) {
+                        for (r, n) in sub.clone().enumerate() {
+                            o[n - cols.start] = a[r];
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The tasks of a pass over `groups` experts' `cols` output columns: (expert group, columns),
+/// [`TASK_COLS`] at a time.
+fn tasks(groups: usize, cols: usize) -> Vec<(usize, Range<usize>)> {
+    (0..groups)
+        .flat_map(|g| (0..cols).step_by(TASK_COLS).map(move |c| (g, c..cols.min(c + TASK_COLS))))
+        .collect()
+}
+
+/// Rows `rows` and columns `ks` of f32 values `v` as they lie, where the kernels can read them
+/// there: [`ROWS`] rows of whole groups of four, the bytes aligned for f32. None otherwise
+/// (other dtypes, a last group or a last block of rows that needs zeros): the caller decodes
+/// them into a tile.
+fn stored_f32_rows<'v>(
+    v: &StoredValues<'v>,
+    k: usize,
+    rows: Range<usize>,
+    ks: Range<usize>,
+) -> Option<[&'v [[f32; 4]]; ROWS]> {
+    let StoredValues::Float { dtype: WeightDtype::F32, bytes } = *v else {
+        return None;
+    };
+    if rows.len() != ROWS || !ks.len().is_multiple_of(4) {
+        return None;
+    }
+    let values: &[f32] = bytemuck::try_cast_slice(bytes).ok()?;
+    let row = |n: usize| bytemuck::cast_slice(&values[n * k + ks.start..n * k + ks.end]);
+    Some(std::array::from_fn(|r| row(rows.start + r)))
 }
 
 /// Expert `e`'s values of `p` ([`HostExperts::new`] checked that the projections hold the same
 /// experts, and [`HostExperts::run`] that each entry's expert is held).
 fn values<'p, 'a>(p: &'p HostProjection<'a>, e: u32) -> Result<&'p StoredValues<'a>> {
     p.values(e).ok_or_else(|| Error::invalid(format!("host memory holds no weights of expert {e}")))
-}
-
-/// Writes a `[rows, R]` block into columns `cols` of `[rows, stride]` rows.
-fn scatter(block: &[f32], rows: &mut [f32], stride: usize, cols: std::ops::Range<usize>) {
-    for (src, dst) in block.chunks_exact(R).zip(rows.chunks_exact_mut(stride)) {
-        dst[cols.clone()].copy_from_slice(&src[..cols.len()]);
-    }
 }
