@@ -1,8 +1,10 @@
 //! Expert projections on every adapter: against the CPU reference for every dtype, bitwise
 //! equal across paths (grouped, bucketed with overflow, decode, all experts) and across
-//! batches (batch invariance), and bad input.
+//! batches (batch invariance), and bad input; the host experts' FFN on the CPU against the
+//! reference (`host_ffn/`).
 
 mod common;
+mod host_ffn;
 
 use common::{
     adapters_on_gl, assert_rows_close, bits, contexts, covering, on_gl, rng, routes, side_by_side, sweep,

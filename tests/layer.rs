@@ -5,13 +5,17 @@
 mod common;
 
 use common::{assert_rows_close, bits, contexts, side_by_side};
+use moeflow::host_experts::{HostBias, HostExperts, HostProjection};
 use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::dispatch::OverflowPolicy;
-use moeflow::kernels::gemm::{Activation, GemmVariant, TileBlock, WeightDtype};
+use moeflow::kernels::gemm::{
+    Activation, ExpertBias, ExpertFfn, ExpertPlacement, ExpertWeights, GemmOrder, GemmVariant, TileBlock,
+    WeightDtype,
+};
 use moeflow::kernels::routing::{Gating, GroupLimit, RouteConfig, RouteMode};
-use moeflow::layer::{Capacity, KernelChoice, MoeConfig, MoeLayer};
+use moeflow::layer::{Capacity, KernelChoice, MoeConfig, MoeLayer, RouterWeights};
 use moeflow::reference::layer as reference;
-use moeflow::synth::Synth;
+use moeflow::synth::{StoredExperts, Synth};
 
 fn configs() -> Vec<(&'static str, MoeConfig)> {
     let mixtral = MoeConfig::new(48, 40, 8, 2);
@@ -442,5 +446,181 @@ fn one_plan_runs_every_live_count_with_the_bits_of_an_exact_plan() {
         assert!(empty.y.is_empty() && empty.indices.is_empty() && empty.weights.is_empty(), "{slug}");
         let err = layer.io(&xb, &yb, 0).and_then(|io| layer.plan(&ctx, io)).unwrap_err().to_string();
         assert!(err.contains("at least 1"), "{slug}: {err}");
+    }
+}
+
+/// `cfg` with hidden size `h` and FFN size `f`.
+trait WithSizes {
+    fn with_sizes(self, h: u32, f: u32) -> Self;
+}
+
+impl WithSizes for MoeConfig {
+    fn with_sizes(self, h: u32, f: u32) -> Self {
+        MoeConfig { route: RouteConfig { hidden: h, ..self.route }, ffn: f, ..self }
+    }
+}
+
+/// The experts `held` of `stored` in host memory.
+fn host_projection<'a>(stored: &'a StoredExperts, held: &[u32]) -> HostProjection<'a> {
+    let mut p = HostProjection::new(stored.shape()).unwrap();
+    for &x in held {
+        p.hold(x, stored.expert(x)).unwrap();
+    }
+    p
+}
+
+/// Routed experts on the host (all of them, as `--cpu-moe`, or a set, as `-ot`), the rest on
+/// the device: the same routing bit for bit, and the outputs of the layer with every expert on
+/// the device, at decode and grouped sizes, in each family's dtype, the device and host
+/// experts made from the same stored values.
+#[test]
+fn host_experts_give_the_device_layers_outputs() {
+    let all = configs();
+    let pick = |name: &str| all.iter().find(|(n, _)| *n == name).map(|(_, c)| *c).unwrap();
+    let cases: [(&str, MoeConfig, Option<&[u32]>); 5] = [
+        ("mixtral", pick("mixtral"), None),
+        ("qwen2 f16, shared expert", pick("qwen2"), Some(&[1, 4, 7, 11])),
+        ("deepseek bf16, grouped", pick("deepseek"), Some(&[0, 1, 2, 3, 4, 5, 6, 7])),
+        // Stored blocks run whole along K: H and F multiples of 32 for the block formats.
+        ("gpt-oss mxfp4", pick("gpt-oss-mxfp4").with_sizes(64, 32), None),
+        ("mixtral q4_0", pick("mixtral-q4_0").with_sizes(64, 32), Some(&[0, 2, 3])),
+    ];
+    side_by_side(&contexts(), |_, ctx| {
+        for (name, cfg, on_host) in cases {
+            let (h, f, e) = (cfg.route.hidden, cfg.ffn, cfg.route.experts);
+            let placement = match on_host {
+                Some(experts) => ExpertPlacement::with_host(e, experts).unwrap(),
+                None => ExpertPlacement::all_on_host(e),
+            };
+            let w = Synth::new(7).moe_weights(&cfg);
+            let dt = cfg.weight_dtype;
+            let (eu, fu, hu) = (e as usize, f as usize, h as usize);
+            let stored = [
+                StoredExperts::new(dt, &w.gate, [eu, fu, hu]).unwrap(),
+                StoredExperts::new(dt, &w.up, [eu, fu, hu]).unwrap(),
+                StoredExperts::new(dt, &w.down, [eu, hu, fu]).unwrap(),
+            ];
+            let device_ffn = |placement: Option<&ExpertPlacement>| {
+                let weights = |s: &StoredExperts| match placement {
+                    Some(p) => {
+                        ExpertWeights::stream_placed(ctx, dt, s.shape(), p, |x| Ok(s.expert(x)), |_| {})
+                    }
+                    None => ExpertWeights::stream(ctx, dt, s.shape(), |x| Ok(s.expert(x)), |_| {}),
+                };
+                let mut ffn = ExpertFfn::new(
+                    weights(&stored[0]).unwrap(),
+                    weights(&stored[1]).unwrap(),
+                    weights(&stored[2]).unwrap(),
+                )
+                .unwrap();
+                if let Some(b) = &w.expert_bias {
+                    ffn = ffn
+                        .with_bias(ExpertBias::new(ctx, &b.gate, &b.up, &b.down, [e, f, h]).unwrap())
+                        .unwrap();
+                }
+                ffn
+            };
+            let shared = || {
+                w.shared.as_ref().zip(cfg.shared_ffn).map(|((g, u, d), fs)| {
+                    let ew = |v: &[f32], n, k| ExpertWeights::from_f32(ctx, v, dt, 1, n, k).unwrap();
+                    ExpertFfn::new(ew(g, fs, h), ew(u, fs, h), ew(d, h, fs)).unwrap()
+                })
+            };
+            let router = RouterWeights {
+                router: w.router.clone(),
+                bias: w.bias.clone(),
+                shared_gate: w.shared_gate.clone(),
+                router_bias: w.router_bias.clone(),
+            };
+            let full = MoeLayer::with_experts(ctx, cfg, &router, device_ffn(None), shared()).unwrap();
+            let split =
+                MoeLayer::with_experts(ctx, cfg, &router, device_ffn(Some(&placement)), shared()).unwrap();
+            for x in 0..e {
+                assert_eq!(
+                    split.experts().holds(x),
+                    !placement.on_host(x),
+                    "{name}: the device holds expert {x}"
+                );
+            }
+            let held = placement.host_experts();
+            let project = |s| host_projection(s, &held);
+            let mut host = HostExperts::new(
+                project(&stored[0]),
+                project(&stored[1]),
+                project(&stored[2]),
+                cfg.gemm_order,
+                cfg.activation,
+            )
+            .unwrap();
+            if let Some(b) = &w.expert_bias {
+                host = host.with_bias(HostBias { gate: &b.gate, up: &b.up, down: &b.down }).unwrap();
+            }
+            for tokens in [1usize, 37] {
+                let x = Synth::new(tokens as u64 + 3).uniform(tokens * hu, 1.0);
+                let want = full.forward_host(ctx, &x).unwrap();
+                let got = split.forward_host_hybrid(ctx, &x, &host).unwrap();
+                let what = format!("{} {name} M={tokens}", ctx.adapter().slug());
+                assert_eq!(got.indices, want.indices, "{what}: indices");
+                assert_eq!(bits(&got.weights), bits(&want.weights), "{what}: weights");
+                let n = assert_rows_close(&what, &got.y, &want.y, hu);
+                eprintln!("{what}: {n}/{} outputs bit-equal to the all-device layer", want.y.len());
+            }
+        }
+    });
+}
+
+/// A hybrid plan refuses host experts that do not fit the layer, and an expert held by both
+/// or neither of the device and the host.
+#[test]
+fn hybrid_plans_refuse_mismatched_host_experts() {
+    for ctx in contexts() {
+        let cfg = MoeConfig::new(32, 32, 4, 2);
+        let w = Synth::new(9).moe_weights(&cfg);
+        let stored = [
+            StoredExperts::new(WeightDtype::F32, &w.gate, [4, 32, 32]).unwrap(),
+            StoredExperts::new(WeightDtype::F32, &w.up, [4, 32, 32]).unwrap(),
+            StoredExperts::new(WeightDtype::F32, &w.down, [4, 32, 32]).unwrap(),
+        ];
+        let host_of = |held: &[u32], order| {
+            let project = |s| host_projection(s, held);
+            HostExperts::new(
+                project(&stored[0]),
+                project(&stored[1]),
+                project(&stored[2]),
+                order,
+                Activation::Swiglu,
+            )
+            .unwrap()
+        };
+        let placement = ExpertPlacement::with_host(4, &[1, 2]).unwrap();
+        let device = |p: &ExpertPlacement| {
+            let ew = |v: &[f32]| {
+                ExpertWeights::from_f32_placed(&ctx, v, WeightDtype::F32, [4, 32, 32], p).unwrap()
+            };
+            ExpertFfn::new(ew(&w.gate), ew(&w.up), ew(&w.down)).unwrap()
+        };
+        let router = RouterWeights { router: w.router.clone(), ..RouterWeights::default() };
+        let layer = MoeLayer::with_experts(&ctx, cfg, &router, device(&placement), None).unwrap();
+        let x = Synth::new(1).uniform(3 * 32, 1.0);
+        let err = |host: &HostExperts<'_>| layer.forward_host_hybrid(&ctx, &x, host).unwrap_err().to_string();
+        let both = host_of(&[0, 1, 2], GemmOrder::Strict);
+        assert!(err(&both).contains("expert 0 is on both the device and the host"), "{}", err(&both));
+        let neither = host_of(&[1], GemmOrder::Strict);
+        assert!(
+            err(&neither).contains("expert 2 is on neither the device nor the host"),
+            "{}",
+            err(&neither)
+        );
+        let fast = host_of(&[1, 2], GemmOrder::Fast);
+        assert!(err(&fast).contains("the host experts run Fast order"), "{}", err(&fast));
+        let bounded =
+            MoeConfig { capacity: Capacity::Bounded { bound: 2, policy: OverflowPolicy::Drop }, ..cfg };
+        let bounded = MoeLayer::with_experts(&ctx, bounded, &router, device(&placement), None).unwrap();
+        let host = host_of(&[1, 2], GemmOrder::Strict);
+        let e = bounded.forward_host_hybrid(&ctx, &x, &host).unwrap_err().to_string();
+        assert!(e.contains("dropless"), "{e}");
+        // The good one runs; an empty batch is no work.
+        assert_eq!(layer.forward_host_hybrid(&ctx, &x, &host).unwrap().y.len(), x.len());
+        assert!(layer.forward_host_hybrid(&ctx, &[], &host).unwrap().y.is_empty());
     }
 }

@@ -36,7 +36,7 @@ fn fill_mapped(buffer: &wgpu::Buffer, bytes: &[u8]) {
 impl Context {
     /// A buffer of `bytes` bytes (rounded up to 4) with `usage`, checked against the device's
     /// limits before it is made and created inside an error scope.
-    fn buffer(
+    pub(crate) fn buffer(
         &self,
         label: &str,
         bytes: u64,
@@ -280,6 +280,38 @@ impl Context {
         let copied = bytes.max(4).next_multiple_of(4).min(buffer.size() - view.offset);
         encoder.copy_buffer_to_buffer(buffer, view.offset, &staging, 0, copied);
         self.submitted("readback copy", encoder, driver).await?;
+        self.mapped(&staging, len, None, driver).await
+    }
+
+    /// Submits `encoder` now and returns its index, for waits on it alone
+    /// ([`Self::mapped`]); what wgpu refuses is an `Err` naming `what`.
+    pub(crate) fn submit_indexed(
+        &self,
+        what: &str,
+        encoder: wgpu::CommandEncoder,
+    ) -> Result<wgpu::SubmissionIndex> {
+        self.check_alive()?;
+        self.checked(what, || self.queue().submit([encoder.finish()]))
+    }
+
+    /// The first `len` elements of the `MAP_READ` buffer `staging`, mapped once the device has
+    /// finished what was submitted to fill it (`after`, where given: a wait for that
+    /// submission alone, so later ones can go on running; else for every submission).
+    pub(crate) async fn mapped<T: Pod>(
+        &self,
+        staging: &wgpu::Buffer,
+        len: usize,
+        after: Option<wgpu::SubmissionIndex>,
+        driver: Driver,
+    ) -> Result<Vec<T>> {
+        let bytes = size::product("mapped read", &[len as u64, std::mem::size_of::<T>() as u64])?;
+        if bytes > staging.size() {
+            return Err(Error::shape(
+                "mapped read",
+                format!("{bytes} bytes"),
+                format!("a buffer of {}", staging.size()),
+            ));
+        }
         let slice = staging.slice(..);
         let signal = Signal::new();
         let mapped: Arc<Mutex<Option<std::result::Result<(), wgpu::BufferAsyncError>>>> = Arc::default();
@@ -290,7 +322,7 @@ impl Context {
                 fired.fire();
             })
         })?;
-        Until::new(self, signal, None, driver).await?;
+        Until::new(self, signal, after, driver).await?;
         self.check_alive()?;
         lock(&mapped)
             .take()

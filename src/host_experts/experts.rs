@@ -135,6 +135,21 @@ impl<'a> HostExperts<'a> {
         self.gate.bytes() + self.up.bytes() + self.down.bytes()
     }
 
+    /// The accumulation order of every dot product.
+    pub fn order(&self) -> GemmOrder {
+        self.order
+    }
+
+    /// The activation between the gate/up and down projections.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    /// Whether the projections add biases.
+    pub fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+
     /// Threads the FFN runs on.
     pub fn threads(&self) -> usize {
         self.pool.as_ref().map_or_else(rayon::current_num_threads, |p| p.current_num_threads())

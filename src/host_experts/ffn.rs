@@ -4,8 +4,8 @@
 //! gate and up over every row of an expert at once, each column's weights decoded once per
 //! chunk of K and multiplied into all its rows, then the activation; then down over the
 //! activations. Each output column's dot runs over K in the layer's order (`kernel.rs`), its
-//! bias one add after it, the activation `reference::gemm::epilogue`: the bits of
-//! `reference::gemm::ffn_row`.
+//! bias one add after it, the activation as `wgsl/gemm/epilogue.wgsl` computes it: the bits
+//! of `reference::gemm::ffn_row` (tests/gemm.rs).
 
 use std::ops::Range;
 
@@ -16,8 +16,7 @@ use super::experts::HostExperts;
 use super::kernel::{self, Lanes, R, ROWS};
 use super::projection::HostProjection;
 use crate::error::{Error, Result};
-use crate::kernels::gemm::{GemmOrder, StoredValues, WeightDtype};
-use crate::reference::gemm::epilogue;
+use crate::kernels::gemm::{Activation, GemmOrder, StoredValues, WeightDtype};
 
 /// Columns of K decoded into a tile at a time: a multiple of 128 (so FP8's groups and the
 /// 32-value blocks stay whole).
@@ -324,4 +323,18 @@ fn stored_f32_rows<'v>(
 /// experts, and [`HostExperts::run`] that each entry's expert is held).
 fn values<'p, 'a>(p: &'p HostProjection<'a>, e: u32) -> Result<&'p StoredValues<'a>> {
     p.values(e).ok_or_else(|| Error::invalid(format!("host memory holds no weights of expert {e}")))
+}
+
+/// The activation of a gate/up pair as the kernels' epilogue computes it
+/// (`wgsl/gemm/epilogue.wgsl`): SwiGLU `g / (1 + exp(-g)) · u`; gpt-oss's clamped SwiGLU
+/// `(u' + 1) · (g' / (1 + exp(-(alpha · g'))))` with `g' = min(g, limit)` and
+/// `u' = clamp(u, -limit, limit)`.
+fn epilogue(activation: Activation, g: f32, u: f32) -> f32 {
+    match activation {
+        Activation::ClampedSwiglu { alpha, limit } => {
+            let (gc, uc) = (g.min(limit), u.clamp(-limit, limit));
+            (uc + 1.0) * (gc / (1.0 + (-(alpha * gc)).exp()))
+        }
+        Activation::Swiglu => g / (1.0 + (-g).exp()) * u,
+    }
 }

@@ -16,8 +16,6 @@ mod experts;
 mod ffn;
 mod kernel;
 mod projection;
-#[cfg(test)]
-mod tests;
 
 pub use experts::{HostBias, HostExperts};
 pub use ffn::HostEntry;

@@ -81,6 +81,8 @@ pub struct ForwardPlan {
     pub(super) stages: Vec<(ForwardStage, Vec<Dispatch>)>,
     pub(super) indices: Region,
     pub(super) weights: Region,
+    /// `partial[max_tokens · k, H]`: each entry's expert output, read by the combine.
+    pub(super) partial: Region,
     pub(super) logits: Option<Region>,
     pub(super) layout: Option<DispatchLayout>,
     pub(super) buckets: Option<BucketLayout>,
@@ -112,6 +114,30 @@ impl ForwardPlan {
             }
         }
         Ok(())
+    }
+
+    /// Records the dispatches of `stages` of a forward of `tokens` tokens (checked by the
+    /// caller), in one compute pass, the count copied into [`Self::live_tokens`] first where
+    /// `stages` holds the sizing stage: [`Self::record`] cut at stage boundaries, for a forward
+    /// whose parts are submitted apart.
+    pub(super) fn record_stages(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        tokens: u32,
+        stages: &[ForwardStage],
+    ) {
+        if stages.contains(&ForwardStage::Size) {
+            encoder.copy_buffer_to_buffer(&self.counts, word_bytes(u64::from(tokens)), &self.live, 0, 4);
+        }
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("moeflow stages"),
+            timestamp_writes: None,
+        });
+        for d in self.stages.iter().filter(|(s, _)| stages.contains(s)).flat_map(|(_, ds)| ds) {
+            if let Some(grid) = d.grid_at(tokens) {
+                d.record_grid(&mut pass, grid);
+            }
+        }
     }
 
     /// Records a forward of the count in [`Self::live_tokens`] as the device holds it when the

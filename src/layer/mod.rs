@@ -9,11 +9,12 @@
 //! Files: `config.rs` (the configuration), `host.rs` (host weights), `moe_layer.rs` (the layer
 //! on the device), `io.rs` (a forward's tensors), `workspace.rs` (its scratch layout),
 //! `plan.rs` (planning a forward), `forward.rs` (the plan and its recording), `run.rs`
-//! (prepare and host forwards). This file is the face.
+//! (prepare and host forwards), `hybrid.rs` (forwards with experts on the host). This file is the face.
 
 mod config;
 mod forward;
 mod host;
+mod hybrid;
 mod io;
 mod moe_layer;
 mod plan;
@@ -23,6 +24,9 @@ mod workspace;
 pub use config::{Capacity, KernelChoice, MoeConfig};
 pub use forward::{ForwardPlan, ForwardStage};
 pub use host::{ExpertBiasValues, MoeWeights, RouterWeights};
+#[cfg(not(target_arch = "wasm32"))]
+pub use hybrid::HybridForward;
+pub use hybrid::HybridTimes;
 pub(crate) use io::CallerOutputs;
 pub use io::ForwardIo;
 pub use moe_layer::MoeLayer;

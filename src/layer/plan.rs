@@ -254,6 +254,7 @@ impl MoeLayer {
             stages,
             indices,
             weights,
+            partial,
             logits,
             layout,
             buckets,

@@ -456,7 +456,8 @@ async fn stream_ffn(
             })
         };
         let shape = [e, n as u32, k as u32];
-        ExpertWeights::stream_with(ctx, cfg.weight_dtype, shape, values, |_| {}, STREAM_CHUNK, driver).await
+        ExpertWeights::stream_with(ctx, cfg.weight_dtype, shape, None, values, |_| {}, STREAM_CHUNK, driver)
+            .await
     };
     let [a, b, c] = p.projections(shared);
     let ffn = ExpertFfn::new(upload(a).await?, upload(b).await?, upload(c).await?)?;

@@ -336,6 +336,7 @@ pub(super) async fn stream_ffn(
             ctx,
             dtype,
             [names.len() as u32, n as u32, k as u32],
+            None,
             |i| plan.f.stored(&names[i as usize], [n, k], scales[i as usize].as_ref()),
             |i| src.release(&plan.f.name(&names[i as usize])),
             STREAM_CHUNK,

@@ -199,6 +199,12 @@ impl ExpertFfn {
         self.bias.is_some()
     }
 
+    /// Whether the device holds expert `e` in all three projections (every expert, unless
+    /// the weights were placed: [`ExpertWeights::from_f32_placed`]).
+    pub fn holds(&self, e: u32) -> bool {
+        self.gate.holds(e) && self.up.holds(e) && self.down.holds(e)
+    }
+
     /// Runs these kernels (order and variants) instead of the adapter's default.
     ///
     /// # Errors

@@ -24,6 +24,7 @@ mod generate;
 mod pack;
 mod params;
 mod passes;
+mod placement;
 mod plan;
 mod policy;
 mod quantised;
@@ -45,6 +46,7 @@ pub use device_check::check_on_device_async;
 pub(crate) use device_check::check_on_device_with;
 pub use dtype::WeightDtype;
 pub use ffn::{Activation, ExpertBias, ExpertFfn};
+pub use placement::ExpertPlacement;
 pub use plan::{
     DECODE_MAX_TOKENS, DenseKernel, FfnBuffers, FfnPlan, FfnRouting, plan_dense, plan_dense_ffn, plan_ffn,
     plan_ffn_all_experts, uses_decode_path,

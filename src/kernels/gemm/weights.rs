@@ -11,6 +11,7 @@ use half::{bf16, f16};
 
 use super::chunk::{WeightChunk, chunking};
 use super::dtype::WeightDtype;
+use super::placement::ExpertPlacement;
 use super::quantised::{NarrowScales, QuantisedValues};
 use super::texture::TextureWeights;
 use crate::context::Context;
@@ -176,11 +177,13 @@ async fn flush_staged(
 const MAX_WEIGHT_BUFFERS: u64 = 1 << 16;
 
 impl ExpertWeights {
-    /// Checks `[experts, n, k]` as `dtype`; returns its chunks for this device's limits.
+    /// Checks `[experts, n, k]` as `dtype`; returns its chunks for this device's limits, of the
+    /// experts `placement` puts on the device (every expert without one).
     fn chunks_for(
         ctx: &Context,
         dtype: WeightDtype,
         shape: [u32; 3],
+        placement: Option<&ExpertPlacement>,
     ) -> Result<Vec<(Range<u32>, Range<u32>)>> {
         let [experts, n, k] = shape;
         if experts == 0 || n == 0 || k == 0 {
@@ -204,7 +207,20 @@ impl ExpertWeights {
                 "65,536 buffers of max_storage_buffer_binding_size",
             ));
         }
-        chunking(dtype, shape, limit)
+        let plan = chunking(dtype, shape, limit)?;
+        let Some(placement) = placement else {
+            return Ok(plan);
+        };
+        if placement.experts() != experts {
+            return Err(Error::invalid(format!(
+                "a placement of {} experts for expert weights of {experts}",
+                placement.experts()
+            )));
+        }
+        Ok(plan
+            .into_iter()
+            .flat_map(|(es, cs)| placement.device_runs(es).into_iter().map(move |run| (run, cs.clone())))
+            .collect())
     }
 
     /// `narrow_scales`: whether every MXFP4 block scale of the uploaded words is narrow.
@@ -231,6 +247,10 @@ impl ExpertWeights {
     /// The texture copy of these weights ([`texture`]), made on the device the first time it
     /// is asked for; None where it would be past the device's texture limits.
     pub(super) fn texture(&self, ctx: &Context) -> Result<Option<Arc<TextureWeights>>> {
+        if !(0..self.experts).all(|e| self.holds(e)) {
+            // Placed weights: a texture would hold rows for the host's experts too.
+            return Ok(None);
+        }
         let mut slot = lock(&self.texture);
         if let Some(made) = &*slot {
             return Ok(made.clone());
@@ -261,6 +281,37 @@ impl ExpertWeights {
         n: u32,
         k: u32,
     ) -> Result<Self> {
+        Self::upload_f32(ctx, data, dtype, [experts, n, k], None)
+    }
+
+    /// [`Self::from_f32`] of the experts `placement` puts on the device only (`data` holds
+    /// every expert; the host's are not read): the weights keep their shape `[experts, n, k]`,
+    /// the kernels skip the rows routed to experts the device does not hold
+    /// ([`Self::holds`]), and no texture copy is made of them (texture kernels run as their
+    /// window kernels, with the same bits).
+    ///
+    /// # Errors
+    /// As [`Self::from_f32`]; [`Error::InvalidArgument`] for a placement of another expert
+    /// count.
+    pub fn from_f32_placed(
+        ctx: &Context,
+        data: &[f32],
+        dtype: WeightDtype,
+        [experts, n, k]: [u32; 3],
+        placement: &ExpertPlacement,
+    ) -> Result<Self> {
+        Self::upload_f32(ctx, data, dtype, [experts, n, k], Some(placement))
+    }
+
+    /// [`Self::from_f32`] of the experts `placement` puts on the device (every expert without
+    /// one).
+    fn upload_f32(
+        ctx: &Context,
+        data: &[f32],
+        dtype: WeightDtype,
+        [experts, n, k]: [u32; 3],
+        placement: Option<&ExpertPlacement>,
+    ) -> Result<Self> {
         let elems = size::product(
             &format!("expert weights [{experts}, {n}, {k}]"),
             &[u64::from(experts), u64::from(n), u64::from(k)],
@@ -272,7 +323,7 @@ impl ExpertWeights {
                 data.len(),
             ));
         }
-        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k], placement)?;
         let (n64, k64) = (n as usize, k as usize);
         Self::upload_chunks(ctx, dtype, [experts, n, k], plan, |es, cs| {
             let mut values = Vec::new();
@@ -326,7 +377,7 @@ impl ExpertWeights {
         let dtype = values.dtype();
         // The lengths first: the chunk plan of a shape no data holds could be past memory.
         let words = values.device_words([experts as usize, n as usize, k as usize])?;
-        let plan = Self::chunks_for(ctx, dtype, [experts, n, k])?;
+        let plan = Self::chunks_for(ctx, dtype, [experts, n, k], None)?;
         let row = dtype.row_words(u64::from(k)) as usize;
         Self::upload_chunks(ctx, dtype, [experts, n, k], plan, |es, cs| {
             let mut chunk = Vec::with_capacity(es.len() * cs.len() * row);
@@ -366,6 +417,32 @@ impl ExpertWeights {
         Self::stream_in_chunks(ctx, dtype, shape, values, released, STREAM_CHUNK)
     }
 
+    /// [`Self::stream`] of the experts `placement` puts on the device only: `values` is asked
+    /// for those alone, and the weights are as [`Self::from_f32_placed`] describes.
+    ///
+    /// # Errors
+    /// As [`Self::stream`]; [`Error::InvalidArgument`] for a placement of another expert count.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn stream_placed<'a>(
+        ctx: &Context,
+        dtype: WeightDtype,
+        shape: [u32; 3],
+        placement: &ExpertPlacement,
+        values: impl FnMut(u32) -> Result<StoredValues<'a>>,
+        released: impl FnMut(u32),
+    ) -> Result<Self> {
+        pollster::block_on(Self::stream_with(
+            ctx,
+            dtype,
+            shape,
+            Some(placement),
+            values,
+            released,
+            STREAM_CHUNK,
+            Driver::Inline,
+        ))
+    }
+
     /// [`Self::stream`] without blocking the awaiting thread: each flush of the staging chunk
     /// is awaited (a thread of moeflow's polls the device and wakes the task).
     ///
@@ -378,7 +455,7 @@ impl ExpertWeights {
         values: impl FnMut(u32) -> Result<StoredValues<'a>>,
         released: impl FnMut(u32),
     ) -> Result<Self> {
-        Self::stream_with(ctx, dtype, shape, values, released, STREAM_CHUNK, Driver::Await).await
+        Self::stream_with(ctx, dtype, shape, None, values, released, STREAM_CHUNK, Driver::Await).await
     }
 
     /// [`ExpertWeights::stream`] with `staging` bytes of staging.
@@ -391,22 +468,33 @@ impl ExpertWeights {
         released: impl FnMut(u32),
         staging: usize,
     ) -> Result<Self> {
-        pollster::block_on(Self::stream_with(ctx, dtype, shape, values, released, staging, Driver::Inline))
+        pollster::block_on(Self::stream_with(
+            ctx,
+            dtype,
+            shape,
+            None,
+            values,
+            released,
+            staging,
+            Driver::Inline,
+        ))
     }
 
-    /// [`ExpertWeights::stream`] with `staging` bytes of staging, its flushes waited for as
-    /// `driver` says.
+    /// [`ExpertWeights::stream`] of the experts `placement` puts on the device (every expert
+    /// without one) with `staging` bytes of staging, its flushes waited for as `driver` says.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn stream_with<'a>(
         ctx: &Context,
         dtype: WeightDtype,
         shape: [u32; 3],
+        placement: Option<&ExpertPlacement>,
         mut values: impl FnMut(u32) -> Result<StoredValues<'a>>,
         mut released: impl FnMut(u32),
         staging: usize,
         driver: Driver,
     ) -> Result<Self> {
         let [_, n, k] = shape;
-        let plan = Self::chunks_for(ctx, dtype, shape)?;
+        let plan = Self::chunks_for(ctx, dtype, shape, placement)?;
         let mut pending: Vec<u8> = Vec::with_capacity(staging + 4);
         let mut narrow = NarrowScales::new(dtype, k);
         let mut chunks = Vec::with_capacity(plan.len());
@@ -497,6 +585,15 @@ impl ExpertWeights {
     pub fn dtype(&self) -> WeightDtype {
         self.dtype
     }
+
+    /// Whether the device holds expert `e` (every expert, unless the weights were placed:
+    /// [`Self::from_f32_placed`], [`Self::stream_placed`]).
+    pub fn holds(&self, e: u32) -> bool {
+        let cols: u64 =
+            self.chunks.iter().filter(|c| c.experts.contains(&e)).map(|c| c.cols.len() as u64).sum();
+        cols == u64::from(self.n)
+    }
+
     /// `[experts, n, k]`.
     pub fn shape(&self) -> [u32; 3] {
         [self.experts, self.n, self.k]

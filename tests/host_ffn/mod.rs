@@ -1,136 +1,31 @@
-//! The host experts against the CPU reference, bit for bit: every stored dtype, both orders,
-//! both activations with biases, adversarial inputs, sizes that are multiples of no block.
+//! The host experts (`moeflow::host_experts`, the CPU's expert FFN) against the CPU reference,
+//! bit for bit: every stored dtype, both orders, both activations with biases, adversarial
+//! inputs, sizes that are multiples of no block, any thread count; and bad placements.
 
-use half::{bf16, f16};
+use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{HostBias, HostEntry, HostExperts, HostProjection};
-use crate::bits::canonical;
-use crate::kernels::gemm::{Activation, GemmOrder, QuantisedValues, StoredValues, WeightDtype};
-use crate::quant;
-use crate::reference::gemm::{FfnBias, FfnWeights, ffn_row};
+use moeflow::bits::canonical;
+use moeflow::host_experts::{HostBias, HostEntry, HostExperts, HostProjection};
+use moeflow::kernels::gemm::{Activation, GemmOrder, QuantisedValues, StoredValues, WeightDtype};
+use moeflow::reference::gemm::{FfnBias, FfnWeights, ffn_row};
+use moeflow::synth::StoredExperts;
 
-const FP8_TILE: [usize; 2] = [128, 128];
-
-/// One projection `[e, n, k]` as a checkpoint would store it, and its decoded values.
-struct Stored {
-    dtype: WeightDtype,
-    shape: [usize; 3],
-    bytes: Vec<u8>,
-    scales: Vec<u8>,
-    fp8_scales: Vec<f32>,
-    decoded: Vec<f32>,
+/// The experts `held` of `stored` on the host.
+fn host<'a>(stored: &'a StoredExperts, held: &[u32]) -> HostProjection<'a> {
+    let mut p = HostProjection::new(stored.shape()).unwrap();
+    for &x in held {
+        p.hold(x, stored.expert(x)).unwrap();
+    }
+    p
 }
 
-impl Stored {
-    fn new(dtype: WeightDtype, values: &[f32], shape: [usize; 3]) -> Stored {
-        let [e, n, k] = shape;
-        let mut s = Stored {
-            dtype,
-            shape,
-            bytes: Vec::new(),
-            scales: Vec::new(),
-            fp8_scales: Vec::new(),
-            decoded: Vec::new(),
-        };
-        match dtype {
-            WeightDtype::F32 => s.bytes = bytemuck::cast_slice(values).to_vec(),
-            WeightDtype::F16 => {
-                s.bytes = values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect()
-            }
-            WeightDtype::Bf16 => {
-                s.bytes = values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect()
-            }
-            WeightDtype::Q8_0 => s.bytes = quant::q8_0_quantize(values).unwrap(),
-            WeightDtype::Q4_0 => s.bytes = quant::q4_0_quantize(values).unwrap(),
-            WeightDtype::Mxfp4 => (s.bytes, s.scales) = quant::mxfp4_quantize(values).unwrap(),
-            WeightDtype::Fp8 => {
-                for x in 0..e {
-                    let (w, sc) =
-                        quant::fp8_block_quantize(&values[x * n * k..(x + 1) * n * k], [n, k], FP8_TILE)
-                            .unwrap();
-                    s.bytes.extend(w);
-                    s.fp8_scales.extend(sc);
-                }
-            }
-        }
-        s.decode();
-        s
-    }
-
-    fn decode(&mut self) {
-        let [e, n, k] = self.shape;
-        self.decoded = (0..e as u32)
-            .flat_map(|x| match self.expert(x) {
-                StoredValues::Quantised(q) => q.dequantise([1, n, k]).unwrap(),
-                StoredValues::Float { dtype, bytes } => match dtype {
-                    WeightDtype::F32 => bytemuck::pod_collect_to_vec(bytes),
-                    WeightDtype::F16 => {
-                        bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-                    }
-                    _ => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-                },
-            })
-            .collect();
-    }
-
-    fn expert(&self, x: u32) -> StoredValues<'_> {
-        let [_, n, k] = self.shape;
-        let x = x as usize;
-        let blocks = n * k / 32;
-        fn part(v: &[u8], x: usize, per: usize) -> &[u8] {
-            &v[x * per..(x + 1) * per]
-        }
-        match self.dtype {
-            WeightDtype::F32 => {
-                StoredValues::Float { dtype: self.dtype, bytes: part(&self.bytes, x, n * k * 4) }
-            }
-            WeightDtype::F16 | WeightDtype::Bf16 => {
-                StoredValues::Float { dtype: self.dtype, bytes: part(&self.bytes, x, n * k * 2) }
-            }
-            WeightDtype::Q8_0 => {
-                StoredValues::Quantised(QuantisedValues::Q8_0(part(&self.bytes, x, blocks * 34)))
-            }
-            WeightDtype::Q4_0 => {
-                StoredValues::Quantised(QuantisedValues::Q4_0(part(&self.bytes, x, blocks * 18)))
-            }
-            WeightDtype::Mxfp4 => StoredValues::Quantised(QuantisedValues::Mxfp4 {
-                codes: part(&self.bytes, x, blocks * 16),
-                scales: part(&self.scales, x, blocks),
-            }),
-            WeightDtype::Fp8 => {
-                let tiles = n.div_ceil(FP8_TILE[0]) * k.div_ceil(FP8_TILE[1]);
-                StoredValues::Quantised(QuantisedValues::Fp8 {
-                    weight: part(&self.bytes, x, n * k),
-                    scale_inv: &self.fp8_scales[x * tiles..(x + 1) * tiles],
-                    block: FP8_TILE,
-                })
-            }
-        }
-    }
-
-    /// The experts `held` of this projection on the host.
-    fn host(&self, held: &[u32]) -> HostProjection<'_> {
-        let [e, n, k] = self.shape;
-        let mut p = HostProjection::new([e as u32, n as u32, k as u32]).unwrap();
-        for &x in held {
-            p.hold(x, self.expert(x)).unwrap();
-        }
-        p
-    }
-
-    /// Makes block `b`'s scale infinite (Q8_0, Q4_0) or NaN (MXFP4): its values are ±inf or
-    /// NaN in the decoded weights too.
-    fn poison_block(&mut self, b: usize) {
-        match self.dtype {
-            WeightDtype::Q8_0 => self.bytes[b * 34..b * 34 + 2].copy_from_slice(&f16::INFINITY.to_le_bytes()),
-            WeightDtype::Q4_0 => self.bytes[b * 18..b * 18 + 2].copy_from_slice(&f16::INFINITY.to_le_bytes()),
-            WeightDtype::Mxfp4 => self.scales[b] = 255,
-            _ => return,
-        }
-        self.decode();
-    }
+/// Makes block `b`'s scale infinite (Q8_0, Q4_0) or NaN (MXFP4): its values are ±inf or NaN
+/// in the decoded weights too.
+fn poison_block(stored: &mut StoredExperts, b: usize) {
+    let bits = if stored.dtype() == WeightDtype::Mxfp4 { 255 } else { f16::INFINITY.to_bits() };
+    stored.set_block_scale(b, bits).unwrap();
 }
 
 fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -169,15 +64,16 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
         gate_v[at + h + 1] = f32::INFINITY;
         gate_v[at + 2 * h] = -0.0;
     }
-    let mut gate = Stored::new(case.dtype, &gate_v, [e, f, h]);
-    let up = Stored::new(case.dtype, &random(&mut rng, e * f * h, 0.5), [e, f, h]);
-    let down = Stored::new(case.dtype, &random(&mut rng, e * h * f, 0.5), [e, h, f]);
+    let mut gate = StoredExperts::new(case.dtype, &gate_v, [e, f, h]).unwrap();
+    let up = StoredExperts::new(case.dtype, &random(&mut rng, e * f * h, 0.5), [e, f, h]).unwrap();
+    let down = StoredExperts::new(case.dtype, &random(&mut rng, e * h * f, 0.5), [e, h, f]).unwrap();
     // Expert 2's third column block: infinite or NaN values.
-    gate.poison_block(2 * f * h / 32 + 3);
+    poison_block(&mut gate, 2 * f * h / 32 + 3);
     let biases = [random(&mut rng, e * f, 0.1), random(&mut rng, e * f, 0.1), random(&mut rng, e * h, 0.1)];
     let held = [0u32, 2, 3, 5];
     let mut host =
-        HostExperts::new(gate.host(&held), up.host(&held), down.host(&held), order, activation).unwrap();
+        HostExperts::new(host(&gate, &held), host(&up, &held), host(&down, &held), order, activation)
+            .unwrap();
     if biased {
         host = host.with_bias(HostBias { gate: &biases[0], up: &biases[1], down: &biases[2] }).unwrap();
     }
@@ -192,9 +88,9 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
     let mut out = vec![0.0f32; entries.len() * h];
     host.run(&x, &entries, &mut out).unwrap();
     let w = FfnWeights {
-        gate: &gate.decoded,
-        up: &up.decoded,
-        down: &down.decoded,
+        gate: gate.decoded(),
+        up: up.decoded(),
+        down: down.decoded(),
         hidden: h,
         ffn: f,
         order,
@@ -248,14 +144,15 @@ fn host_experts_give_the_same_bits_on_any_thread_count() {
 fn host_experts_refuse_bad_placements_and_entries() {
     let (e, f, h) = (4usize, 32usize, 64usize);
     let v = vec![0.25f32; e * f * h];
-    let stored = Stored::new(WeightDtype::Q8_0, &v, [e, f, h]);
+    let stored = StoredExperts::new(WeightDtype::Q8_0, &v, [e, f, h]).unwrap();
     let mut p = HostProjection::new([e as u32, f as u32, h as u32]).unwrap();
     let err = p.hold(4, stored.expert(0)).unwrap_err().to_string();
     assert!(err.contains("expert 4 is out of range"), "{err}");
     p.hold(1, stored.expert(1)).unwrap();
     let err = p.hold(1, stored.expert(1)).unwrap_err().to_string();
     assert!(err.contains("expert 1 is placed on the host twice"), "{err}");
-    let short = StoredValues::Quantised(QuantisedValues::Q8_0(&stored.bytes[..34]));
+    let StoredValues::Quantised(QuantisedValues::Q8_0(bytes)) = stored.expert(0) else { unreachable!() };
+    let short = StoredValues::Quantised(QuantisedValues::Q8_0(&bytes[..34]));
     assert!(p.hold(2, short).is_err(), "a short expert is refused");
     let f32_bytes = bytemuck::cast_slice::<f32, u8>(&v[..f * h]);
     let err =
@@ -263,13 +160,13 @@ fn host_experts_refuse_bad_placements_and_entries() {
     assert!(err.contains("the experts held before are Q8_0"), "{err}");
     assert!(HostProjection::new([0, 1, 1]).is_err());
 
-    let gate = stored.host(&[1, 2]);
-    let up = stored.host(&[1, 2]);
-    let down_stored = Stored::new(WeightDtype::Q8_0, &vec![0.5f32; e * h * f], [e, h, f]);
+    let gate = host(&stored, &[1, 2]);
+    let up = host(&stored, &[1, 2]);
+    let down_stored = StoredExperts::new(WeightDtype::Q8_0, &vec![0.5f32; e * h * f], [e, h, f]).unwrap();
     let err = HostExperts::new(
         gate.clone(),
         up.clone(),
-        down_stored.host(&[1]),
+        host(&down_stored, &[1]),
         GemmOrder::Strict,
         Activation::Swiglu,
     )
@@ -279,15 +176,15 @@ fn host_experts_refuse_bad_placements_and_entries() {
     let err = HostExperts::new(
         gate.clone(),
         up.clone(),
-        stored.host(&[1, 2]),
+        host(&stored, &[1, 2]),
         GemmOrder::Strict,
         Activation::Swiglu,
     )
     .unwrap_err()
     .to_string();
     assert!(err.contains("down projection"), "a down of the gate's shape is refused: {err}");
-    let host =
-        HostExperts::new(gate, up, down_stored.host(&[1, 2]), GemmOrder::Strict, Activation::Swiglu).unwrap();
+    let host = HostExperts::new(gate, up, host(&down_stored, &[1, 2]), GemmOrder::Strict, Activation::Swiglu)
+        .unwrap();
     assert_eq!(host.experts(), vec![1, 2]);
     assert_eq!(host.bytes(), 2 * 3 * (f * h / 32 * 34) as u64);
     let x = vec![0.5f32; 2 * h];
