@@ -9,6 +9,11 @@
 //! `blk.N.` layer) on `x` and writes `output`, `topk_indices`, `topk_weights` and
 //! `expert_counts`.
 //!
+//! `--cpu-moe` keeps every routed expert of the synthetic layer in host memory and computes
+//! them on the CPU (`--host-experts 0,5,17` a chosen set), as llama.cpp's `--cpu-moe` and
+//! `-ot`; it prints the device and host bytes of the layer's weights and the hybrid forward's
+//! times.
+//!
 //! `cargo run --release --example moe_layer -- --help` lists every option.
 
 use std::path::{Path, PathBuf};
@@ -17,13 +22,14 @@ use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use moeflow::bench::Sampler;
+use moeflow::host_experts::{HostExperts, HostProjection};
 use moeflow::kernels::combine::CombineMode;
-use moeflow::kernels::gemm::WeightDtype;
+use moeflow::kernels::gemm::{ExpertFfn, ExpertPlacement, ExpertWeights, WeightDtype};
 use moeflow::kernels::routing::GroupLimit;
 use moeflow::kernels::routing::RouteMode;
-use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights};
+use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 use moeflow::reference::layer as reference;
-use moeflow::synth::Synth;
+use moeflow::synth::{StoredExperts, Synth};
 use moeflow::weights::gguf::GgufFile;
 use moeflow::weights::{
     Checkpoint, Family, LoadOptions, OutTensor, RoutingFlags, UploadedLayer, check_output_path,
@@ -139,6 +145,17 @@ struct Args {
     /// Synthetic model: seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Every routed expert in host memory, computed on the CPU (llama.cpp's `--cpu-moe`);
+    /// router, grouping, shared expert and combine stay on the device.
+    #[arg(long, conflicts_with = "host_experts")]
+    cpu_moe: bool,
+    /// These routed experts in host memory, computed on the CPU (as llama.cpp's `-ot`), the
+    /// rest on the device: `--host-experts 0,5,17`.
+    #[arg(long, value_delimiter = ',')]
+    host_experts: Vec<u32>,
+    /// Threads of the host experts (one per core when not given).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -233,6 +250,12 @@ fn run(args: &Args) -> Result<bool> {
 }
 
 fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
+    if args.cpu_moe || !args.host_experts.is_empty() {
+        return Err(Error::invalid(
+            "--cpu-moe and --host-experts run the synthetic model; a weights file's experts are \
+             placed through the library (ExpertWeights::stream_placed and HostProjection)",
+        ));
+    }
     let (input, output) = match (&args.input, &args.output) {
         (Some(i), Some(o)) => (i, o),
         _ => return Err(Error::invalid("--weights needs --input and --output")),
@@ -403,18 +426,148 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
     let mut synth = Synth::new(args.seed);
     let w: MoeWeights = synth.moe_weights(&cfg);
     let x = synth.uniform(max * h, 1.0);
-    let layer = MoeLayer::new(ctx, cfg, &w)?;
     let xb = ctx.upload("x", &x)?;
     let yb = ctx.zeroed("y", (max * h) as u64 * 4)?;
     let mut pass = true;
+    let placement = match (args.cpu_moe, args.host_experts.as_slice()) {
+        (true, _) => Some(ExpertPlacement::all_on_host(cfg.route.experts)),
+        (false, []) => None,
+        (false, some) => Some(ExpertPlacement::with_host(cfg.route.experts, some)?),
+    };
+    let Some(placement) = placement else {
+        let layer = MoeLayer::new(ctx, cfg, &w)?;
+        for &tokens in &args.tokens {
+            if args.tokens.len() > 1 {
+                println!("M={tokens}:");
+            }
+            pass &= run_tokens(ctx, &layer, &cfg, &w, &x, (&xb, &yb), tokens)?;
+        }
+        println!("result: {}", if pass { "PASS" } else { "FAIL" });
+        return Ok(pass);
+    };
+    let (e, f) = (cfg.route.experts as usize, cfg.ffn as usize);
+    let stored = [
+        StoredExperts::new(cfg.weight_dtype, &w.gate, [e, f, h])?,
+        StoredExperts::new(cfg.weight_dtype, &w.up, [e, f, h])?,
+        StoredExperts::new(cfg.weight_dtype, &w.down, [e, h, f])?,
+    ];
+    let (layer, host) = hybrid_layer(ctx, &cfg, &w, &stored, &placement, args.threads)?;
+    let device_bytes: u64 =
+        [&layer.experts().gate, &layer.experts().up, &layer.experts().down].iter().map(|p| p.bytes()).sum();
+    println!(
+        "routed expert weights: {} of {} experts on the host, {:.1} MiB in host memory ({} threads, {}); \
+         {:.1} MiB on the device",
+        placement.host_experts().len(),
+        cfg.route.experts,
+        host.bytes() as f64 / (1 << 20) as f64,
+        host.threads(),
+        HostExperts::simd(),
+        device_bytes as f64 / (1 << 20) as f64,
+    );
     for &tokens in &args.tokens {
         if args.tokens.len() > 1 {
             println!("M={tokens}:");
         }
-        pass &= run_tokens(ctx, &layer, &cfg, &w, &x, (&xb, &yb), tokens)?;
+        pass &= run_hybrid_tokens(ctx, &layer, &host, &cfg, &w, &x, (&xb, &yb), tokens)?;
     }
     println!("result: {}", if pass { "PASS" } else { "FAIL" });
     Ok(pass)
+}
+
+/// The synthetic layer with the experts `placement` puts on the host kept there, in their
+/// stored form `stored` (gate, up, down), and the others uploaded from it.
+fn hybrid_layer<'s>(
+    ctx: &Context,
+    cfg: &MoeConfig,
+    w: &MoeWeights,
+    stored: &'s [StoredExperts; 3],
+    placement: &ExpertPlacement,
+    threads: Option<usize>,
+) -> Result<(MoeLayer, HostExperts<'s>)> {
+    let dt = cfg.weight_dtype;
+    let device = |s: &StoredExperts| {
+        ExpertWeights::stream_placed(ctx, dt, s.shape(), placement, |x| Ok(s.expert(x)), |_| {})
+    };
+    let experts = ExpertFfn::new(device(&stored[0])?, device(&stored[1])?, device(&stored[2])?)?;
+    let h = cfg.route.hidden;
+    let shared = match (&w.shared, cfg.shared_ffn) {
+        (Some((g, u, d)), Some(fs)) => {
+            let ew = |v: &[f32], n, k| ExpertWeights::from_f32(ctx, v, dt, 1, n, k);
+            Some(ExpertFfn::new(ew(g, fs, h)?, ew(u, fs, h)?, ew(d, h, fs)?)?)
+        }
+        _ => None,
+    };
+    let router = RouterWeights {
+        router: w.router.clone(),
+        bias: w.bias.clone(),
+        shared_gate: w.shared_gate.clone(),
+        router_bias: w.router_bias.clone(),
+    };
+    let layer = MoeLayer::with_experts(ctx, *cfg, &router, experts, shared)?;
+    let held = placement.host_experts();
+    let project = |s: &'s StoredExperts| -> Result<HostProjection<'s>> {
+        let mut p = HostProjection::new(s.shape())?;
+        for &x in &held {
+            p.hold(x, s.expert(x))?;
+        }
+        Ok(p)
+    };
+    let mut host = HostExperts::new(
+        project(&stored[0])?,
+        project(&stored[1])?,
+        project(&stored[2])?,
+        cfg.gemm_order,
+        cfg.activation,
+    )?;
+    if let Some(t) = threads {
+        host = host.with_threads(t)?;
+    }
+    Ok((layer, host))
+}
+
+/// As [`run_tokens`] for a layer with experts on the host: the hybrid forward's times (host
+/// wall clock: route and read-back, the host's FFN, the wait for the device's experts after
+/// it, and the whole forward to the combine's end), then the same check.
+#[allow(clippy::too_many_arguments)]
+fn run_hybrid_tokens(
+    ctx: &Context,
+    layer: &MoeLayer,
+    host: &HostExperts<'_>,
+    cfg: &MoeConfig,
+    w: &MoeWeights,
+    x: &[f32],
+    (xb, yb): (&wgpu::Buffer, &wgpu::Buffer),
+    tokens: u32,
+) -> Result<bool> {
+    let (m, h) = (tokens as usize, cfg.route.hidden as usize);
+    let forward = layer.plan_hybrid(ctx, layer.io(xb, yb, tokens)?, host)?;
+    forward.run(ctx, tokens)?; // warm-up
+    ctx.submit_and_wait(ctx.encoder("warm-up end"))?;
+    let start = Instant::now();
+    let times = forward.run(ctx, tokens)?;
+    ctx.submit_and_wait(ctx.encoder("forward end"))?;
+    let wall = start.elapsed().as_secs_f64();
+    println!("hybrid forward (host wall clock; the device's experts run while the host computes):");
+    println!("  routed    {:>10.3} ms  (route stage and the read-back of indices and x)", times.routed * 1e3);
+    println!("  host      {:>10.3} ms  ({} rows on the host's experts)", times.host * 1e3, times.host_rows);
+    println!(
+        "  dev wait  {:>10.3} ms  (device experts and shared expert after the host's)",
+        times.device_wait * 1e3
+    );
+    println!("  host wall {:>10.3} ms (to the combine's end); {:.0} tokens/s", wall * 1e3, m as f64 / wall);
+    let y: Vec<f32> = ctx.read_back(yb, m * h)?;
+    let idx: Vec<u32> = ctx.read_back(forward.plan().indices(), m * cfg.route.k as usize)?;
+    let a = reference::agreement(cfg, w, x, &y, &idx, m)?;
+    println!("check against the CPU reference on {} tokens:", a.tokens);
+    println!("  routing equal   {}/{}", a.routing_equal, a.tokens);
+    println!(
+        "  outputs within 2e-5 + 2e-5*|row scale|: {} (worst {:.3} of the bound; {}/{} bit-equal)",
+        a.within(),
+        a.worst_of_bound,
+        a.bit_equal,
+        a.values
+    );
+    Ok(a.passes())
 }
 
 /// Counts joined by commas, as `--tokens` takes them.

@@ -586,6 +586,12 @@ impl ExpertWeights {
         self.dtype
     }
 
+    /// Bytes of device memory the weights take, packed (the texture copy, where made, not
+    /// counted).
+    pub fn bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.bytes).sum()
+    }
+
     /// Whether the device holds expert `e` (every expert, unless the weights were placed:
     /// [`Self::from_f32_placed`], [`Self::stream_placed`]).
     pub fn holds(&self, e: u32) -> bool {
