@@ -1,0 +1,32 @@
+#!/bin/bash
+# The host expert stage (benches/host_experts.rs, moeflow's CPU FFN) against ggml's CPU
+# MUL_MAT_ID at Qwen3-30B-A3B's expert shape (E=128, k=8, H=2048, F=768), per weight type at
+# M = 1 and 8: each program its own process, A B B A per type, ROUNDS times. ggml's figure is
+# its fused gate/up case (m = 1536, k = 2048) plus its down case (m = 2048, k = 768), its
+# us/run; moeflow's is the whole FFN (gate, up, activation, down) per run, median of its
+# timed runs. Writes the raw lines (JSON from moeflow, ggml's lines as printed) to stdout.
+#   GGML=/path/to/test-backend-ops tools/host_abba.sh > log
+# ggml: built from ggml-org/ggml d99724f2 with ../shared/peers/bin/ggml-perf-cases-v2.patch,
+# -DGGML_NATIVE=ON -DGGML_VULKAN=OFF, Release; its CPU backend runs hardware_concurrency threads.
+set -euo pipefail
+GGML=${GGML:?set GGML to a test-backend-ops built with the moeflow perf cases}
+ROUNDS=${ROUNDS:-2}
+TYPES=${TYPES:-"f32 f16 q8_0 q4_0 mxfp4"}
+ITERS=${ITERS:-20}
+cd "$(dirname "$0")/.."
+cargo bench --bench host_experts --no-run >/dev/null 2>&1
+BENCH=$(ls -t target/release/deps/host_experts-* | grep -v '\.d$' | head -1)
+echo "# moeflow $(git rev-parse --short HEAD); bench $BENCH; ggml $GGML; $(nproc) cores"
+echo "# $(grep -m1 'model name' /proc/cpuinfo)"
+for round in $(seq 1 "$ROUNDS"); do
+    for type in $TYPES; do
+        for who in A B B A; do
+            if [ "$who" = A ]; then
+                echo "round $round $type A $("$BENCH" --dtypes "$type" --tokens 1,8 --iters "$ITERS" | tr '\n' ' ')"
+            else
+                "$GGML" perf -o MUL_MAT_ID -b CPU -p "type_a=$type,.*n_mats=128,n_used=8,b=0,m=(1536|2048),n=(1|8),k=" 2>&1 |
+                    sed 's/\x1b\[[0-9;]*m//g' | grep 'MUL_MAT_ID(' | sed "s/^ */round $round $type B /"
+            fi
+        done
+    done
+done

@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""Summarises tools/host_abba.sh's log: per weight type and token count, moeflow's host expert
+stage (median of each run's median) against ggml's CPU MUL_MAT_ID (gate/up case + down case,
+summed per run, median over runs), the ratio and both ranges.  python3 tools/host_abba_summary.py LOG"""
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+ours = defaultdict(list)
+ggml = defaultdict(lambda: defaultdict(dict))
+runs = defaultdict(int)
+for line in open(sys.argv[1]):
+    parts = line.split(" ", 4)
+    if len(parts) < 5 or parts[0] != "round":
+        continue
+    rnd, dtype, who, rest = parts[1], parts[2], parts[3], parts[4]
+    if who == "A":
+        for blob in re.findall(r"\{[^}]*\}", rest):
+            d = json.loads(blob)
+            ours[(dtype, d["tokens"])].append(d["median_ms"])
+    else:
+        m = re.search(r"m=(\d+),n=(\d+),k=(\d+)\).*?([\d.]+) us/run", rest)
+        if m:
+            key = (dtype, int(m.group(2)))
+            if m.group(1) == "1536":
+                runs[(rnd, dtype, key)] += 1
+            run = runs[(rnd, dtype, key)]
+            ggml[key][(rnd, run)][m.group(1)] = float(m.group(4)) / 1000
+print(f"{'type':<6} {'M':>2} {'moeflow ms (range)':>24} {'ggml ms (range)':>24} {'moeflow/ggml':>12}")
+for key in sorted(ours):
+    a = ours[key]
+    b = [v["1536"] + v["2048"] for v in ggml[key].values() if "1536" in v and "2048" in v]
+    if not b:
+        continue
+    ma, mb = statistics.median(a), statistics.median(b)
+    print(f"{key[0]:<6} {key[1]:>2} {ma:>9.2f} ({min(a):.2f}-{max(a):.2f}) {mb:>9.2f} ({min(b):.2f}-{max(b):.2f}) {ma / mb:>12.2f}")
