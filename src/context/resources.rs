@@ -285,6 +285,7 @@ impl Context {
 
     /// Submits `encoder` now and returns its index, for waits on it alone
     /// ([`Self::mapped`]); what wgpu refuses is an `Err` naming `what`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn submit_indexed(
         &self,
         what: &str,

@@ -81,7 +81,9 @@ pub struct ForwardPlan {
     pub(super) stages: Vec<(ForwardStage, Vec<Dispatch>)>,
     pub(super) indices: Region,
     pub(super) weights: Region,
-    /// `partial[max_tokens · k, H]`: each entry's expert output, read by the combine.
+    /// `partial[max_tokens · k, H]`: each entry's expert output, read by the combine (a hybrid
+    /// forward copies the host's rows into it).
+    #[cfg(not(target_arch = "wasm32"))]
     pub(super) partial: Region,
     pub(super) logits: Option<Region>,
     pub(super) layout: Option<DispatchLayout>,
@@ -120,6 +122,7 @@ impl ForwardPlan {
     /// caller), in one compute pass, the count copied into [`Self::live_tokens`] first where
     /// `stages` holds the sizing stage: [`Self::record`] cut at stage boundaries, for a forward
     /// whose parts are submitted apart.
+    #[cfg(not(target_arch = "wasm32"))]
     pub(super) fn record_stages(
         &self,
         encoder: &mut wgpu::CommandEncoder,

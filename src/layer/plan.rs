@@ -254,6 +254,7 @@ impl MoeLayer {
             stages,
             indices,
             weights,
+            #[cfg(not(target_arch = "wasm32"))]
             partial,
             logits,
             layout,
