@@ -27,7 +27,7 @@ use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::gemm::{ExpertFfn, ExpertPlacement, ExpertWeights, WeightDtype};
 use moeflow::kernels::routing::GroupLimit;
 use moeflow::kernels::routing::RouteMode;
-use moeflow::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
+use moeflow::layer::{ForwardPlan, MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::{StoredExperts, Synth};
 use moeflow::weights::gguf::GgufFile;
@@ -539,7 +539,7 @@ fn run_hybrid_tokens(
     (xb, yb): (&wgpu::Buffer, &wgpu::Buffer),
     tokens: u32,
 ) -> Result<bool> {
-    let (m, h) = (tokens as usize, cfg.route.hidden as usize);
+    let m = tokens as usize;
     let forward = layer.plan_hybrid(ctx, layer.io(xb, yb, tokens)?, host)?;
     forward.run(ctx, tokens)?; // warm-up
     ctx.submit_and_wait(ctx.encoder("warm-up end"))?;
@@ -555,8 +555,22 @@ fn run_hybrid_tokens(
         times.device_wait * 1e3
     );
     println!("  host wall {:>10.3} ms (to the combine's end); {:.0} tokens/s", wall * 1e3, m as f64 / wall);
-    let y: Vec<f32> = ctx.read_back(yb, m * h)?;
-    let idx: Vec<u32> = ctx.read_back(forward.plan().indices(), m * cfg.route.k as usize)?;
+    check(ctx, cfg, w, x, yb, forward.plan(), m)
+}
+
+/// Reads back y and the routing of the first `m` tokens and prints their check against the CPU
+/// reference; whether it passed.
+fn check(
+    ctx: &Context,
+    cfg: &MoeConfig,
+    w: &MoeWeights,
+    x: &[f32],
+    yb: &wgpu::Buffer,
+    plan: &ForwardPlan,
+    m: usize,
+) -> Result<bool> {
+    let y: Vec<f32> = ctx.read_back(yb, m * cfg.route.hidden as usize)?;
+    let idx: Vec<u32> = ctx.read_back(plan.indices(), m * cfg.route.k as usize)?;
     let a = reference::agreement(cfg, w, x, &y, &idx, m)?;
     println!("check against the CPU reference on {} tokens:", a.tokens);
     println!("  routing equal   {}/{}", a.routing_equal, a.tokens);
@@ -622,19 +636,7 @@ fn run_tokens(
     println!("  host wall {:>10.3} ms (submit to completion); {:.0} tokens/s", wall * 1e3, m as f64 / wall);
 
     // Check a sample of tokens against the CPU reference.
-    let y: Vec<f32> = ctx.read_back(yb, m * h)?;
-    let idx: Vec<u32> = ctx.read_back(plan.indices(), m * cfg.route.k as usize)?;
-    let a = reference::agreement(cfg, w, x, &y, &idx, m)?;
-    println!("check against the CPU reference on {} tokens:", a.tokens);
-    println!("  routing equal   {}/{}", a.routing_equal, a.tokens);
-    println!(
-        "  outputs within 2e-5 + 2e-5*|row scale|: {} (worst {:.3} of the bound; {}/{} bit-equal)",
-        a.within(),
-        a.worst_of_bound,
-        a.bit_equal,
-        a.values
-    );
-    let pass = a.passes();
+    let pass = check(ctx, cfg, w, x, yb, &plan, m)?;
 
     let load = plan.load(ctx, cfg.route.experts)?;
     println!("expert load (rows per expert; mean {:.1}, max/mean {:.2}):", load.mean, load.imbalance);

@@ -133,7 +133,7 @@ fn async_waits_on(adapter: &wgpu::Adapter) {
 /// file with Q8_0 experts): the first poll is pending, and the layer gives the blocking load's
 /// bits.
 fn uploads_awaited(ctx: &Context) {
-    use moeflow::weights::gguf::{GgmlType, Gguf, GgufValue, GgufWriter};
+    use moeflow::weights::gguf::{GgmlType, Gguf};
     use moeflow::weights::{
         Checkpoint, LoadOptions, upload_checkpoint_layer, upload_checkpoint_layer_async, upload_gguf_layer,
         upload_gguf_layer_async,
@@ -162,20 +162,12 @@ fn uploads_awaited(ctx: &Context) {
         moeflow::quant::q8_0_quantize(&moeflow::synth::Synth::new(n).uniform((h * f * e) as usize, 1.0))
             .unwrap()
     };
-    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let router = moeflow::synth::Synth::new(54).uniform((h * e) as usize, 1.0);
-    let file = GgufWriter::default()
-        .metadata("general.architecture", GgufValue::Str("qwen2moe".into()))
-        .metadata("qwen2moe.block_count", GgufValue::U32(1))
-        .metadata("qwen2moe.embedding_length", GgufValue::U32(h as u32))
-        .metadata("qwen2moe.expert_count", GgufValue::U32(e as u32))
-        .metadata("qwen2moe.expert_used_count", GgufValue::U32(2))
-        .metadata("qwen2moe.expert_feed_forward_length", GgufValue::U32(f as u32))
-        .tensor("blk.0.ffn_gate_inp.weight", &[h, e], GgmlType::F32, f32_bytes(&router))
-        .tensor("blk.0.ffn_gate_exps.weight", &[h, f, e], GgmlType::Q8_0, q8(55))
-        .tensor("blk.0.ffn_up_exps.weight", &[h, f, e], GgmlType::Q8_0, q8(56))
-        .tensor("blk.0.ffn_down_exps.weight", &[f, h, e], GgmlType::Q8_0, q8(57))
-        .to_bytes();
+    let file = common::qwen2moe_gguf(
+        [h, f, e, 2],
+        &router,
+        [(GgmlType::Q8_0, q8(55)), (GgmlType::Q8_0, q8(56)), (GgmlType::Q8_0, q8(57))],
+    );
     let g = Gguf::parse(&file, "layer.gguf").unwrap();
     let opts = LoadOptions::default();
     let want = upload_gguf_layer(ctx, &g, &opts, |c| c).unwrap().layer;

@@ -624,3 +624,57 @@ fn hybrid_plans_refuse_mismatched_host_experts() {
         assert!(layer.forward_host_hybrid(&ctx, &[], &host).unwrap().y.is_empty());
     }
 }
+
+/// A GGUF layer (Q8_0 experts, f16 experts) with routed experts left in the file on the host
+/// (every one, and a set): the layer the plain load uploads gives the same indices and its
+/// outputs; the host holds exactly the placed experts, in the file's bytes; an MXFP4-typed
+/// request or a placement of another size is an `Err`.
+#[cfg(feature = "checkpoint")]
+#[test]
+fn gguf_experts_left_on_the_host_give_the_uploaded_layers_outputs() {
+    use moeflow::weights::gguf::{GgmlType, Gguf};
+    use moeflow::weights::{LoadOptions, upload_gguf_layer, upload_gguf_layer_placed};
+    let (h, f, e) = (64u64, 32u64, 6u64);
+    let router = Synth::new(60).uniform((h * e) as usize, 1.0);
+    let experts = |seed: u64, ty: GgmlType| {
+        let v = Synth::new(seed).uniform((h * f * e) as usize, 1.0);
+        let bytes = match ty {
+            GgmlType::Q8_0 => moeflow::quant::q8_0_quantize(&v).unwrap(),
+            _ => v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
+        };
+        (ty, bytes)
+    };
+    for ty in [GgmlType::Q8_0, GgmlType::F16] {
+        let file =
+            common::qwen2moe_gguf([h, f, e, 2], &router, [experts(61, ty), experts(62, ty), experts(63, ty)]);
+        let g = Gguf::parse(&file, "layer.gguf").unwrap();
+        let opts = LoadOptions::default();
+        for ctx in contexts() {
+            let want = upload_gguf_layer(&ctx, &g, &opts, |c| c).unwrap().layer;
+            let x = Synth::new(64).uniform(9 * h as usize, 1.0);
+            let want = want.forward_host(&ctx, &x).unwrap();
+            for placement in [
+                ExpertPlacement::all_on_host(e as u32),
+                ExpertPlacement::with_host(e as u32, &[1, 4]).unwrap(),
+            ] {
+                let placed = upload_gguf_layer_placed(&ctx, &g, &opts, &placement, |c| c).unwrap();
+                assert_eq!(placed.host.experts(), placement.host_experts());
+                let per_expert = if ty == GgmlType::Q8_0 { h * f / 32 * 34 } else { h * f * 2 };
+                assert_eq!(placed.host.bytes(), 3 * per_expert * placement.host_experts().len() as u64);
+                let got = placed.uploaded.layer.forward_host_hybrid(&ctx, &x, &placed.host).unwrap();
+                let what = format!("{} {ty:?} host {:?}", ctx.adapter().slug(), placement.host_experts());
+                assert_eq!(got.indices, want.indices, "{what}: indices");
+                assert_rows_close(&what, &got.y, &want.y, h as usize);
+            }
+            let err = upload_gguf_layer_placed(&ctx, &g, &opts, &ExpertPlacement::all_on_host(5), |c| c)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("a placement of 5 experts for a layer of 6"), "{err}");
+            let other = LoadOptions { dtype: Some(WeightDtype::F32), ..LoadOptions::default() };
+            let err = upload_gguf_layer_placed(&ctx, &g, &other, &ExpertPlacement::all_on_host(6), |c| c)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("the layer keeps the file's type"), "{err}");
+        }
+    }
+}

@@ -162,14 +162,9 @@ impl MoeLayer {
         x: &[f32],
         host: &HostExperts<'_>,
     ) -> Result<ForwardOutput> {
-        let h = self.cfg.route.hidden as usize;
-        if !x.len().is_multiple_of(h) {
-            return Err(Error::shape("x", format!("rows of hidden = {h}"), x.len()));
-        }
-        let tokens = u32::try_from(x.len() / h)
-            .map_err(|_| Error::limit("tokens", (x.len() / h) as u64, u32::MAX.into(), "u32"))?;
+        let tokens = self.host_tokens(x)?;
         if tokens == 0 {
-            return Ok(ForwardOutput { y: Vec::new(), indices: Vec::new(), weights: Vec::new() });
+            return Ok(ForwardOutput::empty());
         }
         let xb = ctx.upload("x", x)?;
         let yb = ctx.zeroed("y", word_bytes(x.len() as u64))?;

@@ -33,6 +33,13 @@ pub struct ForwardOutput {
     pub weights: Vec<f32>,
 }
 
+impl ForwardOutput {
+    /// The results of an empty batch.
+    pub(super) fn empty() -> Self {
+        ForwardOutput { y: Vec::new(), indices: Vec::new(), weights: Vec::new() }
+    }
+}
+
 impl MoeLayer {
     /// Builds, up front, every pipeline a forward of 1 to `max_tokens` tokens can use, so
     /// that no later [`Self::plan`] of such a forward compiles a shader (it makes the
@@ -100,15 +107,23 @@ impl MoeLayer {
         self.forward_host_with(ctx, x, Driver::Await).await
     }
 
-    async fn forward_host_with(&self, ctx: &Context, x: &[f32], driver: Driver) -> Result<ForwardOutput> {
+    /// The tokens of host rows `x` (whole rows of H, at most `u32::MAX`).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `x` is not whole rows of H; [`Error::LimitExceeded`] past u32 rows.
+    pub(super) fn host_tokens(&self, x: &[f32]) -> Result<u32> {
         let h = self.cfg.route.hidden as usize;
         if !x.len().is_multiple_of(h) {
             return Err(Error::shape("x", format!("rows of hidden = {h}"), x.len()));
         }
-        let tokens = u32::try_from(x.len() / h)
-            .map_err(|_| Error::limit("tokens", (x.len() / h) as u64, u32::MAX.into(), "u32"))?;
+        u32::try_from(x.len() / h)
+            .map_err(|_| Error::limit("tokens", (x.len() / h) as u64, u32::MAX.into(), "u32"))
+    }
+
+    async fn forward_host_with(&self, ctx: &Context, x: &[f32], driver: Driver) -> Result<ForwardOutput> {
+        let tokens = self.host_tokens(x)?;
         if tokens == 0 {
-            return Ok(ForwardOutput { y: Vec::new(), indices: Vec::new(), weights: Vec::new() });
+            return Ok(ForwardOutput::empty());
         }
         let xb = ctx.upload("x", x)?;
         let yb = ctx.zeroed("y", word_bytes(x.len() as u64))?;

@@ -26,12 +26,17 @@ use std::collections::BTreeMap;
 
 use super::family::{self, Family, SharedNames, TensorFacts};
 use super::gguf_config::config_of;
+#[cfg(not(target_arch = "wasm32"))]
+use super::loaded::PlacedLayer;
 use super::loaded::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::host_experts::{HostExperts, HostProjection};
 use crate::kernels::gemm::{
-    ExpertBias, ExpertFfn, ExpertWeights, QuantisedValues, STREAM_CHUNK, StoredValues, WeightDtype,
+    ExpertBias, ExpertFfn, ExpertPlacement, ExpertWeights, QuantisedValues, STREAM_CHUNK, StoredValues,
+    WeightDtype,
 };
 use crate::kernels::routing::RouteConfig;
 use crate::layer::{ExpertBiasValues, MoeConfig, MoeLayer, MoeWeights, RouterWeights};
@@ -399,6 +404,87 @@ pub async fn upload_gguf_layer_async(
     upload_with(ctx, g, opts, adjust, Driver::Await).await
 }
 
+/// [`upload_gguf_layer`] with the routed experts `placement` puts on the host left in the file
+/// (read in place, in their stored type, never converted or uploaded) as the returned
+/// [`PlacedLayer::host`], the others streamed to the device. The layer keeps the file's type
+/// (`opts.dtype` must be None or the same).
+///
+/// # Errors
+/// As [`upload_gguf_layer`]; [`Error::InvalidArgument`] for a placement of another expert
+/// count, a dtype other than the file's, or expert tensors the host does not read in place yet
+/// (MXFP4, whose ggml block layout the host decoders do not take; gpt-oss's expert biases).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn upload_gguf_layer_placed<'a>(
+    ctx: &Context,
+    g: &Gguf<'a>,
+    opts: &LoadOptions,
+    placement: &ExpertPlacement,
+    adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+) -> Result<PlacedLayer<'a>> {
+    pollster::block_on(async {
+        let p = plan(g, opts)?;
+        let cfg = adjusted(&p.cfg, adjust)?;
+        if placement.experts() != cfg.route.experts {
+            return Err(Error::invalid(format!(
+                "a placement of {} experts for a layer of {}",
+                placement.experts(),
+                cfg.route.experts
+            )));
+        }
+        let host = host_experts(&p, &cfg, placement)?;
+        let experts = stream_ffn(ctx, &p, &cfg, false, Some(placement), Driver::Inline).await?;
+        let shared = match cfg.shared_ffn {
+            Some(_) => Some(stream_ffn(ctx, &p, &cfg, true, None, Driver::Inline).await?),
+            None => None,
+        };
+        let layer = MoeLayer::with_experts_with(ctx, cfg, &p.router, experts, shared, Driver::Inline).await?;
+        Ok(PlacedLayer { uploaded: UploadedLayer { layer, routing: p.routing, prefix: p.prefix }, host })
+    })
+}
+
+/// The routed experts `placement` puts on the host, read in place from `p`'s file.
+#[cfg(not(target_arch = "wasm32"))]
+fn host_experts<'a>(
+    p: &Plan<'_, 'a>,
+    cfg: &MoeConfig,
+    placement: &ExpertPlacement,
+) -> Result<HostExperts<'a>> {
+    if p.expert_bias.is_some() {
+        return Err(Error::invalid("experts with biases (gpt-oss) are not read on the host from GGUF yet"));
+    }
+    let e = cfg.route.experts;
+    let project = |(name, [n, k]): (String, [usize; 2])| -> Result<HostProjection<'a>> {
+        let (bytes, ty) = p.stored(&name)?;
+        let dtype = stored_dtype(&name, ty)?;
+        if dtype != cfg.weight_dtype {
+            return Err(Error::invalid(format!(
+                "tensor `{name}` is {dtype:?}; with experts on the host the layer keeps the file's type, \
+                 not {:?}",
+                cfg.weight_dtype
+            )));
+        }
+        if dtype == WeightDtype::Mxfp4 {
+            return Err(Error::invalid(format!(
+                "tensor `{name}` is ggml MXFP4, whose blocks the host does not read in place yet"
+            )));
+        }
+        let per = bytes.len() / e as usize;
+        let mut projection = HostProjection::new([e, n as u32, k as u32])?;
+        for x in placement.host_experts() {
+            let bytes = &bytes[x as usize * per..(x as usize + 1) * per];
+            let values = match dtype {
+                WeightDtype::Q8_0 => StoredValues::Quantised(QuantisedValues::Q8_0(bytes)),
+                WeightDtype::Q4_0 => StoredValues::Quantised(QuantisedValues::Q4_0(bytes)),
+                dtype => StoredValues::Float { dtype, bytes },
+            };
+            projection.hold(x, values)?;
+        }
+        Ok(projection)
+    };
+    let [a, b, c] = p.projections(false);
+    HostExperts::new(project(a)?, project(b)?, project(c)?, cfg.gemm_order, cfg.activation)
+}
+
 async fn upload_with(
     ctx: &Context,
     g: &Gguf<'_>,
@@ -408,9 +494,9 @@ async fn upload_with(
 ) -> Result<UploadedLayer> {
     let p = plan(g, opts)?;
     let cfg = adjusted(&p.cfg, adjust)?;
-    let experts = stream_ffn(ctx, &p, &cfg, false, driver).await?;
+    let experts = stream_ffn(ctx, &p, &cfg, false, None, driver).await?;
     let shared = match cfg.shared_ffn {
-        Some(_) => Some(stream_ffn(ctx, &p, &cfg, true, driver).await?),
+        Some(_) => Some(stream_ffn(ctx, &p, &cfg, true, None, driver).await?),
         None => None,
     };
     let layer = MoeLayer::with_experts_with(ctx, cfg, &p.router, experts, shared, driver).await?;
@@ -418,12 +504,14 @@ async fn upload_with(
 }
 
 /// The routed (or `shared`) expert projections of `p`, streamed to the device in
-/// `cfg.weight_dtype` one expert at a time, with the routed experts' biases.
+/// `cfg.weight_dtype` one expert at a time, with the routed experts' biases: of the routed
+/// experts, those `placement` keeps on the device (every one without a placement).
 async fn stream_ffn(
     ctx: &Context,
     p: &Plan<'_, '_>,
     cfg: &MoeConfig,
     shared: bool,
+    placement: Option<&ExpertPlacement>,
     driver: Driver,
 ) -> Result<ExpertFfn> {
     let e = if shared { 1 } else { cfg.route.experts };
@@ -456,8 +544,17 @@ async fn stream_ffn(
             })
         };
         let shape = [e, n as u32, k as u32];
-        ExpertWeights::stream_with(ctx, cfg.weight_dtype, shape, None, values, |_| {}, STREAM_CHUNK, driver)
-            .await
+        ExpertWeights::stream_with(
+            ctx,
+            cfg.weight_dtype,
+            shape,
+            placement,
+            values,
+            |_| {},
+            STREAM_CHUNK,
+            driver,
+        )
+        .await
     };
     let [a, b, c] = p.projections(shared);
     let ffn = ExpertFfn::new(upload(a).await?, upload(b).await?, upload(c).await?)?;

@@ -47,6 +47,20 @@ pub struct LoadedLayer {
     pub prefix: String,
 }
 
+/// One MoE layer whose routed experts a placement splits, loaded by
+/// [`upload_gguf_layer_placed`](super::upload_gguf_layer_placed): the device's experts
+/// uploaded (with the router, grouping, shared expert and combine), the host's read in place
+/// from the file `'a` borrows. Run it with
+/// [`MoeLayer::plan_hybrid`]`(ctx, io, &placed.host)`.
+#[cfg(not(target_arch = "wasm32"))]
+#[derive(Debug)]
+pub struct PlacedLayer<'a> {
+    /// The layer on the device, holding the experts the placement keeps there.
+    pub uploaded: UploadedLayer,
+    /// The experts the placement puts on the host.
+    pub host: crate::host_experts::HostExperts<'a>,
+}
+
 /// One MoE layer on the device, loaded by
 /// [`upload_checkpoint_layer`](super::upload_checkpoint_layer).
 #[derive(Debug)]

@@ -33,7 +33,11 @@ pub use checkpoint::Checkpoint;
 pub use family::{Family, Routing, RoutingFlags};
 #[cfg(not(target_arch = "wasm32"))]
 pub use gguf_layer::upload_gguf_layer;
+#[cfg(not(target_arch = "wasm32"))]
+pub use gguf_layer::upload_gguf_layer_placed;
 pub use gguf_layer::{gguf_moe_layers, load_gguf_layer, upload_gguf_layer_async};
+#[cfg(not(target_arch = "wasm32"))]
+pub use loaded::PlacedLayer;
 pub use loaded::{LoadOptions, LoadedLayer, UploadedLayer};
 pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
 #[cfg(not(target_arch = "wasm32"))]

@@ -242,3 +242,32 @@ pub fn on_gl(ctxs: &[Arc<Context>]) -> Vec<bool> {
 pub fn adapters_on_gl(adapters: &[wgpu::Adapter]) -> Vec<bool> {
     adapters.iter().map(|a| a.get_info().backend == wgpu::Backend::Gl).collect()
 }
+
+/// A GGUF file of one Qwen2-MoE layer (`blk.0.`): `e` experts of `[f, h]` gate and up and
+/// `[h, f]` down, `k` of them per token, the router `[e, h]` f32, each expert tensor `(type,
+/// bytes)` as ggml stores it.
+#[cfg(feature = "checkpoint")]
+pub fn qwen2moe_gguf(
+    [h, f, e, k]: [u64; 4],
+    router: &[f32],
+    [gate, up, down]: [(moeflow::weights::gguf::GgmlType, Vec<u8>); 3],
+) -> Vec<u8> {
+    use moeflow::weights::gguf::{GgmlType, GgufValue, GgufWriter};
+    GgufWriter::default()
+        .metadata("general.architecture", GgufValue::Str("qwen2moe".into()))
+        .metadata("qwen2moe.block_count", GgufValue::U32(1))
+        .metadata("qwen2moe.embedding_length", GgufValue::U32(h as u32))
+        .metadata("qwen2moe.expert_count", GgufValue::U32(e as u32))
+        .metadata("qwen2moe.expert_used_count", GgufValue::U32(k as u32))
+        .metadata("qwen2moe.expert_feed_forward_length", GgufValue::U32(f as u32))
+        .tensor(
+            "blk.0.ffn_gate_inp.weight",
+            &[h, e],
+            GgmlType::F32,
+            router.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+        .tensor("blk.0.ffn_gate_exps.weight", &[h, f, e], gate.0, gate.1)
+        .tensor("blk.0.ffn_up_exps.weight", &[h, f, e], up.0, up.1)
+        .tensor("blk.0.ffn_down_exps.weight", &[f, h, e], down.0, down.1)
+        .to_bytes()
+}
