@@ -9,10 +9,10 @@
 //! `blk.N.` layer) on `x` and writes `output`, `topk_indices`, `topk_weights` and
 //! `expert_counts`.
 //!
-//! `--cpu-moe` keeps every routed expert of the synthetic layer in host memory and computes
-//! them on the CPU (`--host-experts 0,5,17` a chosen set), as llama.cpp's `--cpu-moe` and
-//! `-ot`; it prints the device and host bytes of the layer's weights and the hybrid forward's
-//! times.
+//! `--cpu-moe` keeps every routed expert in host memory and computes them on the CPU
+//! (`--host-experts 0,5,17` a chosen set), as llama.cpp's `--cpu-moe` and `-ot`: the
+//! synthetic layer's, or a GGUF file's read in place; it prints the device and host bytes of
+//! the layer's weights (and for the synthetic layer the hybrid forward's times).
 //!
 //! `cargo run --release --example moe_layer -- --help` lists every option.
 
@@ -33,7 +33,8 @@ use moeflow::synth::{StoredExperts, Synth};
 use moeflow::weights::gguf::GgufFile;
 use moeflow::weights::{
     Checkpoint, Family, LoadOptions, OutTensor, RoutingFlags, UploadedLayer, check_output_path,
-    gguf_moe_layers, load_input, read_file, upload_checkpoint_layer, upload_gguf_layer, write_tensors,
+    gguf_moe_layers, load_input, read_file, upload_checkpoint_layer, upload_gguf_layer,
+    upload_gguf_layer_placed, write_tensors,
 };
 use moeflow::{AdapterSelector, Context, Error, Result};
 
@@ -250,12 +251,7 @@ fn run(args: &Args) -> Result<bool> {
 }
 
 fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
-    if args.cpu_moe || !args.host_experts.is_empty() {
-        return Err(Error::invalid(
-            "--cpu-moe and --host-experts run the synthetic model; a weights file's experts are \
-             placed through the library (ExpertWeights::stream_placed and HostProjection)",
-        ));
-    }
+    let on_host = args.cpu_moe || !args.host_experts.is_empty();
     let (input, output) = match (&args.input, &args.output) {
         (Some(i), Some(o)) => (i, o),
         _ => return Err(Error::invalid("--weights needs --input and --output")),
@@ -313,18 +309,52 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
     for index in layers {
         let opts = LoadOptions { layer: index.or(opts.layer), ..opts.clone() };
         let start = Instant::now();
-        let loaded = source.upload(ctx, &opts, |c| apply_modes(c, args))?;
-        let load_s = start.elapsed().as_secs_f64();
-        let (layer, cfg) = (&loaded.layer, *loaded.layer.config());
-        println!("layer: {} at `{}`: {cfg} (loaded in {load_s:.2} s)", loaded.routing.family, loaded.prefix);
-        if hidden != cfg.route.hidden as usize {
-            return Err(Error::shape(
+        let check_x = |cfg: &MoeConfig| match hidden == cfg.route.hidden as usize {
+            true => Ok(()),
+            false => Err(Error::shape(
                 "input x",
                 format!("[tokens, {}]", cfg.route.hidden),
                 format!("[{tokens}, {hidden}]"),
-            ));
-        }
-        let out = layer.forward_host(ctx, &x)?;
+            )),
+        };
+        let (out, cfg) = match (&source, on_host) {
+            (_, false) => {
+                let loaded = source.upload(ctx, &opts, |c| apply_modes(c, args))?;
+                let load_s = start.elapsed().as_secs_f64();
+                let cfg = *loaded.layer.config();
+                println!(
+                    "layer: {} at `{}`: {cfg} (loaded in {load_s:.2} s)",
+                    loaded.routing.family, loaded.prefix
+                );
+                check_x(&cfg)?;
+                (loaded.layer.forward_host(ctx, &x)?, cfg)
+            }
+            (Source::Gguf(file), true) => {
+                let g = file.parse()?;
+                let placed = upload_gguf_layer_placed(
+                    ctx,
+                    &g,
+                    &opts,
+                    |e| placement(args, e),
+                    |c| apply_modes(c, args),
+                )?;
+                let load_s = start.elapsed().as_secs_f64();
+                let (layer, cfg) = (&placed.uploaded.layer, *placed.uploaded.layer.config());
+                println!(
+                    "layer: {} at `{}`: {cfg} (loaded in {load_s:.2} s)",
+                    placed.uploaded.routing.family, placed.uploaded.prefix
+                );
+                print_placement(layer, &placed.host);
+                check_x(&cfg)?;
+                (layer.forward_host_hybrid(ctx, &x, &placed.host)?, cfg)
+            }
+            (Source::Safetensors(_), true) => {
+                return Err(Error::invalid(
+                    "--cpu-moe and --host-experts read a GGUF file's experts in place; a safetensors \
+                     checkpoint's are not yet",
+                ));
+            }
+        };
         let mut counts = vec![0u32; cfg.route.experts as usize];
         for &i in &out.indices {
             counts[i as usize] += 1;
@@ -429,10 +459,9 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
     let xb = ctx.upload("x", &x)?;
     let yb = ctx.zeroed("y", (max * h) as u64 * 4)?;
     let mut pass = true;
-    let placement = match (args.cpu_moe, args.host_experts.as_slice()) {
-        (true, _) => Some(ExpertPlacement::all_on_host(cfg.route.experts)),
-        (false, []) => None,
-        (false, some) => Some(ExpertPlacement::with_host(cfg.route.experts, some)?),
+    let placement = match args.cpu_moe || !args.host_experts.is_empty() {
+        true => Some(placement(args, cfg.route.experts)?),
+        false => None,
     };
     let Some(placement) = placement else {
         let layer = MoeLayer::new(ctx, cfg, &w)?;
@@ -452,18 +481,7 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
         StoredExperts::new(cfg.weight_dtype, &w.down, [e, h, f])?,
     ];
     let (layer, host) = hybrid_layer(ctx, &cfg, &w, &stored, &placement, args.threads)?;
-    let device_bytes: u64 =
-        [&layer.experts().gate, &layer.experts().up, &layer.experts().down].iter().map(|p| p.bytes()).sum();
-    println!(
-        "routed expert weights: {} of {} experts on the host, {:.1} MiB in host memory ({} threads, {}); \
-         {:.1} MiB on the device",
-        placement.host_experts().len(),
-        cfg.route.experts,
-        host.bytes() as f64 / (1 << 20) as f64,
-        host.threads(),
-        HostExperts::simd(),
-        device_bytes as f64 / (1 << 20) as f64,
-    );
+    print_placement(&layer, &host);
     for &tokens in &args.tokens {
         if args.tokens.len() > 1 {
             println!("M={tokens}:");
@@ -472,6 +490,31 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
     }
     println!("result: {}", if pass { "PASS" } else { "FAIL" });
     Ok(pass)
+}
+
+/// The placement `--cpu-moe` or `--host-experts` asks for, of `experts` experts.
+fn placement(args: &Args, experts: u32) -> Result<ExpertPlacement> {
+    match args.cpu_moe {
+        true => Ok(ExpertPlacement::all_on_host(experts)),
+        false => ExpertPlacement::with_host(experts, &args.host_experts),
+    }
+}
+
+/// Prints where the routed experts' weights are: the experts on the host, their host bytes,
+/// threads and SIMD target, and the device's bytes.
+fn print_placement(layer: &MoeLayer, host: &HostExperts<'_>) {
+    let device_bytes: u64 =
+        [&layer.experts().gate, &layer.experts().up, &layer.experts().down].iter().map(|p| p.bytes()).sum();
+    println!(
+        "routed expert weights: {} of {} experts on the host, {:.1} MiB in host memory ({} threads, {}); \
+         {:.1} MiB on the device",
+        host.experts().len(),
+        layer.config().route.experts,
+        host.bytes() as f64 / (1 << 20) as f64,
+        host.threads(),
+        HostExperts::simd(),
+        device_bytes as f64 / (1 << 20) as f64,
+    );
 }
 
 /// The synthetic layer with the experts `placement` puts on the host kept there, in their

@@ -1224,6 +1224,26 @@ fn example_runs_gguf_layers_as_stored() {
         let expect = [format!("{dtype:?}"), "blk.1.".to_string()];
         let expect: Vec<&str> = expect.iter().map(String::as_str).collect();
         example_matches_reference(&dir, &dir.join("model.gguf"), &[], &expect, (&ry, &ridx), h);
+        // Every routed expert left in the file and computed on the CPU (`--cpu-moe`), and a set.
+        let on_host = [format!("{dtype:?}"), "8 of 8 experts on the host".to_string()];
+        let on_host: Vec<&str> = on_host.iter().map(String::as_str).collect();
+        example_matches_reference(
+            &dir,
+            &dir.join("model.gguf"),
+            &["--cpu-moe".as_ref()],
+            &on_host,
+            (&ry, &ridx),
+            h,
+        );
+        let some = ["--host-experts".as_ref(), "1,6".as_ref()];
+        example_matches_reference(
+            &dir,
+            &dir.join("model.gguf"),
+            &some,
+            &["2 of 8 experts on the host"],
+            (&ry, &ridx),
+            h,
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -657,7 +657,8 @@ fn gguf_experts_left_on_the_host_give_the_uploaded_layers_outputs() {
                 ExpertPlacement::all_on_host(e as u32),
                 ExpertPlacement::with_host(e as u32, &[1, 4]).unwrap(),
             ] {
-                let placed = upload_gguf_layer_placed(&ctx, &g, &opts, &placement, |c| c).unwrap();
+                let placed =
+                    upload_gguf_layer_placed(&ctx, &g, &opts, |_| Ok(placement.clone()), |c| c).unwrap();
                 assert_eq!(placed.host.experts(), placement.host_experts());
                 let per_expert = if ty == GgmlType::Q8_0 { h * f / 32 * 34 } else { h * f * 2 };
                 assert_eq!(placed.host.bytes(), 3 * per_expert * placement.host_experts().len() as u64);
@@ -666,14 +667,16 @@ fn gguf_experts_left_on_the_host_give_the_uploaded_layers_outputs() {
                 assert_eq!(got.indices, want.indices, "{what}: indices");
                 assert_rows_close(&what, &got.y, &want.y, h as usize);
             }
-            let err = upload_gguf_layer_placed(&ctx, &g, &opts, &ExpertPlacement::all_on_host(5), |c| c)
-                .unwrap_err()
-                .to_string();
+            let err =
+                upload_gguf_layer_placed(&ctx, &g, &opts, |_| Ok(ExpertPlacement::all_on_host(5)), |c| c)
+                    .unwrap_err()
+                    .to_string();
             assert!(err.contains("a placement of 5 experts for a layer of 6"), "{err}");
             let other = LoadOptions { dtype: Some(WeightDtype::F32), ..LoadOptions::default() };
-            let err = upload_gguf_layer_placed(&ctx, &g, &other, &ExpertPlacement::all_on_host(6), |c| c)
-                .unwrap_err()
-                .to_string();
+            let err =
+                upload_gguf_layer_placed(&ctx, &g, &other, |e| Ok(ExpertPlacement::all_on_host(e)), |c| c)
+                    .unwrap_err()
+                    .to_string();
             assert!(err.contains("the layer keeps the file's type"), "{err}");
         }
     }

@@ -404,26 +404,28 @@ pub async fn upload_gguf_layer_async(
     upload_with(ctx, g, opts, adjust, Driver::Await).await
 }
 
-/// [`upload_gguf_layer`] with the routed experts `placement` puts on the host left in the file
-/// (read in place, in their stored type, never converted or uploaded) as the returned
-/// [`PlacedLayer::host`], the others streamed to the device. The layer keeps the file's type
-/// (`opts.dtype` must be None or the same).
+/// [`upload_gguf_layer`] with the routed experts that `place` (given the layer's expert count)
+/// puts on the host left in the file (read in place, in their stored type, never converted or
+/// uploaded) as the returned [`PlacedLayer::host`], the others streamed to the device. The
+/// layer keeps the file's type (`opts.dtype` must be None or the same).
 ///
 /// # Errors
-/// As [`upload_gguf_layer`]; [`Error::InvalidArgument`] for a placement of another expert
-/// count, a dtype other than the file's, or expert tensors the host does not read in place yet
-/// (MXFP4, whose ggml block layout the host decoders do not take; gpt-oss's expert biases).
+/// As [`upload_gguf_layer`]; `place`'s errors; [`Error::InvalidArgument`] for a placement of
+/// another expert count, a dtype other than the file's, or expert tensors the host does not
+/// read in place yet (MXFP4, whose ggml block layout the host decoders do not take; gpt-oss's
+/// expert biases).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn upload_gguf_layer_placed<'a>(
     ctx: &Context,
     g: &Gguf<'a>,
     opts: &LoadOptions,
-    placement: &ExpertPlacement,
+    place: impl FnOnce(u32) -> Result<ExpertPlacement>,
     adjust: impl FnOnce(MoeConfig) -> MoeConfig,
 ) -> Result<PlacedLayer<'a>> {
     pollster::block_on(async {
         let p = plan(g, opts)?;
         let cfg = adjusted(&p.cfg, adjust)?;
+        let placement = &place(cfg.route.experts)?;
         if placement.experts() != cfg.route.experts {
             return Err(Error::invalid(format!(
                 "a placement of {} experts for a layer of {}",
