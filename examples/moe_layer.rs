@@ -11,7 +11,8 @@
 //!
 //! `--cpu-moe` keeps every routed expert in host memory and computes them on the CPU
 //! (`--host-experts 0,5,17` a chosen set), as llama.cpp's `--cpu-moe` and `-ot`: the
-//! synthetic layer's, or a GGUF file's read in place; it prints the device and host bytes of
+//! synthetic layer's, or a GGUF file's or safetensors checkpoint's read in place (not FP8 or
+//! gpt-oss checkpoints yet); it prints the device and host bytes of
 //! the layer's weights (and for the synthetic layer the hybrid forward's times).
 //!
 //! `cargo run --release --example moe_layer -- --help` lists every option.
@@ -27,14 +28,14 @@ use moeflow::kernels::combine::CombineMode;
 use moeflow::kernels::gemm::{ExpertFfn, ExpertPlacement, ExpertWeights, WeightDtype};
 use moeflow::kernels::routing::GroupLimit;
 use moeflow::kernels::routing::RouteMode;
-use moeflow::layer::{ForwardPlan, MoeConfig, MoeLayer, MoeWeights, RouterWeights};
+use moeflow::layer::{ForwardOutput, ForwardPlan, MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 use moeflow::reference::layer as reference;
 use moeflow::synth::{StoredExperts, Synth};
 use moeflow::weights::gguf::GgufFile;
 use moeflow::weights::{
-    Checkpoint, Family, LoadOptions, OutTensor, RoutingFlags, UploadedLayer, check_output_path,
-    gguf_moe_layers, load_input, read_file, upload_checkpoint_layer, upload_gguf_layer,
-    upload_gguf_layer_placed, write_tensors,
+    Checkpoint, Family, LoadOptions, OutTensor, PlacedLayer, RoutingFlags, UploadedLayer, check_output_path,
+    gguf_moe_layers, load_input, read_file, upload_checkpoint_layer, upload_checkpoint_layer_placed,
+    upload_gguf_layer, upload_gguf_layer_placed, write_tensors,
 };
 use moeflow::{AdapterSelector, Context, Error, Result};
 
@@ -338,21 +339,17 @@ fn run_file(ctx: &Context, args: &Args, weights: &Path) -> Result<bool> {
                     |e| placement(args, e),
                     |c| apply_modes(c, args),
                 )?;
-                let load_s = start.elapsed().as_secs_f64();
-                let (layer, cfg) = (&placed.uploaded.layer, *placed.uploaded.layer.config());
-                println!(
-                    "layer: {} at `{}`: {cfg} (loaded in {load_s:.2} s)",
-                    placed.uploaded.routing.family, placed.uploaded.prefix
-                );
-                print_placement(layer, &placed.host);
-                check_x(&cfg)?;
-                (layer.forward_host_hybrid(ctx, &x, &placed.host)?, cfg)
+                run_placed(ctx, &placed, &x, start, check_x)?
             }
-            (Source::Safetensors(_), true) => {
-                return Err(Error::invalid(
-                    "--cpu-moe and --host-experts read a GGUF file's experts in place; a safetensors \
-                     checkpoint's are not yet",
-                ));
+            (Source::Safetensors(ckpt), true) => {
+                let placed = upload_checkpoint_layer_placed(
+                    ctx,
+                    ckpt,
+                    &opts,
+                    |e| placement(args, e),
+                    |c| apply_modes(c, args),
+                )?;
+                run_placed(ctx, &placed, &x, start, check_x)?
             }
         };
         let mut counts = vec![0u32; cfg.route.experts as usize];
@@ -490,6 +487,25 @@ fn run_synthetic(ctx: &Context, args: &Args) -> Result<bool> {
     }
     println!("result: {}", if pass { "PASS" } else { "FAIL" });
     Ok(pass)
+}
+
+/// Prints a placed layer's load and placement and runs its hybrid forward on `x`.
+fn run_placed(
+    ctx: &Context,
+    placed: &PlacedLayer<'_>,
+    x: &[f32],
+    start: Instant,
+    check_x: impl Fn(&MoeConfig) -> Result<()>,
+) -> Result<(ForwardOutput, MoeConfig)> {
+    let load_s = start.elapsed().as_secs_f64();
+    let (layer, cfg) = (&placed.uploaded.layer, *placed.uploaded.layer.config());
+    println!(
+        "layer: {} at `{}`: {cfg} (loaded in {load_s:.2} s)",
+        placed.uploaded.routing.family, placed.uploaded.prefix
+    );
+    print_placement(layer, &placed.host);
+    check_x(&cfg)?;
+    Ok((layer.forward_host_hybrid(ctx, x, &placed.host)?, cfg))
 }
 
 /// The placement `--cpu-moe` or `--host-experts` asks for, of `experts` experts.

@@ -681,3 +681,50 @@ fn gguf_experts_left_on_the_host_give_the_uploaded_layers_outputs() {
         }
     }
 }
+
+/// A safetensors checkpoint (Qwen2-MoE, bf16 experts, a gated shared expert) with routed
+/// experts left in the mapped file on the host, every one and a set: the plain upload's
+/// indices and outputs; the host holds the placed experts' stored bytes.
+#[cfg(feature = "checkpoint")]
+#[test]
+fn checkpoint_experts_left_on_the_host_give_the_uploaded_layers_outputs() {
+    use moeflow::weights::{
+        Checkpoint, LoadOptions, upload_checkpoint_layer, upload_checkpoint_layer_placed,
+    };
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen2_moe_bf16_t5_norm");
+    let config = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let opts = LoadOptions { config: Some(config), ..LoadOptions::default() };
+    let ckpt = Checkpoint::open(&dir.join("weights.safetensors")).unwrap();
+    for ctx in contexts() {
+        let want = upload_checkpoint_layer(&ctx, &ckpt, &opts, |c| c).unwrap().layer;
+        let cfg = *want.config();
+        let (h, e) = (cfg.route.hidden as usize, cfg.route.experts);
+        let x = Synth::new(65).uniform(7 * h, 1.0);
+        let want = want.forward_host(&ctx, &x).unwrap();
+        for placement in
+            [ExpertPlacement::all_on_host(e), ExpertPlacement::with_host(e, &[0, e - 1]).unwrap()]
+        {
+            let placed =
+                upload_checkpoint_layer_placed(&ctx, &ckpt, &opts, |_| Ok(placement.clone()), |c| c).unwrap();
+            assert_eq!(placed.host.experts(), placement.host_experts());
+            let per_expert = 3 * u64::from(cfg.ffn) * h as u64 * 2;
+            assert_eq!(placed.host.bytes(), per_expert * placement.host_experts().len() as u64);
+            let got = placed.uploaded.layer.forward_host_hybrid(&ctx, &x, &placed.host).unwrap();
+            let what = format!("{} host {:?}", ctx.adapter().slug(), placement.host_experts());
+            assert_eq!(got.indices, want.indices, "{what}: indices");
+            assert_rows_close(&what, &got.y, &want.y, h);
+        }
+        let other = LoadOptions { dtype: Some(WeightDtype::F32), ..opts.clone() };
+        let err = upload_checkpoint_layer_placed(
+            &ctx,
+            &ckpt,
+            &other,
+            |e| Ok(ExpertPlacement::all_on_host(e)),
+            |c| c,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("keeps the stored dtype"), "{err}");
+    }
+}

@@ -42,5 +42,7 @@ pub use loaded::{LoadOptions, LoadedLayer, UploadedLayer};
 pub use output::{OutTensor, check_output_path, write_atomically, write_tensors};
 #[cfg(not(target_arch = "wasm32"))]
 pub use safetensors_layer::upload_checkpoint_layer;
+#[cfg(not(target_arch = "wasm32"))]
+pub use safetensors_layer::upload_checkpoint_layer_placed;
 pub use safetensors_layer::{load_checkpoint_layer, load_layer, upload_checkpoint_layer_async};
 pub use tensors::{load_input, read_file, to_f32};

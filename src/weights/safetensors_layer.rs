@@ -7,14 +7,18 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use super::checkpoint::{Checkpoint, InMemory, TensorSource};
 use super::family::{self, Routing, SharedNames, TensorFacts};
 use super::gpt_oss;
+#[cfg(not(target_arch = "wasm32"))]
+use super::loaded::PlacedLayer;
 use super::loaded::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
 use super::naming::{Scheme, detect_prefix, expert_indices, layer_prefix};
 use super::tensors::{File, fp8_block_size, st_err, stored_dtype};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::host_experts::{HostExperts, HostProjection};
 use crate::kernels::gemm::WeightDtype;
-use crate::kernels::gemm::{ExpertFfn, ExpertWeights, STREAM_CHUNK};
+use crate::kernels::gemm::{ExpertFfn, ExpertPlacement, ExpertWeights, STREAM_CHUNK};
 use crate::layer::{MoeConfig, MoeLayer, MoeWeights, RouterWeights};
 
 /// Loads one MoE layer from safetensors bytes: its family, configuration and weights.
@@ -287,6 +291,79 @@ pub async fn upload_checkpoint_layer_async(
     upload_from(ctx, ckpt, opts, adjust, Driver::Await).await
 }
 
+/// [`upload_checkpoint_layer`] with the routed experts that `place` (given the layer's expert
+/// count) puts on the host left in the mapped checkpoint (read in place, in their stored dtype,
+/// never converted or uploaded) as the returned [`PlacedLayer::host`], the others streamed to
+/// the device. The layer keeps the checkpoint's dtype (`opts.dtype` must be None or the same).
+///
+/// # Errors
+/// As [`upload_checkpoint_layer`]; `place`'s errors; [`Error::InvalidArgument`] for a
+/// placement of another expert count, a dtype other than the stored one, or experts the host
+/// does not read in place yet (FP8, whose scales are converted on load; gpt-oss, whose gate and
+/// up rows are interleaved).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn upload_checkpoint_layer_placed<'c>(
+    ctx: &Context,
+    ckpt: &'c Checkpoint,
+    opts: &LoadOptions,
+    place: impl FnOnce(u32) -> Result<ExpertPlacement>,
+    adjust: impl FnOnce(MoeConfig) -> MoeConfig,
+) -> Result<PlacedLayer<'c>> {
+    let f = layer_file(ckpt, opts)?;
+    if f.has(gpt_oss::ROUTER) {
+        return Err(Error::invalid(
+            "gpt-oss experts are not read in place on the host yet (their gate and up rows are interleaved)",
+        ));
+    }
+    let plan = plan_layer(f, opts)?;
+    let cfg = adjusted(&plan.cfg, adjust)?;
+    let placement = &place(cfg.route.experts)?;
+    if placement.experts() != cfg.route.experts {
+        return Err(Error::invalid(format!(
+            "a placement of {} experts for a layer of {}",
+            placement.experts(),
+            cfg.route.experts
+        )));
+    }
+    let project = |(names, [n, k]): (Vec<String>, [usize; 2])| -> Result<HostProjection<'c>> {
+        let mut projection = HostProjection::new([names.len() as u32, n as u32, k as u32])?;
+        for x in placement.host_experts() {
+            let name = &names[x as usize];
+            let (full, t) = plan.f.checked(name, &[n, k])?;
+            if t.dtype() == Dtype::F8_E4M3 {
+                return Err(Error::invalid(format!(
+                    "tensor `{full}` is FP8, whose scales are converted on load: not read in place on the host yet"
+                )));
+            }
+            let values = plan.f.stored(name, [n, k], None)?;
+            if values.dtype() != cfg.weight_dtype {
+                return Err(Error::invalid(format!(
+                    "tensor `{full}` is {:?}; with experts on the host the layer keeps the stored dtype, not {:?}",
+                    values.dtype(),
+                    cfg.weight_dtype
+                )));
+            }
+            projection.hold(x, values)?;
+        }
+        Ok(projection)
+    };
+    let [g, u, d] = plan.projections(false);
+    let host = HostExperts::new(project(g)?, project(u)?, project(d)?, cfg.gemm_order, cfg.activation)?;
+    pollster::block_on(async {
+        let driver = Driver::Inline;
+        let experts = stream_ffn(ctx, ckpt, &plan, cfg.weight_dtype, false, Some(placement), driver).await?;
+        let shared = match cfg.shared_ffn {
+            Some(_) => Some(stream_ffn(ctx, ckpt, &plan, cfg.weight_dtype, true, None, driver).await?),
+            None => None,
+        };
+        let layer = MoeLayer::with_experts_with(ctx, cfg, &plan.router, experts, shared, driver).await?;
+        Ok(PlacedLayer {
+            uploaded: UploadedLayer { layer, routing: plan.routing, prefix: plan.f.prefix.clone() },
+            host,
+        })
+    })
+}
+
 pub(super) async fn upload_from(
     ctx: &Context,
     src: &dyn TensorSource,
@@ -304,9 +381,9 @@ pub(super) async fn upload_from(
     }
     let plan = plan_layer(f, opts)?;
     let cfg = adjusted(&plan.cfg, adjust)?;
-    let experts = stream_ffn(ctx, src, &plan, cfg.weight_dtype, false, driver).await?;
+    let experts = stream_ffn(ctx, src, &plan, cfg.weight_dtype, false, None, driver).await?;
     let shared = match cfg.shared_ffn {
-        Some(_) => Some(stream_ffn(ctx, src, &plan, cfg.weight_dtype, true, driver).await?),
+        Some(_) => Some(stream_ffn(ctx, src, &plan, cfg.weight_dtype, true, None, driver).await?),
         None => None,
     };
     let layer = MoeLayer::with_experts_with(ctx, cfg, &plan.router, experts, shared, driver).await?;
@@ -314,13 +391,15 @@ pub(super) async fn upload_from(
 }
 
 /// The routed (or `shared`) expert projections of `plan`, streamed to the device in `dtype`
-/// one tensor at a time, each tensor's pages released once it is on its way.
+/// one tensor at a time, each tensor's pages released once it is on its way: of the routed
+/// experts, those `placement` keeps on the device (every one without a placement).
 pub(super) async fn stream_ffn(
     ctx: &Context,
     src: &dyn TensorSource,
     plan: &LayerPlan<'_>,
     dtype: WeightDtype,
     shared: bool,
+    placement: Option<&ExpertPlacement>,
     driver: Driver,
 ) -> Result<ExpertFfn> {
     let upload = async |(names, [n, k]): (Vec<String>, [usize; 2])| -> Result<ExpertWeights> {
@@ -336,7 +415,7 @@ pub(super) async fn stream_ffn(
             ctx,
             dtype,
             [names.len() as u32, n as u32, k as u32],
-            None,
+            placement,
             |i| plan.f.stored(&names[i as usize], [n, k], scales[i as usize].as_ref()),
             |i| src.release(&plan.f.name(&names[i as usize])),
             STREAM_CHUNK,

@@ -66,7 +66,7 @@ pub(super) struct File<'a> {
     pub(super) fp8_block: Option<[usize; 2]>,
 }
 
-impl File<'_> {
+impl<'a> File<'a> {
     pub(super) fn name(&self, rest: &str) -> String {
         format!("{}{rest}", self.prefix)
     }
@@ -75,7 +75,7 @@ impl File<'_> {
         self.src.tensor(&self.name(rest)).is_some()
     }
 
-    pub(super) fn view(&self, rest: &str, expected: &str) -> Result<TensorView<'_>> {
+    pub(super) fn view(&self, rest: &str, expected: &str) -> Result<TensorView<'a>> {
         let name = self.name(rest);
         self.src.tensor(&name).ok_or_else(|| {
             Error::invalid(format!(
@@ -98,7 +98,7 @@ impl File<'_> {
     /// The tensor `prefix + rest`, checked against `shape` exactly and for a dtype moeflow
     /// reads (f32, f16, bf16, or FP8 e4m3 with its scale tensor, [`File::fp8_scales`]); its
     /// bytes are not read.
-    pub(super) fn checked(&self, rest: &str, shape: &[usize]) -> Result<(String, TensorView<'_>)> {
+    pub(super) fn checked(&self, rest: &str, shape: &[usize]) -> Result<(String, TensorView<'a>)> {
         let name = self.name(rest);
         let t = self.view(rest, &format!("{shape:?}"))?;
         if t.shape() != shape {
@@ -141,11 +141,14 @@ impl File<'_> {
     /// The weight matrix `prefix + rest` (`[n, k]`) as stored, for [`ExpertWeights::stream`]:
     /// float elements, or FP8 bytes with `scales` (from [`File::fp8_scales`]).
     pub(super) fn stored<'s>(
-        &'s self,
+        &self,
         rest: &str,
         [n, k]: [usize; 2],
         scales: Option<&'s (Vec<f32>, [usize; 2])>,
-    ) -> Result<StoredValues<'s>> {
+    ) -> Result<StoredValues<'s>>
+    where
+        'a: 's,
+    {
         let (name, t) = self.checked(rest, &[n, k])?;
         Ok(match (t.dtype(), scales) {
             (Dtype::F8_E4M3, Some((scale_inv, block))) => {
