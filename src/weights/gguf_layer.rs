@@ -26,9 +26,9 @@ use std::collections::BTreeMap;
 
 use super::family::{self, Family, SharedNames, TensorFacts};
 use super::gguf_config::config_of;
-#[cfg(not(target_arch = "wasm32"))]
-use super::loaded::PlacedLayer;
 use super::loaded::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
+#[cfg(not(target_arch = "wasm32"))]
+use super::loaded::{PlacedLayer, placement_for};
 use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
@@ -425,14 +425,7 @@ pub fn upload_gguf_layer_placed<'a>(
     pollster::block_on(async {
         let p = plan(g, opts)?;
         let cfg = adjusted(&p.cfg, adjust)?;
-        let placement = &place(cfg.route.experts)?;
-        if placement.experts() != cfg.route.experts {
-            return Err(Error::invalid(format!(
-                "a placement of {} experts for a layer of {}",
-                placement.experts(),
-                cfg.route.experts
-            )));
-        }
+        let placement = &placement_for(&cfg, place)?;
         let host = host_experts(&p, &cfg, placement)?;
         let experts = stream_ffn(ctx, &p, &cfg, false, Some(placement), Driver::Inline).await?;
         let shared = match cfg.shared_ffn {

@@ -61,6 +61,26 @@ pub struct PlacedLayer<'a> {
     pub host: crate::host_experts::HostExperts<'a>,
 }
 
+/// The placement `place` gives for `cfg`'s expert count, checked to be of that count.
+///
+/// # Errors
+/// `place`'s errors; [`Error::InvalidArgument`] for a placement of another expert count.
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) fn placement_for(
+    cfg: &MoeConfig,
+    place: impl FnOnce(u32) -> Result<crate::kernels::gemm::ExpertPlacement>,
+) -> Result<crate::kernels::gemm::ExpertPlacement> {
+    let placement = place(cfg.route.experts)?;
+    if placement.experts() != cfg.route.experts {
+        return Err(Error::invalid(format!(
+            "a placement of {} experts for a layer of {}",
+            placement.experts(),
+            cfg.route.experts
+        )));
+    }
+    Ok(placement)
+}
+
 /// One MoE layer on the device, loaded by
 /// [`upload_checkpoint_layer`](super::upload_checkpoint_layer).
 #[derive(Debug)]

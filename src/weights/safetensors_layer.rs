@@ -7,9 +7,9 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use super::checkpoint::{Checkpoint, InMemory, TensorSource};
 use super::family::{self, Routing, SharedNames, TensorFacts};
 use super::gpt_oss;
-#[cfg(not(target_arch = "wasm32"))]
-use super::loaded::PlacedLayer;
 use super::loaded::{LoadOptions, LoadedLayer, UploadedLayer, adjusted, layer_config};
+#[cfg(not(target_arch = "wasm32"))]
+use super::loaded::{PlacedLayer, placement_for};
 use super::naming::{Scheme, detect_prefix, expert_indices, layer_prefix};
 use super::tensors::{File, fp8_block_size, st_err, stored_dtype};
 use crate::context::Context;
@@ -317,14 +317,7 @@ pub fn upload_checkpoint_layer_placed<'c>(
     }
     let plan = plan_layer(f, opts)?;
     let cfg = adjusted(&plan.cfg, adjust)?;
-    let placement = &place(cfg.route.experts)?;
-    if placement.experts() != cfg.route.experts {
-        return Err(Error::invalid(format!(
-            "a placement of {} experts for a layer of {}",
-            placement.experts(),
-            cfg.route.experts
-        )));
-    }
+    let placement = &placement_for(&cfg, place)?;
     let project = |(names, [n, k]): (Vec<String>, [usize; 2])| -> Result<HostProjection<'c>> {
         let mut projection = HostProjection::new([names.len() as u32, n as u32, k as u32])?;
         for x in placement.host_experts() {
