@@ -1,5 +1,6 @@
-//! Stored expert values decoded to f32 tiles for the kernels: row by row (the strict order's
-//! [`rows`]) or transposed, `[k][r]` (the fast order's [`transposed`]). Every value is decoded
+//! Stored expert values decoded to f32 tiles for the kernels: four columns' groups of four
+//! side by side (the strict order's [`quads`]) or transposed, `[k][r]` (the fast order's
+//! [`transposed`]). Every value is decoded
 //! as [`crate::quant`] decodes it (one table lookup, or one f32 product of exact operands), so
 //! it has the bits of [`WeightDtype::round`]'s and [`QuantisedValues::dequantise`]'s.
 
@@ -9,37 +10,143 @@ use std::sync::LazyLock;
 use half::f16;
 use multiversion::multiversion;
 
-use super::kernel::{Lanes, R};
+use super::kernel::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 use crate::quant::{self, BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
 /// Every FP8 e4m3 byte as its value ([`quant::fp8_e4m3`]).
 static FP8: LazyLock<[f32; 256]> = LazyLock::new(|| std::array::from_fn(|b| quant::fp8_e4m3(b as u8)));
 
-/// Rows `rows` and columns `ks` of one expert's `[n, k]` values `v` into `tile`, row by row
-/// `width` apart (`tile[r * width + kk]` = value `(rows.start + r, ks.start + kk)`), zeros past
-/// `ks` in each row (K padded to the kernels' groups) and in the rows past `rows` up to
-/// `tile.len() / width`. For block formats `ks.start` is a multiple of 32 (and of 128 for FP8
-/// tiles of 128 columns) and `ks.end` a multiple of 32 or K. The values were checked against
-/// `[n, k]`.
+/// Rows `rows` (at most [`COLS`]) and columns `ks` of one expert's `[n, k]` values `v` into
+/// the strict order's `tile` (`tile[g][r / 4][r % 4 * 4 + j]` = value `(rows.start + r,
+/// ks.start + 4g + j)`), zeros past `ks` in the last group and in the columns past `rows`;
+/// `tile` holds `ks.len().div_ceil(4)` groups and `scratch` four rows of at least that many
+/// groups. Four rows at a time: decoded into `scratch` (f32 rows read in place), then
+/// interleaved group by group, one whole vector of the tile per group. For block formats
+/// `ks.start` is a multiple of 32 (and of 128 for FP8 tiles of 128 columns) and `ks.end` a
+/// multiple of 32 or K. The values were checked against `[n, k]`.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
-pub(super) fn rows(
+pub(super) fn quads(
     v: &StoredValues<'_>,
     k: usize,
     rows: Range<usize>,
     ks: Range<usize>,
-    tile: &mut [f32],
-    width: usize,
+    tile: &mut [Quads],
+    scratch: &mut [f32],
 ) {
-    let live = rows.len();
-    for (n, out) in rows.zip(tile.chunks_exact_mut(width)) {
-        row(v, k, n, &ks, &mut out[..ks.len()]);
-        out[ks.len()..].fill(0.0);
+    let (len, padded) = (ks.len(), tile.len() * 4);
+    let (scratch, _) = scratch.as_chunks_mut::<4>();
+    let width = scratch.len() / 4;
+    for (q, first) in (0..COLS).step_by(4).enumerate() {
+        let mut in_place: [Option<&[f32]>; 4] = [None; 4];
+        for (i, (place, rows_scratch)) in in_place.iter_mut().zip(scratch.chunks_exact_mut(width)).enumerate()
+        {
+            let values = rows_scratch.as_flattened_mut();
+            let n = rows.start + first + i;
+            if n >= rows.end {
+                values[..padded].fill(0.0);
+            } else if let Some(stored) = stored_f32s(v, k, n, &ks).filter(|_| len == padded) {
+                *place = Some(stored);
+            } else {
+                row(v, k, n, &ks, &mut values[..len]);
+                values[len..padded].fill(0.0);
+            }
+        }
+        let mut src = scratch.chunks_exact(width).zip(in_place).map(|(own, stored)| match stored {
+            Some(stored) => stored.as_chunks::<4>().0,
+            None => own,
+        });
+        let (Some(s0), Some(s1), Some(s2), Some(s3)) = (src.next(), src.next(), src.next(), src.next())
+        else {
+            return;
+        };
+        for ((((group, w0), w1), w2), w3) in tile.iter_mut().zip(s0).zip(s1).zip(s2).zip(s3) {
+            let quad = &mut group[q];
+            quad[..4].copy_from_slice(w0);
+            quad[4..8].copy_from_slice(w1);
+            quad[8..12].copy_from_slice(w2);
+            quad[12..].copy_from_slice(w3);
+        }
     }
-    tile[live * width..].fill(0.0);
 }
 
-/// As [`rows`], transposed into `tile[kk][r]` for at most [`R`] rows (zeros in the lanes past
+/// Whether [`row_block`] reads `rows` rows (at most [`ROW_COLS`]) of `v` where they lie for any
+/// chunk of K that ends at K ([`ROW_COLS`] rows of Q8_0 or Q4_0 blocks, or of f32 values
+/// aligned with K a multiple of [`PAD`]), so that one chunk can be all of K; else it decodes
+/// them into its scratch, a chunk at a time (chunks its scratch holds).
+pub(super) fn in_place(v: &StoredValues<'_>, k: usize, rows: usize) -> bool {
+    match *v {
+        StoredValues::Quantised(QuantisedValues::Q8_0(_) | QuantisedValues::Q4_0(_)) => rows == ROW_COLS,
+        StoredValues::Float { dtype: WeightDtype::F32, bytes } => {
+            rows == ROW_COLS && k.is_multiple_of(PAD) && bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok()
+        }
+        _ => false,
+    }
+}
+
+/// Rows `rows` (at most [`ROW_COLS`]) and columns `ks` of one expert's `[n, k]` values `v` for
+/// [`super::kernel::RowsKernel`]: Q8_0 and Q4_0 blocks as they lie, where all [`ROW_COLS`]
+/// rows exist; else f32 values, row `r` being row `rows.start + r`'s values of `ks`, zeros
+/// after them up to a multiple of [`PAD`] values and in rows past `rows`; f32 rows read as
+/// they lie where they are aligned and whole, others decoded into `scratch` (at least
+/// [`ROW_COLS`] rows of `ks.len()` rounded up to [`PAD`]). Block formats as [`quads`].
+pub(super) fn row_block<'a>(
+    v: &StoredValues<'a>,
+    k: usize,
+    rows: Range<usize>,
+    ks: Range<usize>,
+    scratch: &'a mut [f32],
+) -> RowBlock<'a> {
+    if let (StoredValues::Quantised(q), ROW_COLS) = (v, rows.len()) {
+        let per_row = k / BLOCK_VALUES;
+        let blocks =
+            |n: usize| n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
+        let bytes = |stored: &'a [u8], size: usize| -> [&'a [u8]; ROW_COLS] {
+            std::array::from_fn(|r| {
+                let b = blocks(rows.start + r);
+                &stored[b.start * size..b.end * size]
+            })
+        };
+        match *q {
+            QuantisedValues::Q8_0(stored) => return RowBlock::Q8_0(bytes(stored, Q8_0_BLOCK_BYTES)),
+            QuantisedValues::Q4_0(stored) => return RowBlock::Q4_0(bytes(stored, Q4_0_BLOCK_BYTES)),
+            QuantisedValues::Mxfp4 { .. } | QuantisedValues::Fp8 { .. } => {}
+        }
+    }
+    let padded = ks.len().next_multiple_of(PAD);
+    let mut out: [&[f32]; ROW_COLS] = [&[]; ROW_COLS];
+    let mut own = scratch.chunks_exact_mut(padded);
+    for (c, slot) in out.iter_mut().enumerate() {
+        let n = rows.start + c;
+        let stored = if n < rows.end { stored_f32s(v, k, n, &ks) } else { None };
+        if let Some(stored) = stored.filter(|s| s.len() == padded) {
+            *slot = stored;
+            continue;
+        }
+        // The caller's chunk fits the scratch where rows are decoded (`in_place`).
+        let Some(own) = own.next() else { break };
+        if n < rows.end {
+            row(v, k, n, &ks, &mut own[..ks.len()]);
+            own[ks.len()..].fill(0.0);
+        } else {
+            own.fill(0.0);
+        }
+        *slot = own;
+    }
+    RowBlock::F32(out)
+}
+
+/// Row `n`, columns `ks`, of f32 values `v` as they lie, where their bytes are aligned for f32;
+/// None for other dtypes (the caller decodes them).
+#[inline(always)]
+fn stored_f32s<'v>(v: &StoredValues<'v>, k: usize, n: usize, ks: &Range<usize>) -> Option<&'v [f32]> {
+    let StoredValues::Float { dtype: WeightDtype::F32, bytes } = *v else {
+        return None;
+    };
+    bytemuck::try_cast_slice(&bytes[(n * k + ks.start) * 4..(n * k + ks.end) * 4]).ok()
+}
+
+/// As [`quads`], transposed into `tile[kk][r]` for at most [`R`] rows (zeros in the lanes past
 /// `rows` and in the tile's rows past `ks`); `scratch` holds at least `ks.len()` values.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
 pub(super) fn transposed(

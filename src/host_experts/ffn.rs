@@ -13,14 +13,14 @@ use rayon::prelude::*;
 
 use super::decode;
 use super::experts::HostExperts;
-use super::kernel::{self, Lanes, R, ROWS};
+use super::kernel::{self, COLS, Lanes, PAD, Quads, R, ROW_COLS, RowsKernel};
 use super::projection::HostProjection;
 use crate::error::{Error, Result};
-use crate::kernels::gemm::{Activation, GemmOrder, StoredValues, WeightDtype};
+use crate::kernels::gemm::{Activation, GemmOrder, StoredValues};
 
 /// Columns of K decoded into a tile at a time: a multiple of 128 (so FP8's groups and the
 /// 32-value blocks stay whole).
-const KC: usize = 256;
+const KC: usize = 128;
 
 /// Output columns of one task of one expert.
 const TASK_COLS: usize = 64;
@@ -40,9 +40,10 @@ struct Group {
     entries: Vec<usize>,
 }
 
-/// Per-thread tiles of decoded weights: row by row for the strict order, transposed (with a
-/// row of scratch) for the fast one.
+/// Per-thread tiles of decoded weights: four columns' groups side by side for the strict
+/// order (or rows, for [`RowsKernel`]), transposed for the fast one; four rows of scratch for the decoders.
 struct Tiles {
+    quads: Vec<Quads>,
     rows: Vec<f32>,
     lanes: Vec<Lanes>,
     scratch: Vec<f32>,
@@ -50,7 +51,12 @@ struct Tiles {
 
 impl Tiles {
     fn new() -> Self {
-        Tiles { rows: vec![0.0; ROWS * KC], lanes: vec![[0.0; R]; KC], scratch: vec![0.0; KC] }
+        Tiles {
+            quads: vec![[[0.0; R]; kernel::QUADS]; KC / 4],
+            rows: vec![0.0; ROW_COLS * KC],
+            lanes: vec![[0.0; R]; KC],
+            scratch: vec![0.0; 4 * KC],
+        }
     }
 }
 
@@ -132,8 +138,8 @@ impl HostExperts<'_> {
     fn compute(&self, x: &[f32], entries: &[HostEntry], groups: &[Group], out: &mut [f32]) -> Result<()> {
         let [_, f, h] = self.shape();
         let (f, h) = (f as usize, h as usize);
-        let (f4, h4) = (f.next_multiple_of(4), h.next_multiple_of(4));
-        // Each expert's rows of x, K padded with zeros to a multiple of four.
+        let (f4, h4) = (f.next_multiple_of(PAD), h.next_multiple_of(PAD));
+        // Each expert's rows of x, K padded with zeros to a multiple of the kernels' step.
         let xs = groups
             .iter()
             .map(|g| {
@@ -227,7 +233,7 @@ impl HostExperts<'_> {
 
     /// `[rows, cols]`: the dot products, in this order, of columns `cols` of one expert's
     /// `[N, k]` weights `v` with each of the `rows` rows of `x` (K padded with zeros to a
-    /// multiple of four).
+    /// multiple of [`PAD`]).
     fn dots(
         &self,
         tiles: &mut Tiles,
@@ -237,32 +243,43 @@ impl HostExperts<'_> {
         x: &[f32],
         rows: usize,
     ) -> Result<Vec<f32>> {
-        let stride = k.next_multiple_of(4);
+        let stride = k.next_multiple_of(PAD);
         let width = cols.len();
         let mut out = zeros("host experts' output block", rows * width)?;
         match self.order {
             GemmOrder::Strict => {
-                let mut acc = filled("host experts' accumulators", rows, [[0.0f32; 4]; ROWS])?;
-                for sub in cols.clone().step_by(ROWS) {
-                    let sub = sub..cols.end.min(sub + ROWS);
-                    acc.fill([[0.0; 4]; ROWS]);
-                    for at in (0..k).step_by(KC) {
-                        let ks = at..k.min(at + KC);
-                        let groups = ks.len().div_ceil(4);
-                        let rows = match stored_f32_rows(v, k, sub.clone(), ks.clone()) {
-                            Some(rows) => rows,
-                            None => {
-                                let tile = &mut tiles.rows[..ROWS * groups * 4];
-                                decode::rows(v, k, sub.clone(), ks, tile, groups * 4);
-                                let tile: &[[f32; 4]] = bytemuck::cast_slice(tile);
-                                std::array::from_fn(|r| &tile[r * groups..(r + 1) * groups])
+                let mut acc = filled("host experts' accumulators", rows, [[0.0f32; R]; kernel::QUADS])?;
+                let by_rows = RowsKernel::for_tokens(rows);
+                for sub in cols.clone().step_by(COLS) {
+                    let sub = sub..cols.end.min(sub + COLS);
+                    acc.fill([[0.0; R]; kernel::QUADS]);
+                    match &by_rows {
+                        // Eight columns at a time, each streaming through K.
+                        Some(kernel) => {
+                            for (block, first) in sub.clone().step_by(ROW_COLS).enumerate() {
+                                let block_rows = first..sub.end.min(first + ROW_COLS);
+                                // Rows read where they lie go through K in one run.
+                                let chunk = if decode::in_place(v, k, block_rows.len()) { k } else { KC };
+                                for at in (0..k).step_by(chunk) {
+                                    let ks = at..k.min(at + chunk);
+                                    let rows =
+                                        decode::row_block(v, k, block_rows.clone(), ks, &mut tiles.rows);
+                                    kernel.run(&rows, block * ROW_COLS / 4, x, stride, at, &mut acc);
+                                }
                             }
-                        };
-                        kernel::strict_rows(rows, groups, x, stride, at, &mut acc);
+                        }
+                        None => {
+                            for at in (0..k).step_by(KC) {
+                                let ks = at..k.min(at + KC);
+                                let tile = &mut tiles.quads[..ks.len().div_ceil(4)];
+                                decode::quads(v, k, sub.clone(), ks, tile, &mut tiles.scratch);
+                                kernel::strict_quads(tile, x, stride, at, &mut acc);
+                            }
+                        }
                     }
                     for (o, a) in out.chunks_exact_mut(width).zip(&acc) {
-                        for (r, n) in sub.clone().enumerate() {
-                            o[n - cols.start] = kernel::strict_sum(&a[r]);
+                        for (c, n) in sub.clone().enumerate() {
+                            o[n - cols.start] = kernel::strict_sum(a, c);
                         }
                     }
                 }
@@ -275,7 +292,7 @@ impl HostExperts<'_> {
                     for at in (0..k).step_by(KC) {
                         let ks = at..k.min(at + KC);
                         let tile = &mut tiles.lanes[..ks.len().next_multiple_of(4)];
-                        decode::transposed(v, k, sub.clone(), ks, tile, &mut tiles.scratch);
+                        decode::transposed(v, k, sub.clone(), ks, tile, &mut tiles.scratch[..KC]);
                         kernel::fast_chunk(tile, x, stride, at, &mut acc);
                     }
                     for (o, a) in out.chunks_exact_mut(width).zip(&acc) {
@@ -296,27 +313,6 @@ fn tasks(groups: usize, cols: usize) -> Vec<(usize, Range<usize>)> {
     (0..groups)
         .flat_map(|g| (0..cols).step_by(TASK_COLS).map(move |c| (g, c..cols.min(c + TASK_COLS))))
         .collect()
-}
-
-/// Rows `rows` and columns `ks` of f32 values `v` as they lie, where the kernels can read them
-/// there: [`ROWS`] rows of whole groups of four, the bytes aligned for f32. None otherwise
-/// (other dtypes, a last group or a last block of rows that needs zeros): the caller decodes
-/// them into a tile.
-fn stored_f32_rows<'v>(
-    v: &StoredValues<'v>,
-    k: usize,
-    rows: Range<usize>,
-    ks: Range<usize>,
-) -> Option<[&'v [[f32; 4]]; ROWS]> {
-    let StoredValues::Float { dtype: WeightDtype::F32, bytes } = *v else {
-        return None;
-    };
-    if rows.len() != ROWS || !ks.len().is_multiple_of(4) {
-        return None;
-    }
-    let values: &[f32] = bytemuck::try_cast_slice(bytes).ok()?;
-    let row = |n: usize| bytemuck::cast_slice(&values[n * k + ks.start..n * k + ks.end]);
-    Some(std::array::from_fn(|r| row(rows.start + r)))
 }
 
 /// Expert `e`'s values of `p` ([`HostExperts::new`] checked that the projections hold the same

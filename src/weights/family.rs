@@ -309,23 +309,23 @@ pub(crate) fn resolve(config: Option<&Value>, flags: &RoutingFlags, t: &TensorFa
     check_tensors(family, t)?;
     let has_config = config.is_some();
 
-    if let Some(e) = cfg.u32(family.experts_key())? {
-        if e != t.experts {
-            return Err(Error::invalid(format!(
-                "config.json says {e} experts (`{}`) but the router has {} rows",
-                family.experts_key(),
-                t.experts
-            )));
-        }
+    if let Some(e) = cfg.u32(family.experts_key())?
+        && e != t.experts
+    {
+        return Err(Error::invalid(format!(
+            "config.json says {e} experts (`{}`) but the router has {} rows",
+            family.experts_key(),
+            t.experts
+        )));
     }
-    if let Some(f) = cfg.u32(family.ffn_key())? {
-        if f != t.ffn {
-            return Err(Error::invalid(format!(
-                "config.json says `{}` = {f} but the expert tensors have {} rows",
-                family.ffn_key(),
-                t.ffn
-            )));
-        }
+    if let Some(f) = cfg.u32(family.ffn_key())?
+        && f != t.ffn
+    {
+        return Err(Error::invalid(format!(
+            "config.json says `{}` = {f} but the expert tensors have {} rows",
+            family.ffn_key(),
+            t.ffn
+        )));
     }
     check_shared(family, &cfg, t)?;
 
@@ -339,23 +339,24 @@ pub(crate) fn resolve(config: Option<&Value>, flags: &RoutingFlags, t: &TensorFa
         )));
     }
 
-    if let Some(act) = cfg.str("hidden_act")? {
-        if act != "silu" && act != "swish" {
-            return Err(Error::invalid(format!(
-                "config.json: `hidden_act` = \"{act}\", but moeflow's experts are SwiGLU with SiLU (silu)"
-            )));
-        }
+    if let Some(act) = cfg.str("hidden_act")?
+        && act != "silu"
+        && act != "swish"
+    {
+        return Err(Error::invalid(format!(
+            "config.json: `hidden_act` = \"{act}\", but moeflow's experts are SwiGLU with SiLU (silu)"
+        )));
     }
     let scoring = cfg.str("scoring_func")?;
     let method = cfg.str("topk_method")?;
     let (n_group, topk_group) = (cfg.u32("n_group")?, cfg.u32("topk_group")?);
     let family_scoring = if family == Family::DeepseekV3 { "sigmoid" } else { "softmax" };
-    if let Some(s) = scoring {
-        if s != family_scoring {
-            return Err(Error::invalid(format!(
-                "config.json: `scoring_func` = \"{s}\", but {family} scores with {family_scoring}; moeflow does not run {s}"
-            )));
-        }
+    if let Some(s) = scoring
+        && s != family_scoring
+    {
+        return Err(Error::invalid(format!(
+            "config.json: `scoring_func` = \"{s}\", but {family} scores with {family_scoring}; moeflow does not run {s}"
+        )));
     }
     match (family, method) {
         (_, None) | (Family::DeepseekV2, Some("greedy")) | (Family::DeepseekV3, Some("noaux_tc")) => {}

@@ -58,11 +58,12 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
     let mut rng = ChaCha8Rng::seed_from_u64(case.h as u64 * 31 + case.f as u64);
     let mut gate_v = random(&mut rng, e * f * h, 0.5);
     if case.dtype == WeightDtype::F32 {
-        // Specials in the weights of expert 2 (which takes every token).
-        let at = 2 * f * h;
-        gate_v[at] = f32::NAN;
-        gate_v[at + h + 1] = f32::INFINITY;
-        gate_v[at + 2 * h] = -0.0;
+        // Specials in the weights of expert 2 (which takes every token) and 5 (two tokens).
+        for at in [2 * f * h, 5 * f * h] {
+            gate_v[at] = f32::NAN;
+            gate_v[at + h + 1] = f32::INFINITY;
+            gate_v[at + 2 * h] = -0.0;
+        }
     }
     let mut gate = StoredExperts::new(case.dtype, &gate_v, [e, f, h]).unwrap();
     let up = StoredExperts::new(case.dtype, &random(&mut rng, e * f * h, 0.5), [e, f, h]).unwrap();
@@ -70,7 +71,7 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
     // Expert 2's third column block: infinite or NaN values.
     poison_block(&mut gate, 2 * f * h / 32 + 3);
     let biases = [random(&mut rng, e * f, 0.1), random(&mut rng, e * f, 0.1), random(&mut rng, e * h, 0.1)];
-    let held = [0u32, 2, 3, 5];
+    let held = [0u32, 2, 3, 4, 5];
     let mut host =
         HostExperts::new(host(&gate, &held), host(&up, &held), host(&down, &held), order, activation)
             .unwrap();
@@ -81,10 +82,12 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
         host = host.with_threads(t).unwrap();
     }
     let x = adversarial_x(&mut rng, tokens, h);
-    // Expert 2 takes every token, 0 and 5 a few (token 6 twice), 3 none.
+    // Expert 2 takes every token, 0 three (token 6 twice), 5 two, 4 one, 3 none: the kernels
+    // for several tokens at once and for one or two.
     let mut entries: Vec<HostEntry> = (0..tokens as u32).map(|t| HostEntry { token: t, expert: 2 }).collect();
-    entries
-        .extend([(6, 0), (1, 5), (6, 5), (0, 0), (6, 0)].map(|(token, expert)| HostEntry { token, expert }));
+    entries.extend(
+        [(6, 0), (1, 5), (6, 5), (0, 0), (6, 0), (3, 4)].map(|(token, expert)| HostEntry { token, expert }),
+    );
     let mut out = vec![0.0f32; entries.len() * h];
     host.run(&x, &entries, &mut out).unwrap();
     let w = FfnWeights {
@@ -113,7 +116,7 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
 #[test]
 fn host_experts_give_the_references_bits_in_every_dtype_and_order() {
     let cases = [
-        // K not a multiple of four; columns not a multiple of the tile's 16.
+        // K not a multiple of four; columns not a multiple of the tiles' 16 or 32.
         Case { dtype: WeightDtype::F32, h: 37, f: 21 },
         // H past one chunk of 256 with a tail.
         Case { dtype: WeightDtype::F32, h: 300, f: 40 },
