@@ -130,17 +130,27 @@ impl StoredExperts {
     /// # Errors
     /// A block past the values.
     pub fn set_block_scale(&mut self, b: usize, bits: u16) -> Result<()> {
-        let at = |per: usize| b * per..b * per + 2;
-        let out_of_range = || Error::invalid(format!("block {b} is past the stored values"));
-        match self.dtype {
-            WeightDtype::Q8_0 => {
-                self.bytes.get_mut(at(34)).ok_or_else(out_of_range)?.copy_from_slice(&bits.to_le_bytes())
+        self.set_block_scales(b..b + 1, bits)
+    }
+
+    /// [`Self::set_block_scale`] for every block of `blocks`, decoding the values once.
+    ///
+    /// # Errors
+    /// A block past the values.
+    pub fn set_block_scales(&mut self, blocks: std::ops::Range<usize>, bits: u16) -> Result<()> {
+        for b in blocks {
+            let at = |per: usize| b * per..b * per + 2;
+            let out_of_range = || Error::invalid(format!("block {b} is past the stored values"));
+            match self.dtype {
+                WeightDtype::Q8_0 => {
+                    self.bytes.get_mut(at(34)).ok_or_else(out_of_range)?.copy_from_slice(&bits.to_le_bytes())
+                }
+                WeightDtype::Q4_0 => {
+                    self.bytes.get_mut(at(18)).ok_or_else(out_of_range)?.copy_from_slice(&bits.to_le_bytes())
+                }
+                WeightDtype::Mxfp4 => *self.scales.get_mut(b).ok_or_else(out_of_range)? = bits as u8,
+                _ => return Ok(()),
             }
-            WeightDtype::Q4_0 => {
-                self.bytes.get_mut(at(18)).ok_or_else(out_of_range)?.copy_from_slice(&bits.to_le_bytes())
-            }
-            WeightDtype::Mxfp4 => *self.scales.get_mut(b).ok_or_else(out_of_range)? = bits as u8,
-            _ => return Ok(()),
         }
         self.decode()
     }

@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 use half::f16;
 use multiversion::multiversion;
 
-use super::kernel::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock};
+use super::tile::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 use crate::quant::{self, BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
@@ -71,12 +71,16 @@ pub(super) fn quads(
 }
 
 /// Whether [`row_block`] reads `rows` rows (at most [`ROW_COLS`]) of `v` where they lie for any
-/// chunk of K that ends at K ([`ROW_COLS`] rows of Q8_0 or Q4_0 blocks, or of f32 values
+/// chunk of K that ends at K ([`ROW_COLS`] rows of Q8_0, Q4_0 or MXFP4 blocks, of f16 values
+/// with K a multiple of [`PAD`], or of f32 values
 /// aligned with K a multiple of [`PAD`]), so that one chunk can be all of K; else it decodes
 /// them into its scratch, a chunk at a time (chunks its scratch holds).
 pub(super) fn in_place(v: &StoredValues<'_>, k: usize, rows: usize) -> bool {
     match *v {
-        StoredValues::Quantised(QuantisedValues::Q8_0(_) | QuantisedValues::Q4_0(_)) => rows == ROW_COLS,
+        StoredValues::Quantised(
+            QuantisedValues::Q8_0(_) | QuantisedValues::Q4_0(_) | QuantisedValues::Mxfp4 { .. },
+        ) => rows == ROW_COLS,
+        StoredValues::Float { dtype: WeightDtype::F16, .. } => rows == ROW_COLS && k.is_multiple_of(PAD),
         StoredValues::Float { dtype: WeightDtype::F32, bytes } => {
             rows == ROW_COLS && k.is_multiple_of(PAD) && bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok()
         }
@@ -85,7 +89,8 @@ pub(super) fn in_place(v: &StoredValues<'_>, k: usize, rows: usize) -> bool {
 }
 
 /// Rows `rows` (at most [`ROW_COLS`]) and columns `ks` of one expert's `[n, k]` values `v` for
-/// [`super::kernel::RowsKernel`]: Q8_0 and Q4_0 blocks as they lie, where all [`ROW_COLS`]
+/// [`super::kernel::RowsKernel`]: Q8_0, Q4_0 and MXFP4 blocks and f16 values (whole steps) as
+/// they lie, where all [`ROW_COLS`]
 /// rows exist; else f32 values, row `r` being row `rows.start + r`'s values of `ks`, zeros
 /// after them up to a multiple of [`PAD`] values and in rows past `rows`; f32 rows read as
 /// they lie where they are aligned and whole, others decoded into `scratch` (at least
@@ -110,8 +115,19 @@ pub(super) fn row_block<'a>(
         match *q {
             QuantisedValues::Q8_0(stored) => return RowBlock::Q8_0(bytes(stored, Q8_0_BLOCK_BYTES)),
             QuantisedValues::Q4_0(stored) => return RowBlock::Q4_0(bytes(stored, Q4_0_BLOCK_BYTES)),
-            QuantisedValues::Mxfp4 { .. } | QuantisedValues::Fp8 { .. } => {}
+            QuantisedValues::Mxfp4 { codes, scales } => {
+                return RowBlock::Mxfp4 { codes: bytes(codes, MXFP4_BLOCK_BYTES), scales: bytes(scales, 1) };
+            }
+            QuantisedValues::Fp8 { .. } => {}
         }
+    }
+    if let (StoredValues::Float { dtype: WeightDtype::F16, bytes }, ROW_COLS) = (v, rows.len())
+        && ks.len().is_multiple_of(PAD)
+    {
+        return RowBlock::F16(std::array::from_fn(|r| {
+            let n = rows.start + r;
+            &bytes[(n * k + ks.start) * 2..(n * k + ks.end) * 2]
+        }));
     }
     let padded = ks.len().next_multiple_of(PAD);
     let mut out: [&[f32]; ROW_COLS] = [&[]; ROW_COLS];

@@ -13,8 +13,9 @@ use rayon::prelude::*;
 
 use super::decode;
 use super::experts::HostExperts;
-use super::kernel::{self, COLS, Lanes, PAD, Quads, R, ROW_COLS, RowsKernel};
+use super::kernel::{self, RowsKernel};
 use super::projection::HostProjection;
+use super::tile::{COLS, Lanes, PAD, QUADS, Quads, R, ROW_COLS};
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{Activation, GemmOrder, StoredValues};
 
@@ -52,7 +53,7 @@ struct Tiles {
 impl Tiles {
     fn new() -> Self {
         Tiles {
-            quads: vec![[[0.0; R]; kernel::QUADS]; KC / 4],
+            quads: vec![[[0.0; R]; QUADS]; KC / 4],
             rows: vec![0.0; ROW_COLS * KC],
             lanes: vec![[0.0; R]; KC],
             scratch: vec![0.0; 4 * KC],
@@ -248,11 +249,11 @@ impl HostExperts<'_> {
         let mut out = zeros("host experts' output block", rows * width)?;
         match self.order {
             GemmOrder::Strict => {
-                let mut acc = filled("host experts' accumulators", rows, [[0.0f32; R]; kernel::QUADS])?;
+                let mut acc = filled("host experts' accumulators", rows, [[0.0f32; R]; QUADS])?;
                 let by_rows = RowsKernel::for_tokens(rows);
                 for sub in cols.clone().step_by(COLS) {
                     let sub = sub..cols.end.min(sub + COLS);
-                    acc.fill([[0.0; R]; kernel::QUADS]);
+                    acc.fill([[0.0; R]; QUADS]);
                     match &by_rows {
                         // Eight columns at a time, each streaming through K.
                         Some(kernel) => {

@@ -6,16 +6,20 @@
 //! as [`crate::quant`] decodes it and each dot in the layer's accumulation order, so a host
 //! expert's output has the bits of the CPU reference (`reference::gemm::ffn_row`).
 //!
-//! Files: `projection.rs` (one projection's stored values, expert by expert), `decode.rs`
-//! (stored values to f32 tiles), `kernel.rs` (the dot products per order and SIMD target),
-//! `experts.rs` (the experts a host holds, checked), `ffn.rs` (the FFN over the rows routed to the
-//! host). This file is the face.
+//! Files: `projection.rs` (one projection's stored values, expert by expert), `tile.rs` (the
+//! layouts the decoders write and the kernels read), `decode.rs` (stored values to tiles and
+//! rows), `kernel.rs` (the dot products per order and SIMD target), `x86.rs` (the x86-64
+//! vector kernels it calls), `experts.rs` (the experts a host holds, checked), `ffn.rs` (the
+//! FFN over the rows routed to the host). This file is the face.
 
 mod decode;
 mod experts;
 mod ffn;
 mod kernel;
 mod projection;
+mod tile;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use experts::{HostBias, HostExperts};
 pub use ffn::HostEntry;

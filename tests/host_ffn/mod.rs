@@ -28,6 +28,13 @@ fn poison_block(stored: &mut StoredExperts, b: usize) {
     stored.set_block_scale(b, bits).unwrap();
 }
 
+/// Makes the scales of `blocks` the format's smallest (Q8_0, Q4_0: a subnormal f16; MXFP4:
+/// 2^-127).
+fn tiny_blocks(stored: &mut StoredExperts, blocks: std::ops::Range<usize>) {
+    let bits = if stored.dtype() == WeightDtype::Mxfp4 { 0 } else { 1 };
+    stored.set_block_scales(blocks, bits).unwrap();
+}
+
 fn random(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-scale..scale)).collect()
 }
@@ -66,10 +73,14 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
         }
     }
     let mut gate = StoredExperts::new(case.dtype, &gate_v, [e, f, h]).unwrap();
-    let up = StoredExperts::new(case.dtype, &random(&mut rng, e * f * h, 0.5), [e, f, h]).unwrap();
+    let mut up = StoredExperts::new(case.dtype, &random(&mut rng, e * f * h, 0.5), [e, f, h]).unwrap();
     let down = StoredExperts::new(case.dtype, &random(&mut rng, e * h * f, 0.5), [e, h, f]).unwrap();
     // Expert 2's third column block: infinite or NaN values.
     poison_block(&mut gate, 2 * f * h / 32 + 3);
+    // The same in expert 5 (two tokens); the smallest scale in all of expert 4's up
+    // projection (one token), whose outputs are then that small too.
+    poison_block(&mut gate, 5 * f * h / 32 + 3);
+    tiny_blocks(&mut up, 4 * f * h / 32..5 * f * h / 32);
     let biases = [random(&mut rng, e * f, 0.1), random(&mut rng, e * f, 0.1), random(&mut rng, e * h, 0.1)];
     let held = [0u32, 2, 3, 4, 5];
     let mut host =
@@ -86,7 +97,7 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
     // for several tokens at once and for one or two.
     let mut entries: Vec<HostEntry> = (0..tokens as u32).map(|t| HostEntry { token: t, expert: 2 }).collect();
     entries.extend(
-        [(6, 0), (1, 5), (6, 5), (0, 0), (6, 0), (3, 4)].map(|(token, expert)| HostEntry { token, expert }),
+        [(6, 0), (1, 5), (6, 5), (0, 0), (6, 0), (5, 4)].map(|(token, expert)| HostEntry { token, expert }),
     );
     let mut out = vec![0.0f32; entries.len() * h];
     host.run(&x, &entries, &mut out).unwrap();
@@ -121,6 +132,8 @@ fn host_experts_give_the_references_bits_in_every_dtype_and_order() {
         // H past one chunk of 256 with a tail.
         Case { dtype: WeightDtype::F32, h: 300, f: 40 },
         Case { dtype: WeightDtype::F16, h: 37, f: 21 },
+        // f16 rows read in place (H a multiple of 16).
+        Case { dtype: WeightDtype::F16, h: 320, f: 40 },
         Case { dtype: WeightDtype::Bf16, h: 300, f: 21 },
         Case { dtype: WeightDtype::Q8_0, h: 320, f: 96 },
         Case { dtype: WeightDtype::Q4_0, h: 320, f: 96 },
