@@ -972,6 +972,10 @@ fn example_runs_a_gpt_oss_mxfp4_layer() {
     let with_config: [&std::ffi::OsStr; 2] = ["--config".as_ref(), config_path.as_os_str()];
     let expect = ["gpt_oss", "Mxfp4"];
     example_matches_reference(&dir, &dir.join("w.safetensors"), &with_config, &expect, (&ry, &ridx), h);
+    // Every routed expert left in the checkpoint as shipped and computed on the CPU.
+    let on_host: [&std::ffi::OsStr; 3] = ["--config".as_ref(), config_path.as_os_str(), "--cpu-moe".as_ref()];
+    let expect_on_host = ["gpt_oss", "Mxfp4", "8 of 8 experts on the host"];
+    example_matches_reference(&dir, &dir.join("w.safetensors"), &on_host, &expect_on_host, (&ry, &ridx), h);
 
     // The same layer as llama.cpp converts it to GGUF: gate and up apart, ggml's MXFP4 blocks
     // (code 8, -0, is +0 there: the reference's values up to the sign of zero).

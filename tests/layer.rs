@@ -691,40 +691,55 @@ fn checkpoint_experts_left_on_the_host_give_the_uploaded_layers_outputs() {
     use moeflow::weights::{
         Checkpoint, LoadOptions, upload_checkpoint_layer, upload_checkpoint_layer_placed,
     };
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen2_moe_bf16_t5_norm");
-    let config = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    let opts = LoadOptions { config: Some(config), ..LoadOptions::default() };
-    let ckpt = Checkpoint::open(&dir.join("weights.safetensors")).unwrap();
-    for ctx in contexts() {
-        let want = upload_checkpoint_layer(&ctx, &ckpt, &opts, |c| c).unwrap().layer;
-        let cfg = *want.config();
-        let (h, e) = (cfg.route.hidden as usize, cfg.route.experts);
-        let x = Synth::new(65).uniform(7 * h, 1.0);
-        let want = want.forward_host(&ctx, &x).unwrap();
-        for placement in
-            [ExpertPlacement::all_on_host(e), ExpertPlacement::with_host(e, &[0, e - 1]).unwrap()]
-        {
-            let placed =
-                upload_checkpoint_layer_placed(&ctx, &ckpt, &opts, |_| Ok(placement.clone()), |c| c).unwrap();
-            assert_eq!(placed.host.experts(), placement.host_experts());
-            let per_expert = 3 * u64::from(cfg.ffn) * h as u64 * 2;
-            assert_eq!(placed.host.bytes(), per_expert * placement.host_experts().len() as u64);
-            let got = placed.uploaded.layer.forward_host_hybrid(&ctx, &x, &placed.host).unwrap();
-            let what = format!("{} host {:?}", ctx.adapter().slug(), placement.host_experts());
-            assert_eq!(got.indices, want.indices, "{what}: indices");
-            assert_rows_close(&what, &got.y, &want.y, h);
+    // Qwen2-MoE in bf16; gpt-oss in MXFP4 as shipped (gate and up rows interleaved, biases):
+    // bytes per value as stored, a block's 32 values in 34 (bf16) or 17 (MXFP4) bytes.
+    for (fixture, block_bytes) in [("qwen2_moe_bf16_t5_norm", 64), ("gpt_oss_mxfp4_t37", 17)] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(fixture);
+        let config = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let opts = LoadOptions { config: Some(config), ..LoadOptions::default() };
+        let ckpt = Checkpoint::open(&dir.join("weights.safetensors")).unwrap();
+        for ctx in contexts() {
+            let want = upload_checkpoint_layer(&ctx, &ckpt, &opts, |c| c).unwrap().layer;
+            let cfg = *want.config();
+            let (h, e) = (cfg.route.hidden as usize, cfg.route.experts);
+            let x = Synth::new(65).uniform(7 * h, 1.0);
+            let want = want.forward_host(&ctx, &x).unwrap();
+            for placement in
+                [ExpertPlacement::all_on_host(e), ExpertPlacement::with_host(e, &[0, e - 1]).unwrap()]
+            {
+                let placed =
+                    upload_checkpoint_layer_placed(&ctx, &ckpt, &opts, |_| Ok(placement.clone()), |c| c)
+                        .unwrap();
+                assert_eq!(placed.host.experts(), placement.host_experts());
+                let per_expert = 3 * u64::from(cfg.ffn) * h as u64 / 32 * block_bytes;
+                assert_eq!(placed.host.bytes(), per_expert * placement.host_experts().len() as u64);
+                let got = placed.uploaded.layer.forward_host_hybrid(&ctx, &x, &placed.host).unwrap();
+                let what = format!("{fixture} {} host {:?}", ctx.adapter().slug(), placement.host_experts());
+                assert_eq!(got.indices, want.indices, "{what}: indices");
+                assert_rows_close(&what, &got.y, &want.y, h);
+            }
         }
-        let other = LoadOptions { dtype: Some(WeightDtype::F32), ..opts.clone() };
+    }
+    // A layer converted on load cannot leave its experts in place.
+    for (fixture, refusal) in [
+        ("qwen2_moe_bf16_t5_norm", "keeps the stored dtype"),
+        ("gpt_oss_mxfp4_t37", "as shipped, MXFP4 blocks"),
+    ] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(fixture);
+        let config = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let opts =
+            LoadOptions { config: Some(config), dtype: Some(WeightDtype::F32), ..LoadOptions::default() };
+        let ckpt = Checkpoint::open(&dir.join("weights.safetensors")).unwrap();
+        let Some(ctx) = contexts().into_iter().next() else { return };
         let err = upload_checkpoint_layer_placed(
             &ctx,
             &ckpt,
-            &other,
+            &opts,
             |e| Ok(ExpertPlacement::all_on_host(e)),
             |c| c,
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains("keeps the stored dtype"), "{err}");
+        assert!(err.contains(refusal), "{fixture}: {err}");
     }
 }

@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 use half::f16;
 use multiversion::multiversion;
 
+use super::projection::RowMap;
 use super::tile::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 use crate::quant::{self, BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
@@ -17,8 +18,8 @@ use crate::quant::{self, BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0
 /// Every FP8 e4m3 byte as its value ([`quant::fp8_e4m3`]).
 static FP8: LazyLock<[f32; 256]> = LazyLock::new(|| std::array::from_fn(|b| quant::fp8_e4m3(b as u8)));
 
-/// Rows `rows` (at most [`COLS`]) and columns `ks` of one expert's `[n, k]` values `v` into
-/// the strict order's `tile` (`tile[g][r / 4][r % 4 * 4 + j]` = value `(rows.start + r,
+/// Rows `rows` (at most [`COLS`]; row `n` stored row `map.at(n)`) and columns `ks` of one
+/// expert's `[n, k]` values `v` into the strict order's `tile` (`tile[g][r / 4][r % 4 * 4 + j]` = value `(rows.start + r,
 /// ks.start + 4g + j)`), zeros past `ks` in the last group and in the columns past `rows`;
 /// `tile` holds `ks.len().div_ceil(4)` groups and `scratch` four rows of at least that many
 /// groups. Four rows at a time: decoded into `scratch` (f32 rows read in place), then
@@ -28,6 +29,7 @@ static FP8: LazyLock<[f32; 256]> = LazyLock::new(|| std::array::from_fn(|b| quan
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
 pub(super) fn quads(
     v: &StoredValues<'_>,
+    map: RowMap,
     k: usize,
     rows: Range<usize>,
     ks: Range<usize>,
@@ -43,12 +45,13 @@ pub(super) fn quads(
         {
             let values = rows_scratch.as_flattened_mut();
             let n = rows.start + first + i;
+            let stored = map.at(n);
             if n >= rows.end {
                 values[..padded].fill(0.0);
-            } else if let Some(stored) = stored_f32s(v, k, n, &ks).filter(|_| len == padded) {
-                *place = Some(stored);
+            } else if let Some(values) = stored_f32s(v, k, stored, &ks).filter(|_| len == padded) {
+                *place = Some(values);
             } else {
-                row(v, k, n, &ks, &mut values[..len]);
+                row(v, k, stored, &ks, &mut values[..len]);
                 values[len..padded].fill(0.0);
             }
         }
@@ -88,7 +91,8 @@ pub(super) fn in_place(v: &StoredValues<'_>, k: usize, rows: usize) -> bool {
     }
 }
 
-/// Rows `rows` (at most [`ROW_COLS`]) and columns `ks` of one expert's `[n, k]` values `v` for
+/// Rows `rows` (at most [`ROW_COLS`]; row `n` stored row `map.at(n)`) and columns `ks` of one
+/// expert's `[n, k]` values `v` for
 /// [`super::kernel::RowsKernel`]: Q8_0, Q4_0 and MXFP4 blocks and f16 values (whole steps) as
 /// they lie, where all [`ROW_COLS`]
 /// rows exist; else f32 values, row `r` being row `rows.start + r`'s values of `ks`, zeros
@@ -97,6 +101,7 @@ pub(super) fn in_place(v: &StoredValues<'_>, k: usize, rows: usize) -> bool {
 /// [`ROW_COLS`] rows of `ks.len()` rounded up to [`PAD`]). Block formats as [`quads`].
 pub(super) fn row_block<'a>(
     v: &StoredValues<'a>,
+    map: RowMap,
     k: usize,
     rows: Range<usize>,
     ks: Range<usize>,
@@ -108,7 +113,7 @@ pub(super) fn row_block<'a>(
             |n: usize| n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
         let bytes = |stored: &'a [u8], size: usize| -> [&'a [u8]; ROW_COLS] {
             std::array::from_fn(|r| {
-                let b = blocks(rows.start + r);
+                let b = blocks(map.at(rows.start + r));
                 &stored[b.start * size..b.end * size]
             })
         };
@@ -125,7 +130,7 @@ pub(super) fn row_block<'a>(
         && ks.len().is_multiple_of(PAD)
     {
         return RowBlock::F16(std::array::from_fn(|r| {
-            let n = rows.start + r;
+            let n = map.at(rows.start + r);
             &bytes[(n * k + ks.start) * 2..(n * k + ks.end) * 2]
         }));
     }
@@ -134,7 +139,7 @@ pub(super) fn row_block<'a>(
     let mut own = scratch.chunks_exact_mut(padded);
     for (c, slot) in out.iter_mut().enumerate() {
         let n = rows.start + c;
-        let stored = if n < rows.end { stored_f32s(v, k, n, &ks) } else { None };
+        let stored = if n < rows.end { stored_f32s(v, k, map.at(n), &ks) } else { None };
         if let Some(stored) = stored.filter(|s| s.len() == padded) {
             *slot = stored;
             continue;
@@ -142,7 +147,7 @@ pub(super) fn row_block<'a>(
         // The caller's chunk fits the scratch where rows are decoded (`in_place`).
         let Some(own) = own.next() else { break };
         if n < rows.end {
-            row(v, k, n, &ks, &mut own[..ks.len()]);
+            row(v, k, map.at(n), &ks, &mut own[..ks.len()]);
             own[ks.len()..].fill(0.0);
         } else {
             own.fill(0.0);
@@ -167,6 +172,7 @@ fn stored_f32s<'v>(v: &StoredValues<'v>, k: usize, n: usize, ks: &Range<usize>) 
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
 pub(super) fn transposed(
     v: &StoredValues<'_>,
+    map: RowMap,
     k: usize,
     rows: Range<usize>,
     ks: Range<usize>,
@@ -176,7 +182,7 @@ pub(super) fn transposed(
     let live = rows.len();
     let values = &mut scratch[..ks.len()];
     for (r, n) in rows.enumerate() {
-        row(v, k, n, &ks, values);
+        row(v, k, map.at(n), &ks, values);
         for (lanes, &value) in tile.iter_mut().zip(values.iter()) {
             lanes[r] = value;
         }

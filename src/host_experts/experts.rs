@@ -19,6 +19,14 @@ pub struct HostBias<'a> {
     pub down: &'a [f32],
 }
 
+/// The biases [`HostExperts::with_bias`] keeps, copied: gate and up `[E, F]`, down `[E, H]`.
+#[derive(Clone, Debug)]
+pub(super) struct Biases {
+    pub(super) gate: Vec<f32>,
+    pub(super) up: Vec<f32>,
+    pub(super) down: Vec<f32>,
+}
+
 /// A layer's routed experts that host memory holds, computed on the CPU: gate and up
 /// `[E, F, H]`, down `[E, H, F]` ([`HostProjection`]s holding the same experts in one dtype),
 /// the activation between them, optional biases and the accumulation order of every dot.
@@ -27,7 +35,7 @@ pub struct HostExperts<'a> {
     pub(super) gate: HostProjection<'a>,
     pub(super) up: HostProjection<'a>,
     pub(super) down: HostProjection<'a>,
-    pub(super) bias: Option<HostBias<'a>>,
+    pub(super) bias: Option<Biases>,
     pub(super) order: GemmOrder,
     pub(super) activation: Activation,
     pub(super) pool: Option<Arc<rayon::ThreadPool>>,
@@ -81,20 +89,32 @@ impl<'a> HostExperts<'a> {
         Ok(HostExperts { gate, up, down, bias: None, order, activation, pool: None })
     }
 
-    /// Adds the experts' projection biases, each one add after its dot product.
+    /// Adds the experts' projection biases, each one add after its dot product (copied: they
+    /// are small, and may be converted from the checkpoint's).
     ///
     /// # Errors
-    /// [`Error::Shape`] when the lengths are not `[E, F]`, `[E, F]`, `[E, H]`.
-    pub fn with_bias(self, bias: HostBias<'a>) -> Result<Self> {
+    /// [`Error::Shape`] when the lengths are not `[E, F]`, `[E, F]`, `[E, H]`;
+    /// [`Error::HostMemory`] where the host cannot hold the copy.
+    pub fn with_bias(self, bias: HostBias<'_>) -> Result<Self> {
         let [e, f, h] = self.gate.shape();
         let (e, f, h) = (e as usize, f as usize, h as usize);
-        for (name, got, want) in
-            [("gate", bias.gate.len(), e * f), ("up", bias.up.len(), e * f), ("down", bias.down.len(), e * h)]
-        {
-            if got != want {
-                return Err(Error::shape(format!("host experts' {name} bias"), want, got));
+        let copy = |name: &str, values: &[f32], want: usize| -> Result<Vec<f32>> {
+            if values.len() != want {
+                return Err(Error::shape(format!("host experts' {name} bias"), want, values.len()));
             }
-        }
+            let mut copy = Vec::new();
+            copy.try_reserve_exact(want).map_err(|_| Error::HostMemory {
+                what: format!("host experts' {name} bias"),
+                bytes: want as u64 * 4,
+            })?;
+            copy.extend_from_slice(values);
+            Ok(copy)
+        };
+        let bias = Biases {
+            gate: copy("gate", bias.gate, e * f)?,
+            up: copy("up", bias.up, e * f)?,
+            down: copy("down", bias.down, e * h)?,
+        };
         Ok(HostExperts { bias: Some(bias), ..self })
     }
 

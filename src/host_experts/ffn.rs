@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::decode;
 use super::experts::HostExperts;
 use super::kernel::{self, RowsKernel};
-use super::projection::HostProjection;
+use super::projection::{HostProjection, RowMap};
 use super::tile::{COLS, Lanes, PAD, QUADS, Quads, R, ROW_COLS};
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{Activation, GemmOrder, StoredValues};
@@ -233,12 +233,12 @@ impl HostExperts<'_> {
     }
 
     /// `[rows, cols]`: the dot products, in this order, of columns `cols` of one expert's
-    /// `[N, k]` weights `v` with each of the `rows` rows of `x` (K padded with zeros to a
-    /// multiple of [`PAD`]).
+    /// `[N, k]` weights `v` (row `n` stored row `map.at(n)`) with each of the `rows` rows of
+    /// `x` (K padded with zeros to a multiple of [`PAD`]).
     fn dots(
         &self,
         tiles: &mut Tiles,
-        v: &StoredValues<'_>,
+        (v, map): (&StoredValues<'_>, RowMap),
         k: usize,
         cols: Range<usize>,
         x: &[f32],
@@ -264,7 +264,7 @@ impl HostExperts<'_> {
                                 for at in (0..k).step_by(chunk) {
                                     let ks = at..k.min(at + chunk);
                                     let rows =
-                                        decode::row_block(v, k, block_rows.clone(), ks, &mut tiles.rows);
+                                        decode::row_block(v, map, k, block_rows.clone(), ks, &mut tiles.rows);
                                     kernel.run(&rows, block * ROW_COLS / 4, x, stride, at, &mut acc);
                                 }
                             }
@@ -273,7 +273,7 @@ impl HostExperts<'_> {
                             for at in (0..k).step_by(KC) {
                                 let ks = at..k.min(at + KC);
                                 let tile = &mut tiles.quads[..ks.len().div_ceil(4)];
-                                decode::quads(v, k, sub.clone(), ks, tile, &mut tiles.scratch);
+                                decode::quads(v, map, k, sub.clone(), ks, tile, &mut tiles.scratch);
                                 kernel::strict_quads(tile, x, stride, at, &mut acc);
                             }
                         }
@@ -293,7 +293,7 @@ impl HostExperts<'_> {
                     for at in (0..k).step_by(KC) {
                         let ks = at..k.min(at + KC);
                         let tile = &mut tiles.lanes[..ks.len().next_multiple_of(4)];
-                        decode::transposed(v, k, sub.clone(), ks, tile, &mut tiles.scratch[..KC]);
+                        decode::transposed(v, map, k, sub.clone(), ks, tile, &mut tiles.scratch[..KC]);
                         kernel::fast_chunk(tile, x, stride, at, &mut acc);
                     }
                     for (o, a) in out.chunks_exact_mut(width).zip(&acc) {
@@ -316,9 +316,10 @@ fn tasks(groups: usize, cols: usize) -> Vec<(usize, Range<usize>)> {
         .collect()
 }
 
-/// Expert `e`'s values of `p` ([`HostExperts::new`] checked that the projections hold the same
-/// experts, and [`HostExperts::run`] that each entry's expert is held).
-fn values<'p, 'a>(p: &'p HostProjection<'a>, e: u32) -> Result<&'p StoredValues<'a>> {
+/// Expert `e`'s values of `p` and where its rows lie in them ([`HostExperts::new`] checked that
+/// the projections hold the same experts, and [`HostExperts::run`] that each entry's expert is
+/// held).
+fn values<'p, 'a>(p: &'p HostProjection<'a>, e: u32) -> Result<(&'p StoredValues<'a>, RowMap)> {
     p.values(e).ok_or_else(|| Error::invalid(format!("host memory holds no weights of expert {e}")))
 }
 

@@ -12,7 +12,23 @@ use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 pub struct HostProjection<'a> {
     shape: [u32; 3],
     dtype: Option<WeightDtype>,
-    experts: Vec<Option<StoredValues<'a>>>,
+    experts: Vec<Option<(StoredValues<'a>, RowMap)>>,
+}
+
+/// Where a projection's rows lie among the stored rows of an expert's values: row `n` is
+/// stored row `first + n · step` (every row in order: `first` 0, `step` 1; gpt-oss's fused
+/// gate/up rows: gate `first` 0, up `first` 1, `step` 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RowMap {
+    first: usize,
+    step: usize,
+}
+
+impl RowMap {
+    /// The stored row of row `n`.
+    pub(super) fn at(self, n: usize) -> usize {
+        self.first + n * self.step
+    }
 }
 
 impl<'a> HostProjection<'a> {
@@ -56,7 +72,30 @@ impl<'a> HostProjection<'a> {
     /// in another dtype than the experts held before; the values' own length checks
     /// ([`Error::Shape`]; K not whole blocks for a block format).
     pub fn hold(&mut self, e: u32, values: StoredValues<'a>) -> Result<()> {
-        let [experts, _, _] = self.shape;
+        self.hold_rows(e, values, 0, 1)
+    }
+
+    /// Holds expert `e`'s `[n, k]` values as every `step`-th row of `values` (`[step · n, k]`
+    /// as stored) from row `first`: gpt-oss's fused gate/up projection, whose rows alternate
+    /// gate and up, read in place as two projections (`first` 0 and 1, `step` 2).
+    ///
+    /// # Errors
+    /// As [`Self::hold`]; [`Error::InvalidArgument`] for `first` not below `step`.
+    pub fn hold_rows(&mut self, e: u32, values: StoredValues<'a>, first: u32, step: u32) -> Result<()> {
+        let [experts, n, k] = self.shape;
+        if first >= step {
+            return Err(Error::invalid(format!(
+                "expert {e}'s rows start at stored row {first}, not below their step {step}"
+            )));
+        }
+        let stored_rows = n.checked_mul(step).ok_or_else(|| {
+            Error::limit(
+                "host projection stored rows",
+                u64::from(n) * u64::from(step),
+                u32::MAX.into(),
+                "u32",
+            )
+        })?;
         let slot = self.experts.get_mut(e as usize).ok_or_else(|| {
             Error::invalid(format!("expert {e} is out of range: the projection has experts 0..{experts}"))
         })?;
@@ -71,8 +110,8 @@ impl<'a> HostProjection<'a> {
                 "expert {e}'s values are {dtype:?}; the experts held before are {held:?}"
             )));
         }
-        values.check(e, self.shape)?;
-        *slot = Some(values);
+        values.check(e, [experts, stored_rows, k])?;
+        *slot = Some((values, RowMap { first: first as usize, step: step as usize }));
         self.dtype = Some(dtype);
         Ok(())
     }
@@ -92,14 +131,15 @@ impl<'a> HostProjection<'a> {
         self.experts.get(e as usize).is_some_and(Option::is_some)
     }
 
-    /// Expert `e`'s values, where held.
-    pub(super) fn values(&self, e: u32) -> Option<&StoredValues<'a>> {
-        self.experts.get(e as usize).and_then(Option::as_ref)
+    /// Expert `e`'s values and where its rows lie in them, where held.
+    pub(super) fn values(&self, e: u32) -> Option<(&StoredValues<'a>, RowMap)> {
+        self.experts.get(e as usize).and_then(Option::as_ref).map(|(v, map)| (v, *map))
     }
 
-    /// Bytes of host memory the held experts' values take (as stored).
+    /// Bytes of host memory the held experts' rows take (as stored; of values shared by
+    /// projections, each projection's rows).
     pub fn bytes(&self) -> u64 {
-        self.experts.iter().flatten().map(stored_bytes).sum()
+        self.experts.iter().flatten().map(|(v, map)| stored_bytes(v) / map.step as u64).sum()
     }
 }
 

@@ -12,7 +12,8 @@
 //!
 //! MXFP4 experts are uploaded as stored (`ExpertWeights::from_quantised`, no requantisation);
 //! dense ones in their stored dtype. The host load ([`super::load_checkpoint_layer`]) gives the
-//! decoded values as f32.
+//! decoded values as f32. Experts placed on the host ([`Plan::placed`]) are read in place,
+//! MXFP4 as shipped.
 
 use safetensors::Dtype;
 
@@ -22,7 +23,11 @@ use super::naming::GPT_OSS_ROUTER;
 use super::tensors::{File, stored_dtype, to_f32};
 use crate::context::Context;
 use crate::error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::host_experts::{HostBias, HostExperts, HostProjection};
 use crate::kernels::gemm::{ExpertBias, ExpertFfn, ExpertWeights, QuantisedValues, WeightDtype};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::kernels::gemm::{ExpertPlacement, StoredValues};
 use crate::kernels::routing::RouteConfig;
 use crate::layer::{ExpertBiasValues, MoeConfig, RouterWeights};
 use crate::quant;
@@ -59,7 +64,7 @@ pub(super) struct Plan<'a> {
 }
 
 /// A u8 tensor `prefix + rest` of exactly `shape`.
-fn bytes<'a>(f: &'a File<'_>, rest: &str, shape: &[usize]) -> Result<&'a [u8]> {
+fn bytes<'a>(f: &File<'a>, rest: &str, shape: &[usize]) -> Result<&'a [u8]> {
     let name = f.name(rest);
     let t = f.view(rest, &format!("{shape:?} u8"))?;
     if t.shape() != shape {
@@ -194,7 +199,7 @@ pub(super) fn plan<'a>(f: File<'a>, opts: &LoadOptions) -> Result<Plan<'a>> {
     Ok(Plan { f, cfg, routing, router, bias, stored })
 }
 
-impl Plan<'_> {
+impl<'a> Plan<'a> {
     /// `[E, F, H]`, `[E, F, H]` and `[E, H, F]` as `[e, f, h]` sizes.
     fn sizes(&self) -> [usize; 3] {
         [self.cfg.route.experts as usize, self.cfg.ffn as usize, self.cfg.route.hidden as usize]
@@ -234,6 +239,98 @@ impl Plan<'_> {
                 Ok([gate, up, down])
             }
         }
+    }
+
+    /// The experts `placement` keeps on the device (uploaded as [`Self::device_experts`] would,
+    /// MXFP4 as stored) and those it puts on the host, read in place in the checkpoint: gate
+    /// and up as the even and odd rows of the fused blocks ([`HostProjection::hold_rows`]),
+    /// down as stored, the biases de-interleaved.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for dense experts (stored in × out, which the host does not
+    /// read in place) or a layer that does not keep MXFP4; as [`HostExperts::new`] and
+    /// [`ExpertWeights::stream_placed`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn placed(
+        &self,
+        ctx: &Context,
+        cfg: &MoeConfig,
+        placement: &ExpertPlacement,
+    ) -> Result<(ExpertFfn, HostExperts<'a>)> {
+        if self.stored != Stored::Mxfp4 || cfg.weight_dtype != WeightDtype::Mxfp4 {
+            return Err(Error::invalid(format!(
+                "gpt-oss experts on the host are read in place as shipped, MXFP4 blocks; this layer's are {:?} \
+                 (dense gate_up_proj and down_proj are stored in x out, which the host does not read in place)",
+                match self.stored {
+                    Stored::Mxfp4 => cfg.weight_dtype,
+                    Stored::Dense(d) => d,
+                }
+            )));
+        }
+        let [e, f, h] = self.sizes();
+        let gu_codes = bytes(&self.f, GATE_UP_BLOCKS, &[e, 2 * f, h / 32, 16])?;
+        let gu_scales = bytes(&self.f, GATE_UP_SCALES, &[e, 2 * f, h / 32])?;
+        let down_codes = bytes(&self.f, DOWN_BLOCKS, &[e, h, f / 32, 16])?;
+        let down_scales = bytes(&self.f, DOWN_SCALES, &[e, h, f / 32])?;
+        // Expert x's slab of a `[E, ...]` u8 tensor.
+        let slab = |t: &'a [u8], x: usize| &t[x * t.len() / e..(x + 1) * t.len() / e];
+        let mxfp4 = |codes: &'a [u8], scales: &'a [u8], x: u32| {
+            StoredValues::Quantised(QuantisedValues::Mxfp4 {
+                codes: slab(codes, x as usize),
+                scales: slab(scales, x as usize),
+            })
+        };
+        let shape = |n: usize, k: usize| [e as u32, n as u32, k as u32];
+        let (mut gate, mut up) = (HostProjection::new(shape(f, h))?, HostProjection::new(shape(f, h))?);
+        let mut down = HostProjection::new(shape(h, f))?;
+        for x in placement.host_experts() {
+            gate.hold_rows(x, mxfp4(gu_codes, gu_scales, x), 0, 2)?;
+            up.hold_rows(x, mxfp4(gu_codes, gu_scales, x), 1, 2)?;
+            down.hold(x, mxfp4(down_codes, down_scales, x))?;
+        }
+        let host = HostExperts::new(gate, up, down, cfg.gemm_order, cfg.activation)?.with_bias(HostBias {
+            gate: &self.bias.gate,
+            up: &self.bias.up,
+            down: &self.bias.down,
+        })?;
+        // The device's experts, gate and up de-interleaved expert by expert.
+        let device = placement.device_experts();
+        let split = |x: u32| {
+            let (codes, scales) = (slab(gu_codes, x as usize), slab(gu_scales, x as usize));
+            let ((gc, uc), (gs, us)) = (deinterleave(codes, h / 32 * 16), deinterleave(scales, h / 32));
+            [(gc, gs), (uc, us)]
+        };
+        let split: Vec<[(Vec<u8>, Vec<u8>); 2]> = device.iter().map(|&x| split(x)).collect();
+        let at = |x: u32| {
+            device.iter().position(|&d| d == x).ok_or_else(|| {
+                Error::invalid(format!("expert {x} is not one the placement keeps on the device"))
+            })
+        };
+        let fused = |half: usize| {
+            ExpertWeights::stream_placed(
+                ctx,
+                WeightDtype::Mxfp4,
+                shape(f, h),
+                placement,
+                |x| {
+                    let (codes, scales) = &split[at(x)?][half];
+                    Ok(StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales }))
+                },
+                |_| {},
+            )
+        };
+        let down = ExpertWeights::stream_placed(
+            ctx,
+            WeightDtype::Mxfp4,
+            shape(h, f),
+            placement,
+            |x| Ok(mxfp4(down_codes, down_scales, x)),
+            |_| {},
+        )?;
+        let ffn = ExpertFfn::new(fused(0)?, fused(1)?, down)?;
+        let (e32, f32_, h32) = (e as u32, f as u32, h as u32);
+        let bias = ExpertBias::new(ctx, &self.bias.gate, &self.bias.up, &self.bias.down, [e32, f32_, h32])?;
+        Ok((ffn.with_bias(bias)?, host))
     }
 
     /// The experts on the device in `cfg.weight_dtype`, with their biases: MXFP4 as stored

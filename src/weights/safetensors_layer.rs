@@ -299,8 +299,8 @@ pub async fn upload_checkpoint_layer_async(
 /// # Errors
 /// As [`upload_checkpoint_layer`]; `place`'s errors; [`Error::InvalidArgument`] for a
 /// placement of another expert count, a dtype other than the stored one, or experts the host
-/// does not read in place yet (FP8, whose scales are converted on load; gpt-oss, whose gate and
-/// up rows are interleaved).
+/// does not read in place yet (FP8, whose scales are converted on load; gpt-oss's dense experts,
+/// stored in x out; gpt-oss's MXFP4 experts are read as shipped).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn upload_checkpoint_layer_placed<'c>(
     ctx: &Context,
@@ -311,9 +311,22 @@ pub fn upload_checkpoint_layer_placed<'c>(
 ) -> Result<PlacedLayer<'c>> {
     let f = layer_file(ckpt, opts)?;
     if f.has(gpt_oss::ROUTER) {
-        return Err(Error::invalid(
-            "gpt-oss experts are not read in place on the host yet (their gate and up rows are interleaved)",
-        ));
+        let p = gpt_oss::plan(f, opts)?;
+        let cfg = adjusted(&p.cfg, adjust)?;
+        let placement = &placement_for(&cfg, place)?;
+        let (experts, host) = p.placed(ctx, &cfg, placement)?;
+        let layer = pollster::block_on(MoeLayer::with_experts_with(
+            ctx,
+            cfg,
+            &p.router,
+            experts,
+            None,
+            Driver::Inline,
+        ))?;
+        return Ok(PlacedLayer {
+            uploaded: UploadedLayer { layer, routing: p.routing, prefix: p.f.prefix },
+            host,
+        });
     }
     let plan = plan_layer(f, opts)?;
     let cfg = adjusted(&plan.cfg, adjust)?;

@@ -170,6 +170,9 @@ fn host_experts_refuse_bad_placements_and_entries() {
     let StoredValues::Quantised(QuantisedValues::Q8_0(bytes)) = stored.expert(0) else { unreachable!() };
     let short = StoredValues::Quantised(QuantisedValues::Q8_0(&bytes[..34]));
     assert!(p.hold(2, short).is_err(), "a short expert is refused");
+    let err = p.hold_rows(2, stored.expert(2), 2, 2).unwrap_err().to_string();
+    assert!(err.contains("not below their step 2"), "{err}");
+    assert!(p.hold_rows(2, stored.expert(2), 0, 2).is_err(), "half the rows a step of 2 needs");
     let f32_bytes = bytemuck::cast_slice::<f32, u8>(&v[..f * h]);
     let err =
         p.hold(2, StoredValues::Float { dtype: WeightDtype::F32, bytes: f32_bytes }).unwrap_err().to_string();
@@ -215,4 +218,65 @@ fn host_experts_refuse_bad_placements_and_entries() {
     assert!(host.clone().with_threads(0).is_err());
     assert!(host.with_bias(HostBias { gate: &[0.0], up: &[0.0], down: &[0.0] }).is_err());
     assert!(["avx512", "avx2+fma", "neon", "baseline"].contains(&HostExperts::simd()));
+}
+
+/// Expert `x`'s stored bytes (f32 or Q8_0).
+fn bytes_of(s: &StoredExperts, x: u32) -> &[u8] {
+    match s.expert(x) {
+        StoredValues::Float { bytes, .. } | StoredValues::Quantised(QuantisedValues::Q8_0(bytes)) => bytes,
+        _ => unreachable!(),
+    }
+}
+
+/// f32 or Q8_0 bytes as stored values.
+fn values_of(dtype: WeightDtype, bytes: &[u8]) -> StoredValues<'_> {
+    match dtype {
+        WeightDtype::F32 => StoredValues::Float { dtype, bytes },
+        _ => StoredValues::Quantised(QuantisedValues::Q8_0(bytes)),
+    }
+}
+
+#[test]
+fn rows_held_every_other_give_their_own_projections_bits() {
+    // gpt-oss's fused gate/up: gate and up rows alternate in one tensor, held as two
+    // projections with a step of two; the same bits as the two held apart.
+    let (e, f, h) = (3usize, 64usize, 96usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for dtype in [WeightDtype::F32, WeightDtype::Q8_0] {
+        let [gate, up, down] = [[e, f, h], [e, f, h], [e, h, f]]
+            .map(|shape| StoredExperts::new(dtype, &random(&mut rng, e * f * h, 0.5), shape).unwrap());
+        let fused: Vec<Vec<u8>> = (0..e as u32)
+            .map(|x| {
+                let (g, u) = (bytes_of(&gate, x), bytes_of(&up, x));
+                let row = g.len() / f;
+                g.chunks(row).zip(u.chunks(row)).flat_map(|(g, u)| [g, u].concat()).collect()
+            })
+            .collect();
+        let held = [0u32, 2];
+        let apart = HostExperts::new(
+            host(&gate, &held),
+            host(&up, &held),
+            host(&down, &held),
+            GemmOrder::Strict,
+            Activation::Swiglu,
+        )
+        .unwrap();
+        let shape = [e as u32, f as u32, h as u32];
+        let (mut g, mut u) = (HostProjection::new(shape).unwrap(), HostProjection::new(shape).unwrap());
+        for &x in &held {
+            g.hold_rows(x, values_of(dtype, &fused[x as usize]), 0, 2).unwrap();
+            u.hold_rows(x, values_of(dtype, &fused[x as usize]), 1, 2).unwrap();
+        }
+        assert_eq!(g.bytes(), host(&gate, &held).bytes(), "each projection counts its own rows");
+        let together =
+            HostExperts::new(g, u, host(&down, &held), GemmOrder::Strict, Activation::Swiglu).unwrap();
+        let x = random(&mut rng, 3 * h, 1.0);
+        // Tokens 0-2 through expert 0 (the tile), token 1 through expert 2 (the rows kernel).
+        let entries: Vec<HostEntry> =
+            [(0, 0), (1, 0), (2, 0), (1, 2)].map(|(token, expert)| HostEntry { token, expert }).to_vec();
+        let (mut want, mut got) = (vec![0.0; entries.len() * h], vec![0.0; entries.len() * h]);
+        apart.run(&x, &entries, &mut want).unwrap();
+        together.run(&x, &entries, &mut got).unwrap();
+        assert_eq!(canonical(&got), canonical(&want), "{dtype:?}");
+    }
 }
