@@ -12,7 +12,7 @@
 //! `--cpu-moe` keeps every routed expert in host memory and computes them on the CPU
 //! (`--host-experts 0,5,17` a chosen set), as llama.cpp's `--cpu-moe` and `-ot`: the
 //! synthetic layer's, or a GGUF file's or safetensors checkpoint's read in place (gpt-oss's
-//! MXFP4 as shipped; not FP8 checkpoints yet); it prints the device and host bytes of
+//! MXFP4 as shipped, FP8 with f32 scales); it prints the device and host bytes of
 //! the layer's weights (and for the synthetic layer the hybrid forward's times).
 //!
 //! `cargo run --release --example moe_layer -- --help` lists every option.

@@ -691,9 +691,16 @@ fn checkpoint_experts_left_on_the_host_give_the_uploaded_layers_outputs() {
     use moeflow::weights::{
         Checkpoint, LoadOptions, upload_checkpoint_layer, upload_checkpoint_layer_placed,
     };
-    // Qwen2-MoE in bf16; gpt-oss in MXFP4 as shipped (gate and up rows interleaved, biases):
-    // bytes per value as stored, a block's 32 values in 34 (bf16) or 17 (MXFP4) bytes.
-    for (fixture, block_bytes) in [("qwen2_moe_bf16_t5_norm", 64), ("gpt_oss_mxfp4_t37", 17)] {
+    // Qwen2-MoE in bf16; gpt-oss in MXFP4 as shipped (gate and up rows interleaved, biases);
+    // Qwen3-MoE in FP8 with f32 scales (one per 128 x 128 tile). The host bytes per expert,
+    // from F and H: as stored.
+    type BytesPerExpert = fn(u64, u64) -> u64;
+    let fixtures: [(&str, BytesPerExpert); 3] = [
+        ("qwen2_moe_bf16_t5_norm", |f, h| 3 * f * h * 2),
+        ("gpt_oss_mxfp4_t37", |f, h| 3 * f * h / 32 * 17),
+        ("qwen3_moe_fp8_t37", |f, h| 3 * f * h + 3 * f.div_ceil(128) * h.div_ceil(128) * 4),
+    ];
+    for (fixture, per_expert) in fixtures {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(fixture);
         let config = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
         let opts = LoadOptions { config: Some(config), ..LoadOptions::default() };
@@ -711,8 +718,12 @@ fn checkpoint_experts_left_on_the_host_give_the_uploaded_layers_outputs() {
                     upload_checkpoint_layer_placed(&ctx, &ckpt, &opts, |_| Ok(placement.clone()), |c| c)
                         .unwrap();
                 assert_eq!(placed.host.experts(), placement.host_experts());
-                let per_expert = 3 * u64::from(cfg.ffn) * h as u64 / 32 * block_bytes;
-                assert_eq!(placed.host.bytes(), per_expert * placement.host_experts().len() as u64);
+                let per_expert = per_expert(u64::from(cfg.ffn), h as u64);
+                assert_eq!(
+                    placed.host.bytes(),
+                    per_expert * placement.host_experts().len() as u64,
+                    "{fixture}"
+                );
                 let got = placed.uploaded.layer.forward_host_hybrid(&ctx, &x, &placed.host).unwrap();
                 let what = format!("{fixture} {} host {:?}", ctx.adapter().slug(), placement.host_experts());
                 assert_eq!(got.indices, want.indices, "{what}: indices");

@@ -299,7 +299,7 @@ pub async fn upload_checkpoint_layer_async(
 /// # Errors
 /// As [`upload_checkpoint_layer`]; `place`'s errors; [`Error::InvalidArgument`] for a
 /// placement of another expert count, a dtype other than the stored one, or experts the host
-/// does not read in place yet (FP8, whose scales are converted on load; gpt-oss's dense experts,
+/// does not read in place (FP8 whose scales are not f32, aligned; gpt-oss's dense experts,
 /// stored in x out; gpt-oss's MXFP4 experts are read as shipped).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn upload_checkpoint_layer_placed<'c>(
@@ -336,12 +336,10 @@ pub fn upload_checkpoint_layer_placed<'c>(
         for x in placement.host_experts() {
             let name = &names[x as usize];
             let (full, t) = plan.f.checked(name, &[n, k])?;
-            if t.dtype() == Dtype::F8_E4M3 {
-                return Err(Error::invalid(format!(
-                    "tensor `{full}` is FP8, whose scales are converted on load: not read in place on the host yet"
-                )));
-            }
-            let values = plan.f.stored(name, [n, k], None)?;
+            let values = match t.dtype() {
+                Dtype::F8_E4M3 => plan.f.fp8_in_place(name, [n, k])?,
+                _ => plan.f.stored(name, [n, k], None)?,
+            };
             if values.dtype() != cfg.weight_dtype {
                 return Err(Error::invalid(format!(
                     "tensor `{full}` is {:?}; with experts on the host the layer keeps the stored dtype, not {:?}",

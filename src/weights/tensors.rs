@@ -161,6 +161,32 @@ impl<'a> File<'a> {
         })
     }
 
+    /// The FP8 e4m3 weight `prefix + rest` (`[n, k]`) with its scales as they lie in the file,
+    /// for the host to read in place: f32 scales aligned for f32 (DeepSeek-V3's and
+    /// Qwen3-FP8's layout).
+    ///
+    /// # Errors
+    /// As [`File::fp8_scales`]; [`Error::InvalidArgument`] for scales stored in another dtype
+    /// (converted on load) or not aligned for f32 in the file.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn fp8_in_place(&self, rest: &str, [n, k]: [usize; 2]) -> Result<StoredValues<'a>> {
+        let (_, t) = self.checked(rest, &[n, k])?;
+        let (scale_name, scales, block) = self.fp8_tile(rest, [n, k])?;
+        if scales.dtype() != Dtype::F32 {
+            return Err(Error::invalid(format!(
+                "FP8 scales `{scale_name}` are {:?}, converted to f32 on load: the host reads FP8 experts \
+                 in place with f32 scales only",
+                scales.dtype()
+            )));
+        }
+        let scale_inv: &'a [f32] = bytemuck::try_cast_slice(scales.data()).map_err(|_| {
+            Error::invalid(format!(
+                "FP8 scales `{scale_name}` are not aligned for f32 in the file: the host cannot read them in place"
+            ))
+        })?;
+        Ok(StoredValues::Quantised(QuantisedValues::Fp8 { weight: t.data(), scale_inv, block }))
+    }
+
     /// The scales of the FP8 e4m3 weight `prefix + rest` (`[n, k]`, its name ending in
     /// `weight`): the `weight_scale_inv` tensor beside it (f32, f16 or bf16), one value per
     /// tile of the weight, `[ceil(n / t0), ceil(k / t1)]` for the tile `[t0, t1]`, with the
@@ -179,7 +205,7 @@ impl<'a> File<'a> {
         &self,
         rest: &str,
         [n, k]: [usize; 2],
-    ) -> Result<(String, TensorView<'_>, [usize; 2])> {
+    ) -> Result<(String, TensorView<'a>, [usize; 2])> {
         let name = self.name(rest);
         let scale_rest = match rest.strip_suffix("weight") {
             Some(stem) => format!("{stem}weight_scale_inv"),
