@@ -1023,6 +1023,10 @@ fn example_runs_a_gpt_oss_mxfp4_layer() {
             .tensor("blk.0.ffn_down_exps.bias", &[hu, eu], GgmlType::F32, f32_bytes(&b.down));
         std::fs::write(dir.join("model.gguf"), file.to_bytes()).unwrap();
         example_matches_reference(&dir, &dir.join("model.gguf"), &[], &expect, (&ry, &ridx), h);
+        // ggml's MXFP4 blocks and the biases read on the host, for a set of experts.
+        let some: [&std::ffi::OsStr; 2] = ["--host-experts".as_ref(), "0,3,7".as_ref()];
+        let on_host = ["gpt_oss", "Mxfp4", "3 of 8 experts on the host"];
+        example_matches_reference(&dir, &dir.join("model.gguf"), &some, &on_host, (&ry, &ridx), h);
     }
 
     // The same layer dense: bf16 `gate_up_proj [E, H, 2F]` and `down_proj [E, F, H]` (in x out).

@@ -10,7 +10,8 @@ use std::sync::LazyLock;
 use half::f16;
 use multiversion::multiversion;
 
-use super::projection::RowMap;
+use super::projection::{RowMap, Values};
+use super::tile::GGML_MXFP4_BLOCK_BYTES;
 use super::tile::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 use crate::quant::{self, BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
@@ -28,7 +29,7 @@ static FP8: LazyLock<[f32; 256]> = LazyLock::new(|| std::array::from_fn(|b| quan
 /// multiple of 32 or K. The values were checked against `[n, k]`.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
 pub(super) fn quads(
-    v: &StoredValues<'_>,
+    v: &Values<'_>,
     map: RowMap,
     k: usize,
     rows: Range<usize>,
@@ -78,7 +79,11 @@ pub(super) fn quads(
 /// with K a multiple of [`PAD`], or of f32 values
 /// aligned with K a multiple of [`PAD`]), so that one chunk can be all of K; else it decodes
 /// them into its scratch, a chunk at a time (chunks its scratch holds).
-pub(super) fn in_place(v: &StoredValues<'_>, k: usize, rows: usize) -> bool {
+pub(super) fn in_place(v: &Values<'_>, k: usize, rows: usize) -> bool {
+    let Values::Stored(v) = v else {
+        // ggml's MXFP4 blocks.
+        return rows == ROW_COLS;
+    };
     match *v {
         StoredValues::Quantised(
             QuantisedValues::Q8_0(_) | QuantisedValues::Q4_0(_) | QuantisedValues::Mxfp4 { .. },
@@ -100,23 +105,26 @@ pub(super) fn in_place(v: &StoredValues<'_>, k: usize, rows: usize) -> bool {
 /// they lie where they are aligned and whole, others decoded into `scratch` (at least
 /// [`ROW_COLS`] rows of `ks.len()` rounded up to [`PAD`]). Block formats as [`quads`].
 pub(super) fn row_block<'a>(
-    v: &StoredValues<'a>,
+    v: &Values<'a>,
     map: RowMap,
     k: usize,
     rows: Range<usize>,
     ks: Range<usize>,
     scratch: &'a mut [f32],
 ) -> RowBlock<'a> {
-    if let (StoredValues::Quantised(q), ROW_COLS) = (v, rows.len()) {
-        let per_row = k / BLOCK_VALUES;
-        let blocks =
-            |n: usize| n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
-        let bytes = |stored: &'a [u8], size: usize| -> [&'a [u8]; ROW_COLS] {
-            std::array::from_fn(|r| {
-                let b = blocks(map.at(rows.start + r));
-                &stored[b.start * size..b.end * size]
-            })
-        };
+    let per_row = k / BLOCK_VALUES;
+    let blocks =
+        |n: usize| n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
+    let bytes = |stored: &'a [u8], size: usize| -> [&'a [u8]; ROW_COLS] {
+        std::array::from_fn(|r| {
+            let b = blocks(map.at(rows.start + r));
+            &stored[b.start * size..b.end * size]
+        })
+    };
+    if let (Values::GgmlMxfp4(stored), ROW_COLS) = (v, rows.len()) {
+        return RowBlock::GgmlMxfp4(bytes(stored, GGML_MXFP4_BLOCK_BYTES));
+    }
+    if let (Values::Stored(StoredValues::Quantised(q)), ROW_COLS) = (v, rows.len()) {
         match *q {
             QuantisedValues::Q8_0(stored) => return RowBlock::Q8_0(bytes(stored, Q8_0_BLOCK_BYTES)),
             QuantisedValues::Q4_0(stored) => return RowBlock::Q4_0(bytes(stored, Q4_0_BLOCK_BYTES)),
@@ -126,7 +134,8 @@ pub(super) fn row_block<'a>(
             QuantisedValues::Fp8 { .. } => {}
         }
     }
-    if let (StoredValues::Float { dtype: WeightDtype::F16, bytes }, ROW_COLS) = (v, rows.len())
+    if let (Values::Stored(StoredValues::Float { dtype: WeightDtype::F16, bytes }), ROW_COLS) =
+        (v, rows.len())
         && ks.len().is_multiple_of(PAD)
     {
         return RowBlock::F16(std::array::from_fn(|r| {
@@ -160,8 +169,8 @@ pub(super) fn row_block<'a>(
 /// Row `n`, columns `ks`, of f32 values `v` as they lie, where their bytes are aligned for f32;
 /// None for other dtypes (the caller decodes them).
 #[inline(always)]
-fn stored_f32s<'v>(v: &StoredValues<'v>, k: usize, n: usize, ks: &Range<usize>) -> Option<&'v [f32]> {
-    let StoredValues::Float { dtype: WeightDtype::F32, bytes } = *v else {
+fn stored_f32s<'v>(v: &Values<'v>, k: usize, n: usize, ks: &Range<usize>) -> Option<&'v [f32]> {
+    let Values::Stored(StoredValues::Float { dtype: WeightDtype::F32, bytes }) = *v else {
         return None;
     };
     bytemuck::try_cast_slice(&bytes[(n * k + ks.start) * 4..(n * k + ks.end) * 4]).ok()
@@ -171,7 +180,7 @@ fn stored_f32s<'v>(v: &StoredValues<'v>, k: usize, n: usize, ks: &Range<usize>) 
 /// `rows` and in the tile's rows past `ks`); `scratch` holds at least `ks.len()` values.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
 pub(super) fn transposed(
-    v: &StoredValues<'_>,
+    v: &Values<'_>,
     map: RowMap,
     k: usize,
     rows: Range<usize>,
@@ -199,9 +208,20 @@ pub(super) fn transposed(
 /// each compiled per SIMD target (the block formats' and halves' loops are functions of their
 /// own per target).
 #[inline(always)]
-fn row(v: &StoredValues<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
+fn row(v: &Values<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
     let at = n * k + ks.start..n * k + ks.end;
-    match *v {
+    let v = match *v {
+        Values::Stored(v) => v,
+        Values::GgmlMxfp4(blocks) => {
+            let per_row = k / BLOCK_VALUES;
+            let b = n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
+            return ggml_mxfp4(
+                &blocks[b.start * GGML_MXFP4_BLOCK_BYTES..b.end * GGML_MXFP4_BLOCK_BYTES],
+                out,
+            );
+        }
+    };
+    match v {
         StoredValues::Float { dtype: WeightDtype::F16, bytes } => f16s(&bytes[at.start * 2..at.end * 2], out),
         StoredValues::Float { dtype: WeightDtype::Bf16, bytes } => {
             bf16s(&bytes[at.start * 2..at.end * 2], out)
@@ -292,18 +312,30 @@ fn mxfp4(codes: &[u8], scales: &[u8], out: &mut [f32]) {
     for ((block, o), &scale) in
         codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)).zip(scales)
     {
-        // `quant::e8m0`: 2^(scale − 127), 2^-127 subnormal for 0, NaN for 255.
-        let s = match scale {
-            0 => f32::from_bits(0x40_0000),
-            255 => f32::NAN,
-            b => f32::from_bits(u32::from(b) << 23),
-        };
+        let s = e8m0(scale);
         let (Some(q), Some(o)) = (block.first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
             continue;
         };
         for j in 0..16 {
             o[2 * j] = fp4(q[j] & 0xf) * s;
             o[2 * j + 1] = fp4(q[j] >> 4) * s;
+        }
+    }
+}
+
+/// ggml's MXFP4 blocks (llama.cpp's `block_mxfp4`: an E8M0 scale byte, then 16 bytes whose
+/// low nibbles are values 0-15 and high nibbles 16-31) as values, `FP4_E2M1[code] ·
+/// 2^(scale − 127)`: the values [`mxfp4`] gives the same codes and scale.
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
+fn ggml_mxfp4(blocks: &[u8], out: &mut [f32]) {
+    for (block, o) in blocks.chunks_exact(GGML_MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)) {
+        let s = e8m0(block[0]);
+        let (Some(q), Some(o)) = (block[1..].first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
+            continue;
+        };
+        for j in 0..16 {
+            o[j] = fp4(q[j] & 0xf) * s;
+            o[j + 16] = fp4(q[j] >> 4) * s;
         }
     }
 }
@@ -361,6 +393,17 @@ fn bf16s(bytes: &[u8], out: &mut [f32]) {
         let bits = u32::from(u16::from_le_bytes([b[0], b[1]])) << 16;
         let nan = bits & 0x7fff_ffff > 0x7f80_0000;
         *o = f32::from_bits(if nan { bits | 0x40_0000 } else { bits });
+    }
+}
+
+/// An E8M0 scale byte as its value, as `quant::e8m0`: 2^(scale − 127), 2^-127 (subnormal) for
+/// 0, NaN for 255.
+#[inline(always)]
+fn e8m0(scale: u8) -> f32 {
+    match scale {
+        0 => f32::from_bits(0x40_0000),
+        255 => f32::NAN,
+        b => f32::from_bits(u32::from(b) << 23),
     }
 }
 

@@ -14,10 +14,10 @@ use rayon::prelude::*;
 use super::decode;
 use super::experts::HostExperts;
 use super::kernel::{self, RowsKernel};
-use super::projection::{HostProjection, RowMap};
+use super::projection::{HostProjection, RowMap, Values};
 use super::tile::{COLS, Lanes, PAD, QUADS, Quads, R, ROW_COLS};
 use crate::error::{Error, Result};
-use crate::kernels::gemm::{Activation, GemmOrder, StoredValues};
+use crate::kernels::gemm::{Activation, GemmOrder};
 
 /// Columns of K decoded into a tile at a time: a multiple of 128 (so FP8's groups and the
 /// 32-value blocks stay whole).
@@ -238,7 +238,7 @@ impl HostExperts<'_> {
     fn dots(
         &self,
         tiles: &mut Tiles,
-        (v, map): (&StoredValues<'_>, RowMap),
+        (v, map): (&Values<'_>, RowMap),
         k: usize,
         cols: Range<usize>,
         x: &[f32],
@@ -319,7 +319,7 @@ fn tasks(groups: usize, cols: usize) -> Vec<(usize, Range<usize>)> {
 /// Expert `e`'s values of `p` and where its rows lie in them ([`HostExperts::new`] checked that
 /// the projections hold the same experts, and [`HostExperts::run`] that each entry's expert is
 /// held).
-fn values<'p, 'a>(p: &'p HostProjection<'a>, e: u32) -> Result<(&'p StoredValues<'a>, RowMap)> {
+fn values<'p, 'a>(p: &'p HostProjection<'a>, e: u32) -> Result<(&'p Values<'a>, RowMap)> {
     p.values(e).ok_or_else(|| Error::invalid(format!("host memory holds no weights of expert {e}")))
 }
 

@@ -18,10 +18,10 @@
 
 use multiversion::multiversion;
 
-#[cfg(target_arch = "x86_64")]
-use super::tile::ROW_COLS;
 #[cfg(doc)]
 use super::tile::{COLS, PAD, QUADS, R};
+#[cfg(target_arch = "x86_64")]
+use super::tile::{GGML_MXFP4_BLOCK_BYTES, ROW_COLS};
 use super::tile::{Lanes, Quads, RowBlock};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
@@ -138,6 +138,7 @@ impl RowsKernel {
                 RowBlock::Q8_0(r) => r[0].len() / Q8_0_BLOCK_BYTES * BLOCK_VALUES,
                 RowBlock::Q4_0(r) => r[0].len() / Q4_0_BLOCK_BYTES * BLOCK_VALUES,
                 RowBlock::Mxfp4 { codes, .. } => codes[0].len() / MXFP4_BLOCK_BYTES * BLOCK_VALUES,
+                RowBlock::GgmlMxfp4(r) => r[0].len() / GGML_MXFP4_BLOCK_BYTES * BLOCK_VALUES,
             };
             let xs = |m: usize| -> &[[f32; 4]] { bytemuck::cast_slice(&x[m * stride + at..][..len]) };
             macro_rules! tokens {
@@ -160,6 +161,9 @@ impl RowsKernel {
                     RowBlock::F16(r) => tokens!(x86::strict_rows_avx512::<x86::F16, _>, r),
                     RowBlock::Q8_0(r) => tokens!(x86::strict_blocks_avx512::<x86::Q8_0, _>, r, None),
                     RowBlock::Q4_0(r) => tokens!(x86::strict_blocks_avx512::<x86::Q4_0, _>, r, None),
+                    RowBlock::GgmlMxfp4(r) => {
+                        tokens!(x86::strict_blocks_avx512::<x86::GgmlMxfp4, _>, r, None)
+                    }
                     RowBlock::Mxfp4 { codes, scales } => {
                         tokens!(x86::strict_blocks_avx512::<x86::Mxfp4, _>, codes, Some(scales))
                     }

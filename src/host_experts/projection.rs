@@ -1,6 +1,7 @@
 //! [`HostProjection`]: one projection of the routed experts, `[E, N, K]`, held in host memory
 //! in its stored format, expert by expert.
 
+use super::tile::GGML_MXFP4_BLOCK_BYTES;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 
@@ -12,7 +13,18 @@ use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 pub struct HostProjection<'a> {
     shape: [u32; 3],
     dtype: Option<WeightDtype>,
-    experts: Vec<Option<(StoredValues<'a>, RowMap)>>,
+    experts: Vec<Option<(Values<'a>, RowMap)>>,
+}
+
+/// One expert's values as the host reads them: in one of moeflow's stored layouts, or as
+/// ggml's MXFP4 blocks (llama.cpp's `block_mxfp4`, 17 bytes: an E8M0 scale byte, then 16
+/// bytes whose low nibbles are values 0-15 and high nibbles 16-31), which GGUF files hold.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Values<'a> {
+    /// Values as [`StoredValues`] describes them.
+    Stored(StoredValues<'a>),
+    /// ggml's MXFP4 blocks, row by row.
+    GgmlMxfp4(&'a [u8]),
 }
 
 /// Where a projection's rows lie among the stored rows of an expert's values: row `n` is
@@ -111,8 +123,46 @@ impl<'a> HostProjection<'a> {
             )));
         }
         values.check(e, [experts, stored_rows, k])?;
-        *slot = Some((values, RowMap { first: first as usize, step: step as usize }));
+        *slot = Some((Values::Stored(values), RowMap { first: first as usize, step: step as usize }));
         self.dtype = Some(dtype);
+        Ok(())
+    }
+
+    /// Holds expert `e`'s `[n, k]` values as ggml's MXFP4 blocks (llama.cpp's `block_mxfp4`,
+    /// as GGUF files hold them: 17 bytes for each 32 values along K), read in place; the same
+    /// values as [`crate::quant::mxfp4_from_ggml`]'s regrouping decodes to.
+    ///
+    /// # Errors
+    /// As [`Self::hold`] (the experts held before must be MXFP4 too); [`Error::InvalidArgument`]
+    /// for K not a multiple of 32; [`Error::Shape`] for blocks not `n · k / 32` long.
+    pub fn hold_ggml_mxfp4(&mut self, e: u32, blocks: &'a [u8]) -> Result<()> {
+        let [experts, n, k] = self.shape;
+        if !k.is_multiple_of(32) {
+            return Err(Error::invalid(format!("MXFP4 expert weights need K a multiple of 32; K is {k}")));
+        }
+        let want = u64::from(n) * u64::from(k) / 32 * GGML_MXFP4_BLOCK_BYTES as u64;
+        if blocks.len() as u64 != want {
+            return Err(Error::shape(
+                format!("expert {e}'s ggml MXFP4 blocks of [{n}, {k}]"),
+                want,
+                blocks.len(),
+            ));
+        }
+        let slot = self.experts.get_mut(e as usize).ok_or_else(|| {
+            Error::invalid(format!("expert {e} is out of range: the projection has experts 0..{experts}"))
+        })?;
+        if slot.is_some() {
+            return Err(Error::invalid(format!("expert {e} is placed on the host twice")));
+        }
+        if let Some(held) = self.dtype
+            && held != WeightDtype::Mxfp4
+        {
+            return Err(Error::invalid(format!(
+                "expert {e}'s values are Mxfp4; the experts held before are {held:?}"
+            )));
+        }
+        *slot = Some((Values::GgmlMxfp4(blocks), RowMap { first: 0, step: 1 }));
+        self.dtype = Some(WeightDtype::Mxfp4);
         Ok(())
     }
 
@@ -132,7 +182,7 @@ impl<'a> HostProjection<'a> {
     }
 
     /// Expert `e`'s values and where its rows lie in them, where held.
-    pub(super) fn values(&self, e: u32) -> Option<(&StoredValues<'a>, RowMap)> {
+    pub(super) fn values(&self, e: u32) -> Option<(&Values<'a>, RowMap)> {
         self.experts.get(e as usize).and_then(Option::as_ref).map(|(v, map)| (v, *map))
     }
 
@@ -144,12 +194,17 @@ impl<'a> HostProjection<'a> {
 }
 
 /// The bytes of one expert's stored values.
-fn stored_bytes(v: &StoredValues<'_>) -> u64 {
+fn stored_bytes(v: &Values<'_>) -> u64 {
     let bytes = match *v {
-        StoredValues::Float { bytes, .. } => bytes.len(),
-        StoredValues::Quantised(QuantisedValues::Q8_0(b) | QuantisedValues::Q4_0(b)) => b.len(),
-        StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales }) => codes.len() + scales.len(),
-        StoredValues::Quantised(QuantisedValues::Fp8 { weight, scale_inv, .. }) => {
+        Values::GgmlMxfp4(b) => b.len(),
+        Values::Stored(StoredValues::Float { bytes, .. }) => bytes.len(),
+        Values::Stored(StoredValues::Quantised(QuantisedValues::Q8_0(b) | QuantisedValues::Q4_0(b))) => {
+            b.len()
+        }
+        Values::Stored(StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales })) => {
+            codes.len() + scales.len()
+        }
+        Values::Stored(StoredValues::Quantised(QuantisedValues::Fp8 { weight, scale_inv, .. })) => {
             weight.len() + std::mem::size_of_val(scale_inv)
         }
     };

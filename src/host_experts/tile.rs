@@ -40,6 +40,8 @@ pub(super) enum RowBlock<'a> {
     Q8_0([&'a [u8]; ROW_COLS]),
     /// Q4_0 blocks as stored, as `Q8_0`.
     Q4_0([&'a [u8]; ROW_COLS]),
+    /// ggml's MXFP4 blocks as stored (`GGML_MXFP4_BLOCK_BYTES` each), as `Q8_0`.
+    GgmlMxfp4([&'a [u8]; ROW_COLS]),
     /// MXFP4 blocks' codes and scale bytes as stored, as `Q8_0`.
     Mxfp4 {
         /// Each row's codes, 16 bytes a block.
@@ -48,3 +50,7 @@ pub(super) enum RowBlock<'a> {
         scales: [&'a [u8]; ROW_COLS],
     },
 }
+
+/// Bytes of one of ggml's MXFP4 blocks (llama.cpp's `block_mxfp4`): an E8M0 scale byte, then
+/// 16 bytes of codes, value `j` the low nibble of byte `j` and value `j + 16` its high one.
+pub(super) const GGML_MXFP4_BLOCK_BYTES: usize = 17;

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{QUADS, Quads, ROW_COLS};
+use super::tile::{GGML_MXFP4_BLOCK_BYTES, QUADS, Quads, ROW_COLS};
 use crate::quant::{FP4_E2M1, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
 /// Tokens whose accumulators one pass of [`strict_avx512`] keeps in registers (three
@@ -174,6 +174,19 @@ fn prefetch_ahead(blocks: &[&[u8]; 4]) {
 fn half_scales(blocks: [&[u8]; 4]) -> __m512 {
     let h = [0, 1, 2, 3].map(|i| i16::from_le_bytes([blocks[i][0], blocks[i][1]]));
     lanes_to_rows(_mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, h[3], h[2], h[1], h[0])))
+}
+
+/// Four rows' E8M0 scale bytes as `2^(e − 127)` (`quant::e8m0`: 2^-127 for 0, NaN for 255),
+/// each repeated across its row's 128-bit lane.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn e8m0_scales(bytes: [u8; 4]) -> __m512 {
+    let [s0, s1, s2, s3] = bytes.map(|e| match e {
+        0 => 0x40_0000,
+        255 => f32::NAN.to_bits() as i32,
+        e => i32::from(e) << 23,
+    });
+    lanes_to_rows(_mm_castsi128_ps(_mm_setr_epi32(s0, s1, s2, s3)))
 }
 
 /// Four values, value `i` repeated across 128-bit lane `i`.
@@ -344,13 +357,7 @@ impl Blocks for Mxfp4 {
 
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     unsafe fn quad(blocks: [&[u8]; 4], side: [u8; 4]) -> Self::Quad {
-        let [s0, s1, s2, s3] = side.map(|e| match e {
-            0 => 0x40_0000,
-            255 => f32::NAN.to_bits() as i32,
-            e => i32::from(e) << 23,
-        });
-        let s = _mm_castsi128_ps(_mm_setr_epi32(s0, s1, s2, s3));
-        (lanes_to_rows(s), lanes_of(blocks, 0))
+        (e8m0_scales(side), lanes_of(blocks, 0))
     }
 
     /// Bytes `2 g` and `2 g + 1` of each row, each into two elements, the second of each
@@ -362,6 +369,36 @@ impl Blocks for Mxfp4 {
         let table = unsafe { _mm512_loadu_ps(FP4_E2M1.as_ptr()) };
         let pairs = _mm512_shuffle_epi8(codes, control(&PAIR_BYTES[g]));
         let nibbles = _mm512_srlv_epi32(pairs, _mm512_set4_epi32(4, 0, 4, 0));
+        _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), s)
+    }
+}
+
+/// ggml's MXFP4 (llama.cpp's `block_mxfp4`): the block's E8M0 scale byte, then 16 bytes whose
+/// low nibbles are values 0-15 and high nibbles 16-31, each an FP4 e2m1 code; value
+/// `FP4_E2M1[code] · 2^(e − 127)`.
+pub(super) struct GgmlMxfp4;
+
+impl Blocks for GgmlMxfp4 {
+    const BYTES: usize = GGML_MXFP4_BLOCK_BYTES;
+    /// The scales; the codes, and the codes shifted down four bits.
+    type Quad = (__m512, [__m512i; 2]);
+
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    unsafe fn quad(blocks: [&[u8]; 4], _: [u8; 4]) -> Self::Quad {
+        let codes = lanes_of(blocks, 1);
+        (
+            e8m0_scales([blocks[0][0], blocks[1][0], blocks[2][0], blocks[3][0]]),
+            [codes, _mm512_srli_epi16::<4>(codes)],
+        )
+    }
+
+    /// Each row's four nibbles moved into four elements (the table reads their low four
+    /// bits), looked up in FP4's table, times the row's scale.
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    unsafe fn group((s, halves): Self::Quad, g: usize) -> __m512 {
+        // SAFETY: the table's 16 floats.
+        let table = unsafe { _mm512_loadu_ps(FP4_E2M1.as_ptr()) };
+        let nibbles = _mm512_shuffle_epi8(halves[g / 4], control(&LOW_BYTES[g % 4]));
         _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), s)
     }
 }

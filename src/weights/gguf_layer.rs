@@ -33,7 +33,7 @@ use crate::context::Context;
 use crate::context::wait::Driver;
 use crate::error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
-use crate::host_experts::{HostExperts, HostProjection};
+use crate::host_experts::{HostBias, HostExperts, HostProjection};
 use crate::kernels::gemm::{
     ExpertBias, ExpertFfn, ExpertPlacement, ExpertWeights, QuantisedValues, STREAM_CHUNK, StoredValues,
     WeightDtype,
@@ -411,9 +411,8 @@ pub async fn upload_gguf_layer_async(
 ///
 /// # Errors
 /// As [`upload_gguf_layer`]; `place`'s errors; [`Error::InvalidArgument`] for a placement of
-/// another expert count, a dtype other than the file's, or expert tensors the host does not
-/// read in place yet (MXFP4, whose ggml block layout the host decoders do not take; gpt-oss's
-/// expert biases).
+/// another expert count, or a dtype other than the file's. The host reads F32, F16, BF16,
+/// Q8_0, Q4_0 and ggml's MXFP4 tensors in place, gpt-oss's expert biases copied.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn upload_gguf_layer_placed<'a>(
     ctx: &Context,
@@ -444,9 +443,6 @@ fn host_experts<'a>(
     cfg: &MoeConfig,
     placement: &ExpertPlacement,
 ) -> Result<HostExperts<'a>> {
-    if p.expert_bias.is_some() {
-        return Err(Error::invalid("experts with biases (gpt-oss) are not read on the host from GGUF yet"));
-    }
     let e = cfg.route.experts;
     let project = |(name, [n, k]): (String, [usize; 2])| -> Result<HostProjection<'a>> {
         let (bytes, ty) = p.stored(&name)?;
@@ -458,26 +454,30 @@ fn host_experts<'a>(
                 cfg.weight_dtype
             )));
         }
-        if dtype == WeightDtype::Mxfp4 {
-            return Err(Error::invalid(format!(
-                "tensor `{name}` is ggml MXFP4, whose blocks the host does not read in place yet"
-            )));
-        }
         let per = bytes.len() / e as usize;
         let mut projection = HostProjection::new([e, n as u32, k as u32])?;
         for x in placement.host_experts() {
             let bytes = &bytes[x as usize * per..(x as usize + 1) * per];
-            let values = match dtype {
-                WeightDtype::Q8_0 => StoredValues::Quantised(QuantisedValues::Q8_0(bytes)),
-                WeightDtype::Q4_0 => StoredValues::Quantised(QuantisedValues::Q4_0(bytes)),
-                dtype => StoredValues::Float { dtype, bytes },
-            };
-            projection.hold(x, values)?;
+            match dtype {
+                // ggml's MXFP4 blocks, read as they lie.
+                WeightDtype::Mxfp4 => projection.hold_ggml_mxfp4(x, bytes)?,
+                WeightDtype::Q8_0 => {
+                    projection.hold(x, StoredValues::Quantised(QuantisedValues::Q8_0(bytes)))?
+                }
+                WeightDtype::Q4_0 => {
+                    projection.hold(x, StoredValues::Quantised(QuantisedValues::Q4_0(bytes)))?
+                }
+                dtype => projection.hold(x, StoredValues::Float { dtype, bytes })?,
+            }
         }
         Ok(projection)
     };
     let [a, b, c] = p.projections(false);
-    HostExperts::new(project(a)?, project(b)?, project(c)?, cfg.gemm_order, cfg.activation)
+    let host = HostExperts::new(project(a)?, project(b)?, project(c)?, cfg.gemm_order, cfg.activation)?;
+    match &p.expert_bias {
+        Some(b) => host.with_bias(HostBias { gate: &b.gate, up: &b.up, down: &b.down }),
+        None => Ok(host),
+    }
 }
 
 async fn upload_with(

@@ -280,3 +280,66 @@ fn rows_held_every_other_give_their_own_projections_bits() {
         assert_eq!(canonical(&got), canonical(&want), "{dtype:?}");
     }
 }
+
+#[test]
+fn ggml_mxfp4_blocks_give_the_mxfp4_bits() {
+    // GGUF's MXFP4 (llama.cpp's `block_mxfp4`: scale byte first, values j and j + 16 in one
+    // byte) read in place: the bits of the same codes and scales in gpt-oss's layout, through
+    // the rows kernel (one and two tokens) and the tile (three), with NaN and 2^-127 scales.
+    let (e, f, h) = (3usize, 64usize, 96usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let [mut gate, up, mut down] = [[e, f, h], [e, f, h], [e, h, f]].map(|shape| {
+        StoredExperts::new(WeightDtype::Mxfp4, &random(&mut rng, e * f * h, 0.5), shape).unwrap()
+    });
+    // A NaN scale in output row 5 of expert 0's down (NaN there alone), the smallest scales in
+    // expert 2's first gate rows.
+    down.set_block_scales(5 * f / 32..5 * f / 32 + 1, 255).unwrap();
+    gate.set_block_scales(2 * f * h / 32..2 * f * h / 32 + 5, 0).unwrap();
+    let ggml = |s: &StoredExperts| -> Vec<Vec<u8>> {
+        (0..e as u32)
+            .map(|x| match s.expert(x) {
+                StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales }) => {
+                    moeflow::quant::mxfp4_to_ggml(codes, scales).unwrap()
+                }
+                _ => unreachable!(),
+            })
+            .collect()
+    };
+    let blocks = [ggml(&gate), ggml(&up), ggml(&down)];
+    let held = [0u32, 2];
+    let as_ggml = |i: usize, shape: [u32; 3]| {
+        let mut p = HostProjection::new(shape).unwrap();
+        for &x in &held {
+            p.hold_ggml_mxfp4(x, &blocks[i][x as usize]).unwrap();
+        }
+        p
+    };
+    let (fh, hf) = ([e as u32, f as u32, h as u32], [e as u32, h as u32, f as u32]);
+    let from_ggml = HostExperts::new(
+        as_ggml(0, fh),
+        as_ggml(1, fh),
+        as_ggml(2, hf),
+        GemmOrder::Strict,
+        Activation::Swiglu,
+    )
+    .unwrap();
+    assert_eq!(from_ggml.bytes(), 3 * (f * h / 32 * 17 * held.len()) as u64);
+    let want = HostExperts::new(
+        host(&gate, &held),
+        host(&up, &held),
+        host(&down, &held),
+        GemmOrder::Strict,
+        Activation::Swiglu,
+    )
+    .unwrap();
+    let x = random(&mut rng, 3 * h, 1.0);
+    let entries: Vec<HostEntry> =
+        [(0, 0), (1, 0), (2, 0), (1, 2), (2, 2)].map(|(token, expert)| HostEntry { token, expert }).to_vec();
+    let (mut a, mut b) = (vec![0.0; entries.len() * h], vec![0.0; entries.len() * h]);
+    want.run(&x, &entries, &mut a).unwrap();
+    from_ggml.run(&x, &entries, &mut b).unwrap();
+    assert_eq!(canonical(&b), canonical(&a));
+    let mut p = HostProjection::new(fh).unwrap();
+    let err = p.hold_ggml_mxfp4(0, &blocks[0][0][..17]).unwrap_err().to_string();
+    assert!(err.contains("ggml MXFP4 blocks"), "{err}");
+}
