@@ -1,8 +1,10 @@
 //! Stored expert values decoded to f32 tiles for the kernels: four columns' groups of four
 //! side by side (the strict order's [`quads`]) or transposed, `[k][r]` (the fast order's
-//! [`transposed`]). Every value is decoded
-//! as [`crate::quant`] decodes it (one table lookup, or one f32 product of exact operands), so
-//! it has the bits of [`WeightDtype::round`]'s and [`QuantisedValues::dequantise`]'s.
+//! [`transposed`]); or handed to the rows kernels as they lie where those read them
+//! ([`row_block`], [`in_place`]). Every value is decoded as [`crate::quant`] decodes it (one
+//! table lookup, or one f32 product of exact operands), so it has the bits of
+//! [`WeightDtype::round`]'s and [`QuantisedValues::dequantise`]'s; a projection's row `n` is
+//! its stored row `map.at(n)` (gpt-oss's fused gate/up rows).
 
 use std::ops::Range;
 use std::sync::LazyLock;

@@ -7,14 +7,16 @@
 //!   acc)` from 0.0); the column's dot is `(a0 + a1) + (a2 + a3)`. The four lanes are a
 //!   quarter of a vector: a tile holds [`COLS`] columns' weights group by group, four columns'
 //!   groups side by side in one vector ([`Quads`]), and each token's group of four x values,
-//!   repeated across the vector, is multiplied into [`QUADS`] vectors ([`strict_quads`]).
+//!   repeated across the vector, is multiplied into [`QUADS`] vectors ([`strict_quads`]). One
+//!   or two tokens skip the tile where the CPU has AVX-512 ([`RowsKernel`]): eight rows read
+//!   as they lie, four interleaved in registers, quantised blocks decoded there.
 //! - fast: one accumulator per column, `acc = fma(x[k], w[k], acc)` for k ascending: the SIMD
 //!   lanes run across columns, so a tile holds [`R`] columns' weights transposed, `[k][r]`,
 //!   and each x value is multiplied into the `R` columns at once ([`fast_chunk`]).
 //!
 //! K is padded with zeros to a multiple of [`PAD`] in x and in the tiles (the references
-//! read values past K as zeros). `f32::mul_add` is one fused multiply-add on every target (a libm call where
-//! the CPU has no FMA), so every target gives the same bits.
+//! read values past K as zeros). `f32::mul_add` is one fused multiply-add on every target (a
+//! libm call where the CPU has no FMA), so every target gives the same bits.
 
 use multiversion::multiversion;
 
