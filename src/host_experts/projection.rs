@@ -108,24 +108,14 @@ impl<'a> HostProjection<'a> {
                 "u32",
             )
         })?;
-        let slot = self.experts.get_mut(e as usize).ok_or_else(|| {
-            Error::invalid(format!("expert {e} is out of range: the projection has experts 0..{experts}"))
-        })?;
-        if slot.is_some() {
-            return Err(Error::invalid(format!("expert {e} is placed on the host twice")));
-        }
-        let dtype = values.dtype();
-        if let Some(held) = self.dtype
-            && held != dtype
-        {
-            return Err(Error::invalid(format!(
-                "expert {e}'s values are {dtype:?}; the experts held before are {held:?}"
-            )));
-        }
+        self.check_slot(e, values.dtype())?;
         values.check(e, [experts, stored_rows, k])?;
-        *slot = Some((Values::Stored(values), RowMap { first: first as usize, step: step as usize }));
-        self.dtype = Some(dtype);
-        Ok(())
+        self.place(
+            e,
+            values.dtype(),
+            Values::Stored(values),
+            RowMap { first: first as usize, step: step as usize },
+        )
     }
 
     /// Holds expert `e`'s `[n, k]` values as ggml's MXFP4 blocks (llama.cpp's `block_mxfp4`,
@@ -136,7 +126,7 @@ impl<'a> HostProjection<'a> {
     /// As [`Self::hold`] (the experts held before must be MXFP4 too); [`Error::InvalidArgument`]
     /// for K not a multiple of 32; [`Error::Shape`] for blocks not `n · k / 32` long.
     pub fn hold_ggml_mxfp4(&mut self, e: u32, blocks: &'a [u8]) -> Result<()> {
-        let [experts, n, k] = self.shape;
+        let [_, n, k] = self.shape;
         if !k.is_multiple_of(32) {
             return Err(Error::invalid(format!("MXFP4 expert weights need K a multiple of 32; K is {k}")));
         }
@@ -148,21 +138,38 @@ impl<'a> HostProjection<'a> {
                 blocks.len(),
             ));
         }
-        let slot = self.experts.get_mut(e as usize).ok_or_else(|| {
-            Error::invalid(format!("expert {e} is out of range: the projection has experts 0..{experts}"))
-        })?;
-        if slot.is_some() {
-            return Err(Error::invalid(format!("expert {e} is placed on the host twice")));
+        self.place(e, WeightDtype::Mxfp4, Values::GgmlMxfp4(blocks), RowMap { first: 0, step: 1 })
+    }
+
+    /// Checks that expert `e` can take values of `dtype`: in range, not held yet, in the dtype
+    /// of the experts held before.
+    fn check_slot(&self, e: u32, dtype: WeightDtype) -> Result<()> {
+        let experts = self.shape[0];
+        match self.experts.get(e as usize) {
+            None => {
+                return Err(Error::invalid(format!(
+                    "expert {e} is out of range: the projection has experts 0..{experts}"
+                )));
+            }
+            Some(Some(_)) => return Err(Error::invalid(format!("expert {e} is placed on the host twice"))),
+            Some(None) => {}
         }
-        if let Some(held) = self.dtype
-            && held != WeightDtype::Mxfp4
-        {
-            return Err(Error::invalid(format!(
-                "expert {e}'s values are Mxfp4; the experts held before are {held:?}"
-            )));
+        match self.dtype {
+            Some(held) if held != dtype => Err(Error::invalid(format!(
+                "expert {e}'s values are {dtype:?}; the experts held before are {held:?}"
+            ))),
+            _ => Ok(()),
         }
-        *slot = Some((Values::GgmlMxfp4(blocks), RowMap { first: 0, step: 1 }));
-        self.dtype = Some(WeightDtype::Mxfp4);
+    }
+
+    /// Holds expert `e`'s `values` of `dtype`, its rows where `map` says ([`Self::check_slot`]
+    /// first).
+    fn place(&mut self, e: u32, dtype: WeightDtype, values: Values<'a>, map: RowMap) -> Result<()> {
+        self.check_slot(e, dtype)?;
+        if let Some(slot) = self.experts.get_mut(e as usize) {
+            *slot = Some((values, map));
+        }
+        self.dtype = Some(dtype);
         Ok(())
     }
 

@@ -220,6 +220,23 @@ fn host_experts_refuse_bad_placements_and_entries() {
     assert!(["avx512", "avx2+fma", "neon", "baseline"].contains(&HostExperts::simd()));
 }
 
+/// The experts `held` of three stored projections on the host, SwiGLU in the strict order.
+fn strict_swiglu<'a>(
+    gate: &'a StoredExperts,
+    up: &'a StoredExperts,
+    down: &'a StoredExperts,
+    held: &[u32],
+) -> HostExperts<'a> {
+    HostExperts::new(
+        host(gate, held),
+        host(up, held),
+        host(down, held),
+        GemmOrder::Strict,
+        Activation::Swiglu,
+    )
+    .unwrap()
+}
+
 /// Expert `x`'s stored bytes (f32 or Q8_0).
 fn bytes_of(s: &StoredExperts, x: u32) -> &[u8] {
     match s.expert(x) {
@@ -253,14 +270,7 @@ fn rows_held_every_other_give_their_own_projections_bits() {
             })
             .collect();
         let held = [0u32, 2];
-        let apart = HostExperts::new(
-            host(&gate, &held),
-            host(&up, &held),
-            host(&down, &held),
-            GemmOrder::Strict,
-            Activation::Swiglu,
-        )
-        .unwrap();
+        let apart = strict_swiglu(&gate, &up, &down, &held);
         let shape = [e as u32, f as u32, h as u32];
         let (mut g, mut u) = (HostProjection::new(shape).unwrap(), HostProjection::new(shape).unwrap());
         for &x in &held {
@@ -324,14 +334,7 @@ fn ggml_mxfp4_blocks_give_the_mxfp4_bits() {
     )
     .unwrap();
     assert_eq!(from_ggml.bytes(), 3 * (f * h / 32 * 17 * held.len()) as u64);
-    let want = HostExperts::new(
-        host(&gate, &held),
-        host(&up, &held),
-        host(&down, &held),
-        GemmOrder::Strict,
-        Activation::Swiglu,
-    )
-    .unwrap();
+    let want = strict_swiglu(&gate, &up, &down, &held);
     let x = random(&mut rng, 3 * h, 1.0);
     let entries: Vec<HostEntry> =
         [(0, 0), (1, 0), (2, 0), (1, 2), (2, 2)].map(|(token, expert)| HostEntry { token, expert }).to_vec();
