@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::kernel;
+use super::memory::reserved;
 use super::projection::HostProjection;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{Activation, GemmOrder};
@@ -102,11 +103,7 @@ impl<'a> HostExperts<'a> {
             if values.len() != want {
                 return Err(Error::shape(format!("host experts' {name} bias"), want, values.len()));
             }
-            let mut copy = Vec::new();
-            copy.try_reserve_exact(want).map_err(|_| Error::HostMemory {
-                what: format!("host experts' {name} bias"),
-                bytes: want as u64 * 4,
-            })?;
+            let mut copy = reserved(&format!("host experts' {name} bias"), want)?;
             copy.extend_from_slice(values);
             Ok(copy)
         };

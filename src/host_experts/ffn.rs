@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use super::decode;
 use super::experts::HostExperts;
 use super::kernel::{self, RowsKernel};
+use super::memory::filled;
 use super::projection::{HostProjection, RowMap, Values};
 use super::tile::{COLS, Lanes, PAD, QUADS, Quads, R, ROW_COLS};
 use crate::error::{Error, Result};
@@ -61,18 +62,7 @@ impl Tiles {
     }
 }
 
-/// A host buffer of `len` copies of `value`, or [`Error::HostMemory`] naming `what`.
-fn filled<T: Clone>(what: &str, len: usize, value: T) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| Error::HostMemory {
-        what: what.to_string(),
-        bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-    })?;
-    v.resize(len, value);
-    Ok(v)
-}
-
-/// A zeroed host buffer of `len` f32s (as [`filled`]).
+/// A zeroed host buffer of `len` f32s (as [`filled`] gives).
 fn zeros(what: &str, len: usize) -> Result<Vec<f32>> {
     filled(what, len, 0.0)
 }

@@ -10,12 +10,14 @@
 //! layouts the decoders write and the kernels read), `decode.rs` (stored values to tiles and
 //! rows), `kernel.rs` (the dot products per order and SIMD target), `x86.rs` (the x86-64
 //! vector kernels it calls), `experts.rs` (the experts a host holds, checked), `ffn.rs` (the
-//! FFN over the rows routed to the host). This file is the face.
+//! FFN over the rows routed to the host), `memory.rs` (host buffers whose allocation fails as
+//! an error). This file is the face.
 
 mod decode;
 mod experts;
 mod ffn;
 mod kernel;
+mod memory;
 mod projection;
 mod tile;
 #[cfg(target_arch = "x86_64")]
@@ -23,4 +25,5 @@ mod x86;
 
 pub use experts::{HostBias, HostExperts};
 pub use ffn::HostEntry;
+pub(crate) use memory::filled;
 pub use projection::HostProjection;

@@ -115,7 +115,8 @@ impl<'a> HostProjection<'a> {
             values.dtype(),
             Values::Stored(values),
             RowMap { first: first as usize, step: step as usize },
-        )
+        );
+        Ok(())
     }
 
     /// Holds expert `e`'s `[n, k]` values as ggml's MXFP4 blocks (llama.cpp's `block_mxfp4`,
@@ -138,7 +139,9 @@ impl<'a> HostProjection<'a> {
                 blocks.len(),
             ));
         }
-        self.place(e, WeightDtype::Mxfp4, Values::GgmlMxfp4(blocks), RowMap { first: 0, step: 1 })
+        self.check_slot(e, WeightDtype::Mxfp4)?;
+        self.place(e, WeightDtype::Mxfp4, Values::GgmlMxfp4(blocks), RowMap { first: 0, step: 1 });
+        Ok(())
     }
 
     /// Checks that expert `e` can take values of `dtype`: in range, not held yet, in the dtype
@@ -162,15 +165,13 @@ impl<'a> HostProjection<'a> {
         }
     }
 
-    /// Holds expert `e`'s `values` of `dtype`, its rows where `map` says ([`Self::check_slot`]
-    /// first).
-    fn place(&mut self, e: u32, dtype: WeightDtype, values: Values<'a>, map: RowMap) -> Result<()> {
-        self.check_slot(e, dtype)?;
+    /// Holds expert `e`'s `values` of `dtype`, its rows where `map` says (the caller checked
+    /// the slot, [`Self::check_slot`]).
+    fn place(&mut self, e: u32, dtype: WeightDtype, values: Values<'a>, map: RowMap) {
         if let Some(slot) = self.experts.get_mut(e as usize) {
             *slot = Some((values, map));
         }
         self.dtype = Some(dtype);
-        Ok(())
     }
 
     /// `[experts, n, k]`.

@@ -331,8 +331,7 @@ impl Blocks for Q4_0 {
 
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     unsafe fn quad(blocks: [&[u8]; 4], _: [u8; 4]) -> Self::Quad {
-        let codes = lanes_of(blocks, 2);
-        (half_scales(blocks), [codes, _mm512_srli_epi16::<4>(codes)])
+        (half_scales(blocks), nibble_halves(blocks, 2))
     }
 
     /// Each row's four nibbles moved into four elements (the table reads their low four
@@ -340,8 +339,7 @@ impl Blocks for Q4_0 {
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     unsafe fn group((d, halves): Self::Quad, g: usize) -> __m512 {
         let values = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
-        let nibbles = _mm512_shuffle_epi8(halves[g / 4], control(&LOW_BYTES[g % 4]));
-        _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, values), d)
+        nibble_group(halves, g, values, d)
     }
 }
 
@@ -385,11 +383,8 @@ impl Blocks for GgmlMxfp4 {
 
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     unsafe fn quad(blocks: [&[u8]; 4], _: [u8; 4]) -> Self::Quad {
-        let codes = lanes_of(blocks, 1);
-        (
-            e8m0_scales([blocks[0][0], blocks[1][0], blocks[2][0], blocks[3][0]]),
-            [codes, _mm512_srli_epi16::<4>(codes)],
-        )
+        let scales = e8m0_scales([blocks[0][0], blocks[1][0], blocks[2][0], blocks[3][0]]);
+        (scales, nibble_halves(blocks, 1))
     }
 
     /// Each row's four nibbles moved into four elements (the table reads their low four
@@ -398,9 +393,28 @@ impl Blocks for GgmlMxfp4 {
     unsafe fn group((s, halves): Self::Quad, g: usize) -> __m512 {
         // SAFETY: the table's 16 floats.
         let table = unsafe { _mm512_loadu_ps(FP4_E2M1.as_ptr()) };
-        let nibbles = _mm512_shuffle_epi8(halves[g / 4], control(&LOW_BYTES[g % 4]));
-        _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), s)
+        nibble_group(halves, g, table, s)
     }
+}
+
+/// Four rows' 16 code bytes from `at` of each block, as they are and shifted down four bits:
+/// the low four bits of each byte are then its low nibble, or its high one (Q4_0's order:
+/// values 0-15 and 16-31 of the block).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn nibble_halves(blocks: [&[u8]; 4], at: usize) -> [__m512i; 2] {
+    let codes = lanes_of(blocks, at);
+    [codes, _mm512_srli_epi16::<4>(codes)]
+}
+
+/// Group `g` of four rows' blocks in Q4_0's nibble order ([`nibble_halves`]): each row's four
+/// nibbles moved into four elements (a table reads their low four bits), looked up in
+/// `table`, times the row's `scale`: one exact product, as `quant` decodes it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn nibble_group(halves: [__m512i; 2], g: usize, table: __m512, scale: __m512) -> __m512 {
+    let nibbles = _mm512_shuffle_epi8(halves[g / 4], control(&LOW_BYTES[g % 4]));
+    _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), scale)
 }
 
 /// `T` tokens over [`ROW_COLS`] rows of whole blocks of format `B` (each row's blocks of

@@ -18,7 +18,7 @@ use crate::context::wait::Driver;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
-use crate::host_experts::{HostEntry, HostExperts};
+use crate::host_experts::{HostEntry, HostExperts, filled};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tensor::word_bytes;
 
@@ -236,12 +236,7 @@ impl HybridForward<'_> {
             .filter(|&(_, &e)| self.host.holds(e))
             .map(|(i, &e)| (HostEntry { token: (i / k) as u32, expert: e }, i))
             .unzip();
-        let mut rows = Vec::new();
-        rows.try_reserve_exact(host_entries.len() * h).map_err(|_| Error::HostMemory {
-            what: "hybrid forward's host rows".into(),
-            bytes: word_bytes((host_entries.len() * h) as u64),
-        })?;
-        rows.resize(host_entries.len() * h, 0.0f32);
+        let mut rows = filled("hybrid forward's host rows", host_entries.len() * h, 0.0f32)?;
         self.host.run(bytemuck::cast_slice(x), &host_entries, &mut rows)?;
         let hosted_at = start.elapsed().as_secs_f64();
         let mut combine = ctx.encoder("hybrid forward: combine");
