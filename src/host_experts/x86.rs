@@ -158,64 +158,97 @@ const BLOCK_PREFETCH: usize = 512;
 
 /// Prefetches each of four rows' bytes [`BLOCK_PREFETCH`] past `blocks` (the same rows' next
 /// blocks: a row's chunks lie one after another).
-#[inline]
-#[target_feature(enable = "avx512f")]
+#[inline(always)]
 fn prefetch_ahead(blocks: &[&[u8]; 4]) {
     for block in blocks {
-        // A prefetch reads nothing, so any address is allowed.
-        _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(BLOCK_PREFETCH).cast());
+        // SAFETY: every x86-64 CPU has SSE; a prefetch reads nothing, so any address is
+        // allowed.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(BLOCK_PREFETCH).cast()) };
     }
 }
 
-/// Four rows' f16 block scales (the first two bytes of each block) as f32 (F16C: exactly
-/// `half`'s conversion), each repeated across its row's 128-bit lane.
-#[inline]
-#[target_feature(enable = "avx512f,f16c")]
-fn half_scales(blocks: [&[u8]; 4]) -> __m512 {
-    let h = [0, 1, 2, 3].map(|i| i16::from_le_bytes([blocks[i][0], blocks[i][1]]));
-    lanes_to_rows(_mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, h[3], h[2], h[1], h[0])))
+// The block kernels take the scales of a block's rows in one register of eight: two quads.
+const _: () = assert!(ROW_COLS == 8, "a block's row scales are one register of eight");
+
+// The helpers of the block kernels' loop are `unsafe fn`s always inlined, rather than
+// `#[target_feature]` fns, which the compiler may leave as calls inside the loop: inlined
+// into the kernels, their intrinsics run with the kernels' features.
+
+/// The [`ROW_COLS`] rows' f16 block scales (the first two bytes of each block) as f32 (F16C:
+/// exactly `half`'s conversion), as [`quad_scales`] gives them: gathered into one register
+/// in general-purpose ones ([`half_words`]), converted at once.
+///
+/// # Safety
+/// The CPU has AVX-512F and F16C.
+#[inline(always)]
+unsafe fn half_scales(blocks: &[&[u8]; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+    let [low, high] = half_words(blocks);
+    // SAFETY: the caller's CPU has the features.
+    unsafe {
+        let halves = _mm_set_epi64x(high as i64, low as i64);
+        quad_scales(_mm512_castps256_ps512(_mm256_cvtph_ps(halves)))
+    }
 }
 
-/// Four rows' E8M0 scale bytes as `2^(e − 127)` (`quant::e8m0`: 2^-127 for 0, NaN for 255),
-/// each repeated across its row's 128-bit lane.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn e8m0_scales(bytes: [u8; 4]) -> __m512 {
-    let [s0, s1, s2, s3] = bytes.map(|e| match e {
-        0 => 0x40_0000,
-        255 => f32::NAN.to_bits() as i32,
-        e => i32::from(e) << 23,
-    });
-    lanes_to_rows(_mm_castsi128_ps(_mm_setr_epi32(s0, s1, s2, s3)))
+/// The first two bytes of each of the [`ROW_COLS`] blocks, four to a word (little-endian).
+#[inline(always)]
+fn half_words(blocks: &[&[u8]; ROW_COLS]) -> [u64; 2] {
+    let mut words = [0u64; 2];
+    for (i, block) in blocks.iter().enumerate() {
+        words[i / 4] |= u64::from(u16::from_le_bytes([block[0], block[1]])) << (16 * (i % 4));
+    }
+    words
 }
 
-/// Four values, value `i` repeated across 128-bit lane `i`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn lanes_to_rows(v: __m128) -> __m512 {
-    _mm512_permutexvar_ps(
-        _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-        _mm512_castps128_ps512(v),
-    )
+/// The [`ROW_COLS`] rows' E8M0 scale bytes as `2^(e − 127)` (`quant::e8m0`: 2^-127 for 0,
+/// NaN for 255), as [`quad_scales`] gives them.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn e8m0_scales(bytes: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+    // SAFETY: the caller's CPU has the features.
+    unsafe {
+        let e = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(bytes)));
+        let bits = _mm512_slli_epi32::<23>(e);
+        let zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+        let bits = _mm512_mask_blend_epi32(zero, bits, _mm512_set1_epi32(0x40_0000));
+        let all = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255));
+        let bits = _mm512_mask_blend_epi32(all, bits, _mm512_set1_epi32(f32::NAN.to_bits() as i32));
+        quad_scales(_mm512_castsi512_ps(bits))
+    }
+}
+
+/// The first [`ROW_COLS`] values of `v` (one per row) spread over the quads: quad `q`'s
+/// register holds its row `i`'s value repeated across 128-bit lane `i`.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn quad_scales(v: __m512) -> [__m512; ROW_COLS / 4] {
+    // SAFETY: the caller's CPU has the features.
+    unsafe {
+        [
+            _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), v),
+            _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4), v),
+        ]
+    }
 }
 
 /// Four rows' 16 bytes from `at` of each, row `i` in 128-bit lane `i`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn lanes_of(blocks: [&[u8]; 4], at: usize) -> __m512i {
-    // SAFETY: 16 bytes in bounds of each block (the callers' blocks are whole).
-    let [l0, l1, l2, l3] = unsafe {
-        [
-            _mm_loadu_si128(blocks[0][at..at + 16].as_ptr().cast()),
-            _mm_loadu_si128(blocks[1][at..at + 16].as_ptr().cast()),
-            _mm_loadu_si128(blocks[2][at..at + 16].as_ptr().cast()),
-            _mm_loadu_si128(blocks[3][at..at + 16].as_ptr().cast()),
-        ]
-    };
-    let v = _mm512_castsi128_si512(l0);
-    let v = _mm512_inserti32x4::<1>(v, l1);
-    let v = _mm512_inserti32x4::<2>(v, l2);
-    _mm512_inserti32x4::<3>(v, l3)
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn lanes_of(blocks: [&[u8]; 4], at: usize) -> __m512i {
+    // SAFETY: the caller's CPU has the features; 16 bytes in bounds of each block (the
+    // slices are checked).
+    unsafe {
+        let v = _mm512_castsi128_si512(_mm_loadu_si128(blocks[0][at..at + 16].as_ptr().cast()));
+        let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(blocks[1][at..at + 16].as_ptr().cast()));
+        let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(blocks[2][at..at + 16].as_ptr().cast()));
+        _mm512_inserti32x4::<3>(v, _mm_loadu_si128(blocks[3][at..at + 16].as_ptr().cast()))
+    }
 }
 
 /// `vpshufb` controls, the same in every 128-bit lane, for each group `g` of four values:
@@ -223,21 +256,43 @@ fn lanes_of(blocks: [&[u8]; 4], at: usize) -> __m512i {
 /// bytes zero: shifted down, they are sign-extended).
 const SIGN_BYTES: [[i8; 16]; 4] = [spread(0, 3), spread(1, 3), spread(2, 3), spread(3, 3)];
 
-/// As [`SIGN_BYTES`], into the low bytes (zero-extended).
-const LOW_BYTES: [[i8; 16]; 4] = [spread(0, 0), spread(1, 0), spread(2, 0), spread(3, 0)];
+/// The `vpshufb` control transposing each 128-bit lane's 16 bytes as a 4 x 4 matrix: byte
+/// `m` of element `j` is then byte `4 m + j` of the lane. With Q4_0's nibble order (value
+/// `v < 16` the low nibble of byte `v`, `v + 16` its high one), group `g`'s value `j` is
+/// then the low nibble of element `j` shifted down [`nibble_shift`]`(g)` bits: one shift a
+/// group, on a port the table lookups leave free, where a shuffle a group would share theirs.
+const TRANSPOSED: [i8; 16] = {
+    let mut control = [0i8; 16];
+    let mut i = 0;
+    while i < 16 {
+        control[i] = (4 * (i % 4) + i / 4) as i8;
+        i += 1;
+    }
+    control
+};
 
-/// Controls moving bytes `2 g`, `2 g`, `2 g + 1`, `2 g + 1` of the lane into the low bytes
-/// of its four elements, for each group `g` of eight (MXFP4's two values a byte).
-const PAIR_BYTES: [[i8; 16]; 8] = {
-    let mut controls = [[-128i8; 16]; 8];
-    let mut g = 0;
-    while g < 8 {
-        let mut j = 0;
-        while j < 4 {
-            controls[g][4 * j] = (2 * g + j / 2) as i8;
-            j += 1;
+/// Bits element `j` of a [`TRANSPOSED`] lane is shifted down so that its low nibble is value
+/// `4 g + j` of a block in Q4_0's nibble order: byte `g`'s low nibble for `g < 4`, byte
+/// `g − 4`'s high one after.
+const fn nibble_shift(g: usize) -> u32 {
+    (8 * (g % 4) + 4 * (g / 4)) as u32
+}
+
+/// `vpshufb` controls for MXFP4's code order (value `2 i` the low nibble of byte `i`,
+/// `2 i + 1` its high one): for half `h` of the block (groups `4 h .. 4 h + 4`), byte `m` of
+/// element `j` is byte `8 h + 2 m + j / 2` of the lane, so group `4 h + m`'s value `j` is
+/// the low nibble of element `j` shifted down `8 m + 4 (j % 2)` bits.
+const PAIRED: [[i8; 16]; 2] = {
+    let mut controls = [[0i8; 16]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut i = 0;
+        while i < 16 {
+            let (j, m) = (i / 4, i % 4);
+            controls[h][i] = (8 * h + 2 * m + j / 2) as i8;
+            i += 1;
         }
-        g += 1;
+        h += 1;
     }
     controls
 };
@@ -255,47 +310,60 @@ const fn spread(g: usize, top: usize) -> [i8; 16] {
 }
 
 /// A control in every 128-bit lane of a register.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn control(bytes: &[i8; 16]) -> __m512i {
-    // SAFETY: 16 bytes in bounds.
-    _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) })
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn control(bytes: &[i8; 16]) -> __m512i {
+    // SAFETY: the caller's CPU has the features; 16 bytes in bounds.
+    unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(bytes.as_ptr().cast())) }
 }
 
-/// The accumulator steps shared by the block kernels: token `t`'s x groups of block `b`
-/// repeated across registers.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn block_x<const T: usize>(xs: &[&[[f32; 4]]; T], b: usize) -> [[__m512; 8]; T] {
-    let mut xb = [[_mm512_setzero_ps(); 8]; T];
-    for t in 0..T {
-        for g in 0..8 {
-            // SAFETY: 4 floats in bounds.
-            xb[t][g] = _mm512_broadcast_f32x4(unsafe { _mm_loadu_ps(xs[t][8 * b + g].as_ptr()) });
+/// Token `t`'s x groups of block `b` repeated across registers.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn block_x<const T: usize>(xs: &[&[[f32; 4]]; T], b: usize) -> [[__m512; 8]; T] {
+    // SAFETY: the caller's CPU has the features; 4 floats in bounds.
+    unsafe {
+        let mut xb = [[_mm512_setzero_ps(); 8]; T];
+        for t in 0..T {
+            for g in 0..8 {
+                xb[t][g] = _mm512_broadcast_f32x4(_mm_loadu_ps(xs[t][8 * b + g].as_ptr()));
+            }
         }
+        xb
     }
-    xb
 }
 
-/// A block format of 32 values that [`strict_blocks_avx512`] decodes in registers, one
-/// quad (four rows' blocks) at a time, group by group: each value as `moeflow::quant`
-/// decodes it (one table value or one exact product).
+/// A block format of 32 values that [`strict_blocks_avx512`] decodes in registers: per block
+/// of K, the [`ROW_COLS`] rows' scales at once, then one quad (four rows' blocks) at a time,
+/// group by group: each value as `moeflow::quant` decodes it (one table value or one exact
+/// product).
 pub(super) trait Blocks {
     /// Bytes of one block.
     const BYTES: usize;
-    /// A quad's blocks ready to give their groups.
-    type Quad: Copy;
-    /// Four rows' blocks, with each row's side byte of the block (MXFP4's scale; unused
-    /// by formats whose blocks hold their scales).
+    /// A quad's codes ready to give their groups.
+    type Codes: Copy;
+    /// The rows' scales of their blocks `blocks`, given each row's side byte of the block
+    /// (MXFP4's scale; unused by formats whose blocks hold their scales): quad `q`'s in
+    /// register `q`, its row `i`'s repeated across 128-bit lane `i`.
     ///
     /// # Safety
     /// The CPU has AVX-512F, AVX-512BW and F16C; each block is `BYTES` long.
-    unsafe fn quad(blocks: [&[u8]; 4], side: [u8; 4]) -> Self::Quad;
-    /// Group `g` (values `4 g .. 4 g + 4`) of the four rows, row `i` in 128-bit lane `i`.
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4];
+    /// Four rows' codes.
     ///
     /// # Safety
-    /// As [`Blocks::quad`].
-    unsafe fn group(quad: Self::Quad, g: usize) -> __m512;
+    /// As [`Blocks::scales`].
+    unsafe fn codes(blocks: [&[u8]; 4]) -> Self::Codes;
+    /// Group `g` (values `4 g .. 4 g + 4`) of the four rows, row `i` in 128-bit lane `i`,
+    /// with their `scale` ([`Blocks::scales`]' register of the quad).
+    ///
+    /// # Safety
+    /// As [`Blocks::scales`].
+    unsafe fn group(codes: Self::Codes, scale: __m512, g: usize) -> __m512;
 }
 
 /// Q8_0: a block's f16 scale `d`, then 32 signed bytes; value `q · d`.
@@ -303,20 +371,31 @@ pub(super) struct Q8_0;
 
 impl Blocks for Q8_0 {
     const BYTES: usize = Q8_0_BLOCK_BYTES;
-    /// The scales; codes 0-15 and 16-31 of the four rows.
-    type Quad = (__m512, [__m512i; 2]);
+    /// Codes 0-15 and 16-31 of the four rows.
+    type Codes = [__m512i; 2];
 
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn quad(blocks: [&[u8]; 4], _: [u8; 4]) -> Self::Quad {
-        (half_scales(blocks), [lanes_of(blocks, 2), lanes_of(blocks, 18)])
+    #[inline(always)]
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+        // SAFETY: the caller's CPU has the features.
+        unsafe { half_scales(blocks) }
+    }
+
+    #[inline(always)]
+    unsafe fn codes(blocks: [&[u8]; 4]) -> Self::Codes {
+        // SAFETY: as above.
+        unsafe { [lanes_of(blocks, 2), lanes_of(blocks, 18)] }
     }
 
     /// Each row's four codes moved into the sign bytes of four elements and shifted down
     /// (sign-extended), converted, times the row's scale.
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn group((d, halves): Self::Quad, g: usize) -> __m512 {
-        let codes = _mm512_srai_epi32::<24>(_mm512_shuffle_epi8(halves[g / 4], control(&SIGN_BYTES[g % 4])));
-        _mm512_mul_ps(_mm512_cvtepi32_ps(codes), d)
+    #[inline(always)]
+    unsafe fn group(halves: Self::Codes, d: __m512, g: usize) -> __m512 {
+        // SAFETY: the caller's CPU has the features.
+        unsafe {
+            let codes =
+                _mm512_srai_epi32::<24>(_mm512_shuffle_epi8(halves[g / 4], control(&SIGN_BYTES[g % 4])));
+            _mm512_mul_ps(_mm512_cvtepi32_ps(codes), d)
+        }
     }
 }
 
@@ -326,20 +405,31 @@ pub(super) struct Q4_0;
 
 impl Blocks for Q4_0 {
     const BYTES: usize = Q4_0_BLOCK_BYTES;
-    /// The scales; the codes, and the codes shifted down four bits.
-    type Quad = (__m512, [__m512i; 2]);
+    /// The codes, [`TRANSPOSED`].
+    type Codes = __m512i;
 
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn quad(blocks: [&[u8]; 4], _: [u8; 4]) -> Self::Quad {
-        (half_scales(blocks), nibble_halves(blocks, 2))
+    #[inline(always)]
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+        // SAFETY: the caller's CPU has the features.
+        unsafe { half_scales(blocks) }
     }
 
-    /// Each row's four nibbles moved into four elements (the table reads their low four
-    /// bits), looked up as `nibble − 8`, times the row's scale.
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn group((d, halves): Self::Quad, g: usize) -> __m512 {
-        let values = _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
-        nibble_group(halves, g, values, d)
+    #[inline(always)]
+    unsafe fn codes(blocks: [&[u8]; 4]) -> Self::Codes {
+        // SAFETY: the caller's CPU has the features.
+        unsafe { nibble_codes(blocks, 2) }
+    }
+
+    /// Each row's four nibbles shifted into the low bits of four elements (the table reads
+    /// them), looked up as `nibble − 8`, times the row's scale.
+    #[inline(always)]
+    unsafe fn group(codes: Self::Codes, d: __m512, g: usize) -> __m512 {
+        // SAFETY: the caller's CPU has the features.
+        unsafe {
+            let values =
+                _mm512_setr_ps(-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.);
+            nibble_group(codes, g, values, d)
+        }
     }
 }
 
@@ -350,24 +440,35 @@ pub(super) struct Mxfp4;
 
 impl Blocks for Mxfp4 {
     const BYTES: usize = MXFP4_BLOCK_BYTES;
-    /// The scales; the codes.
-    type Quad = (__m512, __m512i);
+    /// The codes of groups 0-3 and 4-7, [`PAIRED`].
+    type Codes = [__m512i; 2];
 
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn quad(blocks: [&[u8]; 4], side: [u8; 4]) -> Self::Quad {
-        (e8m0_scales(side), lanes_of(blocks, 0))
+    #[inline(always)]
+    unsafe fn scales(_: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+        // SAFETY: the caller's CPU has the features.
+        unsafe { e8m0_scales(side) }
     }
 
-    /// Bytes `2 g` and `2 g + 1` of each row, each into two elements, the second of each
-    /// pair shifted down four bits (the table reads the low four), looked up in FP4's
-    /// table, times the row's scale.
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn group((s, codes): Self::Quad, g: usize) -> __m512 {
-        // SAFETY: the table's 16 floats.
-        let table = unsafe { _mm512_loadu_ps(FP4_E2M1.as_ptr()) };
-        let pairs = _mm512_shuffle_epi8(codes, control(&PAIR_BYTES[g]));
-        let nibbles = _mm512_srlv_epi32(pairs, _mm512_set4_epi32(4, 0, 4, 0));
-        _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), s)
+    #[inline(always)]
+    unsafe fn codes(blocks: [&[u8]; 4]) -> Self::Codes {
+        // SAFETY: the caller's CPU has the features.
+        unsafe {
+            let codes = lanes_of(blocks, 0);
+            [_mm512_shuffle_epi8(codes, control(&PAIRED[0])), _mm512_shuffle_epi8(codes, control(&PAIRED[1]))]
+        }
+    }
+
+    /// Each row's four codes shifted into the low bits of four elements ([`PAIRED`]; the
+    /// table reads them), looked up in FP4's table, times the row's scale.
+    #[inline(always)]
+    unsafe fn group(codes: Self::Codes, s: __m512, g: usize) -> __m512 {
+        let m = 8 * (g % 4) as i32;
+        // SAFETY: the caller's CPU has the features; the table's 16 floats.
+        unsafe {
+            let table = _mm512_loadu_ps(FP4_E2M1.as_ptr());
+            let nibbles = _mm512_srlv_epi32(codes[g / 4], _mm512_set4_epi32(m + 4, m, m + 4, m));
+            _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), s)
+        }
     }
 }
 
@@ -378,50 +479,68 @@ pub(super) struct GgmlMxfp4;
 
 impl Blocks for GgmlMxfp4 {
     const BYTES: usize = GGML_MXFP4_BLOCK_BYTES;
-    /// The scales; the codes, and the codes shifted down four bits.
-    type Quad = (__m512, [__m512i; 2]);
+    /// The codes, [`TRANSPOSED`].
+    type Codes = __m512i;
 
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn quad(blocks: [&[u8]; 4], _: [u8; 4]) -> Self::Quad {
-        let scales = e8m0_scales([blocks[0][0], blocks[1][0], blocks[2][0], blocks[3][0]]);
-        (scales, nibble_halves(blocks, 1))
+    #[inline(always)]
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+        let mut bytes = [0; ROW_COLS];
+        for (byte, block) in bytes.iter_mut().zip(blocks) {
+            *byte = block[0];
+        }
+        // SAFETY: the caller's CPU has the features.
+        unsafe { e8m0_scales(bytes) }
     }
 
-    /// Each row's four nibbles moved into four elements (the table reads their low four
-    /// bits), looked up in FP4's table, times the row's scale.
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn group((s, halves): Self::Quad, g: usize) -> __m512 {
-        // SAFETY: the table's 16 floats.
-        let table = unsafe { _mm512_loadu_ps(FP4_E2M1.as_ptr()) };
-        nibble_group(halves, g, table, s)
+    #[inline(always)]
+    unsafe fn codes(blocks: [&[u8]; 4]) -> Self::Codes {
+        // SAFETY: the caller's CPU has the features.
+        unsafe { nibble_codes(blocks, 1) }
+    }
+
+    /// Each row's four nibbles shifted into the low bits of four elements (the table reads
+    /// them), looked up in FP4's table, times the row's scale.
+    #[inline(always)]
+    unsafe fn group(codes: Self::Codes, s: __m512, g: usize) -> __m512 {
+        // SAFETY: the caller's CPU has the features; the table's 16 floats.
+        unsafe { nibble_group(codes, g, _mm512_loadu_ps(FP4_E2M1.as_ptr()), s) }
     }
 }
 
-/// Four rows' 16 code bytes from `at` of each block, as they are and shifted down four bits:
-/// the low four bits of each byte are then its low nibble, or its high one (Q4_0's order:
-/// values 0-15 and 16-31 of the block).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn nibble_halves(blocks: [&[u8]; 4], at: usize) -> [__m512i; 2] {
-    let codes = lanes_of(blocks, at);
-    [codes, _mm512_srli_epi16::<4>(codes)]
+/// Four rows' 16 code bytes from `at` of each block in Q4_0's nibble order (values 0-15 the
+/// low nibbles, 16-31 the high ones), [`TRANSPOSED`].
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512BW.
+#[inline(always)]
+unsafe fn nibble_codes(blocks: [&[u8]; 4], at: usize) -> __m512i {
+    // SAFETY: the caller's CPU has the features.
+    unsafe { _mm512_shuffle_epi8(lanes_of(blocks, at), control(&TRANSPOSED)) }
 }
 
-/// Group `g` of four rows' blocks in Q4_0's nibble order ([`nibble_halves`]): each row's four
-/// nibbles moved into four elements (a table reads their low four bits), looked up in
-/// `table`, times the row's `scale`: one exact product, as `quant` decodes it.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn nibble_group(halves: [__m512i; 2], g: usize, table: __m512, scale: __m512) -> __m512 {
-    let nibbles = _mm512_shuffle_epi8(halves[g / 4], control(&LOW_BYTES[g % 4]));
-    _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), scale)
+/// Group `g` of four rows' blocks from their [`nibble_codes`]: each row's four nibbles
+/// shifted into the low bits of four elements (a table reads them), looked up in `table`,
+/// times the row's `scale`: one exact product, as `quant` decodes it.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512BW.
+#[inline(always)]
+unsafe fn nibble_group(codes: __m512i, g: usize, table: __m512, scale: __m512) -> __m512 {
+    // SAFETY: the caller's CPU has the features.
+    unsafe {
+        let nibbles = _mm512_srlv_epi32(codes, _mm512_set1_epi32(nibble_shift(g) as i32));
+        _mm512_mul_ps(_mm512_permutexvar_ps(nibbles, table), scale)
+    }
 }
 
 /// `T` tokens over [`ROW_COLS`] rows of whole blocks of format `B` (each row's blocks of
 /// the chunk as stored; `sides` each row's side byte per block, for MXFP4), into
-/// accumulator quads `quad .. quad + 2`: per block and quad, the four rows' blocks
-/// decoded group by group in registers ([`Blocks`]), each group multiplied into every
-/// token's accumulator of the quad, the rows prefetched ahead.
+/// accumulator quads `quad .. quad + 2`: per block, the eight rows' scales at once, then
+/// per quad the four rows' blocks decoded group by group in registers ([`Blocks`]), each
+/// group multiplied into every token's accumulator of the quad, the rows prefetched ahead.
+/// Per group and quad the decoding costs a table lookup and the scale's product beside the
+/// fused multiply-add; the codes reach the table by a shift ([`TRANSPOSED`], [`PAIRED`]) or,
+/// for Q8_0, a shuffle.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
 #[allow(clippy::needless_range_loop, reason = "block `b` of eight rows and of x at once")]
 pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
@@ -431,37 +550,47 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
     xs: [&[[f32; 4]]; T],
     acc: [&mut Quads; T],
 ) {
-    const Q: usize = ROW_COLS / 4;
     let blocks = rows[0].len() / B::BYTES;
     let mut a = load(&acc, quad);
     let xs = xs.map(|x| &x[..blocks * 8]);
     for b in 0..blocks {
-        let xb = block_x(&xs, b);
-        for q in 0..Q {
-            let at = b * B::BYTES..(b + 1) * B::BYTES;
-            let quad_blocks: [&[u8]; 4] = [
-                &rows[4 * q][at.clone()],
-                &rows[4 * q + 1][at.clone()],
-                &rows[4 * q + 2][at.clone()],
-                &rows[4 * q + 3][at],
-            ];
-            prefetch_ahead(&quad_blocks);
-            let side = match sides {
-                Some(sides) => {
-                    [sides[4 * q][b], sides[4 * q + 1][b], sides[4 * q + 2][b], sides[4 * q + 3][b]]
-                }
-                None => [0; 4],
-            };
-            // SAFETY: this function has the features; each block is B::BYTES long.
-            let decoded = unsafe { B::quad(quad_blocks, side) };
-            for g in 0..8 {
-                // SAFETY: as above.
-                let w = unsafe { B::group(decoded, g) };
-                for t in 0..T {
-                    a[t][q] = _mm512_fmadd_ps(xb[t][g], w, a[t][q]);
-                }
+        // SAFETY: this function has the features.
+        let xb = unsafe { block_x(&xs, b) };
+        let at = b * B::BYTES..(b + 1) * B::BYTES;
+        let mut row_blocks: [&[u8]; ROW_COLS] = [&[]; ROW_COLS];
+        for (block, row) in row_blocks.iter_mut().zip(rows) {
+            *block = &row[at.clone()];
+        }
+        let mut side = [0; ROW_COLS];
+        if let Some(sides) = sides {
+            for (s, row) in side.iter_mut().zip(sides) {
+                *s = row[b];
             }
         }
+        // SAFETY: as above; each block is B::BYTES long.
+        let scales = unsafe { B::scales(&row_blocks, side) };
+        // The quads and their eight groups unrolled, so each group's constants (controls,
+        // shifts) are known where they are used and the accumulators stay in registers.
+        macro_rules! groups {
+            ($q:literal, $codes:ident, $($g:literal)+) => {$(
+                // SAFETY: as above.
+                let w = unsafe { B::group($codes, scales[$q], $g) };
+                for t in 0..T {
+                    a[t][$q] = _mm512_fmadd_ps(xb[t][$g], w, a[t][$q]);
+                }
+            )+};
+        }
+        macro_rules! quads {
+            ($($q:literal)+) => {$({
+                let quad_blocks =
+                    [row_blocks[4 * $q], row_blocks[4 * $q + 1], row_blocks[4 * $q + 2], row_blocks[4 * $q + 3]];
+                prefetch_ahead(&quad_blocks);
+                // SAFETY: as above.
+                let codes = unsafe { B::codes(quad_blocks) };
+                groups!($q, codes, 0 1 2 3 4 5 6 7);
+            })+};
+        }
+        quads!(0 1);
     }
     store(a, acc, quad);
 }
