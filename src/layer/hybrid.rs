@@ -5,7 +5,8 @@
 //!    read-back buffer; submitted.
 //! 2. The dispatch layout, the device's experts (the kernels skip rows routed to experts the
 //!    device does not hold) and the shared expert; submitted at once, so the device computes
-//!    them while the host works.
+//!    them while the host works. Where the device holds none of the routed experts
+//!    (`--cpu-moe`), only the shared expert: no layout or expert kernels run for nothing.
 //! 3. Once the first submission is done (a wait for it alone): the read-back mapped, the rows
 //!    routed to host experts computed by [`HostExperts::run`] on the CPU's threads, their
 //!    outputs uploaded in one write, copied into the entries' rows of the partial outputs, and
@@ -60,6 +61,9 @@ pub struct HybridForward<'h> {
     x: crate::workspace::Region,
     readback: wgpu::Buffer,
     upload: wgpu::Buffer,
+    /// The device stages of the second submission: without dispatch and experts where the
+    /// device holds no routed expert.
+    device_stages: Vec<ForwardStage>,
     k: u32,
     hidden: u32,
 }
@@ -131,6 +135,11 @@ impl MoeLayer {
                 _ => {}
             }
         }
+        let device_stages = if (0..e).any(|x| self.experts.holds(x)) {
+            vec![ForwardStage::Dispatch, ForwardStage::Experts, ForwardStage::Shared]
+        } else {
+            vec![ForwardStage::Shared]
+        };
         let x = crate::workspace::Region::of(io.x().view());
         let plan = self.plan(ctx, io)?;
         let t = u64::from(plan.max_tokens());
@@ -148,7 +157,7 @@ impl MoeLayer {
             wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             false,
         )?;
-        Ok(HybridForward { plan, host, x, readback, upload, k: c.route.k, hidden: h })
+        Ok(HybridForward { plan, host, x, readback, upload, device_stages, k: c.route.k, hidden: h })
     }
 
     /// [`Self::forward_host`] with the experts the device does not hold computed by `host`
@@ -223,8 +232,7 @@ impl HybridForward<'_> {
         route.copy_buffer_to_buffer(x.buffer, x.offset, &self.readback, index_bytes, x_bytes);
         let routed = ctx.submit_indexed("hybrid forward: route", route)?;
         let mut device = ctx.encoder("hybrid forward: device experts");
-        let device_stages = [ForwardStage::Dispatch, ForwardStage::Experts, ForwardStage::Shared];
-        self.plan.record_stages(&mut device, tokens, &device_stages);
+        self.plan.record_stages(&mut device, tokens, &self.device_stages);
         let device_done = ctx.submitted("hybrid forward: device experts", device, driver);
         let words: Vec<u32> =
             ctx.mapped(&self.readback, entries + tokens as usize * h, Some(routed), driver).await?;
