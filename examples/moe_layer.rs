@@ -586,7 +586,8 @@ fn hybrid_layer<'s>(
 
 /// As [`run_tokens`] for a layer with experts on the host: the hybrid forward's times (host
 /// wall clock: route and read-back, the host's FFN, the wait for the device's experts after
-/// it, and the whole forward to the combine's end), then the same check.
+/// it, and the whole forward to the combine's end; the device's own time for its stages),
+/// then the same check.
 #[allow(clippy::too_many_arguments)]
 fn run_hybrid_tokens(
     ctx: &Context,
@@ -613,6 +614,13 @@ fn run_hybrid_tokens(
         "  dev wait  {:>10.3} ms  (device experts and shared expert after the host's)",
         times.device_wait * 1e3
     );
+    match times.device {
+        Some(t) => println!(
+            "  device    {:>10.3} ms  (GPU time of the device's stages, beside the host's FFN)",
+            t * 1e3
+        ),
+        None => println!("  device    {:>10}     (no timestamps on this adapter)", "-"),
+    }
     println!("  host wall {:>10.3} ms (to the combine's end); {:.0} tokens/s", wall * 1e3, m as f64 / wall);
     check(ctx, cfg, w, x, yb, forward.plan(), m)
 }

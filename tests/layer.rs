@@ -564,6 +564,18 @@ fn host_experts_give_the_device_layers_outputs() {
                 assert_eq!(bits(&got.weights), bits(&want.weights), "{what}: weights");
                 let n = assert_rows_close(&what, &got.y, &want.y, hu);
                 eprintln!("{what}: {n}/{} outputs bit-equal to the all-device layer", want.y.len());
+                // The planned forward's times: the host's rows, and the device's own clock
+                // wherever the adapter has timestamp queries.
+                let (xb, yb) = (ctx.upload("x", &x).unwrap(), ctx.zeroed("y", x.len() as u64 * 4).unwrap());
+                let forward =
+                    split.plan_hybrid(ctx, split.io(&xb, &yb, tokens as u32).unwrap(), &host).unwrap();
+                let times = forward.run(ctx, tokens as u32).unwrap();
+                let on_host = want.indices.iter().filter(|&&x| placement.on_host(x)).count();
+                assert_eq!(times.host_rows, on_host, "{what}: rows the host computed");
+                assert_eq!(times.device.is_some(), ctx.capabilities().timestamps, "{what}: device clock");
+                let device_experts = (0..e).any(|x| !placement.on_host(x));
+                let ran = |t: f64| if device_experts { t > 0.0 } else { t >= 0.0 };
+                assert!(times.device.is_none_or(ran), "{what}: device time {:?}", times.device);
             }
         }
     });

@@ -121,20 +121,21 @@ impl ForwardPlan {
     /// Records the dispatches of `stages` of a forward of `tokens` tokens (checked by the
     /// caller), in one compute pass, the count copied into [`Self::live_tokens`] first where
     /// `stages` holds the sizing stage: [`Self::record`] cut at stage boundaries, for a forward
-    /// whose parts are submitted apart.
+    /// whose parts are submitted apart; the pass timed by `timestamp_writes` where given.
     #[cfg(not(target_arch = "wasm32"))]
     pub(super) fn record_stages(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         tokens: u32,
         stages: &[ForwardStage],
+        timestamp_writes: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) {
         if stages.contains(&ForwardStage::Size) {
             encoder.copy_buffer_to_buffer(&self.counts, word_bytes(u64::from(tokens)), &self.live, 0, 4);
         }
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("moeflow stages"),
-            timestamp_writes: None,
+            timestamp_writes,
         });
         for d in self.stages.iter().filter(|(s, _)| stages.contains(s)).flat_map(|(_, ds)| ds) {
             if let Some(grid) = d.grid_at(tokens) {

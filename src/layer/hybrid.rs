@@ -34,7 +34,8 @@ use super::moe_layer::MoeLayer;
 #[cfg(not(target_arch = "wasm32"))]
 use super::run::ForwardOutput;
 
-/// Where a hybrid forward's time went, host wall clock, in seconds from its first submission.
+/// Where a hybrid forward's time went, in seconds: host wall clock from its first submission,
+/// and the device's own clock for its stages beside the host's FFN.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct HybridTimes {
@@ -45,6 +46,12 @@ pub struct HybridTimes {
     /// Waiting, after the host's FFN, for the device's experts and shared expert: 0 when the
     /// device finished first.
     pub device_wait: f64,
+    /// The device's time for its stages of the second submission (dispatch layout, its
+    /// experts, the shared expert), from timestamp queries around their pass; None where
+    /// the adapter has no timestamp queries. It starts once the route's submission is done,
+    /// as the host's FFN does: where it exceeds [`Self::device_wait`], the device computed
+    /// that long while the host did.
+    pub device: Option<f64>,
     /// Rows the host computed.
     pub host_rows: usize,
 }
@@ -64,8 +71,87 @@ pub struct HybridForward<'h> {
     /// The device stages of the second submission: without dispatch and experts where the
     /// device holds no routed expert.
     device_stages: Vec<ForwardStage>,
+    clock: Option<DeviceClock>,
     k: u32,
     hidden: u32,
+}
+
+/// Two timestamp queries around the device's pass of a hybrid forward, resolved into a
+/// buffer and copied into a mappable one by the same submission.
+#[cfg(not(target_arch = "wasm32"))]
+struct DeviceClock {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    staging: wgpu::Buffer,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl DeviceClock {
+    /// Bytes of the two resolved timestamps.
+    const BYTES: u64 = 16;
+
+    /// A clock where `ctx`'s adapter has timestamp queries.
+    fn new(ctx: &Context) -> Result<Option<Self>> {
+        if !ctx.capabilities().timestamps {
+            return Ok(None);
+        }
+        let queries = ctx.checked("hybrid forward's timestamp queries", || {
+            ctx.device().create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("hybrid forward: device stages"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            })
+        })?;
+        let resolved = ctx.buffer(
+            "hybrid timestamps",
+            Self::BYTES,
+            wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            false,
+        )?;
+        let staging = ctx.buffer(
+            "hybrid timestamps read-back",
+            Self::BYTES,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            false,
+        )?;
+        Ok(Some(DeviceClock { queries, resolved, staging }))
+    }
+
+    /// The writes at the beginning and end of the timed pass.
+    fn writes(&self) -> wgpu::ComputePassTimestampWrites<'_> {
+        wgpu::ComputePassTimestampWrites {
+            query_set: &self.queries,
+            beginning_of_pass_write_index: Some(0),
+            end_of_pass_write_index: Some(1),
+        }
+    }
+
+    /// Records, after the timed pass, the copy of its timestamps into the staging buffer.
+    fn record_read(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.resolve_query_set(&self.queries, 0..2, &self.resolved, 0);
+        encoder.copy_buffer_to_buffer(&self.resolved, 0, &self.staging, 0, Self::BYTES);
+    }
+
+    /// The timed pass's seconds, once `submission` (which recorded it and [`Self::record_read`])
+    /// is done: a wait for it alone. None where the adapter gave an end before the beginning.
+    async fn seconds(
+        &self,
+        ctx: &Context,
+        submission: wgpu::SubmissionIndex,
+        driver: Driver,
+    ) -> Result<Option<f64>> {
+        let ticks: Vec<u64> = ctx.mapped(&self.staging, 2, Some(submission), driver).await?;
+        let period_ns = f64::from(ctx.queue().get_timestamp_period());
+        Ok((ticks[1] >= ticks[0]).then(|| (ticks[1] - ticks[0]) as f64 * period_ns * 1e-9))
+    }
+}
+
+/// How a hybrid forward waits for its device submission: by mapping the timestamps of its
+/// pass, or by its own future.
+#[cfg(not(target_arch = "wasm32"))]
+enum DeviceDone<'c, F> {
+    Timed(&'c DeviceClock, wgpu::SubmissionIndex),
+    Untimed(F),
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -85,8 +171,9 @@ impl MoeLayer {
     /// ([`ExpertWeights::from_f32_placed`](crate::kernels::gemm::ExpertWeights::from_f32_placed),
     /// [`ExpertWeights::stream_placed`](crate::kernels::gemm::ExpertWeights::stream_placed)).
     /// Besides the plan: a read-back buffer for the routing indices and x
-    /// (`max_tokens · (k + H)` words) and an upload buffer for the host's rows
-    /// (`max_tokens · k · H` words).
+    /// (`max_tokens · (k + H)` words), an upload buffer for the host's rows
+    /// (`max_tokens · k · H` words), and where the adapter has timestamp queries two of them
+    /// for the device's stages ([`HybridTimes::device`]).
     ///
     /// # Errors
     /// [`Self::plan`]'s errors; [`Error::InvalidArgument`] for a capacity bound (hybrid
@@ -157,7 +244,8 @@ impl MoeLayer {
             wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             false,
         )?;
-        Ok(HybridForward { plan, host, x, readback, upload, device_stages, k: c.route.k, hidden: h })
+        let clock = DeviceClock::new(ctx)?;
+        Ok(HybridForward { plan, host, x, readback, upload, device_stages, clock, k: c.route.k, hidden: h })
     }
 
     /// [`Self::forward_host`] with the experts the device does not hold computed by `host`
@@ -224,7 +312,7 @@ impl HybridForward<'_> {
         let entries = tokens as usize * k;
         let start = web_time::Instant::now();
         let mut route = ctx.encoder("hybrid forward: route");
-        self.plan.record_stages(&mut route, tokens, &[ForwardStage::Size, ForwardStage::Route]);
+        self.plan.record_stages(&mut route, tokens, &[ForwardStage::Size, ForwardStage::Route], None);
         let indices = self.plan.indices.view();
         let x = self.x.view();
         let (index_bytes, x_bytes) = (word_bytes(entries as u64), word_bytes(tokens as u64 * h as u64));
@@ -232,8 +320,15 @@ impl HybridForward<'_> {
         route.copy_buffer_to_buffer(x.buffer, x.offset, &self.readback, index_bytes, x_bytes);
         let routed = ctx.submit_indexed("hybrid forward: route", route)?;
         let mut device = ctx.encoder("hybrid forward: device experts");
-        self.plan.record_stages(&mut device, tokens, &self.device_stages);
-        let device_done = ctx.submitted("hybrid forward: device experts", device, driver);
+        let writes = self.clock.as_ref().map(DeviceClock::writes);
+        self.plan.record_stages(&mut device, tokens, &self.device_stages, writes);
+        let device_done = match &self.clock {
+            Some(clock) => {
+                clock.record_read(&mut device);
+                DeviceDone::Timed(clock, ctx.submit_indexed("hybrid forward: device experts", device)?)
+            }
+            None => DeviceDone::Untimed(ctx.submitted("hybrid forward: device experts", device, driver)),
+        };
         let words: Vec<u32> =
             ctx.mapped(&self.readback, entries + tokens as usize * h, Some(routed), driver).await?;
         let routed_at = start.elapsed().as_secs_f64();
@@ -271,14 +366,21 @@ impl HybridForward<'_> {
                 at = end;
             }
         }
-        self.plan.record_stages(&mut combine, tokens, &[ForwardStage::Combine]);
+        self.plan.record_stages(&mut combine, tokens, &[ForwardStage::Combine], None);
         // Submitted, not waited for: the caller's next submission or read-back follows it.
         drop(ctx.submitted("hybrid forward: combine", combine, driver));
-        device_done.await?;
+        let device = match device_done {
+            DeviceDone::Timed(clock, index) => clock.seconds(ctx, index, driver).await?,
+            DeviceDone::Untimed(done) => {
+                done.await?;
+                None
+            }
+        };
         Ok(HybridTimes {
             routed: routed_at,
             host: hosted_at - routed_at,
             device_wait: start.elapsed().as_secs_f64() - hosted_at,
+            device,
             host_rows: host_entries.len(),
         })
     }
