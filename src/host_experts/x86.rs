@@ -254,7 +254,19 @@ unsafe fn lanes_of(blocks: [&[u8]; 4], at: usize) -> __m512i {
 /// `vpshufb` controls, the same in every 128-bit lane, for each group `g` of four values:
 /// bytes `4 g .. 4 g + 4` of the lane into the sign bytes of its four elements (the other
 /// bytes zero: shifted down, they are sign-extended).
-const SIGN_BYTES: [[i8; 16]; 4] = [spread(0, 3), spread(1, 3), spread(2, 3), spread(3, 3)];
+const SIGN_BYTES: [[i8; 16]; 4] = {
+    let mut controls = [[-128i8; 16]; 4];
+    let mut g = 0;
+    while g < 4 {
+        let mut j = 0;
+        while j < 4 {
+            controls[g][4 * j + 3] = (4 * g + j) as i8;
+            j += 1;
+        }
+        g += 1;
+    }
+    controls
+};
 
 /// The `vpshufb` control transposing each 128-bit lane's 16 bytes as a 4 x 4 matrix: byte
 /// `m` of element `j` is then byte `4 m + j` of the lane. With Q4_0's nibble order (value
@@ -296,18 +308,6 @@ const PAIRED: [[i8; 16]; 2] = {
     }
     controls
 };
-
-/// The control moving bytes `4 g .. 4 g + 4` of a lane into byte `top` of its four
-/// elements, zeros elsewhere.
-const fn spread(g: usize, top: usize) -> [i8; 16] {
-    let mut control = [-128i8; 16];
-    let mut j = 0;
-    while j < 4 {
-        control[4 * j + top] = (4 * g + j) as i8;
-        j += 1;
-    }
-    control
-}
 
 /// A control in every 128-bit lane of a register.
 ///
