@@ -253,7 +253,7 @@ unsafe fn lanes_of(blocks: [&[u8]; 4], at: usize) -> __m512i {
 
 /// `vpshufb` controls, the same in every 128-bit lane, for each group `g` of four values:
 /// bytes `4 g .. 4 g + 4` of the lane into the sign bytes of its four elements (the other
-/// bytes zero: shifted down, they are sign-extended).
+/// bytes zero: each element is then its signed byte times 2^24).
 const SIGN_BYTES: [[i8; 16]; 4] = {
     let mut controls = [[-128i8; 16]; 4];
     let mut g = 0;
@@ -374,10 +374,16 @@ impl Blocks for Q8_0 {
     /// Codes 0-15 and 16-31 of the four rows.
     type Codes = [__m512i; 2];
 
+    /// The scales times 2^-24 ([`Q8_0::group`] converts each code as 2^24 times it): exact,
+    /// as an f16's value times 2^-24 is a normal f32 (or 0, ±inf, NaN as it was).
     #[inline(always)]
     unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
         // SAFETY: the caller's CPU has the features.
-        unsafe { half_scales(blocks) }
+        unsafe {
+            let [a, b] = half_scales(blocks);
+            let unit = _mm512_set1_ps(1.0 / 16_777_216.0);
+            [_mm512_mul_ps(a, unit), _mm512_mul_ps(b, unit)]
+        }
     }
 
     #[inline(always)]
@@ -386,14 +392,15 @@ impl Blocks for Q8_0 {
         unsafe { [lanes_of(blocks, 2), lanes_of(blocks, 18)] }
     }
 
-    /// Each row's four codes moved into the sign bytes of four elements and shifted down
-    /// (sign-extended), converted, times the row's scale.
+    /// Each row's four codes moved into the sign bytes of four elements (the other bytes
+    /// zero), so each element is the code times 2^24, converted exactly (eight significant
+    /// bits), times the row's scale times 2^-24: the exact product `code · d` `quant`
+    /// computes, with no shift to sign-extend the codes.
     #[inline(always)]
     unsafe fn group(halves: Self::Codes, d: __m512, g: usize) -> __m512 {
         // SAFETY: the caller's CPU has the features.
         unsafe {
-            let codes =
-                _mm512_srai_epi32::<24>(_mm512_shuffle_epi8(halves[g / 4], control(&SIGN_BYTES[g % 4])));
+            let codes = _mm512_shuffle_epi8(halves[g / 4], control(&SIGN_BYTES[g % 4]));
             _mm512_mul_ps(_mm512_cvtepi32_ps(codes), d)
         }
     }
