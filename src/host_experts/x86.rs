@@ -155,8 +155,9 @@ pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
 /// How far ahead of a quad's blocks their rows are prefetched, in bytes: the rows stream
 /// from memory or the last-level cache eight at a time, each a few blocks per chunk of K,
 /// too short for the hardware's prefetcher to follow, and the decoding between the loads
-/// keeps few of them in flight.
-const BLOCK_PREFETCH: usize = 512;
+/// keeps few of them in flight. Measured on this project's machine (docs/benchmarks/host,
+/// table 10): 256 bytes 3-8% faster than 512 at M = 8; 128 and none slower.
+const BLOCK_PREFETCH: usize = 256;
 
 /// Prefetches each of four rows' bytes [`BLOCK_PREFETCH`] past `blocks` (the same rows' next
 /// blocks: a row's chunks lie one after another).
