@@ -114,12 +114,9 @@ pub(super) fn row_block<'a>(
     ks: Range<usize>,
     scratch: &'a mut [f32],
 ) -> RowBlock<'a> {
-    let per_row = k / BLOCK_VALUES;
-    let blocks =
-        |n: usize| n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
     let bytes = |stored: &'a [u8], size: usize| -> [&'a [u8]; ROW_COLS] {
         std::array::from_fn(|r| {
-            let b = blocks(map.at(rows.start + r));
+            let b = block_range(k, map.at(rows.start + r), &ks);
             &stored[b.start * size..b.end * size]
         })
     };
@@ -215,8 +212,7 @@ fn row(v: &Values<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
     let v = match *v {
         Values::Stored(v) => v,
         Values::GgmlMxfp4(blocks) => {
-            let per_row = k / BLOCK_VALUES;
-            let b = n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
+            let b = block_range(k, n, ks);
             return ggml_mxfp4(
                 &blocks[b.start * GGML_MXFP4_BLOCK_BYTES..b.end * GGML_MXFP4_BLOCK_BYTES],
                 out,
@@ -244,11 +240,17 @@ fn row(v: &Values<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
     }
 }
 
+/// The 32-value blocks of stored row `n` (`k / 32` blocks a row) that hold its columns `ks`.
+#[inline(always)]
+fn block_range(k: usize, n: usize, ks: &Range<usize>) -> Range<usize> {
+    let per_row = k / BLOCK_VALUES;
+    n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES)
+}
+
 /// Row `n`, columns `ks`, of quantised values into `out`.
 #[inline(always)]
 fn quantised_row(q: &QuantisedValues<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
-    let per_row = k / BLOCK_VALUES;
-    let blocks = n * per_row + ks.start / BLOCK_VALUES..n * per_row + ks.end.div_ceil(BLOCK_VALUES);
+    let blocks = block_range(k, n, ks);
     match *q {
         QuantisedValues::Q8_0(bytes) => {
             q8_0(&bytes[blocks.start * Q8_0_BLOCK_BYTES..blocks.end * Q8_0_BLOCK_BYTES], out)
