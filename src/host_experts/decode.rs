@@ -14,7 +14,7 @@ use multiversion::multiversion;
 
 use super::projection::{RowMap, Values};
 use super::tile::GGML_MXFP4_BLOCK_BYTES;
-use super::tile::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock};
+use super::tile::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock, Rows};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 use crate::quant::{self, BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
@@ -105,7 +105,9 @@ pub(super) fn in_place(v: &Values<'_>, k: usize, rows: usize) -> bool {
 /// rows exist; else f32 values, row `r` being row `rows.start + r`'s values of `ks`, zeros
 /// after them up to a multiple of [`PAD`] values and in rows past `rows`; f32 rows read as
 /// they lie where they are aligned and whole, others decoded into `scratch` (at least
-/// [`ROW_COLS`] rows of `ks.len()` rounded up to [`PAD`]). Block formats as [`quads`].
+/// [`ROW_COLS`] rows of `ks.len()` rounded up to [`PAD`]). Block formats as [`quads`]. Rows
+/// read where they lie over all of K name the stored rows the next block reads
+/// ([`Rows::next`]).
 pub(super) fn row_block<'a>(
     v: &Values<'a>,
     map: RowMap,
@@ -113,7 +115,10 @@ pub(super) fn row_block<'a>(
     rows: Range<usize>,
     ks: Range<usize>,
     scratch: &'a mut [f32],
-) -> RowBlock<'a> {
+) -> Rows<'a> {
+    // Rows read where they lie over all of K: the next block's rows lie ROW_COLS rows on.
+    let next = (ks.len() == k).then(|| map.at(rows.start + ROW_COLS) - map.at(rows.start));
+    let whole = |block: RowBlock<'a>| Rows { block, next };
     let bytes = |stored: &'a [u8], size: usize| -> [&'a [u8]; ROW_COLS] {
         std::array::from_fn(|r| {
             let b = block_range(k, map.at(rows.start + r), &ks);
@@ -121,14 +126,17 @@ pub(super) fn row_block<'a>(
         })
     };
     if let (Values::GgmlMxfp4(stored), ROW_COLS) = (v, rows.len()) {
-        return RowBlock::GgmlMxfp4(bytes(stored, GGML_MXFP4_BLOCK_BYTES));
+        return whole(RowBlock::GgmlMxfp4(bytes(stored, GGML_MXFP4_BLOCK_BYTES)));
     }
     if let (Values::Stored(StoredValues::Quantised(q)), ROW_COLS) = (v, rows.len()) {
         match *q {
-            QuantisedValues::Q8_0(stored) => return RowBlock::Q8_0(bytes(stored, Q8_0_BLOCK_BYTES)),
-            QuantisedValues::Q4_0(stored) => return RowBlock::Q4_0(bytes(stored, Q4_0_BLOCK_BYTES)),
+            QuantisedValues::Q8_0(stored) => return whole(RowBlock::Q8_0(bytes(stored, Q8_0_BLOCK_BYTES))),
+            QuantisedValues::Q4_0(stored) => return whole(RowBlock::Q4_0(bytes(stored, Q4_0_BLOCK_BYTES))),
             QuantisedValues::Mxfp4 { codes, scales } => {
-                return RowBlock::Mxfp4 { codes: bytes(codes, MXFP4_BLOCK_BYTES), scales: bytes(scales, 1) };
+                return whole(RowBlock::Mxfp4 {
+                    codes: bytes(codes, MXFP4_BLOCK_BYTES),
+                    scales: bytes(scales, 1),
+                });
             }
             QuantisedValues::Fp8 { .. } => {}
         }
@@ -137,14 +145,16 @@ pub(super) fn row_block<'a>(
         (v, rows.len())
         && ks.len().is_multiple_of(PAD)
     {
-        return RowBlock::F16(std::array::from_fn(|r| {
+        let block = RowBlock::F16(std::array::from_fn(|r| {
             let n = map.at(rows.start + r);
             &bytes[(n * k + ks.start) * 2..(n * k + ks.end) * 2]
         }));
+        return whole(block);
     }
     let padded = ks.len().next_multiple_of(PAD);
     let mut out: [&[f32]; ROW_COLS] = [&[]; ROW_COLS];
     let mut own = scratch.chunks_exact_mut(padded);
+    let mut in_place = true;
     for (c, slot) in out.iter_mut().enumerate() {
         let n = rows.start + c;
         let stored = if n < rows.end { stored_f32s(v, k, map.at(n), &ks) } else { None };
@@ -152,6 +162,7 @@ pub(super) fn row_block<'a>(
             *slot = stored;
             continue;
         }
+        in_place = false;
         // The caller's chunk fits the scratch where rows are decoded (`in_place`).
         let Some(own) = own.next() else { break };
         if n < rows.end {
@@ -162,7 +173,7 @@ pub(super) fn row_block<'a>(
         }
         *slot = own;
     }
-    RowBlock::F32(out)
+    Rows { block: RowBlock::F32(out), next: next.filter(|_| in_place) }
 }
 
 /// Row `n`, columns `ks`, of f32 values `v` as they lie, where their bytes are aligned for f32;

@@ -24,7 +24,7 @@ use multiversion::multiversion;
 use super::tile::{COLS, PAD, QUADS, R};
 #[cfg(target_arch = "x86_64")]
 use super::tile::{GGML_MXFP4_BLOCK_BYTES, ROW_COLS};
-use super::tile::{Lanes, Quads, RowBlock};
+use super::tile::{Lanes, Quads, RowBlock, Rows};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
 #[cfg(target_arch = "x86_64")]
@@ -122,10 +122,11 @@ impl RowsKernel {
     /// accumulators' tile (f32 rows a multiple of 16 values, zeros past K; or whole quantised
     /// blocks, decoded in registers as `moeflow::quant` decodes them): for token `m`, its chunk
     /// of padded x is `x[m * stride + at..]`, as long as the rows, and its accumulators
-    /// `acc[m][quad..quad + 2]` (at most two tokens).
+    /// `acc[m][quad..quad + 2]` (at most two tokens). The rows after them
+    /// ([`Rows::next`]) are prefetched as the kernel goes.
     pub(super) fn run(
         &self,
-        rows: &RowBlock<'_>,
+        rows: &Rows<'_>,
         quad: usize,
         x: &[f32],
         stride: usize,
@@ -134,7 +135,8 @@ impl RowsKernel {
     ) {
         #[cfg(target_arch = "x86_64")]
         {
-            let len = match rows {
+            let next = rows.next;
+            let len = match &rows.block {
                 RowBlock::F32(r) => r[0].len(),
                 RowBlock::F16(r) => r[0].len() / 2,
                 RowBlock::Q8_0(r) => r[0].len() / Q8_0_BLOCK_BYTES * BLOCK_VALUES,
@@ -155,19 +157,19 @@ impl RowsKernel {
             // SAFETY: a `RowsKernel` exists only where the CPU has AVX-512F, AVX-512BW and
             // F16C (`for_tokens`).
             unsafe {
-                match rows {
+                match &rows.block {
                     RowBlock::F32(r) => {
                         let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
-                        tokens!(x86::strict_rows_avx512::<x86::F32, _>, &bytes)
+                        tokens!(x86::strict_rows_avx512::<x86::F32, _>, &bytes, next)
                     }
-                    RowBlock::F16(r) => tokens!(x86::strict_rows_avx512::<x86::F16, _>, r),
-                    RowBlock::Q8_0(r) => tokens!(x86::strict_blocks_avx512::<x86::Q8_0, _>, r, None),
-                    RowBlock::Q4_0(r) => tokens!(x86::strict_blocks_avx512::<x86::Q4_0, _>, r, None),
+                    RowBlock::F16(r) => tokens!(x86::strict_rows_avx512::<x86::F16, _>, r, next),
+                    RowBlock::Q8_0(r) => tokens!(x86::strict_blocks_avx512::<x86::Q8_0, _>, r, None, next),
+                    RowBlock::Q4_0(r) => tokens!(x86::strict_blocks_avx512::<x86::Q4_0, _>, r, None, next),
                     RowBlock::GgmlMxfp4(r) => {
-                        tokens!(x86::strict_blocks_avx512::<x86::GgmlMxfp4, _>, r, None)
+                        tokens!(x86::strict_blocks_avx512::<x86::GgmlMxfp4, _>, r, None, next)
                     }
                     RowBlock::Mxfp4 { codes, scales } => {
-                        tokens!(x86::strict_blocks_avx512::<x86::Mxfp4, _>, codes, Some(scales))
+                        tokens!(x86::strict_blocks_avx512::<x86::Mxfp4, _>, codes, Some(scales), next)
                     }
                 }
             }

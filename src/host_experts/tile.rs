@@ -30,7 +30,19 @@ pub(super) type Quads = [Lanes; QUADS];
 pub(super) const ROW_COLS: usize = 8;
 
 /// What the rows kernels (`kernel::RowsKernel`) read for [`ROW_COLS`] rows over one chunk
-/// of K.
+/// of K ([`RowBlock`]), and where the rows after them lie.
+pub(super) struct Rows<'a> {
+    /// The rows' values over the chunk.
+    pub(super) block: RowBlock<'a>,
+    /// Where the block's rows are whole stored rows read where they lie: how many stored rows
+    /// on from each lies the row the next [`ROW_COLS`] output columns read in its place
+    /// ([`ROW_COLS`] times the projection's row step). The kernels prefetch those rows as
+    /// they read their own, a block of rows ahead, so that the next block streams in from
+    /// memory while this one is computed. None for rows decoded a chunk at a time.
+    pub(super) next: Option<usize>,
+}
+
+/// The values of [`Rows`].
 pub(super) enum RowBlock<'a> {
     /// f32 values, each row a multiple of [`PAD`] values (zeros past K).
     F32([&'a [f32]; ROW_COLS]),

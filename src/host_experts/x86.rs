@@ -96,16 +96,19 @@ impl Steps for F16 {
 /// `T` tokens over [`ROW_COLS`] rows of whole 16-value steps of `S` values, into accumulator
 /// quads `quad .. quad + 2`: per step and quad, four rows' 16 values (four groups each)
 /// interleaved by eight 128-bit shuffles into the quad's four groups, each multiplied into
-/// every token's accumulator of the quad.
+/// every token's accumulator of the quad. Each row is prefetched [`PREFETCH`] bytes ahead,
+/// and, for whole stored rows, the row `next` rows on at the same place ([`next_rows`]).
 #[target_feature(enable = "avx512f,f16c")]
 pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
     rows: &[&[u8]; ROW_COLS],
+    next: Option<usize>,
     quad: usize,
     xs: [&[[f32; 4]]; T],
     acc: [&mut Quads; T],
 ) {
     const Q: usize = ROW_COLS / 4;
     let steps = rows[0].len() / S::BYTES;
+    let ahead = next_rows(rows, next);
     let mut a = load(&acc, quad);
     let xs = xs.map(|x| &x[..steps * 4]);
     for s in 0..steps {
@@ -127,6 +130,9 @@ pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
             for row in quad_rows {
                 // A prefetch reads nothing, so any address is allowed.
                 _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(PREFETCH).cast());
+                if let Some(ahead) = ahead {
+                    _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(ahead).cast());
+                }
             }
             // SAFETY: this function has the features; each row's step is S::BYTES long.
             let [r0, r1, r2, r3] = unsafe {
@@ -160,14 +166,29 @@ pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
 const BLOCK_PREFETCH: usize = 256;
 
 /// Prefetches each of four rows' bytes [`BLOCK_PREFETCH`] past `blocks` (the same rows' next
-/// blocks: a row's chunks lie one after another).
+/// blocks: a row's chunks lie one after another) and, given the distance to the rows the
+/// next block of rows reads ([`next_rows`]), those rows' bytes at the same place.
 #[inline(always)]
-fn prefetch_ahead(blocks: &[&[u8]; 4]) {
+fn prefetch_ahead(blocks: &[&[u8]; 4], ahead: Option<usize>) {
     for block in blocks {
         // SAFETY: every x86-64 CPU has SSE; a prefetch reads nothing, so any address is
         // allowed.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(BLOCK_PREFETCH).cast()) };
+        if let Some(ahead) = ahead {
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(ahead).cast()) };
+        }
     }
+}
+
+/// The bytes from each of `rows` (whole stored rows, as long as each other) to the row `next`
+/// rows on, which the next block of rows reads in its place (`tile::Rows::next`): `next`
+/// times a row's bytes. Prefetching there a block of rows ahead keeps the stream from memory
+/// going where the short distance alone ([`PREFETCH`], [`BLOCK_PREFETCH`]) leaves each block's
+/// first reads waiting (measured on this project's machine, docs/benchmarks/host table 11).
+#[inline(always)]
+fn next_rows(rows: &[&[u8]; ROW_COLS], next: Option<usize>) -> Option<usize> {
+    next.map(|n| n * rows[0].len())
 }
 
 // The block kernels take the scales of a block's rows in one register of eight: two quads.
@@ -547,7 +568,8 @@ unsafe fn nibble_group(codes: __m512i, g: usize, table: __m512, scale: __m512) -
 /// the chunk as stored; `sides` each row's side byte per block, for MXFP4), into
 /// accumulator quads `quad .. quad + 2`: per block, the eight rows' scales at once, then
 /// per quad the four rows' blocks decoded group by group in registers ([`Blocks`]), each
-/// group multiplied into every token's accumulator of the quad, the rows prefetched ahead.
+/// group multiplied into every token's accumulator of the quad, the rows prefetched ahead
+/// ([`prefetch_ahead`]; for whole stored rows, the next rows' side bytes too).
 /// Per group and quad the decoding costs a table lookup and the scale's product beside the
 /// fused multiply-add; the codes reach the table by a shift ([`TRANSPOSED`], [`PAIRED`]) or,
 /// for Q8_0, a shuffle.
@@ -556,11 +578,13 @@ unsafe fn nibble_group(codes: __m512i, g: usize, table: __m512, scale: __m512) -
 pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
     rows: &[&[u8]; ROW_COLS],
     sides: Option<&[&[u8]; ROW_COLS]>,
+    next: Option<usize>,
     quad: usize,
     xs: [&[[f32; 4]]; T],
     acc: [&mut Quads; T],
 ) {
     let blocks = rows[0].len() / B::BYTES;
+    let ahead = next_rows(rows, next);
     let mut a = load(&acc, quad);
     let xs = xs.map(|x| &x[..blocks * 8]);
     for b in 0..blocks {
@@ -575,6 +599,10 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
         if let Some(sides) = sides {
             for (s, row) in side.iter_mut().zip(sides) {
                 *s = row[b];
+                if let Some(n) = next {
+                    // A prefetch reads nothing, so any address is allowed.
+                    _mm_prefetch::<_MM_HINT_T0>(row[b..].as_ptr().wrapping_add(n * row.len()).cast());
+                }
             }
         }
         // SAFETY: as above; each block is B::BYTES long.
@@ -594,7 +622,7 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
             ($($q:literal)+) => {$({
                 let quad_blocks =
                     [row_blocks[4 * $q], row_blocks[4 * $q + 1], row_blocks[4 * $q + 2], row_blocks[4 * $q + 3]];
-                prefetch_ahead(&quad_blocks);
+                prefetch_ahead(&quad_blocks, ahead);
                 // SAFETY: as above.
                 let codes = unsafe { B::codes(quad_blocks) };
                 groups!($q, codes, 0 1 2 3 4 5 6 7);
