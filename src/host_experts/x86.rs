@@ -131,7 +131,7 @@ pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
                 // A prefetch reads nothing, so any address is allowed.
                 _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(PREFETCH).cast());
                 if let Some(ahead) = ahead {
-                    _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(ahead).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(row.as_ptr().wrapping_add(ahead).cast());
                 }
             }
             // SAFETY: this function has the features; each row's step is S::BYTES long.
@@ -176,16 +176,18 @@ fn prefetch_ahead(blocks: &[&[u8]; 4], ahead: Option<usize>) {
         unsafe { _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(BLOCK_PREFETCH).cast()) };
         if let Some(ahead) = ahead {
             // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(ahead).cast()) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(block.as_ptr().wrapping_add(ahead).cast()) };
         }
     }
 }
 
 /// The bytes from each of `rows` (whole stored rows, as long as each other) to the row `next`
 /// rows on, which the next block of rows reads in its place (`tile::Rows::next`): `next`
-/// times a row's bytes. Prefetching there a block of rows ahead keeps the stream from memory
-/// going where the short distance alone ([`PREFETCH`], [`BLOCK_PREFETCH`]) leaves each block's
-/// first reads waiting (measured on this project's machine, docs/benchmarks/host table 11).
+/// times a row's bytes. Prefetching there, a block of rows ahead, into the second-level cache
+/// (a block of f32 rows is larger than the first level) keeps the stream from memory going
+/// where the short distance alone ([`PREFETCH`], [`BLOCK_PREFETCH`], into the first level)
+/// leaves each block's first reads waiting (measured on this project's machine,
+/// docs/benchmarks/host table 11).
 #[inline(always)]
 fn next_rows(rows: &[&[u8]; ROW_COLS], next: Option<usize>) -> Option<usize> {
     next.map(|n| n * rows[0].len())
@@ -601,7 +603,7 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
                 *s = row[b];
                 if let Some(n) = next {
                     // A prefetch reads nothing, so any address is allowed.
-                    _mm_prefetch::<_MM_HINT_T0>(row[b..].as_ptr().wrapping_add(n * row.len()).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(row[b..].as_ptr().wrapping_add(n * row.len()).cast());
                 }
             }
         }
