@@ -27,6 +27,15 @@ pub(crate) fn host_product(what: &str, factors: &[usize]) -> Result<usize> {
     usize::try_from(p).map_err(|_| Error::invalid(format!("{what}: {p} does not fit in this host's usize")))
 }
 
+/// `a · b` as a `u32`, for counts the kernels index with 32 bits.
+///
+/// # Errors
+/// [`Error::LimitExceeded`] naming `what`, the product and `why` the limit holds, when the
+/// product does not fit in a `u32`.
+pub(crate) fn u32_product(what: &str, a: u32, b: u32, why: &str) -> Result<u32> {
+    a.checked_mul(b).ok_or_else(|| Error::limit(what, u64::from(a) * u64::from(b), u32::MAX.into(), why))
+}
+
 /// `bytes` rounded up to a multiple of `align` (a power of two or any positive step).
 ///
 /// # Errors
@@ -49,6 +58,9 @@ mod tests {
         assert!(err.contains("tensor `x`: 2147483648 × 2147483648 × 4 does not fit"), "{err}");
         assert!(host_product("y", &[usize::MAX, 2]).is_err());
         assert_eq!(round_up("b", 5, 4).unwrap(), 8);
+        assert_eq!(u32_product("n", 3, 5, "u32").unwrap(), 15);
+        let err = u32_product("max_tokens * k", 1 << 16, 1 << 16, "u32 entries").unwrap_err().to_string();
+        assert!(err.contains("max_tokens * k") && err.contains("4294967296"), "{err}");
         assert!(round_up("b", u64::MAX, 4).unwrap_err().to_string().contains("18446744073709551615 bytes"));
     }
 }

@@ -4,6 +4,7 @@
 use super::tile::GGML_MXFP4_BLOCK_BYTES;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
+use crate::size;
 
 /// One projection `[E, N, K]` of a layer's routed experts as host memory holds it: for each
 /// expert the host computes, its `[N, K]` values where they lie (a memory-mapped checkpoint
@@ -100,14 +101,7 @@ impl<'a> HostProjection<'a> {
                 "expert {e}'s rows start at stored row {first}, not below their step {step}"
             )));
         }
-        let stored_rows = n.checked_mul(step).ok_or_else(|| {
-            Error::limit(
-                "host projection stored rows",
-                u64::from(n) * u64::from(step),
-                u32::MAX.into(),
-                "u32",
-            )
-        })?;
+        let stored_rows = size::u32_product("host projection stored rows", n, step, "u32")?;
         self.check_slot(e, values.dtype())?;
         values.check(e, [experts, stored_rows, k])?;
         self.place(

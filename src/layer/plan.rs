@@ -16,6 +16,7 @@ use crate::kernels::routing::{RouteBuffers, plan_route};
 use crate::kernels::sizing::plan_sizing;
 use crate::overlap::{Use, check_disjoint};
 use crate::pipeline::{BufferView, Dispatch};
+use crate::size;
 use crate::tensor::{DType, Tensor};
 use crate::workspace::{Region, Scratch, Workspace, WorkspaceLayout};
 
@@ -114,10 +115,7 @@ impl MoeLayer {
     fn plan_checked(&self, ctx: &Context, io: &ForwardIo<'_>, workspace: &Workspace) -> Result<ForwardPlan> {
         let c = &self.cfg;
         let (max_tokens, x, y) = (io.max_tokens(), io.x.view(), io.y.view());
-        let (t, k) = (u64::from(max_tokens), u64::from(c.route.k));
-        let entries = max_tokens
-            .checked_mul(c.route.k)
-            .ok_or_else(|| Error::limit("max_tokens * k", t * k, u32::MAX.into(), "u32 entries"))?;
+        let entries = size::u32_product("max_tokens * k", max_tokens, c.route.k, "u32 entries")?;
         // x is read; y, the caller's routing tensors and every workspace region are written:
         // none of them may share a byte with another.
         let mut views = vec![("x", x, Use::Read), ("y", y, Use::Write)];

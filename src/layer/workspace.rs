@@ -4,12 +4,13 @@
 
 use super::config::{Capacity, MoeConfig};
 use super::io::CallerOutputs;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::dispatch::{BucketConfig, BucketLayout, DispatchConfig, DispatchLayout};
 use crate::kernels::gemm::{
     GemmVariant, activations, bucket_activations, decode_tokens, overflow_activations, shared_activations,
     window_bytes_bound,
 };
+use crate::size;
 use crate::workspace::{RegionSize, ScratchKey, WorkspaceLayout};
 
 impl ScratchKey {
@@ -56,14 +57,7 @@ impl MoeConfig {
         caller: CallerOutputs,
     ) -> Result<WorkspaceLayout> {
         let (e, k) = (self.route.experts, self.route.k);
-        let entries = max_tokens.checked_mul(k).ok_or_else(|| {
-            Error::limit(
-                "max_tokens * k",
-                u64::from(max_tokens) * u64::from(k),
-                u32::MAX.into(),
-                "u32 entries",
-            )
-        })?;
+        let entries = size::u32_product("max_tokens * k", max_tokens, k, "u32 entries")?;
         let mut l = WorkspaceLayout::new(limits);
         if !caller.routing {
             for r in self.routing_regions(max_tokens)? {
