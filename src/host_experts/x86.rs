@@ -601,9 +601,14 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
         if let Some(sides) = sides {
             for (s, row) in side.iter_mut().zip(sides) {
                 *s = row[b];
+                // One side byte a block: each line of the next rows' side bytes prefetched
+                // once, at the row's first byte and at each line's first.
                 if let Some(n) = next {
-                    // A prefetch reads nothing, so any address is allowed.
-                    _mm_prefetch::<_MM_HINT_T1>(row[b..].as_ptr().wrapping_add(n * row.len()).cast());
+                    let ahead = row[b..].as_ptr().wrapping_add(n * row.len());
+                    if b == 0 || (ahead as usize).is_multiple_of(64) {
+                        // A prefetch reads nothing, so any address is allowed.
+                        _mm_prefetch::<_MM_HINT_T1>(ahead.cast());
+                    }
                 }
             }
         }
