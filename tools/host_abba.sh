@@ -8,21 +8,38 @@
 #   GGML=/path/to/test-backend-ops tools/host_abba.sh > log
 # ggml: built from ggml-org/ggml d99724f2 with ../shared/peers/bin/ggml-perf-cases-v2.patch,
 # -DGGML_NATIVE=ON -DGGML_VULKAN=OFF, Release; its CPU backend runs hardware_concurrency threads.
+#
+# ROUTINGS=16 times both sides cold instead: each run routes the tokens to other experts
+# (16 routings taken in turn), so the weights come from memory as in a model's decode, where
+# test-backend-ops repeats one op on one routing (on a CPU whose last-level cache holds one
+# op's experts, it times them from there). ggml's side is then tools/ggml_moe_cold.c (both
+# cases as one graph on its CPU backend, built here against the ggml tree GGML lies in).
 set -euo pipefail
 GGML=${GGML:?set GGML to a test-backend-ops built with the moeflow perf cases}
 ROUNDS=${ROUNDS:-2}
 TYPES=${TYPES:-"f32 f16 q8_0 q4_0 mxfp4"}
 ITERS=${ITERS:-20}
+ROUTINGS=${ROUTINGS:-1}
 cd "$(dirname "$0")/.."
 cargo bench --bench host_experts --no-run >/dev/null 2>&1
 BENCH=$(ls -t target/release/deps/host_experts-* | grep -v '\.d$' | head -1)
-echo "# moeflow $(git rev-parse --short HEAD); bench $BENCH; ggml $GGML; $(nproc) cores"
+if [ "$ROUTINGS" != 1 ]; then
+    TREE=$(cd "$(dirname "$GGML")/../.." && pwd)
+    COLD=target/ggml_moe_cold
+    cc -O2 tools/ggml_moe_cold.c -I"$TREE/include" -L"$TREE/build/src" -lggml -lggml-base -lggml-cpu \
+        -Wl,-rpath,"$TREE/build/src" -o "$COLD"
+fi
+echo "# moeflow $(git rev-parse --short HEAD); bench $BENCH; ggml $GGML; routings $ROUTINGS; $(nproc) cores"
 echo "# $(grep -m1 'model name' /proc/cpuinfo)"
 for round in $(seq 1 "$ROUNDS"); do
     for type in $TYPES; do
         for who in A B B A; do
             if [ "$who" = A ]; then
-                echo "round $round $type A $("$BENCH" --dtypes "$type" --tokens 1,8 --iters "$ITERS" | tr '\n' ' ')"
+                echo "round $round $type A $("$BENCH" --dtypes "$type" --tokens 1,8 --iters "$ITERS" --routings "$ROUTINGS" | tr '\n' ' ')"
+            elif [ "$ROUTINGS" != 1 ]; then
+                for m in 1 8; do
+                    echo "round $round $type B $("$COLD" "$type" "$m" "$(nproc)" "$ROUTINGS" "$ITERS")"
+                done
             else
                 "$GGML" perf -o MUL_MAT_ID -b CPU -p "type_a=$type,.*n_mats=128,n_used=8,b=0,m=(1536|2048),n=(1|8),k=" 2>&1 |
                     sed 's/\x1b\[[0-9;]*m//g' | grep 'MUL_MAT_ID(' | sed "s/^ */round $round $type B /"

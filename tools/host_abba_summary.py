@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summarises tools/host_abba.sh's log: per weight type and token count, moeflow's host expert
 stage (median of each run's median) against ggml's CPU MUL_MAT_ID (gate/up case + down case,
-summed per run, median over runs), the ratio and both ranges.  python3 tools/host_abba_summary.py LOG"""
+summed per run, median over runs; or, with ROUTINGS, tools/ggml_moe_cold.c's median of both
+cases per run), the ratio and both ranges.  python3 tools/host_abba_summary.py LOG"""
 import json
 import re
 import statistics
@@ -20,6 +21,9 @@ for line in open(sys.argv[1]):
         for blob in re.findall(r"\{[^}]*\}", rest):
             d = json.loads(blob)
             ours[(dtype, d["tokens"])].append(d["median_ms"])
+    elif rest.startswith("{"):
+        d = json.loads(rest)
+        ggml[(dtype, d["tokens"])][(rnd, len(ggml[(dtype, d["tokens"])]))]["cold"] = d["median_ms"]
     else:
         m = re.search(r"m=(\d+),n=(\d+),k=(\d+)\).*?([\d.]+) us/run", rest)
         if m:
@@ -28,10 +32,22 @@ for line in open(sys.argv[1]):
                 runs[(rnd, dtype, key)] += 1
             run = runs[(rnd, dtype, key)]
             ggml[key][(rnd, run)][m.group(1)] = float(m.group(4)) / 1000
+
+
+def ggml_ms(run):
+    """One ggml run's ms: the cold harness's, else test-backend-ops' two cases summed (None
+    where one is missing)."""
+    if "cold" in run:
+        return run["cold"]
+    if "1536" in run and "2048" in run:
+        return run["1536"] + run["2048"]
+    return None
+
+
 print(f"{'type':<6} {'M':>2} {'moeflow ms (range)':>24} {'ggml ms (range)':>24} {'moeflow/ggml':>12}")
 for key in sorted(ours):
     a = ours[key]
-    b = [v["1536"] + v["2048"] for v in ggml[key].values() if "1536" in v and "2048" in v]
+    b = [ms for ms in map(ggml_ms, ggml[key].values()) if ms is not None]
     if not b:
         continue
     ma, mb = statistics.median(a), statistics.median(b)
