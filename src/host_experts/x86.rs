@@ -587,6 +587,8 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
 ) {
     let blocks = rows[0].len() / B::BYTES;
     let ahead = next_rows(rows, next);
+    // Each row's side bytes are as long as the others'.
+    let side_ahead = sides.and_then(|sides| next.map(|n| n * sides[0].len()));
     let mut a = load(&acc, quad);
     let xs = xs.map(|x| &x[..blocks * 8]);
     for b in 0..blocks {
@@ -603,8 +605,8 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
                 *s = row[b];
                 // One side byte a block: each line of the next rows' side bytes prefetched
                 // once, at the row's first byte and at each line's first.
-                if let Some(n) = next {
-                    let ahead = row[b..].as_ptr().wrapping_add(n * row.len());
+                if let Some(ahead) = side_ahead {
+                    let ahead = row[b..].as_ptr().wrapping_add(ahead);
                     if b == 0 || (ahead as usize).is_multiple_of(64) {
                         // A prefetch reads nothing, so any address is allowed.
                         _mm_prefetch::<_MM_HINT_T1>(ahead.cast());

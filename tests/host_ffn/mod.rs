@@ -72,14 +72,19 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
             gate_v[at + 2 * h] = -0.0;
         }
     }
+    let poisoned = [2 * f * h / 32 + 3, 5 * f * h / 32 + 3];
+    // The second poisoned block all zeros: zero times an infinite or NaN scale is NaN (where
+    // nothing else makes the output NaN).
+    gate_v[32 * poisoned[1]..32 * poisoned[1] + 32].fill(0.0);
     let mut gate = StoredExperts::new(case.dtype, &gate_v, [e, f, h]).unwrap();
     let mut up = StoredExperts::new(case.dtype, &random(&mut rng, e * f * h, 0.5), [e, f, h]).unwrap();
     let down = StoredExperts::new(case.dtype, &random(&mut rng, e * h * f, 0.5), [e, h, f]).unwrap();
-    // Expert 2's third column block: infinite or NaN values.
-    poison_block(&mut gate, 2 * f * h / 32 + 3);
-    // The same in expert 5 (two tokens); the smallest scale in all of expert 4's up
-    // projection (one token), whose outputs are then that small too.
-    poison_block(&mut gate, 5 * f * h / 32 + 3);
+    // Expert 2's fourth block: infinite or NaN values; expert 5's (two tokens): NaN ones; the
+    // smallest scale in all of expert 4's up projection (one token), whose outputs are then
+    // that small too.
+    for b in poisoned {
+        poison_block(&mut gate, b);
+    }
     tiny_blocks(&mut up, 4 * f * h / 32..5 * f * h / 32);
     let biases = [random(&mut rng, e * f, 0.1), random(&mut rng, e * f, 0.1), random(&mut rng, e * h, 0.1)];
     let held = [0u32, 2, 3, 4, 5];
@@ -299,11 +304,18 @@ fn ggml_mxfp4_blocks_give_the_mxfp4_bits() {
     let (e, f, h) = (3usize, 64usize, 96usize);
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let [mut gate, up, mut down] = [[e, f, h], [e, f, h], [e, h, f]].map(|shape| {
-        StoredExperts::new(WeightDtype::Mxfp4, &random(&mut rng, e * f * h, 0.5), shape).unwrap()
+        let mut values = random(&mut rng, e * f * h, 0.5);
+        // Zero codes in the blocks below whose scale is NaN: NaN all the same.
+        for row in [5, 2 * h + 5] {
+            values[row * f..row * f + 32].fill(0.0);
+        }
+        StoredExperts::new(WeightDtype::Mxfp4, &values, shape).unwrap()
     });
-    // A NaN scale in output row 5 of expert 0's down (NaN there alone), the smallest scales in
-    // expert 2's first gate rows.
-    down.set_block_scales(5 * f / 32..5 * f / 32 + 1, 255).unwrap();
+    // A NaN scale in output row 5 of expert 0's and 2's down (NaN there alone), the smallest
+    // scales in expert 2's first gate rows.
+    for row in [5, 2 * h + 5] {
+        down.set_block_scales(row * f / 32..row * f / 32 + 1, 255).unwrap();
+    }
     gate.set_block_scales(2 * f * h / 32..2 * f * h / 32 + 5, 0).unwrap();
     let ggml = |s: &StoredExperts| -> Vec<Vec<u8>> {
         (0..e as u32)
