@@ -209,3 +209,79 @@ pub(super) fn simd_target() -> &'static str {
         _ => "baseline",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bits::canonical;
+    use crate::host_experts::tile::{QUADS, R};
+
+    /// A tile of `groups` groups of adversarial weights (exact ties, 1-ulp neighbours, ±0,
+    /// subnormals, ±inf and NaN in a few places) and `tokens` rows of x, seeded.
+    fn inputs(groups: usize, tokens: usize) -> (Vec<Quads>, Vec<f32>) {
+        let mut state = 0x5eed_u32;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state
+        };
+        let mut value = |i: usize| match i % 23 {
+            0 => 1.0,
+            1 => 1.0f32.next_up(),
+            2 => -0.0,
+            3 => f32::from_bits(1 + next() % 0x7f_ffff),
+            _ => (next() % 2001) as f32 / 1000.0 - 1.0,
+        };
+        let mut tile = vec![[[0.0; R]; QUADS]; groups];
+        for (i, v) in tile.iter_mut().flatten().flatten().enumerate() {
+            *v = value(i);
+        }
+        tile[1][2][5] = f32::INFINITY;
+        tile[2][7][9] = f32::NAN;
+        let mut x: Vec<f32> = (0..tokens * groups * 4).map(&mut value).collect();
+        x[3] = 1e30;
+        x[4 * groups + 1] = f32::NEG_INFINITY;
+        (tile, x)
+    }
+
+    /// Every token's accumulators as `strict` leaves them, from the same non-zero start.
+    fn run(tile: &[Quads], x: &[f32], tokens: usize, strict: impl Fn(&[[f32; 4]], &mut Quads)) -> Vec<f32> {
+        let stride = tile.len() * 4;
+        let mut out = Vec::new();
+        for m in 0..tokens {
+            let mut acc = [[0.25; R]; QUADS];
+            strict(bytemuck::cast_slice(&x[m * stride..(m + 1) * stride]), &mut acc);
+            out.extend(acc.iter().flatten());
+        }
+        out
+    }
+
+    #[test]
+    fn strict_targets_give_the_portable_bits() {
+        // The portable order is the reference; every x86 kernel this CPU runs must give its
+        // bits, whichever `strict_quads` picks here (an AVX-512 machine never picks AVX2).
+        let (groups, tokens) = (13, 5);
+        let (tile, x) = inputs(groups, tokens);
+        let stride = groups * 4;
+        let want = run(&tile, &x, tokens, |x, acc| strict_portable(&tile, x, acc));
+        let mut acc = vec![[[0.25; R]; QUADS]; tokens];
+        strict_quads(&tile, &x, stride, 0, &mut acc);
+        let dispatched: Vec<f32> = acc.iter().flatten().flatten().copied().collect();
+        assert_eq!(canonical(&dispatched), canonical(&want), "strict_quads ({})", simd_target());
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has AVX2 and FMA.
+                let got = run(&tile, &x, tokens, |x, acc| unsafe { x86::strict_avx2(&tile, x, acc) });
+                assert_eq!(canonical(&got), canonical(&want), "avx2");
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F.
+                let got = run(&tile, &x, tokens, |x, acc| unsafe { x86::strict_avx512(&tile, [x], [acc]) });
+                assert_eq!(canonical(&got), canonical(&want), "avx512, one token at a time");
+            }
+        }
+        assert!(want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_infinite()));
+    }
+}
