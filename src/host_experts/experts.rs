@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::kernel;
+use super::kernel::{self, RowsIsa};
 use super::memory::reserved;
 use super::projection::HostProjection;
 use crate::error::{Error, Result};
@@ -40,6 +40,8 @@ pub struct HostExperts<'a> {
     pub(super) order: GemmOrder,
     pub(super) activation: Activation,
     pub(super) pool: Option<Arc<rayon::ThreadPool>>,
+    /// The instructions the rows kernels run in on this CPU (None: the tile serves).
+    pub(super) rows: Option<RowsIsa>,
 }
 
 impl<'a> HostExperts<'a> {
@@ -87,7 +89,7 @@ impl<'a> HostExperts<'a> {
                 down.dtype()
             )));
         }
-        Ok(HostExperts { gate, up, down, bias: None, order, activation, pool: None })
+        Ok(HostExperts { gate, up, down, bias: None, order, activation, pool: None, rows: RowsIsa::detect() })
     }
 
     /// Adds the experts' projection biases, each one add after its dot product (copied: they

@@ -240,7 +240,7 @@ impl HostExperts<'_> {
         match self.order {
             GemmOrder::Strict => {
                 let mut acc = filled("host experts' accumulators", rows, [[0.0f32; R]; QUADS])?;
-                let by_rows = RowsKernel::for_tokens(rows);
+                let by_rows = RowsKernel::new(self.rows, rows);
                 for sub in cols.clone().step_by(COLS) {
                     let sub = sub..cols.end.min(sub + COLS);
                     acc.fill([[0.0; R]; QUADS]);
@@ -250,11 +250,20 @@ impl HostExperts<'_> {
                             for (block, first) in sub.clone().step_by(ROW_COLS).enumerate() {
                                 let block_rows = first..sub.end.min(first + ROW_COLS);
                                 // Rows read where they lie go through K in one run.
-                                let chunk = if decode::in_place(v, k, block_rows.len()) { k } else { KC };
+                                let reads = kernel.reads();
+                                let chunk =
+                                    if decode::in_place(v, k, block_rows.len(), reads) { k } else { KC };
                                 for at in (0..k).step_by(chunk) {
                                     let ks = at..k.min(at + chunk);
-                                    let rows =
-                                        decode::row_block(v, map, k, block_rows.clone(), ks, &mut tiles.rows);
+                                    let rows = decode::row_block(
+                                        v,
+                                        map,
+                                        k,
+                                        block_rows.clone(),
+                                        ks,
+                                        &mut tiles.rows,
+                                        reads,
+                                    );
                                     kernel.run(&rows, block * ROW_COLS / 4, x, stride, at, &mut acc);
                                 }
                             }
@@ -324,5 +333,95 @@ fn epilogue(activation: Activation, g: f32, u: f32) -> f32 {
             (uc + 1.0) * (gc / (1.0 + (-(alpha * gc)).exp()))
         }
         Activation::Swiglu => g / (1.0 + (-g).exp()) * u,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bits::canonical;
+    use crate::host_experts::kernel::RowsIsa;
+    use crate::kernels::gemm::WeightDtype;
+    use crate::reference::gemm::{FfnWeights, ffn_row};
+    use crate::synth::StoredExperts;
+
+    /// Every rows kernel this CPU runs (an AVX-512 machine would otherwise never run AVX2's)
+    /// gives the reference's bits for experts of one and two tokens, in every dtype: rows read
+    /// where they lie (K a multiple of 16) and decoded a chunk at a time (K = 40, and every
+    /// block format for AVX2).
+    #[test]
+    fn every_rows_kernel_gives_the_references_bits() {
+        let isas: Vec<RowsIsa> =
+            [RowsIsa::Avx512, RowsIsa::Avx2].into_iter().filter(|i| i.supported()).collect();
+        if !isas.contains(&RowsIsa::Avx2) {
+            println!("skipped AVX2's rows kernel: this CPU has no AVX2, FMA and F16C");
+        }
+        let (e, h) = (3usize, 96usize);
+        let mut state = 0x2545_f491_u32;
+        let mut random = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    (state % 2001) as f32 / 2000.0 - 0.5
+                })
+                .collect()
+        };
+        let cases = [
+            (WeightDtype::F32, 40),
+            (WeightDtype::F16, 40),
+            (WeightDtype::Bf16, 40),
+            (WeightDtype::Q8_0, 64),
+            (WeightDtype::Q4_0, 64),
+            (WeightDtype::Mxfp4, 64),
+        ];
+        for (dtype, f) in cases {
+            let stored = [[e, f, h], [e, f, h], [e, h, f]]
+                .map(|shape| StoredExperts::new(dtype, &random(shape.iter().product()), shape).unwrap());
+            fn project(s: &StoredExperts) -> HostProjection<'_> {
+                let mut p = HostProjection::new(s.shape()).unwrap();
+                for x in 0..s.shape()[0] {
+                    p.hold(x, s.expert(x)).unwrap();
+                }
+                p
+            }
+            let x = random(2 * h);
+            // Expert 0 takes one token, expert 2 two.
+            let entries = [(0, 0), (0, 2), (1, 2)].map(|(token, expert)| HostEntry { token, expert });
+            let w = FfnWeights {
+                gate: stored[0].decoded(),
+                up: stored[1].decoded(),
+                down: stored[2].decoded(),
+                hidden: h,
+                ffn: f,
+                order: GemmOrder::Strict,
+                activation: Activation::Swiglu,
+                bias: None,
+                f16_operands: false,
+            };
+            for &isa in &isas {
+                let host = HostExperts::new(
+                    project(&stored[0]),
+                    project(&stored[1]),
+                    project(&stored[2]),
+                    GemmOrder::Strict,
+                    Activation::Swiglu,
+                )
+                .unwrap();
+                let host = HostExperts { rows: Some(isa), ..host };
+                let mut out = vec![0.0; entries.len() * h];
+                host.run(&x, &entries, &mut out).unwrap();
+                for (i, en) in entries.iter().enumerate() {
+                    let t = en.token as usize;
+                    let want = ffn_row(&x[t * h..(t + 1) * h], en.expert as usize, &w);
+                    assert_eq!(
+                        canonical(&out[i * h..(i + 1) * h]),
+                        canonical(&want),
+                        "{isa:?} {dtype:?} entry {i}"
+                    );
+                }
+            }
+        }
     }
 }

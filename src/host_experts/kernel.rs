@@ -8,8 +8,9 @@
 //!   quarter of a vector: a tile holds [`COLS`] columns' weights group by group, four columns'
 //!   groups side by side in one vector ([`Quads`]), and each token's group of four x values,
 //!   repeated across the vector, is multiplied into [`QUADS`] vectors ([`strict_quads`]). One
-//!   or two tokens skip the tile where the CPU has AVX-512 ([`RowsKernel`]): eight rows read
-//!   as they lie, four interleaved in registers, quantised blocks decoded there.
+//!   or two tokens skip the tile where the CPU has AVX-512 or AVX2 ([`RowsKernel`]): eight
+//!   rows read as they lie, four interleaved in registers (AVX-512: quantised blocks decoded
+//!   there too).
 //! - fast: one accumulator per column, `acc = fma(x[k], w[k], acc)` for k ascending: the SIMD
 //!   lanes run across columns, so a tile holds [`R`] columns' weights transposed, `[k][r]`,
 //!   and each x value is multiplied into the `R` columns at once ([`fast_chunk`]).
@@ -24,7 +25,7 @@ use multiversion::multiversion;
 use super::tile::{COLS, PAD, QUADS, R};
 #[cfg(target_arch = "x86_64")]
 use super::tile::{GGML_MXFP4_BLOCK_BYTES, ROW_COLS};
-use super::tile::{Lanes, Quads, RowBlock, Rows};
+use super::tile::{Lanes, Quads, RowBlock, RowReads, Rows};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
 #[cfg(target_arch = "x86_64")]
@@ -95,27 +96,69 @@ fn strict_portable(tile: &[Quads], x: &[[f32; 4]], acc: &mut Quads) {
     }
 }
 
-/// The strict order read from [`ROW_COLS`] rows as they lie (f32 weights in place, or decoded
-/// rows), four rows interleaved in registers rather than through a tile: worth it for one or
-/// two tokens, where a tile's weights would serve too few, and the rows stream through K
-/// eight at a time. Q8_0 and Q4_0 blocks are decoded in registers, without a tile. Only where
-/// the CPU has AVX-512 ([`RowsKernel::for_tokens`]).
-pub(super) struct RowsKernel(());
+/// The strict order read from [`ROW_COLS`] rows as they lie (f32 or f16 values in place, or
+/// decoded rows), four rows interleaved in registers rather than through a tile: worth it for
+/// one or two tokens, where a tile's weights would serve too few, and the rows stream through
+/// K eight at a time. With AVX-512, Q8_0, Q4_0 and MXFP4 blocks are decoded in registers too;
+/// with AVX2, other values reach it decoded to f32 a chunk at a time ([`RowsIsa::reads`]).
+/// Only where the CPU has one of them ([`RowsKernel::new`]).
+pub(super) struct RowsKernel(RowsIsa);
+
+/// The instructions a [`RowsKernel`] runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RowsIsa {
+    /// AVX-512F and AVX-512BW, with F16C.
+    Avx512,
+    /// AVX2 and FMA, with F16C.
+    Avx2,
+}
+
+/// Tokens a [`RowsKernel`] takes at most.
+const ROW_TOKENS: usize = 2;
+
+impl RowsIsa {
+    /// The widest this CPU runs; None where it runs neither (the tile serves).
+    pub(super) fn detect() -> Option<RowsIsa> {
+        [RowsIsa::Avx512, RowsIsa::Avx2].into_iter().find(|isa| isa.supported())
+    }
+
+    /// Whether this CPU has the instructions.
+    pub(super) fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            has!("f16c")
+                && match self {
+                    RowsIsa::Avx512 => has!("avx512f") && has!("avx512bw"),
+                    RowsIsa::Avx2 => has!("avx2") && has!("fma"),
+                }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = self;
+            false
+        }
+    }
+
+    /// What its kernel reads where the values lie.
+    pub(super) fn reads(self) -> RowReads {
+        match self {
+            RowsIsa::Avx512 => RowReads::Blocks,
+            RowsIsa::Avx2 => RowReads::Floats,
+        }
+    }
+}
 
 impl RowsKernel {
-    /// The kernel for `tokens` rows of x, where this CPU runs it (AVX-512) and `tokens` is one
+    /// The kernel in `isa` for `tokens` rows of x, where this CPU runs it and `tokens` is one
     /// or two; None otherwise (the tile's [`strict_quads`] serves).
-    pub(super) fn for_tokens(tokens: usize) -> Option<RowsKernel> {
-        #[cfg(target_arch = "x86_64")]
-        if tokens <= x86::ROW_TOKENS
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            return Some(RowsKernel(()));
-        }
-        let _ = tokens;
-        None
+    pub(super) fn new(isa: Option<RowsIsa>, tokens: usize) -> Option<RowsKernel> {
+        isa.filter(|isa| tokens <= ROW_TOKENS && isa.supported()).map(RowsKernel)
+    }
+
+    /// What it reads where the values lie.
+    pub(super) fn reads(&self) -> RowReads {
+        self.0.reads()
     }
 
     /// [`strict_quads`] over `rows`, the chunk's weights of columns `4 * quad .. + 8` of the
@@ -123,7 +166,8 @@ impl RowsKernel {
     /// blocks, decoded in registers as `moeflow::quant` decodes them): for token `m`, its chunk
     /// of padded x is `x[m * stride + at..]`, as long as the rows, and its accumulators
     /// `acc[m][quad..quad + 2]` (at most two tokens). The rows after them
-    /// ([`Rows::next`]) are prefetched as the kernel goes.
+    /// ([`Rows::next`]) are prefetched as the kernel goes. The rows are what
+    /// [`Self::reads`] says (`decode::row_block`).
     pub(super) fn run(
         &self,
         rows: &Rows<'_>,
@@ -154,8 +198,24 @@ impl RowsKernel {
                     }
                 };
             }
-            // SAFETY: a `RowsKernel` exists only where the CPU has AVX-512F, AVX-512BW and
-            // F16C (`for_tokens`).
+            if self.0 == RowsIsa::Avx2 {
+                // SAFETY: a `RowsKernel` of AVX2 exists only where the CPU has AVX2, FMA and
+                // F16C (`new`).
+                unsafe {
+                    match &rows.block {
+                        RowBlock::F32(r) => {
+                            let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
+                            tokens!(x86::strict_rows_avx2::<x86::F32, _>, &bytes, next)
+                        }
+                        RowBlock::F16(r) => tokens!(x86::strict_rows_avx2::<x86::F16, _>, r, next),
+                        // It reads floats (`RowReads::Floats`): `row_block` decodes the blocks.
+                        _ => {}
+                    }
+                }
+                return;
+            }
+            // SAFETY: a `RowsKernel` of AVX-512 exists only where the CPU has AVX-512F,
+            // AVX-512BW and F16C (`new`).
             unsafe {
                 match &rows.block {
                     RowBlock::F32(r) => {

@@ -1,8 +1,8 @@
 //! The host experts' strict-order kernels in x86-64's vector registers (AVX-512, and AVX2 for
 //! the tile), called by `kernel.rs` where the CPU has the features: the tile kernels
 //! ([`strict_avx512`], [`strict_avx2`]) and the rows kernels, which interleave four rows'
-//! values in registers ([`strict_rows_avx512`]: f32 or f16 rows) or decode four rows'
-//! quantised blocks there ([`strict_blocks_avx512`]: Q8_0, Q4_0, MXFP4). Same order and bits
+//! values in registers ([`strict_rows_avx512`], [`strict_rows_avx2`]: f32 or f16 rows) or
+//! decode four rows' quantised blocks there ([`strict_blocks_avx512`]: Q8_0, Q4_0, MXFP4). Same order and bits
 //! as the portable code: lane `j` of a column's four takes `k = 4g + j`, one fused
 //! multiply-add per value, each value decoded as `moeflow::quant` decodes it.
 
@@ -45,9 +45,6 @@ pub(super) fn strict_avx512<const T: usize>(tile: &[Quads], xs: [&[[f32; 4]]; T]
         }
     }
 }
-
-/// Tokens [`strict_rows_avx512`] takes at most.
-pub(super) const ROW_TOKENS: usize = 2;
 
 /// How far ahead of its reads each row is prefetched, in bytes: the rows stream from memory
 /// or the last-level cache, [`ROW_COLS`] at a time. Measured on this project's machine
@@ -156,6 +153,114 @@ pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
         }
     }
     store(a, acc, quad);
+}
+
+/// Values [`strict_rows_avx2`] reads 8 at a time, as they lie: f32, or f16 converted by F16C.
+pub(super) trait Steps8 {
+    /// Bytes of 8 values.
+    const BYTES: usize;
+    /// 8 values from `bytes` (at least [`Steps8::BYTES`] long) as f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C.
+    unsafe fn load(bytes: &[u8]) -> __m256;
+}
+
+impl Steps8 for F32 {
+    const BYTES: usize = 32;
+
+    #[inline(always)]
+    unsafe fn load(bytes: &[u8]) -> __m256 {
+        // SAFETY: 32 bytes in bounds (unaligned load); the caller's CPU has AVX.
+        unsafe { _mm256_loadu_ps(bytes[..32].as_ptr().cast()) }
+    }
+}
+
+impl Steps8 for F16 {
+    const BYTES: usize = 16;
+
+    #[inline(always)]
+    unsafe fn load(bytes: &[u8]) -> __m256 {
+        // SAFETY: 16 bytes in bounds (unaligned load); the caller's CPU has F16C.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(bytes[..16].as_ptr().cast())) }
+    }
+}
+
+/// [`strict_rows_avx512`] in AVX2's 8-lane registers: a quad's accumulator is two registers
+/// (its columns 0-1 and 2-3), and per step of 8 values (two groups) four rows' values are
+/// paired by four 128-bit permutes into the quad's two groups, each multiplied into every
+/// token's accumulators of the quad in group order. Prefetched as [`strict_rows_avx512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn strict_rows_avx2<S: Steps8, const T: usize>(
+    rows: &[&[u8]; ROW_COLS],
+    next: Option<usize>,
+    quad: usize,
+    xs: [&[[f32; 4]]; T],
+    acc: [&mut Quads; T],
+) {
+    const Q: usize = ROW_COLS / 4;
+    let steps = rows[0].len() / S::BYTES;
+    let ahead = next_rows(rows, next);
+    let mut a = [[[_mm256_setzero_ps(); 2]; Q]; T];
+    for t in 0..T {
+        for q in 0..Q {
+            for h in 0..2 {
+                // SAFETY: 8 floats in bounds.
+                a[t][q][h] = unsafe { _mm256_loadu_ps(acc[t][quad + q][8 * h..].as_ptr()) };
+            }
+        }
+    }
+    let xs = xs.map(|x| &x[..steps * 2]);
+    for s in 0..steps {
+        let mut xb = [[_mm256_setzero_ps(); 2]; T];
+        for t in 0..T {
+            for g in 0..2 {
+                // SAFETY: 4 floats in bounds.
+                let x4 = unsafe { _mm_loadu_ps(xs[t][2 * s + g].as_ptr()) };
+                xb[t][g] = _mm256_set_m128(x4, x4);
+            }
+        }
+        let at = s * S::BYTES..(s + 1) * S::BYTES;
+        for q in 0..Q {
+            let quad_rows = [
+                &rows[4 * q][at.clone()],
+                &rows[4 * q + 1][at.clone()],
+                &rows[4 * q + 2][at.clone()],
+                &rows[4 * q + 3][at.clone()],
+            ];
+            for row in quad_rows {
+                // A prefetch reads nothing, so any address is allowed.
+                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(PREFETCH).cast());
+                if let Some(ahead) = ahead {
+                    _mm_prefetch::<_MM_HINT_T1>(row.as_ptr().wrapping_add(ahead).cast());
+                }
+            }
+            // SAFETY: this function has the features; each row's step is S::BYTES long.
+            let [r0, r1, r2, r3] = unsafe {
+                [S::load(quad_rows[0]), S::load(quad_rows[1]), S::load(quad_rows[2]), S::load(quad_rows[3])]
+            };
+            // Group g of the step: rows 0-1's values g in one register, rows 2-3's in another.
+            let w = [
+                [_mm256_permute2f128_ps::<0x20>(r0, r1), _mm256_permute2f128_ps::<0x20>(r2, r3)],
+                [_mm256_permute2f128_ps::<0x31>(r0, r1), _mm256_permute2f128_ps::<0x31>(r2, r3)],
+            ];
+            for t in 0..T {
+                for g in 0..2 {
+                    for h in 0..2 {
+                        a[t][q][h] = _mm256_fmadd_ps(xb[t][g], w[g][h], a[t][q][h]);
+                    }
+                }
+            }
+        }
+    }
+    for (dst, src) in acc.into_iter().zip(a) {
+        for q in 0..Q {
+            for h in 0..2 {
+                // SAFETY: 8 floats in bounds.
+                unsafe { _mm256_storeu_ps(dst[quad + q][8 * h..].as_mut_ptr(), src[q][h]) };
+            }
+        }
+    }
 }
 
 /// How far ahead of a quad's blocks their rows are prefetched, in bytes: the rows stream
