@@ -7,6 +7,7 @@
 //! multiply-add per value, each value decoded as `moeflow::quant` decodes it.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::tile::{GGML_MXFP4_BLOCK_BYTES, QUADS, Quads, ROW_COLS};
 use crate::quant::{FP4_E2M1, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
@@ -96,6 +97,7 @@ impl Steps for F16 {
 /// every token's accumulator of the quad. Each row is prefetched [`PREFETCH`] bytes ahead,
 /// and, for whole stored rows, the row `next` rows on at the same place ([`next_rows`]).
 #[target_feature(enable = "avx512f,f16c")]
+#[allow(clippy::needless_range_loop, reason = "quad `q` of the rows and of every token's accumulators")]
 pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
     rows: &[&[u8]; ROW_COLS],
     next: Option<usize>,
@@ -118,19 +120,8 @@ pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
         }
         let at = s * S::BYTES..(s + 1) * S::BYTES;
         for q in 0..Q {
-            let quad_rows = [
-                &rows[4 * q][at.clone()],
-                &rows[4 * q + 1][at.clone()],
-                &rows[4 * q + 2][at.clone()],
-                &rows[4 * q + 3][at.clone()],
-            ];
-            for row in quad_rows {
-                // A prefetch reads nothing, so any address is allowed.
-                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(PREFETCH).cast());
-                if let Some(ahead) = ahead {
-                    _mm_prefetch::<_MM_HINT_T1>(row.as_ptr().wrapping_add(ahead).cast());
-                }
-            }
+            let quad_rows = quad_step(rows, q, &at);
+            prefetch_ahead(&quad_rows, PREFETCH, ahead);
             // SAFETY: this function has the features; each row's step is S::BYTES long.
             let [r0, r1, r2, r3] = unsafe {
                 [S::load(quad_rows[0]), S::load(quad_rows[1]), S::load(quad_rows[2]), S::load(quad_rows[3])]
@@ -191,6 +182,7 @@ impl Steps8 for F16 {
 /// paired by four 128-bit permutes into the quad's two groups, each multiplied into every
 /// token's accumulators of the quad in group order. Prefetched as [`strict_rows_avx512`].
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop, reason = "quad `q` of the rows and of every token's accumulators")]
 pub(super) fn strict_rows_avx2<S: Steps8, const T: usize>(
     rows: &[&[u8]; ROW_COLS],
     next: Option<usize>,
@@ -222,19 +214,8 @@ pub(super) fn strict_rows_avx2<S: Steps8, const T: usize>(
         }
         let at = s * S::BYTES..(s + 1) * S::BYTES;
         for q in 0..Q {
-            let quad_rows = [
-                &rows[4 * q][at.clone()],
-                &rows[4 * q + 1][at.clone()],
-                &rows[4 * q + 2][at.clone()],
-                &rows[4 * q + 3][at.clone()],
-            ];
-            for row in quad_rows {
-                // A prefetch reads nothing, so any address is allowed.
-                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(PREFETCH).cast());
-                if let Some(ahead) = ahead {
-                    _mm_prefetch::<_MM_HINT_T1>(row.as_ptr().wrapping_add(ahead).cast());
-                }
-            }
+            let quad_rows = quad_step(rows, q, &at);
+            prefetch_ahead(&quad_rows, PREFETCH, ahead);
             // SAFETY: this function has the features; each row's step is S::BYTES long.
             let [r0, r1, r2, r3] = unsafe {
                 [S::load(quad_rows[0]), S::load(quad_rows[1]), S::load(quad_rows[2]), S::load(quad_rows[3])]
@@ -270,15 +251,27 @@ pub(super) fn strict_rows_avx2<S: Steps8, const T: usize>(
 /// table 10): 256 bytes 3-8% faster than 512 at M = 8; 128 and none slower.
 const BLOCK_PREFETCH: usize = 256;
 
-/// Prefetches each of four rows' bytes [`BLOCK_PREFETCH`] past `blocks` (the same rows' next
-/// blocks: a row's chunks lie one after another) and, given the distance to the rows the
-/// next block of rows reads ([`next_rows`]), those rows' bytes at the same place.
+/// Quad `q`'s four rows' bytes `at`.
 #[inline(always)]
-fn prefetch_ahead(blocks: &[&[u8]; 4], ahead: Option<usize>) {
+fn quad_step<'r>(rows: &[&'r [u8]; ROW_COLS], q: usize, at: &Range<usize>) -> [&'r [u8]; 4] {
+    [
+        &rows[4 * q][at.clone()],
+        &rows[4 * q + 1][at.clone()],
+        &rows[4 * q + 2][at.clone()],
+        &rows[4 * q + 3][at.clone()],
+    ]
+}
+
+/// Prefetches each of four rows' bytes `distance` past `blocks` (the same rows' next values:
+/// a row's chunks lie one after another) into the first-level cache and, given the distance
+/// to the rows the next block of rows reads ([`next_rows`]), those rows' bytes at the same
+/// place into the second.
+#[inline(always)]
+fn prefetch_ahead(blocks: &[&[u8]; 4], distance: usize, ahead: Option<usize>) {
     for block in blocks {
         // SAFETY: every x86-64 CPU has SSE; a prefetch reads nothing, so any address is
         // allowed.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(BLOCK_PREFETCH).cast()) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(block.as_ptr().wrapping_add(distance).cast()) };
         if let Some(ahead) = ahead {
             // SAFETY: as above.
             unsafe { _mm_prefetch::<_MM_HINT_T1>(block.as_ptr().wrapping_add(ahead).cast()) };
@@ -736,7 +729,7 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
             ($($q:literal)+) => {$({
                 let quad_blocks =
                     [row_blocks[4 * $q], row_blocks[4 * $q + 1], row_blocks[4 * $q + 2], row_blocks[4 * $q + 3]];
-                prefetch_ahead(&quad_blocks, ahead);
+                prefetch_ahead(&quad_blocks, BLOCK_PREFETCH, ahead);
                 // SAFETY: as above.
                 let codes = unsafe { B::codes(quad_blocks) };
                 groups!($q, codes, 0 1 2 3 4 5 6 7);
