@@ -377,8 +377,23 @@ mod tests {
             (WeightDtype::Mxfp4, 64),
         ];
         for (dtype, f) in cases {
-            let stored = [[e, f, h], [e, f, h], [e, h, f]]
-                .map(|shape| StoredExperts::new(dtype, &random(shape.iter().product()), shape).unwrap());
+            let shapes = [[e, f, h], [e, f, h], [e, h, f]];
+            let mut values = shapes.map(|shape| random(shape.iter().product()));
+            // Expert 0's gate: a block of zeros, given an infinite (NaN for MXFP4) scale below.
+            values[0][32..64].fill(0.0);
+            let mut stored: Vec<StoredExperts> = shapes
+                .iter()
+                .zip(&values)
+                .map(|(&shape, v)| StoredExperts::new(dtype, v, shape).unwrap())
+                .collect();
+            let (special, tiny) = match dtype {
+                WeightDtype::Mxfp4 => (255, 0),
+                _ => (half::f16::INFINITY.to_bits(), 1),
+            };
+            // Block formats only (the others ignore it): 0 times the special scale is NaN; the
+            // smallest scale in a block of expert 2's down.
+            stored[0].set_block_scale(1, special).unwrap();
+            stored[2].set_block_scale(2 * h * f / 32 + 1, tiny).unwrap();
             fn project(s: &StoredExperts) -> HostProjection<'_> {
                 let mut p = HostProjection::new(s.shape()).unwrap();
                 for x in 0..s.shape()[0] {

@@ -100,7 +100,8 @@ fn strict_portable(tile: &[Quads], x: &[[f32; 4]], acc: &mut Quads) {
 /// decoded rows), four rows interleaved in registers rather than through a tile: worth it for
 /// one or two tokens, where a tile's weights would serve too few, and the rows stream through
 /// K eight at a time. With AVX-512, Q8_0, Q4_0 and MXFP4 blocks are decoded in registers too;
-/// with AVX2, other values reach it decoded to f32 a chunk at a time ([`RowsIsa::reads`]).
+/// with AVX2, Q8_0's, and other values reach it decoded to f32 a chunk at a time
+/// ([`RowsIsa::reads`]).
 /// Only where the CPU has one of them ([`RowsKernel::new`]).
 pub(super) struct RowsKernel(RowsIsa);
 
@@ -143,8 +144,8 @@ impl RowsIsa {
     /// What its kernel reads where the values lie.
     pub(super) fn reads(self) -> RowReads {
         match self {
-            RowsIsa::Avx512 => RowReads::Blocks,
-            RowsIsa::Avx2 => RowReads::Floats,
+            RowsIsa::Avx512 => RowReads { q8_0: true, nibbles: true },
+            RowsIsa::Avx2 => RowReads { q8_0: true, nibbles: false },
         }
     }
 }
@@ -208,8 +209,9 @@ impl RowsKernel {
                             tokens!(x86::strict_rows_avx2::<x86::F32, _>, &bytes, next)
                         }
                         RowBlock::F16(r) => tokens!(x86::strict_rows_avx2::<x86::F16, _>, r, next),
-                        // It reads floats (`RowReads::Floats`): `row_block` decodes the blocks.
-                        _ => {}
+                        RowBlock::Q8_0(r) => tokens!(x86::strict_q8_0_avx2, r, next),
+                        // It reads no nibbles (`RowsIsa::reads`): `row_block` decodes them.
+                        RowBlock::Q4_0(_) | RowBlock::GgmlMxfp4(_) | RowBlock::Mxfp4 { .. } => {}
                     }
                 }
                 return;

@@ -193,15 +193,8 @@ pub(super) fn strict_rows_avx2<S: Steps8, const T: usize>(
     const Q: usize = ROW_COLS / 4;
     let steps = rows[0].len() / S::BYTES;
     let ahead = next_rows(rows, next);
-    let mut a = [[[_mm256_setzero_ps(); 2]; Q]; T];
-    for t in 0..T {
-        for q in 0..Q {
-            for h in 0..2 {
-                // SAFETY: 8 floats in bounds.
-                a[t][q][h] = unsafe { _mm256_loadu_ps(acc[t][quad + q][8 * h..].as_ptr()) };
-            }
-        }
-    }
+    // SAFETY: the features are this function's.
+    let mut a = unsafe { load_halves(&acc, quad) };
     let xs = xs.map(|x| &x[..steps * 2]);
     for s in 0..steps {
         let mut xb = [[_mm256_setzero_ps(); 2]; T];
@@ -234,14 +227,134 @@ pub(super) fn strict_rows_avx2<S: Steps8, const T: usize>(
             }
         }
     }
-    for (dst, src) in acc.into_iter().zip(a) {
-        for q in 0..Q {
+    // SAFETY: the features are this function's.
+    unsafe { store_halves(a, acc, quad) };
+}
+
+/// Accumulator quads `quad .. quad + 2` of each token into AVX2 registers, two a quad (its
+/// columns 0-1 and 2-3).
+///
+/// # Safety
+/// The CPU has AVX.
+#[inline(always)]
+unsafe fn load_halves<const T: usize>(
+    acc: &[&mut Quads; T],
+    quad: usize,
+) -> [[[__m256; 2]; ROW_COLS / 4]; T] {
+    // SAFETY: the caller's CPU has AVX.
+    let mut a = [[[unsafe { _mm256_setzero_ps() }; 2]; ROW_COLS / 4]; T];
+    for t in 0..T {
+        for q in 0..ROW_COLS / 4 {
             for h in 0..2 {
-                // SAFETY: 8 floats in bounds.
+                // SAFETY: 8 floats in bounds; the caller's CPU has AVX.
+                a[t][q][h] = unsafe { _mm256_loadu_ps(acc[t][quad + q][8 * h..].as_ptr()) };
+            }
+        }
+    }
+    a
+}
+
+/// [`load_halves`]' registers back into the accumulators.
+///
+/// # Safety
+/// The CPU has AVX.
+#[inline(always)]
+unsafe fn store_halves<const T: usize>(
+    a: [[[__m256; 2]; ROW_COLS / 4]; T],
+    acc: [&mut Quads; T],
+    quad: usize,
+) {
+    for (dst, src) in acc.into_iter().zip(a) {
+        for q in 0..ROW_COLS / 4 {
+            for h in 0..2 {
+                // SAFETY: 8 floats in bounds; the caller's CPU has AVX.
                 unsafe { _mm256_storeu_ps(dst[quad + q][8 * h..].as_mut_ptr(), src[q][h]) };
             }
         }
     }
+}
+
+/// Two rows' 16 bytes from `at` of each, row `i` in 128-bit lane `i`.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn pair_lanes(first: &[u8], second: &[u8], at: usize) -> __m256i {
+    // SAFETY: 16 bytes in bounds of each (the slices are checked); the caller's CPU has AVX2.
+    unsafe {
+        let low = _mm_loadu_si128(first[at..at + 16].as_ptr().cast());
+        let high = _mm_loadu_si128(second[at..at + 16].as_ptr().cast());
+        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high)
+    }
+}
+
+/// Q8_0 rows in [`strict_rows_avx2`]'s registers: per block, the eight rows' scales at once
+/// (F16C, times 2^-24 as [`Q8_0::scales`]); then per pair of rows (half a quad's columns) the
+/// two rows' codes in one register's two 128-bit lanes, moved into sign bytes group by group
+/// ([`SIGN_BYTES`]), converted and times the row's scale: the exact product `code · d` of
+/// [`Q8_0::group`], multiplied into every token's accumulator of the pair in group order.
+/// Prefetched as [`strict_blocks_avx512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop, reason = "block `b` of eight rows and of x at once")]
+pub(super) fn strict_q8_0_avx2<const T: usize>(
+    rows: &[&[u8]; ROW_COLS],
+    next: Option<usize>,
+    quad: usize,
+    xs: [&[[f32; 4]]; T],
+    acc: [&mut Quads; T],
+) {
+    const Q: usize = ROW_COLS / 4;
+    let blocks = rows[0].len() / Q8_0_BLOCK_BYTES;
+    let ahead = next_rows(rows, next);
+    // SAFETY: the features are this function's.
+    let mut a = unsafe { load_halves(&acc, quad) };
+    let xs = xs.map(|x| &x[..blocks * 8]);
+    // SAFETY: 16 bytes in bounds of each control.
+    let controls = unsafe {
+        [
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[0].as_ptr().cast())),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[1].as_ptr().cast())),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[2].as_ptr().cast())),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[3].as_ptr().cast())),
+        ]
+    };
+    for b in 0..blocks {
+        let at = b * Q8_0_BLOCK_BYTES..(b + 1) * Q8_0_BLOCK_BYTES;
+        let mut row_blocks: [&[u8]; ROW_COLS] = [&[]; ROW_COLS];
+        for (block, row) in row_blocks.iter_mut().zip(rows) {
+            *block = &row[at.clone()];
+        }
+        let [low, high] = half_words(&row_blocks);
+        let scales = _mm256_mul_ps(
+            _mm256_cvtph_ps(_mm_set_epi64x(high as i64, low as i64)),
+            _mm256_set1_ps(1.0 / 16_777_216.0),
+        );
+        for q in 0..Q {
+            let quad_blocks = quad_step(rows, q, &at);
+            prefetch_ahead(&quad_blocks, BLOCK_PREFETCH, ahead);
+            for h in 0..2 {
+                let (r0, r1) = (quad_blocks[2 * h], quad_blocks[2 * h + 1]);
+                // SAFETY: the features are this function's.
+                let (low, high) = unsafe { (pair_lanes(r0, r1, 2), pair_lanes(r0, r1, 18)) };
+                let row = (4 * q + 2 * h) as i32;
+                let scale = _mm256_permutevar8x32_ps(
+                    scales,
+                    _mm256_setr_epi32(row, row, row, row, row + 1, row + 1, row + 1, row + 1),
+                );
+                for g in 0..8 {
+                    let codes = _mm256_shuffle_epi8(if g < 4 { low } else { high }, controls[g % 4]);
+                    let w = _mm256_mul_ps(_mm256_cvtepi32_ps(codes), scale);
+                    for t in 0..T {
+                        // SAFETY: 4 floats in bounds.
+                        let x4 = unsafe { _mm_loadu_ps(xs[t][8 * b + g].as_ptr()) };
+                        a[t][q][h] = _mm256_fmadd_ps(_mm256_set_m128(x4, x4), w, a[t][q][h]);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the features are this function's.
+    unsafe { store_halves(a, acc, quad) };
 }
 
 /// How far ahead of a quad's blocks their rows are prefetched, in bytes: the rows stream
