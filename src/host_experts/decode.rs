@@ -14,7 +14,7 @@ use multiversion::multiversion;
 
 use super::projection::{RowMap, Values};
 use super::tile::GGML_MXFP4_BLOCK_BYTES;
-use super::tile::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock, RowReads, Rows};
+use super::tile::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock, Rows};
 use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
 use crate::quant::{self, BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
@@ -77,20 +77,19 @@ pub(super) fn quads(
 }
 
 /// Whether [`row_block`] reads `rows` rows (at most [`ROW_COLS`]) of `v` where they lie for any
-/// chunk of K that ends at K, for a kernel that `reads` them ([`ROW_COLS`] rows of Q8_0, Q4_0
-/// or MXFP4 blocks where it reads their format, of f16 values with K a multiple of [`PAD`], or
-/// of f32 values aligned with K a multiple of [`PAD`]), so that one chunk can be all of K;
-/// else it decodes them into its scratch, a chunk at a time (chunks its scratch holds).
-pub(super) fn in_place(v: &Values<'_>, k: usize, rows: usize, reads: RowReads) -> bool {
+/// chunk of K that ends at K ([`ROW_COLS`] rows of Q8_0, Q4_0 or MXFP4 blocks, of f16 values
+/// with K a multiple of [`PAD`], or of f32 values aligned with K a multiple of [`PAD`]), so
+/// that one chunk can be all of K; else it decodes them into its scratch, a chunk at a time
+/// (chunks its scratch holds).
+pub(super) fn in_place(v: &Values<'_>, k: usize, rows: usize) -> bool {
     let Values::Stored(v) = v else {
         // ggml's MXFP4 blocks.
-        return reads.nibbles && rows == ROW_COLS;
+        return rows == ROW_COLS;
     };
     match *v {
-        StoredValues::Quantised(QuantisedValues::Q8_0(_)) => reads.q8_0 && rows == ROW_COLS,
-        StoredValues::Quantised(QuantisedValues::Q4_0(_) | QuantisedValues::Mxfp4 { .. }) => {
-            reads.nibbles && rows == ROW_COLS
-        }
+        StoredValues::Quantised(
+            QuantisedValues::Q8_0(_) | QuantisedValues::Q4_0(_) | QuantisedValues::Mxfp4 { .. },
+        ) => rows == ROW_COLS,
         StoredValues::Float { dtype: WeightDtype::F16, .. } => rows == ROW_COLS && k.is_multiple_of(PAD),
         StoredValues::Float { dtype: WeightDtype::F32, bytes } => {
             rows == ROW_COLS && k.is_multiple_of(PAD) && bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok()
@@ -100,9 +99,9 @@ pub(super) fn in_place(v: &Values<'_>, k: usize, rows: usize, reads: RowReads) -
 }
 
 /// Rows `rows` (at most [`ROW_COLS`]; row `n` stored row `map.at(n)`) and columns `ks` of one
-/// expert's `[n, k]` values `v` for a [`super::kernel::RowsKernel`] that `reads` them: Q8_0,
-/// Q4_0 and MXFP4 blocks (where it reads their format) and f16 values (whole steps) as they lie,
-/// where all [`ROW_COLS`] rows exist; else f32 values, row `r` being row `rows.start + r`'s values of `ks`, zeros
+/// expert's `[n, k]` values `v` for a [`super::kernel::RowsKernel`]: Q8_0, Q4_0 and MXFP4
+/// blocks and f16 values (whole steps) as they lie, where all [`ROW_COLS`] rows exist; else
+/// f32 values, row `r` being row `rows.start + r`'s values of `ks`, zeros
 /// after them up to a multiple of [`PAD`] values and in rows past `rows`; f32 rows read as
 /// they lie where they are aligned and whole, others decoded into `scratch` (at least
 /// [`ROW_COLS`] rows of `ks.len()` rounded up to [`PAD`]). Block formats as [`quads`]. Rows
@@ -115,7 +114,6 @@ pub(super) fn row_block<'a>(
     rows: Range<usize>,
     ks: Range<usize>,
     scratch: &'a mut [f32],
-    reads: RowReads,
 ) -> Rows<'a> {
     // Rows read where they lie over all of K: the next block's rows lie ROW_COLS rows on.
     let next = (ks.len() == k).then(|| map.at(rows.start + ROW_COLS) - map.at(rows.start));
@@ -126,24 +124,20 @@ pub(super) fn row_block<'a>(
             &stored[b.start * size..b.end * size]
         })
     };
-    if let (Values::GgmlMxfp4(stored), ROW_COLS, true) = (v, rows.len(), reads.nibbles) {
+    if let (Values::GgmlMxfp4(stored), ROW_COLS) = (v, rows.len()) {
         return whole(RowBlock::GgmlMxfp4(bytes(stored, GGML_MXFP4_BLOCK_BYTES)));
     }
     if let (Values::Stored(StoredValues::Quantised(q)), ROW_COLS) = (v, rows.len()) {
         match *q {
-            QuantisedValues::Q8_0(stored) if reads.q8_0 => {
-                return whole(RowBlock::Q8_0(bytes(stored, Q8_0_BLOCK_BYTES)));
-            }
-            QuantisedValues::Q4_0(stored) if reads.nibbles => {
-                return whole(RowBlock::Q4_0(bytes(stored, Q4_0_BLOCK_BYTES)));
-            }
-            QuantisedValues::Mxfp4 { codes, scales } if reads.nibbles => {
+            QuantisedValues::Q8_0(stored) => return whole(RowBlock::Q8_0(bytes(stored, Q8_0_BLOCK_BYTES))),
+            QuantisedValues::Q4_0(stored) => return whole(RowBlock::Q4_0(bytes(stored, Q4_0_BLOCK_BYTES))),
+            QuantisedValues::Mxfp4 { codes, scales } => {
                 return whole(RowBlock::Mxfp4 {
                     codes: bytes(codes, MXFP4_BLOCK_BYTES),
                     scales: bytes(scales, 1),
                 });
             }
-            _ => {}
+            QuantisedValues::Fp8 { .. } => {}
         }
     }
     if let (Values::Stored(StoredValues::Float { dtype: WeightDtype::F16, bytes }), ROW_COLS) =

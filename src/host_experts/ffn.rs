@@ -250,20 +250,11 @@ impl HostExperts<'_> {
                             for (block, first) in sub.clone().step_by(ROW_COLS).enumerate() {
                                 let block_rows = first..sub.end.min(first + ROW_COLS);
                                 // Rows read where they lie go through K in one run.
-                                let reads = kernel.reads();
-                                let chunk =
-                                    if decode::in_place(v, k, block_rows.len(), reads) { k } else { KC };
+                                let chunk = if decode::in_place(v, k, block_rows.len()) { k } else { KC };
                                 for at in (0..k).step_by(chunk) {
                                     let ks = at..k.min(at + chunk);
-                                    let rows = decode::row_block(
-                                        v,
-                                        map,
-                                        k,
-                                        block_rows.clone(),
-                                        ks,
-                                        &mut tiles.rows,
-                                        reads,
-                                    );
+                                    let rows =
+                                        decode::row_block(v, map, k, block_rows.clone(), ks, &mut tiles.rows);
                                     kernel.run(&rows, block * ROW_COLS / 4, x, stride, at, &mut acc);
                                 }
                             }
@@ -341,7 +332,7 @@ mod tests {
     use super::*;
     use crate::bits::canonical;
     use crate::host_experts::kernel::RowsIsa;
-    use crate::kernels::gemm::WeightDtype;
+    use crate::kernels::gemm::{QuantisedValues, StoredValues, WeightDtype};
     use crate::reference::gemm::{FfnWeights, ffn_row};
     use crate::synth::StoredExperts;
 
@@ -391,9 +382,9 @@ mod tests {
                 _ => (half::f16::INFINITY.to_bits(), 1),
             };
             // Block formats only (the others ignore it): 0 times the special scale is NaN; the
-            // smallest scale in a block of expert 2's down.
+            // smallest scale in all of expert 2's down row 0, whose output is then that small.
             stored[0].set_block_scale(1, special).unwrap();
-            stored[2].set_block_scale(2 * h * f / 32 + 1, tiny).unwrap();
+            stored[2].set_block_scales(2 * h * f / 32..2 * h * f / 32 + f / 32, tiny).unwrap();
             fn project(s: &StoredExperts) -> HostProjection<'_> {
                 let mut p = HostProjection::new(s.shape()).unwrap();
                 for x in 0..s.shape()[0] {
@@ -415,26 +406,51 @@ mod tests {
                 bias: None,
                 f16_operands: false,
             };
+            // MXFP4 also as ggml stores it (`block_mxfp4`), read where it lies.
+            let ggml: Vec<Vec<Vec<u8>>> = match dtype {
+                WeightDtype::Mxfp4 => stored
+                    .iter()
+                    .map(|s| {
+                        (0..e as u32)
+                            .map(|x| match s.expert(x) {
+                                StoredValues::Quantised(QuantisedValues::Mxfp4 { codes, scales }) => {
+                                    crate::quant::mxfp4_to_ggml(codes, scales).unwrap()
+                                }
+                                other => panic!("{other:?} is not MXFP4"),
+                            })
+                            .collect()
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            fn ggml_project<'a>(s: &StoredExperts, blocks: &'a [Vec<u8>]) -> HostProjection<'a> {
+                let mut p = HostProjection::new(s.shape()).unwrap();
+                for (x, b) in blocks.iter().enumerate() {
+                    p.hold_ggml_mxfp4(x as u32, b).unwrap();
+                }
+                p
+            }
             for &isa in &isas {
-                let host = HostExperts::new(
-                    project(&stored[0]),
-                    project(&stored[1]),
-                    project(&stored[2]),
-                    GemmOrder::Strict,
-                    Activation::Swiglu,
-                )
-                .unwrap();
-                let host = HostExperts { rows: Some(isa), ..host };
-                let mut out = vec![0.0; entries.len() * h];
-                host.run(&x, &entries, &mut out).unwrap();
-                for (i, en) in entries.iter().enumerate() {
-                    let t = en.token as usize;
-                    let want = ffn_row(&x[t * h..(t + 1) * h], en.expert as usize, &w);
-                    assert_eq!(
-                        canonical(&out[i * h..(i + 1) * h]),
-                        canonical(&want),
-                        "{isa:?} {dtype:?} entry {i}"
-                    );
+                let mut layouts =
+                    vec![("as stored", [project(&stored[0]), project(&stored[1]), project(&stored[2])])];
+                if !ggml.is_empty() {
+                    let [g, u, d] = [0, 1, 2].map(|i| ggml_project(&stored[i], &ggml[i]));
+                    layouts.push(("ggml's blocks", [g, u, d]));
+                }
+                for (layout, [g, u, d]) in layouts {
+                    let host = HostExperts::new(g, u, d, GemmOrder::Strict, Activation::Swiglu).unwrap();
+                    let host = HostExperts { rows: Some(isa), ..host };
+                    let mut out = vec![0.0; entries.len() * h];
+                    host.run(&x, &entries, &mut out).unwrap();
+                    for (i, en) in entries.iter().enumerate() {
+                        let t = en.token as usize;
+                        let want = ffn_row(&x[t * h..(t + 1) * h], en.expert as usize, &w);
+                        assert_eq!(
+                            canonical(&out[i * h..(i + 1) * h]),
+                            canonical(&want),
+                            "{isa:?} {dtype:?} {layout}: entry {i}"
+                        );
+                    }
                 }
             }
         }

@@ -25,9 +25,9 @@ use multiversion::multiversion;
 use super::tile::{COLS, PAD, QUADS, R};
 #[cfg(target_arch = "x86_64")]
 use super::tile::{GGML_MXFP4_BLOCK_BYTES, ROW_COLS};
-use super::tile::{Lanes, Quads, RowBlock, RowReads, Rows};
+use super::tile::{Lanes, Quads, RowBlock, Rows};
 #[cfg(target_arch = "x86_64")]
-use super::x86;
+use super::{avx2, x86};
 #[cfg(target_arch = "x86_64")]
 use crate::quant::{BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
@@ -71,7 +71,7 @@ pub(super) fn strict_quads(tile: &[Quads], x: &[f32], stride: usize, at: usize, 
             // SAFETY: this branch is compiled only into the clone with AVX2 and FMA.
             #[allow(unused_unsafe)]
             unsafe {
-                x86::strict_avx2(tile, xs(m), a)
+                avx2::strict_avx2(tile, xs(m), a)
             };
         }
         return;
@@ -99,10 +99,9 @@ fn strict_portable(tile: &[Quads], x: &[[f32; 4]], acc: &mut Quads) {
 /// The strict order read from [`ROW_COLS`] rows as they lie (f32 or f16 values in place, or
 /// decoded rows), four rows interleaved in registers rather than through a tile: worth it for
 /// one or two tokens, where a tile's weights would serve too few, and the rows stream through
-/// K eight at a time. With AVX-512, Q8_0, Q4_0 and MXFP4 blocks are decoded in registers too;
-/// with AVX2, Q8_0's, and other values reach it decoded to f32 a chunk at a time
-/// ([`RowsIsa::reads`]).
-/// Only where the CPU has one of them ([`RowsKernel::new`]).
+/// K eight at a time. Q8_0, Q4_0 and MXFP4 blocks are decoded in registers too (AVX-512: four
+/// rows a register; AVX2: two); bf16 and FP8 reach it decoded to f32 a chunk at a time. Only
+/// where the CPU has AVX-512 or AVX2 ([`RowsKernel::new`]).
 pub(super) struct RowsKernel(RowsIsa);
 
 /// The instructions a [`RowsKernel`] runs in.
@@ -140,14 +139,6 @@ impl RowsIsa {
             false
         }
     }
-
-    /// What its kernel reads where the values lie.
-    pub(super) fn reads(self) -> RowReads {
-        match self {
-            RowsIsa::Avx512 => RowReads { q8_0: true, nibbles: true },
-            RowsIsa::Avx2 => RowReads { q8_0: true, nibbles: false },
-        }
-    }
 }
 
 impl RowsKernel {
@@ -157,18 +148,12 @@ impl RowsKernel {
         isa.filter(|isa| tokens <= ROW_TOKENS && isa.supported()).map(RowsKernel)
     }
 
-    /// What it reads where the values lie.
-    pub(super) fn reads(&self) -> RowReads {
-        self.0.reads()
-    }
-
     /// [`strict_quads`] over `rows`, the chunk's weights of columns `4 * quad .. + 8` of the
     /// accumulators' tile (f32 rows a multiple of 16 values, zeros past K; or whole quantised
     /// blocks, decoded in registers as `moeflow::quant` decodes them): for token `m`, its chunk
     /// of padded x is `x[m * stride + at..]`, as long as the rows, and its accumulators
     /// `acc[m][quad..quad + 2]` (at most two tokens). The rows after them
-    /// ([`Rows::next`]) are prefetched as the kernel goes. The rows are what
-    /// [`Self::reads`] says (`decode::row_block`).
+    /// ([`Rows::next`]) are prefetched as the kernel goes.
     pub(super) fn run(
         &self,
         rows: &Rows<'_>,
@@ -206,12 +191,19 @@ impl RowsKernel {
                     match &rows.block {
                         RowBlock::F32(r) => {
                             let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
-                            tokens!(x86::strict_rows_avx2::<x86::F32, _>, &bytes, next)
+                            tokens!(avx2::strict_rows_avx2::<x86::F32, _>, &bytes, next)
                         }
-                        RowBlock::F16(r) => tokens!(x86::strict_rows_avx2::<x86::F16, _>, r, next),
-                        RowBlock::Q8_0(r) => tokens!(x86::strict_q8_0_avx2, r, next),
-                        // It reads no nibbles (`RowsIsa::reads`): `row_block` decodes them.
-                        RowBlock::Q4_0(_) | RowBlock::GgmlMxfp4(_) | RowBlock::Mxfp4 { .. } => {}
+                        RowBlock::F16(r) => tokens!(avx2::strict_rows_avx2::<x86::F16, _>, r, next),
+                        RowBlock::Q8_0(r) => tokens!(avx2::strict_q8_0_avx2, r, next),
+                        RowBlock::Q4_0(r) => {
+                            tokens!(avx2::strict_nibbles_avx2::<x86::Q4_0, _>, r, None, next)
+                        }
+                        RowBlock::GgmlMxfp4(r) => {
+                            tokens!(avx2::strict_nibbles_avx2::<x86::GgmlMxfp4, _>, r, None, next)
+                        }
+                        RowBlock::Mxfp4 { codes, scales } => {
+                            tokens!(avx2::strict_nibbles_avx2::<x86::Mxfp4, _>, codes, Some(scales), next)
+                        }
                     }
                 }
                 return;
@@ -335,7 +327,7 @@ mod tests {
         {
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 // SAFETY: the CPU has AVX2 and FMA.
-                let got = run(&tile, &x, tokens, |x, acc| unsafe { x86::strict_avx2(&tile, x, acc) });
+                let got = run(&tile, &x, tokens, |x, acc| unsafe { avx2::strict_avx2(&tile, x, acc) });
                 assert_eq!(canonical(&got), canonical(&want), "avx2");
             }
             if std::arch::is_x86_feature_detected!("avx512f") {

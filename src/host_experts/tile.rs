@@ -29,17 +29,6 @@ pub(super) type Quads = [Lanes; QUADS];
 /// Columns the rows kernels (`kernel::RowsKernel`) take at a time: two quads.
 pub(super) const ROW_COLS: usize = 8;
 
-/// Which block formats a rows kernel (`kernel::RowsKernel`) decodes itself, reading them where
-/// they lie (f32 and f16 values it always reads so); the others reach it decoded to f32 rows,
-/// a chunk of K at a time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct RowReads {
-    /// Q8_0 blocks.
-    pub(super) q8_0: bool,
-    /// Q4_0 and MXFP4 blocks (gpt-oss's and ggml's): nibbles through a table.
-    pub(super) nibbles: bool,
-}
-
 /// What the rows kernels (`kernel::RowsKernel`) read for [`ROW_COLS`] rows over one chunk
 /// of K ([`RowBlock`]), and where the rows after them lie.
 pub(super) struct Rows<'a> {

@@ -1,8 +1,9 @@
-//! The host experts' strict-order kernels in x86-64's vector registers (AVX-512, and AVX2 for
-//! the tile), called by `kernel.rs` where the CPU has the features: the tile kernels
-//! ([`strict_avx512`], [`strict_avx2`]) and the rows kernels, which interleave four rows'
-//! values in registers ([`strict_rows_avx512`], [`strict_rows_avx2`]: f32 or f16 rows) or
-//! decode four rows' quantised blocks there ([`strict_blocks_avx512`]: Q8_0, Q4_0, MXFP4). Same order and bits
+//! The host experts' strict-order kernels in AVX-512's registers, called by `kernel.rs` where
+//! the CPU has the features, and what they share with AVX2's (`avx2.rs`: the block layouts'
+//! shuffle controls, the prefetches): the tile kernel ([`strict_avx512`]) and the rows
+//! kernels, which interleave four rows' values in registers ([`strict_rows_avx512`]: f32 or
+//! f16 rows) or decode their quantised blocks there ([`strict_blocks_avx512`]: Q8_0, Q4_0,
+//! MXFP4, four rows a register). Same order and bits
 //! as the portable code: lane `j` of a column's four takes `k = 4g + j`, one fused
 //! multiply-add per value, each value decoded as `moeflow::quant` decodes it.
 
@@ -51,7 +52,7 @@ pub(super) fn strict_avx512<const T: usize>(tile: &[Quads], xs: [&[[f32; 4]]; T]
 /// or the last-level cache, [`ROW_COLS`] at a time. Measured on this project's machine
 /// (docs/benchmarks/host, table 9): 512 bytes read f16 rows 7-15% faster than 1024, f32
 /// rows alike.
-const PREFETCH: usize = 512;
+pub(super) const PREFETCH: usize = 512;
 
 /// Values a rows kernel reads 16 at a time, as they lie, without a table or a scale: f32, or
 /// f16 converted by F16C (exactly `half`'s conversion).
@@ -146,215 +147,30 @@ pub(super) fn strict_rows_avx512<S: Steps, const T: usize>(
     store(a, acc, quad);
 }
 
-/// Values [`strict_rows_avx2`] reads 8 at a time, as they lie: f32, or f16 converted by F16C.
-pub(super) trait Steps8 {
-    /// Bytes of 8 values.
-    const BYTES: usize;
-    /// 8 values from `bytes` (at least [`Steps8::BYTES`] long) as f32.
-    ///
-    /// # Safety
-    /// The CPU has AVX and F16C.
-    unsafe fn load(bytes: &[u8]) -> __m256;
-}
-
-impl Steps8 for F32 {
-    const BYTES: usize = 32;
-
-    #[inline(always)]
-    unsafe fn load(bytes: &[u8]) -> __m256 {
-        // SAFETY: 32 bytes in bounds (unaligned load); the caller's CPU has AVX.
-        unsafe { _mm256_loadu_ps(bytes[..32].as_ptr().cast()) }
-    }
-}
-
-impl Steps8 for F16 {
-    const BYTES: usize = 16;
-
-    #[inline(always)]
-    unsafe fn load(bytes: &[u8]) -> __m256 {
-        // SAFETY: 16 bytes in bounds (unaligned load); the caller's CPU has F16C.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(bytes[..16].as_ptr().cast())) }
-    }
-}
-
-/// [`strict_rows_avx512`] in AVX2's 8-lane registers: a quad's accumulator is two registers
-/// (its columns 0-1 and 2-3), and per step of 8 values (two groups) four rows' values are
-/// paired by four 128-bit permutes into the quad's two groups, each multiplied into every
-/// token's accumulators of the quad in group order. Prefetched as [`strict_rows_avx512`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop, reason = "quad `q` of the rows and of every token's accumulators")]
-pub(super) fn strict_rows_avx2<S: Steps8, const T: usize>(
-    rows: &[&[u8]; ROW_COLS],
-    next: Option<usize>,
-    quad: usize,
-    xs: [&[[f32; 4]]; T],
-    acc: [&mut Quads; T],
-) {
-    const Q: usize = ROW_COLS / 4;
-    let steps = rows[0].len() / S::BYTES;
-    let ahead = next_rows(rows, next);
-    // SAFETY: the features are this function's.
-    let mut a = unsafe { load_halves(&acc, quad) };
-    let xs = xs.map(|x| &x[..steps * 2]);
-    for s in 0..steps {
-        let mut xb = [[_mm256_setzero_ps(); 2]; T];
-        for t in 0..T {
-            for g in 0..2 {
-                // SAFETY: 4 floats in bounds.
-                let x4 = unsafe { _mm_loadu_ps(xs[t][2 * s + g].as_ptr()) };
-                xb[t][g] = _mm256_set_m128(x4, x4);
-            }
-        }
-        let at = s * S::BYTES..(s + 1) * S::BYTES;
-        for q in 0..Q {
-            let quad_rows = quad_step(rows, q, &at);
-            prefetch_ahead(&quad_rows, PREFETCH, ahead);
-            // SAFETY: this function has the features; each row's step is S::BYTES long.
-            let [r0, r1, r2, r3] = unsafe {
-                [S::load(quad_rows[0]), S::load(quad_rows[1]), S::load(quad_rows[2]), S::load(quad_rows[3])]
-            };
-            // Group g of the step: rows 0-1's values g in one register, rows 2-3's in another.
-            let w = [
-                [_mm256_permute2f128_ps::<0x20>(r0, r1), _mm256_permute2f128_ps::<0x20>(r2, r3)],
-                [_mm256_permute2f128_ps::<0x31>(r0, r1), _mm256_permute2f128_ps::<0x31>(r2, r3)],
-            ];
-            for t in 0..T {
-                for g in 0..2 {
-                    for h in 0..2 {
-                        a[t][q][h] = _mm256_fmadd_ps(xb[t][g], w[g][h], a[t][q][h]);
-                    }
+/// Each row's side byte of block `b` (MXFP4's scale; zeros without `sides`), and, given the
+/// distance to the rows the next block of rows reads, those rows' side bytes prefetched: each
+/// line once, at the row's first byte and at each line's first.
+#[inline(always)]
+pub(super) fn side_bytes(
+    sides: Option<&[&[u8]; ROW_COLS]>,
+    b: usize,
+    ahead: Option<usize>,
+) -> [u8; ROW_COLS] {
+    let mut side = [0; ROW_COLS];
+    if let Some(sides) = sides {
+        for (s, row) in side.iter_mut().zip(sides) {
+            *s = row[b];
+            if let Some(ahead) = ahead {
+                let ahead = row[b..].as_ptr().wrapping_add(ahead);
+                if b == 0 || (ahead as usize).is_multiple_of(64) {
+                    // SAFETY: every x86-64 CPU has SSE; a prefetch reads nothing, so any
+                    // address is allowed.
+                    unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.cast()) };
                 }
             }
         }
     }
-    // SAFETY: the features are this function's.
-    unsafe { store_halves(a, acc, quad) };
-}
-
-/// Accumulator quads `quad .. quad + 2` of each token into AVX2 registers, two a quad (its
-/// columns 0-1 and 2-3).
-///
-/// # Safety
-/// The CPU has AVX.
-#[inline(always)]
-unsafe fn load_halves<const T: usize>(
-    acc: &[&mut Quads; T],
-    quad: usize,
-) -> [[[__m256; 2]; ROW_COLS / 4]; T] {
-    // SAFETY: the caller's CPU has AVX.
-    let mut a = [[[unsafe { _mm256_setzero_ps() }; 2]; ROW_COLS / 4]; T];
-    for t in 0..T {
-        for q in 0..ROW_COLS / 4 {
-            for h in 0..2 {
-                // SAFETY: 8 floats in bounds; the caller's CPU has AVX.
-                a[t][q][h] = unsafe { _mm256_loadu_ps(acc[t][quad + q][8 * h..].as_ptr()) };
-            }
-        }
-    }
-    a
-}
-
-/// [`load_halves`]' registers back into the accumulators.
-///
-/// # Safety
-/// The CPU has AVX.
-#[inline(always)]
-unsafe fn store_halves<const T: usize>(
-    a: [[[__m256; 2]; ROW_COLS / 4]; T],
-    acc: [&mut Quads; T],
-    quad: usize,
-) {
-    for (dst, src) in acc.into_iter().zip(a) {
-        for q in 0..ROW_COLS / 4 {
-            for h in 0..2 {
-                // SAFETY: 8 floats in bounds; the caller's CPU has AVX.
-                unsafe { _mm256_storeu_ps(dst[quad + q][8 * h..].as_mut_ptr(), src[q][h]) };
-            }
-        }
-    }
-}
-
-/// Two rows' 16 bytes from `at` of each, row `i` in 128-bit lane `i`.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[inline(always)]
-unsafe fn pair_lanes(first: &[u8], second: &[u8], at: usize) -> __m256i {
-    // SAFETY: 16 bytes in bounds of each (the slices are checked); the caller's CPU has AVX2.
-    unsafe {
-        let low = _mm_loadu_si128(first[at..at + 16].as_ptr().cast());
-        let high = _mm_loadu_si128(second[at..at + 16].as_ptr().cast());
-        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high)
-    }
-}
-
-/// Q8_0 rows in [`strict_rows_avx2`]'s registers: per block, the eight rows' scales at once
-/// (F16C, times 2^-24 as [`Q8_0::scales`]); then per pair of rows (half a quad's columns) the
-/// two rows' codes in one register's two 128-bit lanes, moved into sign bytes group by group
-/// ([`SIGN_BYTES`]), converted and times the row's scale: the exact product `code · d` of
-/// [`Q8_0::group`], multiplied into every token's accumulator of the pair in group order.
-/// Prefetched as [`strict_blocks_avx512`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop, reason = "block `b` of eight rows and of x at once")]
-pub(super) fn strict_q8_0_avx2<const T: usize>(
-    rows: &[&[u8]; ROW_COLS],
-    next: Option<usize>,
-    quad: usize,
-    xs: [&[[f32; 4]]; T],
-    acc: [&mut Quads; T],
-) {
-    const Q: usize = ROW_COLS / 4;
-    let blocks = rows[0].len() / Q8_0_BLOCK_BYTES;
-    let ahead = next_rows(rows, next);
-    // SAFETY: the features are this function's.
-    let mut a = unsafe { load_halves(&acc, quad) };
-    let xs = xs.map(|x| &x[..blocks * 8]);
-    // SAFETY: 16 bytes in bounds of each control.
-    let controls = unsafe {
-        [
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[0].as_ptr().cast())),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[1].as_ptr().cast())),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[2].as_ptr().cast())),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[3].as_ptr().cast())),
-        ]
-    };
-    for b in 0..blocks {
-        let at = b * Q8_0_BLOCK_BYTES..(b + 1) * Q8_0_BLOCK_BYTES;
-        let mut row_blocks: [&[u8]; ROW_COLS] = [&[]; ROW_COLS];
-        for (block, row) in row_blocks.iter_mut().zip(rows) {
-            *block = &row[at.clone()];
-        }
-        let [low, high] = half_words(&row_blocks);
-        let scales = _mm256_mul_ps(
-            _mm256_cvtph_ps(_mm_set_epi64x(high as i64, low as i64)),
-            _mm256_set1_ps(1.0 / 16_777_216.0),
-        );
-        for q in 0..Q {
-            let quad_blocks = quad_step(rows, q, &at);
-            prefetch_ahead(&quad_blocks, BLOCK_PREFETCH, ahead);
-            for h in 0..2 {
-                let (r0, r1) = (quad_blocks[2 * h], quad_blocks[2 * h + 1]);
-                // SAFETY: the features are this function's.
-                let (low, high) = unsafe { (pair_lanes(r0, r1, 2), pair_lanes(r0, r1, 18)) };
-                let row = (4 * q + 2 * h) as i32;
-                let scale = _mm256_permutevar8x32_ps(
-                    scales,
-                    _mm256_setr_epi32(row, row, row, row, row + 1, row + 1, row + 1, row + 1),
-                );
-                for g in 0..8 {
-                    let codes = _mm256_shuffle_epi8(if g < 4 { low } else { high }, controls[g % 4]);
-                    let w = _mm256_mul_ps(_mm256_cvtepi32_ps(codes), scale);
-                    for t in 0..T {
-                        // SAFETY: 4 floats in bounds.
-                        let x4 = unsafe { _mm_loadu_ps(xs[t][8 * b + g].as_ptr()) };
-                        a[t][q][h] = _mm256_fmadd_ps(_mm256_set_m128(x4, x4), w, a[t][q][h]);
-                    }
-                }
-            }
-        }
-    }
-    // SAFETY: the features are this function's.
-    unsafe { store_halves(a, acc, quad) };
+    side
 }
 
 /// How far ahead of a quad's blocks their rows are prefetched, in bytes: the rows stream
@@ -362,11 +178,11 @@ pub(super) fn strict_q8_0_avx2<const T: usize>(
 /// too short for the hardware's prefetcher to follow, and the decoding between the loads
 /// keeps few of them in flight. Measured on this project's machine (docs/benchmarks/host,
 /// table 10): 256 bytes 3-8% faster than 512 at M = 8; 128 and none slower.
-const BLOCK_PREFETCH: usize = 256;
+pub(super) const BLOCK_PREFETCH: usize = 256;
 
 /// Quad `q`'s four rows' bytes `at`.
 #[inline(always)]
-fn quad_step<'r>(rows: &[&'r [u8]; ROW_COLS], q: usize, at: &Range<usize>) -> [&'r [u8]; 4] {
+pub(super) fn quad_step<'r>(rows: &[&'r [u8]; ROW_COLS], q: usize, at: &Range<usize>) -> [&'r [u8]; 4] {
     [
         &rows[4 * q][at.clone()],
         &rows[4 * q + 1][at.clone()],
@@ -380,7 +196,7 @@ fn quad_step<'r>(rows: &[&'r [u8]; ROW_COLS], q: usize, at: &Range<usize>) -> [&
 /// to the rows the next block of rows reads ([`next_rows`]), those rows' bytes at the same
 /// place into the second.
 #[inline(always)]
-fn prefetch_ahead(blocks: &[&[u8]; 4], distance: usize, ahead: Option<usize>) {
+pub(super) fn prefetch_ahead(blocks: &[&[u8]; 4], distance: usize, ahead: Option<usize>) {
     for block in blocks {
         // SAFETY: every x86-64 CPU has SSE; a prefetch reads nothing, so any address is
         // allowed.
@@ -400,7 +216,7 @@ fn prefetch_ahead(blocks: &[&[u8]; 4], distance: usize, ahead: Option<usize>) {
 /// leaves each block's first reads waiting (measured on this project's machine,
 /// docs/benchmarks/host table 11).
 #[inline(always)]
-fn next_rows(rows: &[&[u8]; ROW_COLS], next: Option<usize>) -> Option<usize> {
+pub(super) fn next_rows(rows: &[&[u8]; ROW_COLS], next: Option<usize>) -> Option<usize> {
     next.map(|n| n * rows[0].len())
 }
 
@@ -429,7 +245,7 @@ unsafe fn half_scales(blocks: &[&[u8]; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
 
 /// The first two bytes of each of the [`ROW_COLS`] blocks, four to a word (little-endian).
 #[inline(always)]
-fn half_words(blocks: &[&[u8]; ROW_COLS]) -> [u64; 2] {
+pub(super) fn half_words(blocks: &[&[u8]; ROW_COLS]) -> [u64; 2] {
     let mut words = [0u64; 2];
     for (i, block) in blocks.iter().enumerate() {
         words[i / 4] |= u64::from(u16::from_le_bytes([block[0], block[1]])) << (16 * (i % 4));
@@ -491,7 +307,7 @@ unsafe fn lanes_of(blocks: [&[u8]; 4], at: usize) -> __m512i {
 /// `vpshufb` controls, the same in every 128-bit lane, for each group `g` of four values:
 /// bytes `4 g .. 4 g + 4` of the lane into the sign bytes of its four elements (the other
 /// bytes zero: each element is then its signed byte times 2^24).
-const SIGN_BYTES: [[i8; 16]; 4] = {
+pub(super) const SIGN_BYTES: [[i8; 16]; 4] = {
     let mut controls = [[-128i8; 16]; 4];
     let mut g = 0;
     while g < 4 {
@@ -510,7 +326,7 @@ const SIGN_BYTES: [[i8; 16]; 4] = {
 /// `v < 16` the low nibble of byte `v`, `v + 16` its high one), group `g`'s value `j` is
 /// then the low nibble of element `j` shifted down [`nibble_shift`]`(g)` bits: one shift a
 /// group, on a port the table lookups leave free, where a shuffle a group would share theirs.
-const TRANSPOSED: [i8; 16] = {
+pub(super) const TRANSPOSED: [i8; 16] = {
     let mut control = [0i8; 16];
     let mut i = 0;
     while i < 16 {
@@ -523,7 +339,7 @@ const TRANSPOSED: [i8; 16] = {
 /// Bits element `j` of a [`TRANSPOSED`] lane is shifted down so that its low nibble is value
 /// `4 g + j` of a block in Q4_0's nibble order: byte `g`'s low nibble for `g < 4`, byte
 /// `g − 4`'s high one after.
-const fn nibble_shift(g: usize) -> u32 {
+pub(super) const fn nibble_shift(g: usize) -> u32 {
     (8 * (g % 4) + 4 * (g / 4)) as u32
 }
 
@@ -531,7 +347,7 @@ const fn nibble_shift(g: usize) -> u32 {
 /// `2 i + 1` its high one): for half `h` of the block (groups `4 h .. 4 h + 4`), byte `m` of
 /// element `j` is byte `8 h + 2 m + j / 2` of the lane, so group `4 h + m`'s value `j` is
 /// the low nibble of element `j` shifted down `8 m + 4 (j % 2)` bits.
-const PAIRED: [[i8; 16]; 2] = {
+pub(super) const PAIRED: [[i8; 16]; 2] = {
     let mut controls = [[0i8; 16]; 2];
     let mut h = 0;
     while h < 2 {
@@ -810,21 +626,7 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
         for (block, row) in row_blocks.iter_mut().zip(rows) {
             *block = &row[at.clone()];
         }
-        let mut side = [0; ROW_COLS];
-        if let Some(sides) = sides {
-            for (s, row) in side.iter_mut().zip(sides) {
-                *s = row[b];
-                // One side byte a block: each line of the next rows' side bytes prefetched
-                // once, at the row's first byte and at each line's first.
-                if let Some(ahead) = side_ahead {
-                    let ahead = row[b..].as_ptr().wrapping_add(ahead);
-                    if b == 0 || (ahead as usize).is_multiple_of(64) {
-                        // A prefetch reads nothing, so any address is allowed.
-                        _mm_prefetch::<_MM_HINT_T1>(ahead.cast());
-                    }
-                }
-            }
-        }
+        let side = side_bytes(sides, b, side_ahead);
         // SAFETY: as above; each block is B::BYTES long.
         let scales = unsafe { B::scales(&row_blocks, side) };
         // The quads and their eight groups unrolled, so each group's constants (controls,
@@ -875,41 +677,6 @@ fn store<const T: usize>(a: [[__m512; ROW_COLS / 4]; T], acc: [&mut Quads; T], q
         for q in 0..ROW_COLS / 4 {
             // SAFETY: 16 floats in bounds.
             unsafe { _mm512_storeu_ps(dst[quad + q].as_mut_ptr(), src[q]) };
-        }
-    }
-}
-
-/// One token over a tile in AVX2's sixteen registers: a quad is two 8-lane registers, so
-/// the tile's columns run in two halves of eight registers each.
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn strict_avx2(tile: &[Quads], x: &[[f32; 4]], acc: &mut Quads) {
-    let x = &x[..tile.len()];
-    for half in 0..2 {
-        let quads = half * QUADS / 2..(half + 1) * QUADS / 2;
-        let mut a = [_mm256_setzero_ps(); QUADS];
-        for (i, q) in quads.clone().enumerate() {
-            // SAFETY: 2 x 8 floats in bounds.
-            a[2 * i] = unsafe { _mm256_loadu_ps(acc[q].as_ptr()) };
-            a[2 * i + 1] = unsafe { _mm256_loadu_ps(acc[q][8..].as_ptr()) };
-        }
-        for (w, xg) in tile.iter().zip(x) {
-            // SAFETY: 4 floats in bounds.
-            let x4 = unsafe { _mm_loadu_ps(xg.as_ptr()) };
-            let xv = _mm256_set_m128(x4, x4);
-            for (i, q) in quads.clone().enumerate() {
-                // SAFETY: 2 x 8 floats in bounds.
-                let (w0, w1) =
-                    unsafe { (_mm256_loadu_ps(w[q].as_ptr()), _mm256_loadu_ps(w[q][8..].as_ptr())) };
-                a[2 * i] = _mm256_fmadd_ps(xv, w0, a[2 * i]);
-                a[2 * i + 1] = _mm256_fmadd_ps(xv, w1, a[2 * i + 1]);
-            }
-        }
-        for (i, q) in quads.enumerate() {
-            // SAFETY: 2 x 8 floats in bounds.
-            unsafe {
-                _mm256_storeu_ps(acc[q].as_mut_ptr(), a[2 * i]);
-                _mm256_storeu_ps(acc[q][8..].as_mut_ptr(), a[2 * i + 1]);
-            }
         }
     }
 }

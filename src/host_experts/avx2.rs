@@ -1,0 +1,498 @@
+//! The host experts' strict-order kernels in AVX2's registers, for x86-64 CPUs without
+//! AVX-512 (`kernel.rs` chooses): the tile kernel ([`strict_avx2`]) and the rows kernels, two
+//! rows a register: f32 or f16 rows interleaved ([`strict_rows_avx2`]), Q8_0 blocks
+//! ([`strict_q8_0_avx2`]) and Q4_0 and MXFP4 blocks ([`strict_nibbles_avx2`]) decoded there.
+//! Same order and bits as `x86.rs`'s and the portable code: lane `j` of a column's four takes
+//! `k = 4g + j`, one fused multiply-add per value, each value decoded as `moeflow::quant`
+//! decodes it.
+
+use std::arch::x86_64::*;
+
+use super::tile::{GGML_MXFP4_BLOCK_BYTES, QUADS, Quads, ROW_COLS};
+#[cfg(doc)]
+use super::x86;
+use super::x86::{
+    BLOCK_PREFETCH, F16, F32, GgmlMxfp4, Mxfp4, PAIRED, PREFETCH, Q4_0, SIGN_BYTES, TRANSPOSED, half_words,
+    next_rows, nibble_shift, prefetch_ahead, quad_step, side_bytes,
+};
+use crate::quant::{FP4_E2M1, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
+
+/// Values [`strict_rows_avx2`] reads 8 at a time, as they lie: f32, or f16 converted by F16C.
+pub(super) trait Steps8 {
+    /// Bytes of 8 values.
+    const BYTES: usize;
+    /// 8 values from `bytes` (at least [`Steps8::BYTES`] long) as f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX and F16C.
+    unsafe fn load(bytes: &[u8]) -> __m256;
+}
+
+impl Steps8 for F32 {
+    const BYTES: usize = 32;
+
+    #[inline(always)]
+    unsafe fn load(bytes: &[u8]) -> __m256 {
+        // SAFETY: 32 bytes in bounds (unaligned load); the caller's CPU has AVX.
+        unsafe { _mm256_loadu_ps(bytes[..32].as_ptr().cast()) }
+    }
+}
+
+impl Steps8 for F16 {
+    const BYTES: usize = 16;
+
+    #[inline(always)]
+    unsafe fn load(bytes: &[u8]) -> __m256 {
+        // SAFETY: 16 bytes in bounds (unaligned load); the caller's CPU has F16C.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(bytes[..16].as_ptr().cast())) }
+    }
+}
+
+/// [`x86::strict_rows_avx512`] in AVX2's 8-lane registers: a quad's accumulator is two registers
+/// (its columns 0-1 and 2-3), and per step of 8 values (two groups) four rows' values are
+/// paired by four 128-bit permutes into the quad's two groups, each multiplied into every
+/// token's accumulators of the quad in group order. Prefetched as [`x86::strict_rows_avx512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop, reason = "quad `q` of the rows and of every token's accumulators")]
+pub(super) fn strict_rows_avx2<S: Steps8, const T: usize>(
+    rows: &[&[u8]; ROW_COLS],
+    next: Option<usize>,
+    quad: usize,
+    xs: [&[[f32; 4]]; T],
+    acc: [&mut Quads; T],
+) {
+    const Q: usize = ROW_COLS / 4;
+    let steps = rows[0].len() / S::BYTES;
+    let ahead = next_rows(rows, next);
+    // SAFETY: the features are this function's.
+    let mut a = unsafe { load_halves(&acc, quad) };
+    let xs = xs.map(|x| &x[..steps * 2]);
+    for s in 0..steps {
+        let mut xb = [[_mm256_setzero_ps(); 2]; T];
+        for t in 0..T {
+            for g in 0..2 {
+                // SAFETY: 4 floats in bounds.
+                let x4 = unsafe { _mm_loadu_ps(xs[t][2 * s + g].as_ptr()) };
+                xb[t][g] = _mm256_set_m128(x4, x4);
+            }
+        }
+        let at = s * S::BYTES..(s + 1) * S::BYTES;
+        for q in 0..Q {
+            let quad_rows = quad_step(rows, q, &at);
+            prefetch_ahead(&quad_rows, PREFETCH, ahead);
+            // SAFETY: this function has the features; each row's step is S::BYTES long.
+            let [r0, r1, r2, r3] = unsafe {
+                [S::load(quad_rows[0]), S::load(quad_rows[1]), S::load(quad_rows[2]), S::load(quad_rows[3])]
+            };
+            // Group g of the step: rows 0-1's values g in one register, rows 2-3's in another.
+            let w = [
+                [_mm256_permute2f128_ps::<0x20>(r0, r1), _mm256_permute2f128_ps::<0x20>(r2, r3)],
+                [_mm256_permute2f128_ps::<0x31>(r0, r1), _mm256_permute2f128_ps::<0x31>(r2, r3)],
+            ];
+            for t in 0..T {
+                for g in 0..2 {
+                    for h in 0..2 {
+                        a[t][q][h] = _mm256_fmadd_ps(xb[t][g], w[g][h], a[t][q][h]);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the features are this function's.
+    unsafe { store_halves(a, acc, quad) };
+}
+
+/// Accumulator quads `quad .. quad + 2` of each token into AVX2 registers, two a quad (its
+/// columns 0-1 and 2-3).
+///
+/// # Safety
+/// The CPU has AVX.
+#[inline(always)]
+unsafe fn load_halves<const T: usize>(
+    acc: &[&mut Quads; T],
+    quad: usize,
+) -> [[[__m256; 2]; ROW_COLS / 4]; T] {
+    // SAFETY: the caller's CPU has AVX.
+    let mut a = [[[unsafe { _mm256_setzero_ps() }; 2]; ROW_COLS / 4]; T];
+    for t in 0..T {
+        for q in 0..ROW_COLS / 4 {
+            for h in 0..2 {
+                // SAFETY: 8 floats in bounds; the caller's CPU has AVX.
+                a[t][q][h] = unsafe { _mm256_loadu_ps(acc[t][quad + q][8 * h..].as_ptr()) };
+            }
+        }
+    }
+    a
+}
+
+/// [`load_halves`]' registers back into the accumulators.
+///
+/// # Safety
+/// The CPU has AVX.
+#[inline(always)]
+unsafe fn store_halves<const T: usize>(
+    a: [[[__m256; 2]; ROW_COLS / 4]; T],
+    acc: [&mut Quads; T],
+    quad: usize,
+) {
+    for (dst, src) in acc.into_iter().zip(a) {
+        for q in 0..ROW_COLS / 4 {
+            for h in 0..2 {
+                // SAFETY: 8 floats in bounds; the caller's CPU has AVX.
+                unsafe { _mm256_storeu_ps(dst[quad + q][8 * h..].as_mut_ptr(), src[q][h]) };
+            }
+        }
+    }
+}
+
+/// Two rows' 16 bytes from `at` of each, row `i` in 128-bit lane `i`.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn pair_lanes(first: &[u8], second: &[u8], at: usize) -> __m256i {
+    // SAFETY: 16 bytes in bounds of each (the slices are checked); the caller's CPU has AVX2.
+    unsafe {
+        let low = _mm_loadu_si128(first[at..at + 16].as_ptr().cast());
+        let high = _mm_loadu_si128(second[at..at + 16].as_ptr().cast());
+        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high)
+    }
+}
+
+/// Q8_0 rows in [`strict_rows_avx2`]'s registers: per block, the eight rows' scales at once
+/// (F16C, times 2^-24 as [`x86::Q8_0`]'s scales); then per pair of rows (half a quad's columns) the
+/// two rows' codes in one register's two 128-bit lanes, moved into sign bytes group by group
+/// ([`SIGN_BYTES`]), converted and times the row's scale: the exact product `code · d` of
+/// [`x86::Q8_0`]'s group, multiplied into every token's accumulator of the pair in group order.
+/// Prefetched as [`x86::strict_blocks_avx512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop, reason = "block `b` of eight rows and of x at once")]
+pub(super) fn strict_q8_0_avx2<const T: usize>(
+    rows: &[&[u8]; ROW_COLS],
+    next: Option<usize>,
+    quad: usize,
+    xs: [&[[f32; 4]]; T],
+    acc: [&mut Quads; T],
+) {
+    const Q: usize = ROW_COLS / 4;
+    let blocks = rows[0].len() / Q8_0_BLOCK_BYTES;
+    let ahead = next_rows(rows, next);
+    // SAFETY: the features are this function's.
+    let mut a = unsafe { load_halves(&acc, quad) };
+    let xs = xs.map(|x| &x[..blocks * 8]);
+    // SAFETY: 16 bytes in bounds of each control.
+    let controls = unsafe {
+        [
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[0].as_ptr().cast())),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[1].as_ptr().cast())),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[2].as_ptr().cast())),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[3].as_ptr().cast())),
+        ]
+    };
+    for b in 0..blocks {
+        let at = b * Q8_0_BLOCK_BYTES..(b + 1) * Q8_0_BLOCK_BYTES;
+        let mut row_blocks: [&[u8]; ROW_COLS] = [&[]; ROW_COLS];
+        for (block, row) in row_blocks.iter_mut().zip(rows) {
+            *block = &row[at.clone()];
+        }
+        let [low, high] = half_words(&row_blocks);
+        let scales = _mm256_mul_ps(
+            _mm256_cvtph_ps(_mm_set_epi64x(high as i64, low as i64)),
+            _mm256_set1_ps(1.0 / 16_777_216.0),
+        );
+        for q in 0..Q {
+            let quad_blocks = quad_step(rows, q, &at);
+            prefetch_ahead(&quad_blocks, BLOCK_PREFETCH, ahead);
+            for h in 0..2 {
+                let (r0, r1) = (quad_blocks[2 * h], quad_blocks[2 * h + 1]);
+                // SAFETY: the features are this function's.
+                let (low, high) = unsafe { (pair_lanes(r0, r1, 2), pair_lanes(r0, r1, 18)) };
+                let row = (4 * q + 2 * h) as i32;
+                let scale = _mm256_permutevar8x32_ps(
+                    scales,
+                    _mm256_setr_epi32(row, row, row, row, row + 1, row + 1, row + 1, row + 1),
+                );
+                for g in 0..8 {
+                    let codes = _mm256_shuffle_epi8(if g < 4 { low } else { high }, controls[g % 4]);
+                    let w = _mm256_mul_ps(_mm256_cvtepi32_ps(codes), scale);
+                    for t in 0..T {
+                        // SAFETY: 4 floats in bounds.
+                        let x4 = unsafe { _mm_loadu_ps(xs[t][8 * b + g].as_ptr()) };
+                        a[t][q][h] = _mm256_fmadd_ps(_mm256_set_m128(x4, x4), w, a[t][q][h]);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the features are this function's.
+    unsafe { store_halves(a, acc, quad) };
+}
+
+/// A block format of 32 four-bit codes that [`strict_nibbles_avx2`] decodes in registers, two
+/// rows a register (row `i` of the pair in 128-bit lane `i`): Q4_0 and MXFP4 in both layouts.
+pub(super) trait Nibbles8 {
+    /// Bytes of one block.
+    const BYTES: usize;
+    /// The eight rows' scales of their blocks `blocks` (row `r` in lane `r`), given each row's
+    /// side byte of the block (MXFP4's scale).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C; each block is `BYTES` long.
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> __m256;
+    /// Two rows' blocks' codes, ready for [`Nibbles8::index`].
+    ///
+    /// # Safety
+    /// As [`Nibbles8::scales`].
+    unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2];
+    /// Group `g`'s codes of the two rows in the low four bits of its elements.
+    ///
+    /// # Safety
+    /// As [`Nibbles8::scales`].
+    unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i;
+    /// The codes' values before their scale, exactly.
+    ///
+    /// # Safety
+    /// As [`Nibbles8::scales`].
+    unsafe fn value(index: __m256i) -> __m256;
+}
+
+/// A `vpshufb` control in both 128-bit lanes of a register.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn control8(bytes: &[i8; 16]) -> __m256i {
+    // SAFETY: the caller's CPU has the features; 16 bytes in bounds.
+    unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(bytes.as_ptr().cast())) }
+}
+
+/// The eight rows' E8M0 scale bytes as `2^(e − 127)` (`quant::e8m0`: 2^-127 for 0, NaN for
+/// 255), row `r` in lane `r`.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn e8m0_scales8(bytes: [u8; ROW_COLS]) -> __m256 {
+    // SAFETY: the caller's CPU has the features.
+    unsafe {
+        let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(bytes)));
+        let bits = _mm256_slli_epi32::<23>(e);
+        let zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+        let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x40_0000), zero);
+        let all = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255));
+        let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(f32::NAN.to_bits() as i32), all);
+        _mm256_castsi256_ps(bits)
+    }
+}
+
+/// FP4 e2m1 codes (the low four bits of each element) as their values: the magnitude from
+/// the table's first eight, the sign from the code's top bit (`FP4_E2M1`'s bits, −0 for 8).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn fp4_values8(index: __m256i) -> __m256 {
+    // SAFETY: the caller's CPU has the features; the table's first 8 floats.
+    unsafe {
+        let magnitude = _mm256_permutevar8x32_ps(_mm256_loadu_ps(FP4_E2M1.as_ptr()), index);
+        let sign = _mm256_and_si256(_mm256_slli_epi32::<28>(index), _mm256_set1_epi32(i32::MIN));
+        _mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign))
+    }
+}
+
+impl Nibbles8 for Q4_0 {
+    const BYTES: usize = Q4_0_BLOCK_BYTES;
+
+    #[inline(always)]
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> __m256 {
+        let [low, high] = half_words(blocks);
+        // SAFETY: the caller's CPU has the features.
+        unsafe { _mm256_cvtph_ps(_mm_set_epi64x(high as i64, low as i64)) }
+    }
+
+    #[inline(always)]
+    unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2] {
+        // SAFETY: as above.
+        let codes = unsafe { _mm256_shuffle_epi8(pair_lanes(first, second, 2), control8(&TRANSPOSED)) };
+        [codes, codes]
+    }
+
+    #[inline(always)]
+    unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i {
+        // SAFETY: as above.
+        unsafe { _mm256_srlv_epi32(codes[0], _mm256_set1_epi32(nibble_shift(g) as i32)) }
+    }
+
+    /// `nibble − 8`, exact.
+    #[inline(always)]
+    unsafe fn value(index: __m256i) -> __m256 {
+        // SAFETY: as above.
+        unsafe {
+            let nibble = _mm256_and_si256(index, _mm256_set1_epi32(15));
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(nibble, _mm256_set1_epi32(8)))
+        }
+    }
+}
+
+impl Nibbles8 for GgmlMxfp4 {
+    const BYTES: usize = GGML_MXFP4_BLOCK_BYTES;
+
+    #[inline(always)]
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> __m256 {
+        let mut bytes = [0; ROW_COLS];
+        for (byte, block) in bytes.iter_mut().zip(blocks) {
+            *byte = block[0];
+        }
+        // SAFETY: the caller's CPU has the features.
+        unsafe { e8m0_scales8(bytes) }
+    }
+
+    #[inline(always)]
+    unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2] {
+        // SAFETY: as above.
+        let codes = unsafe { _mm256_shuffle_epi8(pair_lanes(first, second, 1), control8(&TRANSPOSED)) };
+        [codes, codes]
+    }
+
+    #[inline(always)]
+    unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i {
+        // SAFETY: as above.
+        unsafe { _mm256_srlv_epi32(codes[0], _mm256_set1_epi32(nibble_shift(g) as i32)) }
+    }
+
+    #[inline(always)]
+    unsafe fn value(index: __m256i) -> __m256 {
+        // SAFETY: as above.
+        unsafe { fp4_values8(index) }
+    }
+}
+
+impl Nibbles8 for Mxfp4 {
+    const BYTES: usize = MXFP4_BLOCK_BYTES;
+
+    #[inline(always)]
+    unsafe fn scales(_: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> __m256 {
+        // SAFETY: the caller's CPU has the features.
+        unsafe { e8m0_scales8(side) }
+    }
+
+    /// The codes of groups 0-3 and 4-7, [`PAIRED`].
+    #[inline(always)]
+    unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2] {
+        // SAFETY: as above.
+        unsafe {
+            let codes = pair_lanes(first, second, 0);
+            [
+                _mm256_shuffle_epi8(codes, control8(&PAIRED[0])),
+                _mm256_shuffle_epi8(codes, control8(&PAIRED[1])),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i {
+        let m = 8 * (g % 4) as i32;
+        // SAFETY: as above.
+        unsafe { _mm256_srlv_epi32(codes[g / 4], _mm256_setr_epi32(m, m + 4, m, m + 4, m, m + 4, m, m + 4)) }
+    }
+
+    #[inline(always)]
+    unsafe fn value(index: __m256i) -> __m256 {
+        // SAFETY: as above.
+        unsafe { fp4_values8(index) }
+    }
+}
+
+/// `T` tokens over [`ROW_COLS`] rows of whole blocks of format `B` in AVX2's registers (each
+/// row's blocks of the chunk as stored; `sides` each row's side byte per block, for MXFP4):
+/// per block the eight rows' scales at once, then per pair of rows (half a quad's columns)
+/// the two rows' codes, group by group looked up ([`Nibbles8`]) and times the row's scale —
+/// the single exact product `quant` computes — each group multiplied into every token's
+/// accumulator of the pair in group order. Prefetched as [`x86::strict_blocks_avx512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop, reason = "block `b` of eight rows and of x at once")]
+pub(super) fn strict_nibbles_avx2<B: Nibbles8, const T: usize>(
+    rows: &[&[u8]; ROW_COLS],
+    sides: Option<&[&[u8]; ROW_COLS]>,
+    next: Option<usize>,
+    quad: usize,
+    xs: [&[[f32; 4]]; T],
+    acc: [&mut Quads; T],
+) {
+    const Q: usize = ROW_COLS / 4;
+    let blocks = rows[0].len() / B::BYTES;
+    let ahead = next_rows(rows, next);
+    // Each row's side bytes are as long as the others'.
+    let side_ahead = sides.and_then(|sides| next.map(|n| n * sides[0].len()));
+    // SAFETY: the features are this function's.
+    let mut a = unsafe { load_halves(&acc, quad) };
+    let xs = xs.map(|x| &x[..blocks * 8]);
+    for b in 0..blocks {
+        let at = b * B::BYTES..(b + 1) * B::BYTES;
+        let mut row_blocks: [&[u8]; ROW_COLS] = [&[]; ROW_COLS];
+        for (block, row) in row_blocks.iter_mut().zip(rows) {
+            *block = &row[at.clone()];
+        }
+        // SAFETY: the features are this function's; each block is B::BYTES long.
+        let scales = unsafe { B::scales(&row_blocks, side_bytes(sides, b, side_ahead)) };
+        for q in 0..Q {
+            let quad_blocks = quad_step(rows, q, &at);
+            prefetch_ahead(&quad_blocks, BLOCK_PREFETCH, ahead);
+            for h in 0..2 {
+                // SAFETY: as above.
+                let codes = unsafe { B::codes(quad_blocks[2 * h], quad_blocks[2 * h + 1]) };
+                let row = (4 * q + 2 * h) as i32;
+                let scale = _mm256_permutevar8x32_ps(
+                    scales,
+                    _mm256_setr_epi32(row, row, row, row, row + 1, row + 1, row + 1, row + 1),
+                );
+                for g in 0..8 {
+                    // SAFETY: as above.
+                    let w = _mm256_mul_ps(unsafe { B::value(B::index(codes, g)) }, scale);
+                    for t in 0..T {
+                        // SAFETY: 4 floats in bounds.
+                        let x4 = unsafe { _mm_loadu_ps(xs[t][8 * b + g].as_ptr()) };
+                        a[t][q][h] = _mm256_fmadd_ps(_mm256_set_m128(x4, x4), w, a[t][q][h]);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the features are this function's.
+    unsafe { store_halves(a, acc, quad) };
+}
+
+/// One token over a tile in AVX2's sixteen registers: a quad is two 8-lane registers, so
+/// the tile's columns run in two halves of eight registers each.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn strict_avx2(tile: &[Quads], x: &[[f32; 4]], acc: &mut Quads) {
+    let x = &x[..tile.len()];
+    for half in 0..2 {
+        let quads = half * QUADS / 2..(half + 1) * QUADS / 2;
+        let mut a = [_mm256_setzero_ps(); QUADS];
+        for (i, q) in quads.clone().enumerate() {
+            // SAFETY: 2 x 8 floats in bounds.
+            a[2 * i] = unsafe { _mm256_loadu_ps(acc[q].as_ptr()) };
+            a[2 * i + 1] = unsafe { _mm256_loadu_ps(acc[q][8..].as_ptr()) };
+        }
+        for (w, xg) in tile.iter().zip(x) {
+            // SAFETY: 4 floats in bounds.
+            let x4 = unsafe { _mm_loadu_ps(xg.as_ptr()) };
+            let xv = _mm256_set_m128(x4, x4);
+            for (i, q) in quads.clone().enumerate() {
+                // SAFETY: 2 x 8 floats in bounds.
+                let (w0, w1) =
+                    unsafe { (_mm256_loadu_ps(w[q].as_ptr()), _mm256_loadu_ps(w[q][8..].as_ptr())) };
+                a[2 * i] = _mm256_fmadd_ps(xv, w0, a[2 * i]);
+                a[2 * i + 1] = _mm256_fmadd_ps(xv, w1, a[2 * i + 1]);
+            }
+        }
+        for (i, q) in quads.enumerate() {
+            // SAFETY: 2 x 8 floats in bounds.
+            unsafe {
+                _mm256_storeu_ps(acc[q].as_mut_ptr(), a[2 * i]);
+                _mm256_storeu_ps(acc[q][8..].as_mut_ptr(), a[2 * i + 1]);
+            }
+        }
+    }
+}
