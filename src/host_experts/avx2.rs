@@ -300,6 +300,28 @@ unsafe fn fp4_values8(index: __m256i) -> __m256 {
     }
 }
 
+/// Two rows' 16 code bytes from `at` of each block in Q4_0's nibble order (values 0-15 the
+/// low nibbles, 16-31 the high ones), [`TRANSPOSED`] (both halves of the groups in one).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn transposed_codes(first: &[u8], second: &[u8], at: usize) -> [__m256i; 2] {
+    // SAFETY: the caller's CPU has the features.
+    let codes = unsafe { _mm256_shuffle_epi8(pair_lanes(first, second, at), control8(&TRANSPOSED)) };
+    [codes, codes]
+}
+
+/// Group `g`'s codes from [`transposed_codes`] in the low four bits of each element.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn transposed_index(codes: [__m256i; 2], g: usize) -> __m256i {
+    // SAFETY: the caller's CPU has the features.
+    unsafe { _mm256_srlv_epi32(codes[0], _mm256_set1_epi32(nibble_shift(g) as i32)) }
+}
+
 impl Nibbles8 for Q4_0 {
     const BYTES: usize = Q4_0_BLOCK_BYTES;
 
@@ -313,14 +335,13 @@ impl Nibbles8 for Q4_0 {
     #[inline(always)]
     unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2] {
         // SAFETY: as above.
-        let codes = unsafe { _mm256_shuffle_epi8(pair_lanes(first, second, 2), control8(&TRANSPOSED)) };
-        [codes, codes]
+        unsafe { transposed_codes(first, second, 2) }
     }
 
     #[inline(always)]
     unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i {
         // SAFETY: as above.
-        unsafe { _mm256_srlv_epi32(codes[0], _mm256_set1_epi32(nibble_shift(g) as i32)) }
+        unsafe { transposed_index(codes, g) }
     }
 
     /// `nibble − 8`, exact.
@@ -350,14 +371,13 @@ impl Nibbles8 for GgmlMxfp4 {
     #[inline(always)]
     unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2] {
         // SAFETY: as above.
-        let codes = unsafe { _mm256_shuffle_epi8(pair_lanes(first, second, 1), control8(&TRANSPOSED)) };
-        [codes, codes]
+        unsafe { transposed_codes(first, second, 1) }
     }
 
     #[inline(always)]
     unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i {
         // SAFETY: as above.
-        unsafe { _mm256_srlv_epi32(codes[0], _mm256_set1_epi32(nibble_shift(g) as i32)) }
+        unsafe { transposed_index(codes, g) }
     }
 
     #[inline(always)]
