@@ -1,7 +1,7 @@
 //! The host experts' strict-order kernels in AVX2's registers, for x86-64 CPUs without
 //! AVX-512 (`kernel.rs` chooses): the tile kernel ([`strict_avx2`]) and the rows kernels, two
-//! rows a register: f32 or f16 rows interleaved ([`strict_rows_avx2`]), Q8_0 blocks
-//! ([`strict_q8_0_avx2`]) and Q4_0 and MXFP4 blocks ([`strict_nibbles_avx2`]) decoded there.
+//! rows a register: f32 or f16 rows interleaved ([`strict_rows_avx2`]), Q8_0, Q4_0 and MXFP4
+//! blocks decoded there ([`strict_blocks_avx2`]).
 //! Same order and bits as `x86.rs`'s and the portable code: lane `j` of a column's four takes
 //! `k = 4g + j`, one fused multiply-add per value, each value decoded as `moeflow::quant`
 //! decodes it.
@@ -12,8 +12,8 @@ use super::tile::{GGML_MXFP4_BLOCK_BYTES, QUADS, Quads, ROW_COLS};
 #[cfg(doc)]
 use super::x86;
 use super::x86::{
-    BLOCK_PREFETCH, F16, F32, GgmlMxfp4, Mxfp4, PAIRED, PREFETCH, Q4_0, SIGN_BYTES, TRANSPOSED, half_words,
-    next_rows, nibble_shift, prefetch_ahead, quad_step, side_bytes,
+    BLOCK_PREFETCH, F16, F32, GgmlMxfp4, Mxfp4, PAIRED, PREFETCH, Q4_0, Q8_0, SIGN_BYTES, TRANSPOSED,
+    first_bytes, half_values, next_rows, nibble_shift, prefetch_ahead, quad_step, side_bytes,
 };
 use crate::quant::{FP4_E2M1, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
@@ -159,78 +159,9 @@ unsafe fn pair_lanes(first: &[u8], second: &[u8], at: usize) -> __m256i {
     }
 }
 
-/// Q8_0 rows in [`strict_rows_avx2`]'s registers: per block, the eight rows' scales at once
-/// (F16C, times 2^-24 as [`x86::Q8_0`]'s scales); then per pair of rows (half a quad's columns) the
-/// two rows' codes in one register's two 128-bit lanes, moved into sign bytes group by group
-/// ([`SIGN_BYTES`]), converted and times the row's scale: the exact product `code · d` of
-/// [`x86::Q8_0`]'s group, multiplied into every token's accumulator of the pair in group order.
-/// Prefetched as [`x86::strict_blocks_avx512`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop, reason = "block `b` of eight rows and of x at once")]
-pub(super) fn strict_q8_0_avx2<const T: usize>(
-    rows: &[&[u8]; ROW_COLS],
-    next: Option<usize>,
-    quad: usize,
-    xs: [&[[f32; 4]]; T],
-    acc: [&mut Quads; T],
-) {
-    const Q: usize = ROW_COLS / 4;
-    let blocks = rows[0].len() / Q8_0_BLOCK_BYTES;
-    let ahead = next_rows(rows, next);
-    // SAFETY: the features are this function's.
-    let mut a = unsafe { load_halves(&acc, quad) };
-    let xs = xs.map(|x| &x[..blocks * 8]);
-    // SAFETY: 16 bytes in bounds of each control.
-    let controls = unsafe {
-        [
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[0].as_ptr().cast())),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[1].as_ptr().cast())),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[2].as_ptr().cast())),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGN_BYTES[3].as_ptr().cast())),
-        ]
-    };
-    for b in 0..blocks {
-        let at = b * Q8_0_BLOCK_BYTES..(b + 1) * Q8_0_BLOCK_BYTES;
-        let mut row_blocks: [&[u8]; ROW_COLS] = [&[]; ROW_COLS];
-        for (block, row) in row_blocks.iter_mut().zip(rows) {
-            *block = &row[at.clone()];
-        }
-        let [low, high] = half_words(&row_blocks);
-        let scales = _mm256_mul_ps(
-            _mm256_cvtph_ps(_mm_set_epi64x(high as i64, low as i64)),
-            _mm256_set1_ps(1.0 / 16_777_216.0),
-        );
-        for q in 0..Q {
-            let quad_blocks = quad_step(rows, q, &at);
-            prefetch_ahead(&quad_blocks, BLOCK_PREFETCH, ahead);
-            for h in 0..2 {
-                let (r0, r1) = (quad_blocks[2 * h], quad_blocks[2 * h + 1]);
-                // SAFETY: the features are this function's.
-                let (low, high) = unsafe { (pair_lanes(r0, r1, 2), pair_lanes(r0, r1, 18)) };
-                let row = (4 * q + 2 * h) as i32;
-                let scale = _mm256_permutevar8x32_ps(
-                    scales,
-                    _mm256_setr_epi32(row, row, row, row, row + 1, row + 1, row + 1, row + 1),
-                );
-                for g in 0..8 {
-                    let codes = _mm256_shuffle_epi8(if g < 4 { low } else { high }, controls[g % 4]);
-                    let w = _mm256_mul_ps(_mm256_cvtepi32_ps(codes), scale);
-                    for t in 0..T {
-                        // SAFETY: 4 floats in bounds.
-                        let x4 = unsafe { _mm_loadu_ps(xs[t][8 * b + g].as_ptr()) };
-                        a[t][q][h] = _mm256_fmadd_ps(_mm256_set_m128(x4, x4), w, a[t][q][h]);
-                    }
-                }
-            }
-        }
-    }
-    // SAFETY: the features are this function's.
-    unsafe { store_halves(a, acc, quad) };
-}
-
-/// A block format of 32 four-bit codes that [`strict_nibbles_avx2`] decodes in registers, two
-/// rows a register (row `i` of the pair in 128-bit lane `i`): Q4_0 and MXFP4 in both layouts.
-pub(super) trait Nibbles8 {
+/// A block format of 32 values that [`strict_blocks_avx2`] decodes in registers, two rows a
+/// register (row `i` of the pair in 128-bit lane `i`): Q8_0, Q4_0 and MXFP4 in both layouts.
+pub(super) trait Blocks8 {
     /// Bytes of one block.
     const BYTES: usize;
     /// The eight rows' scales of their blocks `blocks` (row `r` in lane `r`), given each row's
@@ -239,17 +170,18 @@ pub(super) trait Nibbles8 {
     /// # Safety
     /// The CPU has AVX2 and F16C; each block is `BYTES` long.
     unsafe fn scales(blocks: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> __m256;
-    /// Two rows' blocks' codes, ready for [`Nibbles8::index`].
+    /// Two rows' blocks' codes, ready for [`Blocks8::index`].
     ///
     /// # Safety
     /// As [`Nibbles8::scales`].
     unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2];
-    /// Group `g`'s codes of the two rows in the low four bits of its elements.
+    /// Group `g`'s codes of the two rows, one an element, as [`Blocks8::value`] reads them.
     ///
     /// # Safety
     /// As [`Nibbles8::scales`].
     unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i;
-    /// The codes' values before their scale, exactly.
+    /// The codes' values before their scale (times [`Blocks8::scales`]' the exact product
+    /// `quant` computes).
     ///
     /// # Safety
     /// As [`Nibbles8::scales`].
@@ -322,14 +254,45 @@ unsafe fn transposed_index(codes: [__m256i; 2], g: usize) -> __m256i {
     unsafe { _mm256_srlv_epi32(codes[0], _mm256_set1_epi32(nibble_shift(g) as i32)) }
 }
 
-impl Nibbles8 for Q4_0 {
+impl Blocks8 for Q8_0 {
+    const BYTES: usize = Q8_0_BLOCK_BYTES;
+
+    /// The scales times 2^-24, as [`x86::Q8_0`]'s: each code is converted as 2^24 times it.
+    #[inline(always)]
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> __m256 {
+        // SAFETY: the caller's CPU has the features.
+        unsafe { _mm256_mul_ps(half_values(blocks), _mm256_set1_ps(1.0 / 16_777_216.0)) }
+    }
+
+    /// Codes 0-15 and 16-31 of the two rows.
+    #[inline(always)]
+    unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2] {
+        // SAFETY: as above.
+        unsafe { [pair_lanes(first, second, 2), pair_lanes(first, second, 18)] }
+    }
+
+    /// Each row's four codes moved into the sign bytes of four elements ([`SIGN_BYTES`]).
+    #[inline(always)]
+    unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i {
+        // SAFETY: as above.
+        unsafe { _mm256_shuffle_epi8(codes[g / 4], control8(&SIGN_BYTES[g % 4])) }
+    }
+
+    /// 2^24 times each code, exact.
+    #[inline(always)]
+    unsafe fn value(index: __m256i) -> __m256 {
+        // SAFETY: as above.
+        unsafe { _mm256_cvtepi32_ps(index) }
+    }
+}
+
+impl Blocks8 for Q4_0 {
     const BYTES: usize = Q4_0_BLOCK_BYTES;
 
     #[inline(always)]
     unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> __m256 {
-        let [low, high] = half_words(blocks);
         // SAFETY: the caller's CPU has the features.
-        unsafe { _mm256_cvtph_ps(_mm_set_epi64x(high as i64, low as i64)) }
+        unsafe { half_values(blocks) }
     }
 
     #[inline(always)]
@@ -355,17 +318,13 @@ impl Nibbles8 for Q4_0 {
     }
 }
 
-impl Nibbles8 for GgmlMxfp4 {
+impl Blocks8 for GgmlMxfp4 {
     const BYTES: usize = GGML_MXFP4_BLOCK_BYTES;
 
     #[inline(always)]
     unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> __m256 {
-        let mut bytes = [0; ROW_COLS];
-        for (byte, block) in bytes.iter_mut().zip(blocks) {
-            *byte = block[0];
-        }
         // SAFETY: the caller's CPU has the features.
-        unsafe { e8m0_scales8(bytes) }
+        unsafe { e8m0_scales8(first_bytes(blocks)) }
     }
 
     #[inline(always)]
@@ -387,7 +346,7 @@ impl Nibbles8 for GgmlMxfp4 {
     }
 }
 
-impl Nibbles8 for Mxfp4 {
+impl Blocks8 for Mxfp4 {
     const BYTES: usize = MXFP4_BLOCK_BYTES;
 
     #[inline(always)]
@@ -426,12 +385,12 @@ impl Nibbles8 for Mxfp4 {
 /// `T` tokens over [`ROW_COLS`] rows of whole blocks of format `B` in AVX2's registers (each
 /// row's blocks of the chunk as stored; `sides` each row's side byte per block, for MXFP4):
 /// per block the eight rows' scales at once, then per pair of rows (half a quad's columns)
-/// the two rows' codes, group by group looked up ([`Nibbles8`]) and times the row's scale —
+/// the two rows' codes, group by group decoded ([`Blocks8`]) and times the row's scale —
 /// the single exact product `quant` computes — each group multiplied into every token's
 /// accumulator of the pair in group order. Prefetched as [`x86::strict_blocks_avx512`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop, reason = "block `b` of eight rows and of x at once")]
-pub(super) fn strict_nibbles_avx2<B: Nibbles8, const T: usize>(
+pub(super) fn strict_blocks_avx2<B: Blocks8, const T: usize>(
     rows: &[&[u8]; ROW_COLS],
     sides: Option<&[&[u8]; ROW_COLS]>,
     next: Option<usize>,

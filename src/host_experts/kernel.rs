@@ -9,8 +9,7 @@
 //!   groups side by side in one vector ([`Quads`]), and each token's group of four x values,
 //!   repeated across the vector, is multiplied into [`QUADS`] vectors ([`strict_quads`]). One
 //!   or two tokens skip the tile where the CPU has AVX-512 or AVX2 ([`RowsKernel`]): eight
-//!   rows read as they lie, four interleaved in registers (AVX-512: quantised blocks decoded
-//!   there too).
+//!   rows read as they lie, four interleaved in registers, quantised blocks decoded there too.
 //! - fast: one accumulator per column, `acc = fma(x[k], w[k], acc)` for k ascending: the SIMD
 //!   lanes run across columns, so a tile holds [`R`] columns' weights transposed, `[k][r]`,
 //!   and each x value is multiplied into the `R` columns at once ([`fast_chunk`]).
@@ -194,15 +193,15 @@ impl RowsKernel {
                             tokens!(avx2::strict_rows_avx2::<x86::F32, _>, &bytes, next)
                         }
                         RowBlock::F16(r) => tokens!(avx2::strict_rows_avx2::<x86::F16, _>, r, next),
-                        RowBlock::Q8_0(r) => tokens!(avx2::strict_q8_0_avx2, r, next),
+                        RowBlock::Q8_0(r) => tokens!(avx2::strict_blocks_avx2::<x86::Q8_0, _>, r, None, next),
                         RowBlock::Q4_0(r) => {
-                            tokens!(avx2::strict_nibbles_avx2::<x86::Q4_0, _>, r, None, next)
+                            tokens!(avx2::strict_blocks_avx2::<x86::Q4_0, _>, r, None, next)
                         }
                         RowBlock::GgmlMxfp4(r) => {
-                            tokens!(avx2::strict_nibbles_avx2::<x86::GgmlMxfp4, _>, r, None, next)
+                            tokens!(avx2::strict_blocks_avx2::<x86::GgmlMxfp4, _>, r, None, next)
                         }
                         RowBlock::Mxfp4 { codes, scales } => {
-                            tokens!(avx2::strict_nibbles_avx2::<x86::Mxfp4, _>, codes, Some(scales), next)
+                            tokens!(avx2::strict_blocks_avx2::<x86::Mxfp4, _>, codes, Some(scales), next)
                         }
                     }
                 }

@@ -235,12 +235,31 @@ const _: () = assert!(ROW_COLS == 8, "a block's row scales are one register of e
 /// The CPU has AVX-512F and F16C.
 #[inline(always)]
 unsafe fn half_scales(blocks: &[&[u8]; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+    // SAFETY: the caller's CPU has the features.
+    unsafe { quad_scales(_mm512_castps256_ps512(half_values(blocks))) }
+}
+
+/// The [`ROW_COLS`] rows' f16 block scales (the first two bytes of each block) as f32, row `r`
+/// in lane `r` (F16C: exactly `half`'s conversion), gathered into one register in
+/// general-purpose ones ([`half_words`]) and converted at once.
+///
+/// # Safety
+/// The CPU has AVX and F16C.
+#[inline(always)]
+pub(super) unsafe fn half_values(blocks: &[&[u8]; ROW_COLS]) -> __m256 {
     let [low, high] = half_words(blocks);
     // SAFETY: the caller's CPU has the features.
-    unsafe {
-        let halves = _mm_set_epi64x(high as i64, low as i64);
-        quad_scales(_mm512_castps256_ps512(_mm256_cvtph_ps(halves)))
+    unsafe { _mm256_cvtph_ps(_mm_set_epi64x(high as i64, low as i64)) }
+}
+
+/// The first byte of each of the [`ROW_COLS`] blocks (ggml MXFP4's scale).
+#[inline(always)]
+pub(super) fn first_bytes(blocks: &[&[u8]; ROW_COLS]) -> [u8; ROW_COLS] {
+    let mut bytes = [0; ROW_COLS];
+    for (byte, block) in bytes.iter_mut().zip(blocks) {
+        *byte = block[0];
     }
+    bytes
 }
 
 /// The first two bytes of each of the [`ROW_COLS`] blocks, four to a word (little-endian).
@@ -544,12 +563,8 @@ impl Blocks for GgmlMxfp4 {
 
     #[inline(always)]
     unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
-        let mut bytes = [0; ROW_COLS];
-        for (byte, block) in bytes.iter_mut().zip(blocks) {
-            *byte = block[0];
-        }
         // SAFETY: the caller's CPU has the features.
-        unsafe { e8m0_scales(bytes) }
+        unsafe { e8m0_scales(first_bytes(blocks)) }
     }
 
     #[inline(always)]
