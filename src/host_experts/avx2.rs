@@ -173,18 +173,18 @@ pub(super) trait Blocks8 {
     /// Two rows' blocks' codes, ready for [`Blocks8::index`].
     ///
     /// # Safety
-    /// As [`Nibbles8::scales`].
+    /// As [`Blocks8::scales`].
     unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2];
     /// Group `g`'s codes of the two rows, one an element, as [`Blocks8::value`] reads them.
     ///
     /// # Safety
-    /// As [`Nibbles8::scales`].
+    /// As [`Blocks8::scales`].
     unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i;
     /// The codes' values before their scale (times [`Blocks8::scales`]' the exact product
     /// `quant` computes).
     ///
     /// # Safety
-    /// As [`Nibbles8::scales`].
+    /// As [`Blocks8::scales`].
     unsafe fn value(index: __m256i) -> __m256;
 }
 
