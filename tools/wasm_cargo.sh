@@ -20,16 +20,8 @@ trap 'rm -f "$log"' EXIT
 if rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
     cargo "$command" --target wasm32-unknown-unknown "$@" 2>&1 | tee "$log"
 else
-    for tool in /usr/bin/rustc /usr/bin/cargo; do
-        [[ -x $tool ]] || {
-            echo "wasm_cargo: no wasm32 target in rustup and no $tool (apt-get install rustc-web cargo-web rust-web-src)" >&2
-            exit 1
-        }
-    done
-    [[ -d /usr/lib/rustlib/src/rust/library ]] || {
-        echo "wasm_cargo: no standard library sources (apt-get install rust-web-src)" >&2
-        exit 1
-    }
+    source tools/rust_web.sh
+    rust_web_check wasm_cargo wasm32
     lld="$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin/rust-lld"
     [[ -x $lld ]] || { echo "wasm_cargo: no rust-lld at $lld" >&2; exit 1; }
     CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER=$lld RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \

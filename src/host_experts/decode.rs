@@ -288,7 +288,7 @@ fn quantised_row(q: &QuantisedValues<'_>, k: usize, n: usize, ks: &Range<usize>,
 /// Q8_0 blocks as values (`q · d`), one block of `out` each; a function of its own per SIMD
 /// target, so that its loops vectorise.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
-fn q8_0(blocks: &[u8], out: &mut [f32]) {
+pub(super) fn q8_0(blocks: &[u8], out: &mut [f32]) {
     for (block, o) in blocks.chunks_exact(Q8_0_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)) {
         let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
         // Whole blocks: the chunks above are exactly these lengths.
@@ -306,7 +306,7 @@ fn q8_0(blocks: &[u8], out: &mut [f32]) {
 /// Q4_0 blocks as values (`(nibble − 8) · d`, value `j` the low nibble of byte `j`, `j + 16`
 /// its high nibble), as [`q8_0`].
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
-fn q4_0(blocks: &[u8], out: &mut [f32]) {
+pub(super) fn q4_0(blocks: &[u8], out: &mut [f32]) {
     for (block, o) in blocks.chunks_exact(Q4_0_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)) {
         let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
         let (Some(q), Some(o)) = (block[2..].first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
@@ -322,7 +322,7 @@ fn q4_0(blocks: &[u8], out: &mut [f32]) {
 /// MXFP4 blocks as values (`FP4_E2M1[code] · 2^(scale − 127)`, value `2j` the low nibble of
 /// byte `j`, `2j + 1` its high nibble), as [`q8_0`].
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
-fn mxfp4(codes: &[u8], scales: &[u8], out: &mut [f32]) {
+pub(super) fn mxfp4(codes: &[u8], scales: &[u8], out: &mut [f32]) {
     for ((block, o), &scale) in
         codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)).zip(scales)
     {
@@ -341,7 +341,7 @@ fn mxfp4(codes: &[u8], scales: &[u8], out: &mut [f32]) {
 /// low nibbles are values 0-15 and high nibbles 16-31) as values, `FP4_E2M1[code] ·
 /// 2^(scale − 127)`: the values [`mxfp4`] gives the same codes and scale.
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
-fn ggml_mxfp4(blocks: &[u8], out: &mut [f32]) {
+pub(super) fn ggml_mxfp4(blocks: &[u8], out: &mut [f32]) {
     for (block, o) in blocks.chunks_exact(GGML_MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)) {
         let s = e8m0(block[0]);
         let (Some(q), Some(o)) = (block[1..].first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
@@ -358,7 +358,7 @@ fn ggml_mxfp4(blocks: &[u8], out: &mut [f32]) {
 /// by the CPU's conversion instruction where it has one (x86-64's F16C `vcvtph2ps`, eight at a
 /// time; exact for every value), else [`f16s_by_bits`].
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
-fn f16s(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn f16s(bytes: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if multiversion::target::target_cfg_f!(target_feature = "f16c") {
         let (whole, rest) = (out.len() / 8 * 8, out.len() % 8);

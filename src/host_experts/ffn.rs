@@ -336,18 +336,25 @@ mod tests {
     use crate::reference::gemm::{FfnWeights, ffn_row};
     use crate::synth::StoredExperts;
 
-    /// Every rows kernel this CPU runs (an AVX-512 machine would otherwise never run AVX2's)
-    /// gives the reference's bits for experts of one and two tokens, in every dtype: rows read
-    /// where they lie (K a multiple of 16) and decoded a chunk at a time (K = 40, and every
-    /// block format for AVX2).
+    /// Every rows kernel this CPU runs (an AVX-512 machine would otherwise never run AVX2's,
+    /// nor an x86 one the portable kernel NEON runs) gives the reference's bits for experts of
+    /// one and two tokens, in every dtype: rows read where they lie (K a multiple of 16; H =
+    /// 288, past the portable kernel's span of 256 values) and decoded a chunk at a time (K =
+    /// 40).
     #[test]
     fn every_rows_kernel_gives_the_references_bits() {
-        let isas: Vec<RowsIsa> =
-            [RowsIsa::Avx512, RowsIsa::Avx2].into_iter().filter(|i| i.supported()).collect();
+        #[cfg(target_arch = "x86_64")]
+        let isas: Vec<RowsIsa> = [RowsIsa::Avx512, RowsIsa::Avx2, RowsIsa::Portable]
+            .into_iter()
+            .filter(|i| i.supported())
+            .collect();
+        #[cfg(target_arch = "x86_64")]
         if !isas.contains(&RowsIsa::Avx2) {
             println!("skipped AVX2's rows kernel: this CPU has no AVX2, FMA and F16C");
         }
-        let (e, h) = (3usize, 96usize);
+        #[cfg(not(target_arch = "x86_64"))]
+        let isas = [RowsIsa::Portable];
+        let (e, h) = (3usize, 288usize);
         let mut state = 0x2545_f491_u32;
         let mut random = |n: usize| -> Vec<f32> {
             (0..n)

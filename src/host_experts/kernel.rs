@@ -8,8 +8,9 @@
 //!   quarter of a vector: a tile holds [`COLS`] columns' weights group by group, four columns'
 //!   groups side by side in one vector ([`Quads`]), and each token's group of four x values,
 //!   repeated across the vector, is multiplied into [`QUADS`] vectors ([`strict_quads`]). One
-//!   or two tokens skip the tile where the CPU has AVX-512 or AVX2 ([`RowsKernel`]): eight
-//!   rows read as they lie, four interleaved in registers, quantised blocks decoded there too.
+//!   or two tokens skip the tile ([`RowsKernel`]; on x86-64 where the CPU has AVX-512 or
+//!   AVX2): eight rows read as they lie, four interleaved in registers (in portable code,
+//!   NEON's, each row a register of its own), quantised blocks decoded there too.
 //! - fast: one accumulator per column, `acc = fma(x[k], w[k], acc)` for k ascending: the SIMD
 //!   lanes run across columns, so a tile holds [`R`] columns' weights transposed, `[k][r]`,
 //!   and each x value is multiplied into the `R` columns at once ([`fast_chunk`]).
@@ -20,15 +21,14 @@
 
 use multiversion::multiversion;
 
+use super::rows;
 #[cfg(doc)]
 use super::tile::{COLS, PAD, QUADS, R};
+use super::tile::{Lanes, Quads, Rows};
 #[cfg(target_arch = "x86_64")]
-use super::tile::{GGML_MXFP4_BLOCK_BYTES, ROW_COLS};
-use super::tile::{Lanes, Quads, RowBlock, Rows};
+use super::tile::{ROW_COLS, RowBlock};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, x86};
-#[cfg(target_arch = "x86_64")]
-use crate::quant::{BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
 /// `acc[r] = fma(x, w[r], acc[r])` for every column.
 #[inline(always)]
@@ -99,43 +99,54 @@ fn strict_portable(tile: &[Quads], x: &[[f32; 4]], acc: &mut Quads) {
 /// decoded rows), four rows interleaved in registers rather than through a tile: worth it for
 /// one or two tokens, where a tile's weights would serve too few, and the rows stream through
 /// K eight at a time. Q8_0, Q4_0 and MXFP4 blocks are decoded in registers too (AVX-512: four
-/// rows a register; AVX2: two); bf16 and FP8 reach it decoded to f32 a chunk at a time. Only
-/// where the CPU has AVX-512 or AVX2 ([`RowsKernel::new`]).
+/// rows a register; AVX2: two; the portable kernel of other CPUs decodes them a span at a time
+/// onto the stack); bf16 and FP8 reach it decoded to f32 a chunk at a time. Not on x86-64
+/// CPUs with neither AVX-512 nor AVX2 ([`RowsKernel::new`]).
 pub(super) struct RowsKernel(RowsIsa);
 
 /// The instructions a [`RowsKernel`] runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum RowsIsa {
     /// AVX-512F and AVX-512BW, with F16C.
+    #[cfg(target_arch = "x86_64")]
     Avx512,
     /// AVX2 and FMA, with F16C.
+    #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// Portable code (`rows.rs`), compiled for NEON on aarch64: the rows kernel of every CPU
+    /// that is not x86-64. It runs on x86-64 too (for AVX2 with FMA where the CPU has them),
+    /// where the two above serve instead (and, on a CPU with neither, the tile: there it is
+    /// chosen by tests only).
+    #[cfg_attr(
+        all(target_arch = "x86_64", not(test)),
+        expect(dead_code, reason = "x86-64's rows kernels are AVX-512's and AVX2's; tests run this one")
+    )]
+    Portable,
 }
 
 /// Tokens a [`RowsKernel`] takes at most.
 const ROW_TOKENS: usize = 2;
 
 impl RowsIsa {
-    /// The widest this CPU runs; None where it runs neither (the tile serves).
+    /// The widest this CPU runs: on x86-64 AVX-512 or AVX2, None where it has neither (the tile
+    /// serves); on every other CPU the portable kernel.
     pub(super) fn detect() -> Option<RowsIsa> {
-        [RowsIsa::Avx512, RowsIsa::Avx2].into_iter().find(|isa| isa.supported())
+        #[cfg(target_arch = "x86_64")]
+        return [RowsIsa::Avx512, RowsIsa::Avx2].into_iter().find(|isa| isa.supported());
+        #[cfg(not(target_arch = "x86_64"))]
+        return Some(RowsIsa::Portable);
     }
 
-    /// Whether this CPU has the instructions.
+    /// Whether this CPU has the instructions (the portable kernel runs on every CPU).
     pub(super) fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            has!("f16c")
-                && match self {
-                    RowsIsa::Avx512 => has!("avx512f") && has!("avx512bw"),
-                    RowsIsa::Avx2 => has!("avx2") && has!("fma"),
-                }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = self;
-            false
+        use std::arch::is_x86_feature_detected as has;
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            RowsIsa::Avx512 => has!("f16c") && has!("avx512f") && has!("avx512bw"),
+            #[cfg(target_arch = "x86_64")]
+            RowsIsa::Avx2 => has!("f16c") && has!("avx2") && has!("fma"),
+            RowsIsa::Portable => true,
         }
     }
 }
@@ -162,54 +173,45 @@ impl RowsKernel {
         at: usize,
         acc: &mut [Quads],
     ) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let next = rows.next;
-            let len = match &rows.block {
-                RowBlock::F32(r) => r[0].len(),
-                RowBlock::F16(r) => r[0].len() / 2,
-                RowBlock::Q8_0(r) => r[0].len() / Q8_0_BLOCK_BYTES * BLOCK_VALUES,
-                RowBlock::Q4_0(r) => r[0].len() / Q4_0_BLOCK_BYTES * BLOCK_VALUES,
-                RowBlock::Mxfp4 { codes, .. } => codes[0].len() / MXFP4_BLOCK_BYTES * BLOCK_VALUES,
-                RowBlock::GgmlMxfp4(r) => r[0].len() / GGML_MXFP4_BLOCK_BYTES * BLOCK_VALUES,
+        let len = rows.block.values();
+        let xs = |m: usize| -> &[[f32; 4]] { bytemuck::cast_slice(&x[m * stride + at..][..len]) };
+        macro_rules! tokens {
+            ($kernel:expr, $($arg:expr),+) => {
+                match acc {
+                    [a0, a1] => $kernel($($arg,)+ quad, [xs(0), xs(1)], [a0, a1]),
+                    [a0] => $kernel($($arg,)+ quad, [xs(0)], [a0]),
+                    _ => {}
+                }
             };
-            let xs = |m: usize| -> &[[f32; 4]] { bytemuck::cast_slice(&x[m * stride + at..][..len]) };
-            macro_rules! tokens {
-                ($kernel:expr, $($arg:expr),+) => {
-                    match acc {
-                        [a0, a1] => $kernel($($arg,)+ quad, [xs(0), xs(1)], [a0, a1]),
-                        [a0] => $kernel($($arg,)+ quad, [xs(0)], [a0]),
-                        _ => {}
+        }
+        #[cfg(target_arch = "x86_64")]
+        let next = rows.next;
+        match self.0 {
+            RowsIsa::Portable => tokens!(rows::strict_rows, rows),
+            // SAFETY: a `RowsKernel` of AVX2 exists only where the CPU has AVX2, FMA and F16C
+            // (`new`).
+            #[cfg(target_arch = "x86_64")]
+            RowsIsa::Avx2 => unsafe {
+                match &rows.block {
+                    RowBlock::F32(r) => {
+                        let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
+                        tokens!(avx2::strict_rows_avx2::<x86::F32, _>, &bytes, next)
                     }
-                };
-            }
-            if self.0 == RowsIsa::Avx2 {
-                // SAFETY: a `RowsKernel` of AVX2 exists only where the CPU has AVX2, FMA and
-                // F16C (`new`).
-                unsafe {
-                    match &rows.block {
-                        RowBlock::F32(r) => {
-                            let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
-                            tokens!(avx2::strict_rows_avx2::<x86::F32, _>, &bytes, next)
-                        }
-                        RowBlock::F16(r) => tokens!(avx2::strict_rows_avx2::<x86::F16, _>, r, next),
-                        RowBlock::Q8_0(r) => tokens!(avx2::strict_blocks_avx2::<x86::Q8_0, _>, r, None, next),
-                        RowBlock::Q4_0(r) => {
-                            tokens!(avx2::strict_blocks_avx2::<x86::Q4_0, _>, r, None, next)
-                        }
-                        RowBlock::GgmlMxfp4(r) => {
-                            tokens!(avx2::strict_blocks_avx2::<x86::GgmlMxfp4, _>, r, None, next)
-                        }
-                        RowBlock::Mxfp4 { codes, scales } => {
-                            tokens!(avx2::strict_blocks_avx2::<x86::Mxfp4, _>, codes, Some(scales), next)
-                        }
+                    RowBlock::F16(r) => tokens!(avx2::strict_rows_avx2::<x86::F16, _>, r, next),
+                    RowBlock::Q8_0(r) => tokens!(avx2::strict_blocks_avx2::<x86::Q8_0, _>, r, None, next),
+                    RowBlock::Q4_0(r) => tokens!(avx2::strict_blocks_avx2::<x86::Q4_0, _>, r, None, next),
+                    RowBlock::GgmlMxfp4(r) => {
+                        tokens!(avx2::strict_blocks_avx2::<x86::GgmlMxfp4, _>, r, None, next)
+                    }
+                    RowBlock::Mxfp4 { codes, scales } => {
+                        tokens!(avx2::strict_blocks_avx2::<x86::Mxfp4, _>, codes, Some(scales), next)
                     }
                 }
-                return;
-            }
+            },
             // SAFETY: a `RowsKernel` of AVX-512 exists only where the CPU has AVX-512F,
             // AVX-512BW and F16C (`new`).
-            unsafe {
+            #[cfg(target_arch = "x86_64")]
+            RowsIsa::Avx512 => unsafe {
                 match &rows.block {
                     RowBlock::F32(r) => {
                         let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
@@ -225,10 +227,8 @@ impl RowsKernel {
                         tokens!(x86::strict_blocks_avx512::<x86::Mxfp4, _>, codes, Some(scales), next)
                     }
                 }
-            }
+            },
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (rows, quad, x, stride, at, acc);
     }
 }
 

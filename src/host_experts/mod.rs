@@ -9,7 +9,7 @@
 //! Files: `projection.rs` (one projection's stored values, expert by expert), `tile.rs` (the
 //! layouts the decoders write and the kernels read), `decode.rs` (stored values to tiles and
 //! rows), `kernel.rs` (the dot products per order and SIMD target), `x86.rs` and `avx2.rs`
-//! (the AVX-512 and AVX2 kernels it calls), `experts.rs` (the experts a host holds, checked), `ffn.rs` (the
+//! (the AVX-512 and AVX2 kernels it calls), `rows.rs` (the rows kernel in portable code: NEON), `experts.rs` (the experts a host holds, checked), `ffn.rs` (the
 //! FFN over the rows routed to the host), `memory.rs` (host buffers whose allocation fails as
 //! an error). This file is the face.
 
@@ -21,6 +21,7 @@ mod ffn;
 mod kernel;
 mod memory;
 mod projection;
+mod rows;
 mod tile;
 #[cfg(target_arch = "x86_64")]
 mod x86;

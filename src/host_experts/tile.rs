@@ -2,6 +2,8 @@
 //! transposed tiles ([`Lanes`]), the strict order's tiles of quads ([`Quads`]), and the rows
 //! the rows kernels read as they lie ([`RowBlock`]).
 
+use crate::quant::{BLOCK_VALUES, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
+
 /// Output columns in a tile: the SIMD lanes of one accumulator (one AVX-512 register, two
 /// AVX2 registers, four NEON registers).
 pub(super) const R: usize = 16;
@@ -38,7 +40,9 @@ pub(super) struct Rows<'a> {
     /// on from each lies the row the next [`ROW_COLS`] output columns read in its place
     /// ([`ROW_COLS`] times the projection's row step). The kernels prefetch those rows as
     /// they read their own, a block of rows ahead, so that the next block streams in from
-    /// memory while this one is computed. None for rows decoded a chunk at a time.
+    /// memory while this one is computed (the x86 kernels; the portable one leaves it to
+    /// the CPU's prefetchers). None for rows decoded a chunk at a time.
+    #[cfg_attr(not(target_arch = "x86_64"), expect(dead_code, reason = "only the x86 kernels prefetch"))]
     pub(super) next: Option<usize>,
 }
 
@@ -61,6 +65,20 @@ pub(super) enum RowBlock<'a> {
         /// Each row's scale bytes, one a block.
         scales: [&'a [u8]; ROW_COLS],
     },
+}
+
+impl RowBlock<'_> {
+    /// Values in each row.
+    pub(super) fn values(&self) -> usize {
+        match self {
+            RowBlock::F32(r) => r[0].len(),
+            RowBlock::F16(r) => r[0].len() / 2,
+            RowBlock::Q8_0(r) => r[0].len() / Q8_0_BLOCK_BYTES * BLOCK_VALUES,
+            RowBlock::Q4_0(r) => r[0].len() / Q4_0_BLOCK_BYTES * BLOCK_VALUES,
+            RowBlock::GgmlMxfp4(r) => r[0].len() / GGML_MXFP4_BLOCK_BYTES * BLOCK_VALUES,
+            RowBlock::Mxfp4 { codes, .. } => codes[0].len() / MXFP4_BLOCK_BYTES * BLOCK_VALUES,
+        }
+    }
 }
 
 /// Bytes of one of ggml's MXFP4 blocks (llama.cpp's `block_mxfp4`): an E8M0 scale byte, then
