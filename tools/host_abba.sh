@@ -13,7 +13,8 @@
 # (16 routings taken in turn), so the weights come from memory as in a model's decode, where
 # test-backend-ops repeats one op on one routing (on a CPU whose last-level cache holds one
 # op's experts, it times them from there). ggml's side is then tools/ggml_moe_cold.c (both
-# cases as one graph on its CPU backend, built here against the ggml tree GGML lies in).
+# cases as one graph on its CPU backend, built here against the ggml build GGML lies in:
+# GGML=<tree>/<build>/bin/test-backend-ops, its libraries in <build>/src).
 set -euo pipefail
 GGML=${GGML:?set GGML to a test-backend-ops built with the moeflow perf cases}
 ROUNDS=${ROUNDS:-2}
@@ -24,10 +25,10 @@ cd "$(dirname "$0")/.."
 cargo bench --bench host_experts --no-run >/dev/null 2>&1
 BENCH=$(ls -t target/release/deps/host_experts-* | grep -v '\.d$' | head -1)
 if [ "$ROUTINGS" != 1 ]; then
-    TREE=$(cd "$(dirname "$GGML")/../.." && pwd)
+    BUILD=$(cd "$(dirname "$GGML")/.." && pwd)
     COLD=target/ggml_moe_cold
-    cc -O2 tools/ggml_moe_cold.c -I"$TREE/include" -L"$TREE/build/src" -lggml -lggml-base -lggml-cpu \
-        -Wl,-rpath,"$TREE/build/src" -o "$COLD"
+    cc -O2 tools/ggml_moe_cold.c -I"$BUILD/../include" -L"$BUILD/src" -lggml -lggml-base -lggml-cpu \
+        -Wl,-rpath,"$BUILD/src" -o "$COLD"
 fi
 echo "# moeflow $(git rev-parse --short HEAD); bench $BENCH; ggml $GGML; routings $ROUTINGS; $(nproc) cores"
 echo "# $(grep -m1 'model name' /proc/cpuinfo)"
