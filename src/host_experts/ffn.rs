@@ -240,7 +240,7 @@ impl HostExperts<'_> {
         match self.order {
             GemmOrder::Strict => {
                 let mut acc = filled("host experts' accumulators", rows, [[0.0f32; R]; QUADS])?;
-                let by_rows = RowsKernel::new(self.rows, rows);
+                let by_rows = RowsKernel::new(self.rows, rows, v.dtype());
                 for sub in cols.clone().step_by(COLS) {
                     let sub = sub..cols.end.min(sub + COLS);
                     acc.fill([[0.0; R]; QUADS]);

@@ -29,6 +29,7 @@ use super::tile::{Lanes, Quads, Rows};
 use super::tile::{ROW_COLS, RowBlock};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, x86};
+use crate::kernels::gemm::WeightDtype;
 
 /// `acc[r] = fma(x, w[r], acc[r])` for every column.
 #[inline(always)]
@@ -97,8 +98,8 @@ fn strict_portable(tile: &[Quads], x: &[[f32; 4]], acc: &mut Quads) {
 
 /// The strict order read from [`ROW_COLS`] rows as they lie (f32 or f16 values in place, or
 /// decoded rows), four rows interleaved in registers rather than through a tile: worth it for
-/// one or two tokens, where a tile's weights would serve too few, and the rows stream through
-/// K eight at a time. Q8_0, Q4_0 and MXFP4 blocks are decoded in registers too (AVX-512: four
+/// an expert of a few tokens ([`RowsIsa::max_tokens`]), where a tile's decoded weights would
+/// serve too few, and the rows stream through K eight at a time, two tokens at a time. Q8_0, Q4_0 and MXFP4 blocks are decoded in registers too (AVX-512: four
 /// rows a register; AVX2: two; the portable kernel of other CPUs decodes them a span at a time
 /// onto the stack); bf16 and FP8 reach it decoded to f32 a chunk at a time. Not on x86-64
 /// CPUs with neither AVX-512 nor AVX2 ([`RowsKernel::new`]).
@@ -124,9 +125,6 @@ pub(super) enum RowsIsa {
     Portable,
 }
 
-/// Tokens a [`RowsKernel`] takes at most.
-const ROW_TOKENS: usize = 2;
-
 impl RowsIsa {
     /// The widest this CPU runs: on x86-64 AVX-512 or AVX2, None where it has neither (the tile
     /// serves); on every other CPU the portable kernel.
@@ -135,6 +133,36 @@ impl RowsIsa {
         return [RowsIsa::Avx512, RowsIsa::Avx2].into_iter().find(|isa| isa.supported());
         #[cfg(not(target_arch = "x86_64"))]
         return Some(RowsIsa::Portable);
+    }
+
+    /// The most tokens of one expert the rows kernel takes for weights of `dtype`, beyond which
+    /// the tile is faster: the rows kernel reads and decodes each block of rows again for every
+    /// two tokens (from the first- or second-level cache after the first two), the tile
+    /// decodes it once for all the expert's tokens. Measured per instruction set and dtype on
+    /// this project's machine (docs/benchmarks/host table 16: eight experts, each taking every
+    /// token); FP8, decoded to f32 rows a chunk at a time as bf16 is, as bf16. The portable
+    /// kernel, not timed on an ARM CPU, takes the one or two tokens table 15 measured.
+    pub(super) fn max_tokens(self, dtype: WeightDtype) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            RowsIsa::Avx512 => match dtype {
+                WeightDtype::F32 | WeightDtype::F16 | WeightDtype::Q8_0 | WeightDtype::Mxfp4 => 16,
+                WeightDtype::Q4_0 => 12,
+                WeightDtype::Bf16 | WeightDtype::Fp8 => 8,
+            },
+            #[cfg(target_arch = "x86_64")]
+            RowsIsa::Avx2 => match dtype {
+                WeightDtype::F32 => 16,
+                WeightDtype::F16 | WeightDtype::Q8_0 => 12,
+                WeightDtype::Bf16 | WeightDtype::Fp8 => 6,
+                WeightDtype::Q4_0 => 4,
+                WeightDtype::Mxfp4 => 3,
+            },
+            RowsIsa::Portable => {
+                let _ = dtype;
+                2
+            }
+        }
     }
 
     /// Whether this CPU has the instructions (the portable kernel runs on every CPU).
@@ -152,18 +180,20 @@ impl RowsIsa {
 }
 
 impl RowsKernel {
-    /// The kernel in `isa` for `tokens` rows of x, where this CPU runs it and `tokens` is one
-    /// or two; None otherwise (the tile's [`strict_quads`] serves).
-    pub(super) fn new(isa: Option<RowsIsa>, tokens: usize) -> Option<RowsKernel> {
-        isa.filter(|isa| tokens <= ROW_TOKENS && isa.supported()).map(RowsKernel)
+    /// The kernel in `isa` for `tokens` rows of x times weights of `dtype`, where this CPU runs
+    /// it and the tokens are at most [`RowsIsa::max_tokens`]; None otherwise (the tile's
+    /// [`strict_quads`] serves).
+    pub(super) fn new(isa: Option<RowsIsa>, tokens: usize, dtype: WeightDtype) -> Option<RowsKernel> {
+        isa.filter(|isa| tokens <= isa.max_tokens(dtype) && isa.supported()).map(RowsKernel)
     }
 
     /// [`strict_quads`] over `rows`, the chunk's weights of columns `4 * quad .. + 8` of the
     /// accumulators' tile (f32 rows a multiple of 16 values, zeros past K; or whole quantised
     /// blocks, decoded in registers as `moeflow::quant` decodes them): for token `m`, its chunk
     /// of padded x is `x[m * stride + at..]`, as long as the rows, and its accumulators
-    /// `acc[m][quad..quad + 2]` (at most two tokens). The rows after them
-    /// ([`Rows::next`]) are prefetched as the kernel goes.
+    /// `acc[m][quad..quad + 2]`; two tokens at a time, each pair reading the rows again (from
+    /// the cache after the first). The rows after them ([`Rows::next`]) are prefetched as the
+    /// kernel goes.
     pub(super) fn run(
         &self,
         rows: &Rows<'_>,
@@ -177,10 +207,13 @@ impl RowsKernel {
         let xs = |m: usize| -> &[[f32; 4]] { bytemuck::cast_slice(&x[m * stride + at..][..len]) };
         macro_rules! tokens {
             ($kernel:expr, $($arg:expr),+) => {
-                match acc {
-                    [a0, a1] => $kernel($($arg,)+ quad, [xs(0), xs(1)], [a0, a1]),
-                    [a0] => $kernel($($arg,)+ quad, [xs(0)], [a0]),
-                    _ => {}
+                for (pair, acc) in acc.chunks_mut(2).enumerate() {
+                    let m = 2 * pair;
+                    match acc {
+                        [a0, a1] => $kernel($($arg,)+ quad, [xs(m), xs(m + 1)], [a0, a1]),
+                        [a0] => $kernel($($arg,)+ quad, [xs(m)], [a0]),
+                        _ => {}
+                    }
                 }
             };
         }

@@ -28,6 +28,16 @@ pub(super) enum Values<'a> {
     GgmlMxfp4(&'a [u8]),
 }
 
+impl Values<'_> {
+    /// The values' dtype (ggml's MXFP4 blocks: MXFP4).
+    pub(super) fn dtype(&self) -> WeightDtype {
+        match self {
+            Values::Stored(v) => v.dtype(),
+            Values::GgmlMxfp4(_) => WeightDtype::Mxfp4,
+        }
+    }
+}
+
 /// Where a projection's rows lie among the stored rows of an expert's values: row `n` is
 /// stored row `first + n · step` (every row in order: `first` 0, `step` 1; gpt-oss's fused
 /// gate/up rows: gate `first` 0, up `first` 1, `step` 2).

@@ -61,7 +61,7 @@ struct Case {
 }
 
 fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, threads: Option<usize>) {
-    let (e, tokens, (h, f)) = (6usize, 7usize, (case.h, case.f));
+    let (e, tokens, (h, f)) = (6usize, 18usize, (case.h, case.f));
     let mut rng = ChaCha8Rng::seed_from_u64(case.h as u64 * 31 + case.f as u64);
     let mut gate_v = random(&mut rng, e * f * h, 0.5);
     if case.dtype == WeightDtype::F32 {
@@ -98,11 +98,13 @@ fn check(case: &Case, order: GemmOrder, activation: Activation, biased: bool, th
         host = host.with_threads(t).unwrap();
     }
     let x = adversarial_x(&mut rng, tokens, h);
-    // Expert 2 takes every token, 0 three (token 6 twice), 5 two, 4 one, 3 none: the kernels
-    // for several tokens at once and for one or two.
+    // Expert 2 takes every token (18: more than any rows kernel takes, so the tile), 0 four
+    // (token 6 twice; a rows kernel where the CPU has one: two tokens at a time), 5 two, 4
+    // one, 3 none.
     let mut entries: Vec<HostEntry> = (0..tokens as u32).map(|t| HostEntry { token: t, expert: 2 }).collect();
     entries.extend(
-        [(6, 0), (1, 5), (6, 5), (0, 0), (6, 0), (5, 4)].map(|(token, expert)| HostEntry { token, expert }),
+        [(6, 0), (1, 5), (6, 5), (0, 0), (6, 0), (5, 4), (3, 0)]
+            .map(|(token, expert)| HostEntry { token, expert }),
     );
     let mut out = vec![0.0f32; entries.len() * h];
     host.run(&x, &entries, &mut out).unwrap();
