@@ -37,32 +37,25 @@ pub(super) fn strict_rows<const T: usize>(
             lanes.copy_from_slice(&acc[quad + r / 4][4 * (r % 4)..][..4]);
         }
     }
+    let len = rows.block.values();
     match &rows.block {
         RowBlock::F32(r) => fma_rows(r.map(|row| row.as_chunks::<4>().0), &xs, 0, &mut a),
-        RowBlock::F16(r) => by_spans(r[0].len() / 2, &xs, &mut a, |i, span, out| {
+        RowBlock::F16(r) => by_spans(len, &xs, &mut a, |i, span, out| {
             decode::f16s(&r[i][2 * span.start..2 * span.end], out);
         }),
-        RowBlock::Q8_0(r) => {
-            by_spans(r[0].len() / Q8_0_BLOCK_BYTES * BLOCK_VALUES, &xs, &mut a, |i, span, out| {
-                decode::q8_0(&r[i][bytes(&span, Q8_0_BLOCK_BYTES)], out);
-            })
-        }
-        RowBlock::Q4_0(r) => {
-            by_spans(r[0].len() / Q4_0_BLOCK_BYTES * BLOCK_VALUES, &xs, &mut a, |i, span, out| {
-                decode::q4_0(&r[i][bytes(&span, Q4_0_BLOCK_BYTES)], out);
-            })
-        }
-        RowBlock::GgmlMxfp4(r) => {
-            by_spans(r[0].len() / GGML_MXFP4_BLOCK_BYTES * BLOCK_VALUES, &xs, &mut a, |i, span, out| {
-                decode::ggml_mxfp4(&r[i][bytes(&span, GGML_MXFP4_BLOCK_BYTES)], out);
-            })
-        }
-        RowBlock::Mxfp4 { codes, scales } => {
-            by_spans(codes[0].len() / MXFP4_BLOCK_BYTES * BLOCK_VALUES, &xs, &mut a, |i, span, out| {
-                let (c, s) = (&codes[i][bytes(&span, MXFP4_BLOCK_BYTES)], &scales[i][bytes(&span, 1)]);
-                decode::mxfp4(c, s, out);
-            })
-        }
+        RowBlock::Q8_0(r) => by_spans(len, &xs, &mut a, |i, span, out| {
+            decode::q8_0(&r[i][bytes(&span, Q8_0_BLOCK_BYTES)], out);
+        }),
+        RowBlock::Q4_0(r) => by_spans(len, &xs, &mut a, |i, span, out| {
+            decode::q4_0(&r[i][bytes(&span, Q4_0_BLOCK_BYTES)], out);
+        }),
+        RowBlock::GgmlMxfp4(r) => by_spans(len, &xs, &mut a, |i, span, out| {
+            decode::ggml_mxfp4(&r[i][bytes(&span, GGML_MXFP4_BLOCK_BYTES)], out);
+        }),
+        RowBlock::Mxfp4 { codes, scales } => by_spans(len, &xs, &mut a, |i, span, out| {
+            let (c, s) = (&codes[i][bytes(&span, MXFP4_BLOCK_BYTES)], &scales[i][bytes(&span, 1)]);
+            decode::mxfp4(c, s, out);
+        }),
     }
     for (a, acc) in a.iter().zip(acc) {
         for (r, lanes) in a.iter().enumerate() {
