@@ -99,10 +99,11 @@ fn strict_portable(tile: &[Quads], x: &[[f32; 4]], acc: &mut Quads) {
 /// The strict order read from [`ROW_COLS`] rows as they lie (f32 or f16 values in place, or
 /// decoded rows), four rows interleaved in registers rather than through a tile: worth it for
 /// an expert of a few tokens ([`RowsIsa::max_tokens`]), where a tile's decoded weights would
-/// serve too few, and the rows stream through K eight at a time, two tokens at a time. Q8_0, Q4_0 and MXFP4 blocks are decoded in registers too (AVX-512: four
-/// rows a register; AVX2: two; the portable kernel of other CPUs decodes them a span at a time
-/// onto the stack); bf16 and FP8 reach it decoded to f32 a chunk at a time. Not on x86-64
-/// CPUs with neither AVX-512 nor AVX2 ([`RowsKernel::new`]).
+/// serve too few, and the rows stream through K eight at a time, two tokens at a time. Q8_0,
+/// Q4_0 and MXFP4 blocks are decoded in registers too (AVX-512: four rows a register; AVX2:
+/// two; the portable kernel of other CPUs decodes them a span at a time onto the stack); bf16
+/// and FP8 reach it decoded to f32 a chunk at a time. Not on x86-64 CPUs with neither AVX-512
+/// nor AVX2 ([`RowsKernel::new`]).
 pub(super) struct RowsKernel(RowsIsa);
 
 /// The instructions a [`RowsKernel`] runs in.
@@ -217,50 +218,36 @@ impl RowsKernel {
                 }
             };
         }
+        // An x86 ISA's kernels per row format: `$rows` for f32 and f16 rows, `$blocks` for the
+        // block formats, in module `$m`.
         #[cfg(target_arch = "x86_64")]
-        let next = rows.next;
+        macro_rules! formats {
+            ($m:ident, $rows:ident, $blocks:ident) => {
+                match &rows.block {
+                    RowBlock::F32(r) => {
+                        let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
+                        tokens!($m::$rows::<x86::F32, _>, &bytes, rows.next)
+                    }
+                    RowBlock::F16(r) => tokens!($m::$rows::<x86::F16, _>, r, rows.next),
+                    RowBlock::Q8_0(r) => tokens!($m::$blocks::<x86::Q8_0, _>, r, None, rows.next),
+                    RowBlock::Q4_0(r) => tokens!($m::$blocks::<x86::Q4_0, _>, r, None, rows.next),
+                    RowBlock::GgmlMxfp4(r) => tokens!($m::$blocks::<x86::GgmlMxfp4, _>, r, None, rows.next),
+                    RowBlock::Mxfp4 { codes, scales } => {
+                        tokens!($m::$blocks::<x86::Mxfp4, _>, codes, Some(scales), rows.next)
+                    }
+                }
+            };
+        }
         match self.0 {
             RowsIsa::Portable => tokens!(rows::strict_rows, rows),
             // SAFETY: a `RowsKernel` of AVX2 exists only where the CPU has AVX2, FMA and F16C
             // (`new`).
             #[cfg(target_arch = "x86_64")]
-            RowsIsa::Avx2 => unsafe {
-                match &rows.block {
-                    RowBlock::F32(r) => {
-                        let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
-                        tokens!(avx2::strict_rows_avx2::<x86::F32, _>, &bytes, next)
-                    }
-                    RowBlock::F16(r) => tokens!(avx2::strict_rows_avx2::<x86::F16, _>, r, next),
-                    RowBlock::Q8_0(r) => tokens!(avx2::strict_blocks_avx2::<x86::Q8_0, _>, r, None, next),
-                    RowBlock::Q4_0(r) => tokens!(avx2::strict_blocks_avx2::<x86::Q4_0, _>, r, None, next),
-                    RowBlock::GgmlMxfp4(r) => {
-                        tokens!(avx2::strict_blocks_avx2::<x86::GgmlMxfp4, _>, r, None, next)
-                    }
-                    RowBlock::Mxfp4 { codes, scales } => {
-                        tokens!(avx2::strict_blocks_avx2::<x86::Mxfp4, _>, codes, Some(scales), next)
-                    }
-                }
-            },
+            RowsIsa::Avx2 => unsafe { formats!(avx2, strict_rows_avx2, strict_blocks_avx2) },
             // SAFETY: a `RowsKernel` of AVX-512 exists only where the CPU has AVX-512F,
             // AVX-512BW and F16C (`new`).
             #[cfg(target_arch = "x86_64")]
-            RowsIsa::Avx512 => unsafe {
-                match &rows.block {
-                    RowBlock::F32(r) => {
-                        let bytes: [&[u8]; ROW_COLS] = r.map(bytemuck::cast_slice);
-                        tokens!(x86::strict_rows_avx512::<x86::F32, _>, &bytes, next)
-                    }
-                    RowBlock::F16(r) => tokens!(x86::strict_rows_avx512::<x86::F16, _>, r, next),
-                    RowBlock::Q8_0(r) => tokens!(x86::strict_blocks_avx512::<x86::Q8_0, _>, r, None, next),
-                    RowBlock::Q4_0(r) => tokens!(x86::strict_blocks_avx512::<x86::Q4_0, _>, r, None, next),
-                    RowBlock::GgmlMxfp4(r) => {
-                        tokens!(x86::strict_blocks_avx512::<x86::GgmlMxfp4, _>, r, None, next)
-                    }
-                    RowBlock::Mxfp4 { codes, scales } => {
-                        tokens!(x86::strict_blocks_avx512::<x86::Mxfp4, _>, codes, Some(scales), next)
-                    }
-                }
-            },
+            RowsIsa::Avx512 => unsafe { formats!(x86, strict_rows_avx512, strict_blocks_avx512) },
         }
     }
 }
