@@ -372,7 +372,8 @@ mod tests {
             (WeightDtype::Bf16, 40),
             (WeightDtype::Q8_0, 64),
             (WeightDtype::Q4_0, 64),
-            (WeightDtype::Mxfp4, 64),
+            // F = 288 too: the down rows' scales are read eight blocks at a time, then one.
+            (WeightDtype::Mxfp4, 288),
         ];
         for (dtype, f) in cases {
             let shapes = [[e, f, h], [e, f, h], [e, h, f]];

@@ -273,21 +273,132 @@ pub(super) fn half_words(blocks: &[&[u8]; ROW_COLS]) -> [u64; 2] {
 }
 
 /// The [`ROW_COLS`] rows' E8M0 scale bytes as `2^(e − 127)` (`quant::e8m0`: 2^-127 for 0,
-/// NaN for 255), as [`quad_scales`] gives them.
+/// NaN for 255), as [`quad_scales`] gives them: `e << 23`, its bits for `e` in 1..=254, with
+/// 0 and 255 put right where the bytes hold one ([`special_scales`]).
 ///
 /// # Safety
 /// The CPU has AVX-512F.
 #[inline(always)]
 unsafe fn e8m0_scales(bytes: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+    let word = u64::from_le_bytes(bytes);
     // SAFETY: the caller's CPU has the features.
     unsafe {
-        let e = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(bytes)));
-        let bits = _mm512_slli_epi32::<23>(e);
-        let zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
-        let bits = _mm512_mask_blend_epi32(zero, bits, _mm512_set1_epi32(0x40_0000));
-        let all = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255));
-        let bits = _mm512_mask_blend_epi32(all, bits, _mm512_set1_epi32(f32::NAN.to_bits() as i32));
+        let e = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(word as i64));
+        let mut bits = _mm512_slli_epi32::<23>(e);
+        if special_scales(word) {
+            let zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+            bits = _mm512_mask_blend_epi32(zero, bits, _mm512_set1_epi32(0x40_0000));
+            let all = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255));
+            bits = _mm512_mask_blend_epi32(all, bits, _mm512_set1_epi32(f32::NAN.to_bits() as i32));
+        }
         quad_scales(_mm512_castsi512_ps(bits))
+    }
+}
+
+/// Whether one of the eight E8M0 bytes of `word` is 0 or 255, whose `2^(e − 127)` (2^-127,
+/// NaN) is not `e << 23`.
+#[inline(always)]
+fn special_scales(word: u64) -> bool {
+    /// The high bit of each zero byte of `w` (and maybe of bytes above one): nonzero exactly
+    /// where `w` has a zero byte.
+    fn zero_byte(w: u64) -> u64 {
+        w.wrapping_sub(0x0101_0101_0101_0101) & !w & 0x8080_8080_8080_8080
+    }
+    zero_byte(word) | zero_byte(!word) != 0
+}
+
+/// MXFP4's scales of the [`ROW_COLS`] rows from their side bytes, block after block, read
+/// eight blocks at a time: each row's eight bytes in one load, the 64 converted to
+/// `2^(e − 127)` at once as `e << 23` (its bits for `e` in 1..=254), then each block's one
+/// two-register permute a quad. Where fewer than eight blocks remain, or the eight hold a 0
+/// or a 255 (2^-127 and NaN, which `e << 23` does not give), block by block as
+/// [`side_bytes`] and [`e8m0_scales`] give them. The side bytes of the rows the next block of
+/// rows reads are prefetched as [`side_bytes`] does.
+struct SideScales<'s> {
+    sides: &'s [&'s [u8]; ROW_COLS],
+    /// The distance to the rows the next block of rows reads ([`next_rows`]' for the sides).
+    ahead: Option<usize>,
+    /// The current eight blocks' scales: quad `q`'s rows `4q`, `4q + 1` in `[q][0]` and rows
+    /// `4q + 2`, `4q + 3` in `[q][1]`, each row's eight as elements `8 i .. 8 i + 8` of the
+    /// pair (row `4q + i`); `None` where they go block by block.
+    eight: Option<[[__m512; 2]; ROW_COLS / 4]>,
+    /// The pair's element of the current block for each 128-bit lane `i`: `8 i + b % 8`.
+    at: __m512i,
+}
+
+impl<'s> SideScales<'s> {
+    /// The scales of `sides` (each row's side bytes, as long as each other) from block 0.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline(always)]
+    unsafe fn new(sides: &'s [&'s [u8]; ROW_COLS], ahead: Option<usize>) -> Self {
+        // SAFETY: the caller's CPU has the features.
+        SideScales { sides, ahead, eight: None, at: unsafe { _mm512_setzero_si512() } }
+    }
+
+    /// Block `b`'s scales of `blocks`, as [`quad_scales`] gives them; `b` counts up from 0 by
+    /// one.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline(always)]
+    unsafe fn block(&mut self, b: usize, blocks: usize) -> [__m512; ROW_COLS / 4] {
+        // SAFETY: the caller's CPU has the features.
+        unsafe {
+            if b.is_multiple_of(8) {
+                self.eight = if b + 8 <= blocks { self.load(b) } else { None };
+                self.at = _mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0);
+            }
+            match &self.eight {
+                Some(eight) => {
+                    let scales = eight.map(|[low, high]| _mm512_permutex2var_ps(low, self.at, high));
+                    self.at = _mm512_add_epi32(self.at, _mm512_set1_epi32(1));
+                    scales
+                }
+                None => e8m0_scales(side_bytes(Some(self.sides), b, self.ahead)),
+            }
+        }
+    }
+
+    /// Blocks `b .. b + 8` of every row ([`Self::eight`]), or `None` where one of their bytes
+    /// is 0 or 255; the next rows' side bytes there prefetched (each line they reach).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline(always)]
+    unsafe fn load(&self, b: usize) -> Option<[[__m512; 2]; ROW_COLS / 4]> {
+        let mut words = [0u64; ROW_COLS];
+        let mut special = false;
+        for (word, row) in words.iter_mut().zip(self.sides) {
+            let mut bytes = [0; 8];
+            bytes.copy_from_slice(&row[b..b + 8]);
+            *word = u64::from_le_bytes(bytes);
+            special |= special_scales(*word);
+            if let Some(ahead) = self.ahead {
+                let first = row[b..].as_ptr().wrapping_add(ahead);
+                let last = first.wrapping_add(7);
+                // SAFETY: every x86-64 CPU has SSE; a prefetch reads nothing, so any address
+                // is allowed.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T1>(first.cast());
+                    if (last as usize) / 64 != (first as usize) / 64 {
+                        _mm_prefetch::<_MM_HINT_T1>(last.cast());
+                    }
+                }
+            }
+        }
+        if special {
+            return None;
+        }
+        // SAFETY: the caller's CPU has the features.
+        let exponents = |low: u64, high: u64| unsafe {
+            let e = _mm512_cvtepu8_epi32(_mm_set_epi64x(high as i64, low as i64));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
+        };
+        Some(std::array::from_fn(|q| {
+            [exponents(words[4 * q], words[4 * q + 1]), exponents(words[4 * q + 2], words[4 * q + 3])]
+        }))
     }
 }
 
@@ -418,13 +529,14 @@ pub(super) trait Blocks {
     const BYTES: usize;
     /// A quad's codes ready to give their groups.
     type Codes: Copy;
-    /// The rows' scales of their blocks `blocks`, given each row's side byte of the block
-    /// (MXFP4's scale; unused by formats whose blocks hold their scales): quad `q`'s in
-    /// register `q`, its row `i`'s repeated across 128-bit lane `i`.
+    /// The rows' scales of their blocks `blocks`, given the scales of the block the rows'
+    /// side bytes give ([`SideScales`]: MXFP4's; zeros, unused, for formats whose blocks
+    /// hold their scales): quad `q`'s in register `q`, its row `i`'s repeated across 128-bit
+    /// lane `i`.
     ///
     /// # Safety
     /// The CPU has AVX-512F, AVX-512BW and F16C; each block is `BYTES` long.
-    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4];
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], side: [__m512; ROW_COLS / 4]) -> [__m512; ROW_COLS / 4];
     /// Four rows' codes.
     ///
     /// # Safety
@@ -449,7 +561,7 @@ impl Blocks for Q8_0 {
     /// The scales times 2^-24 ([`Q8_0::group`] converts each code as 2^24 times it): exact,
     /// as an f16's value times 2^-24 is a normal f32 (or 0, ±inf, NaN as it was).
     #[inline(always)]
-    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [__m512; ROW_COLS / 4]) -> [__m512; ROW_COLS / 4] {
         // SAFETY: the caller's CPU has the features.
         unsafe {
             let [a, b] = half_scales(blocks);
@@ -488,7 +600,7 @@ impl Blocks for Q4_0 {
     type Codes = __m512i;
 
     #[inline(always)]
-    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [__m512; ROW_COLS / 4]) -> [__m512; ROW_COLS / 4] {
         // SAFETY: the caller's CPU has the features.
         unsafe { half_scales(blocks) }
     }
@@ -523,9 +635,8 @@ impl Blocks for Mxfp4 {
     type Codes = [__m512i; 2];
 
     #[inline(always)]
-    unsafe fn scales(_: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
-        // SAFETY: the caller's CPU has the features.
-        unsafe { e8m0_scales(side) }
+    unsafe fn scales(_: &[&[u8]; ROW_COLS], side: [__m512; ROW_COLS / 4]) -> [__m512; ROW_COLS / 4] {
+        side
     }
 
     #[inline(always)]
@@ -562,7 +673,7 @@ impl Blocks for GgmlMxfp4 {
     type Codes = __m512i;
 
     #[inline(always)]
-    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
+    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [__m512; ROW_COLS / 4]) -> [__m512; ROW_COLS / 4] {
         // SAFETY: the caller's CPU has the features.
         unsafe { e8m0_scales(first_bytes(blocks)) }
     }
@@ -631,6 +742,8 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
     let ahead = next_rows(rows, next);
     // Each row's side bytes are as long as the others'.
     let side_ahead = sides.and_then(|sides| next.map(|n| n * sides[0].len()));
+    // SAFETY: this function has the features.
+    let mut side_scales = sides.map(|sides| unsafe { SideScales::new(sides, side_ahead) });
     let mut a = load(&acc, quad);
     let xs = xs.map(|x| &x[..blocks * 8]);
     for b in 0..blocks {
@@ -641,9 +754,14 @@ pub(super) fn strict_blocks_avx512<B: Blocks, const T: usize>(
         for (block, row) in row_blocks.iter_mut().zip(rows) {
             *block = &row[at.clone()];
         }
-        let side = side_bytes(sides, b, side_ahead);
         // SAFETY: as above; each block is B::BYTES long.
-        let scales = unsafe { B::scales(&row_blocks, side) };
+        let scales = unsafe {
+            let side = match &mut side_scales {
+                Some(side) => side.block(b, blocks),
+                None => [_mm512_setzero_ps(); ROW_COLS / 4],
+            };
+            B::scales(&row_blocks, side)
+        };
         // The quads and their eight groups unrolled, so each group's constants (controls,
         // shifts) are known where they are used and the accumulators stay in registers.
         macro_rules! groups {
