@@ -11,6 +11,10 @@
 //! routings read other experts each run, from memory, as a model's decode does (each layer's
 //! experts are new to the caches).
 //!
+//! MXFP4 is held in gpt-oss's layout (codes, and each block's scale byte apart) or, with
+//! `--mxfp4-layout ggml`, as ggml's `block_mxfp4` (a GGUF file's bytes: the scale byte, then
+//! the codes), the bytes ggml's own MXFP4 `MUL_MAT_ID` reads.
+//!
 //! `cargo bench --bench host_experts -- --dtypes f32,q4_0 --tokens 1,8` (tools/host_abba.sh
 //! interleaves it with ggml's CPU `MUL_MAT_ID`).
 
@@ -47,6 +51,9 @@ struct Args {
     /// Routings taken in turn, one a run (1: the same experts every run).
     #[arg(long, default_value_t = 1)]
     routings: usize,
+    /// MXFP4's layout: gpt-oss (codes and scales apart) or ggml (`block_mxfp4`).
+    #[arg(long, default_value = "gpt-oss", value_parser = ["gpt-oss", "ggml"])]
+    mxfp4_layout: String,
     /// Threads (rayon's global pool, one per core, when not given).
     #[arg(long)]
     threads: Option<usize>,
@@ -63,8 +70,9 @@ fn dtype(name: &str) -> WeightDtype {
         .unwrap_or_else(|_| panic!("unknown dtype {name}"))
 }
 
-/// One projection `[e, n, k]` in `dtype`'s stored layout: (bytes, MXFP4 scales).
-fn stored(rng: &mut ChaCha8Rng, dtype: WeightDtype, [e, n, k]: [usize; 3]) -> (Vec<u8>, Vec<u8>) {
+/// One projection `[e, n, k]` in `dtype`'s stored layout: (bytes, MXFP4 scales); MXFP4 as
+/// ggml's blocks (scale byte first, no scales apart) where `ggml`.
+fn stored(rng: &mut ChaCha8Rng, dtype: WeightDtype, [e, n, k]: [usize; 3], ggml: bool) -> (Vec<u8>, Vec<u8>) {
     let values = e * n * k;
     let blocks = values / 32;
     let mut fill = |len: usize| {
@@ -99,6 +107,13 @@ fn stored(rng: &mut ChaCha8Rng, dtype: WeightDtype, [e, n, k]: [usize; 3]) -> (V
             let mut b = fill(blocks * per);
             for block in b.chunks_exact_mut(per) {
                 block[..2].copy_from_slice(&f16::from_f32(0.001).to_le_bytes());
+            }
+            (b, Vec::new())
+        }
+        WeightDtype::Mxfp4 if ggml => {
+            let mut b = fill(blocks * 17);
+            for block in b.chunks_exact_mut(17) {
+                block[0] = 118;
             }
             (b, Vec::new())
         }
@@ -138,14 +153,20 @@ fn main() {
     for name in &args.dtypes {
         let dt = dtype(name);
         let shapes = [[e, f, h], [e, f, h], [e, h, f]];
-        let data: Vec<_> = shapes.iter().map(|&s| stored(&mut rng, dt, s)).collect();
+        let ggml = dt == WeightDtype::Mxfp4 && args.mxfp4_layout == "ggml";
+        let data: Vec<_> = shapes.iter().map(|&s| stored(&mut rng, dt, s, ggml)).collect();
         let projections: Vec<HostProjection<'_>> = shapes
             .iter()
             .zip(&data)
             .map(|(&[e, n, k], d)| {
                 let mut p = HostProjection::new([e as u32, n as u32, k as u32]).expect("shape");
                 for x in 0..e {
-                    p.hold(x as u32, expert(dt, d, x, n * k)).expect("stored values");
+                    if ggml {
+                        let per = n * k / 32 * 17;
+                        p.hold_ggml_mxfp4(x as u32, &d.0[x * per..(x + 1) * per]).expect("ggml's blocks");
+                    } else {
+                        p.hold(x as u32, expert(dt, d, x, n * k)).expect("stored values");
+                    }
                 }
                 p
             })
@@ -184,16 +205,17 @@ fn main() {
                 })
                 .collect();
             ms.sort_by(f64::total_cmp);
-            println!(
-                "{}",
-                serde_json::json!({
-                    "case": "host_experts", "dtype": name, "tokens": tokens, "experts": e, "k": args.k,
-                    "hidden": h, "ffn": f, "order": args.order, "threads": host.threads(),
-                    "simd": HostExperts::simd(), "iters": args.iters, "routings": routings.len(),
-                    "median_ms": ms[ms.len() / 2], "min_ms": ms[0], "max_ms": ms[ms.len() - 1],
-                    "weight_bytes": host.bytes(),
-                })
-            );
+            let mut line = serde_json::json!({
+                "case": "host_experts", "dtype": name, "tokens": tokens, "experts": e, "k": args.k,
+                "hidden": h, "ffn": f, "order": args.order, "threads": host.threads(),
+                "simd": HostExperts::simd(), "iters": args.iters, "routings": routings.len(),
+                "median_ms": ms[ms.len() / 2], "min_ms": ms[0], "max_ms": ms[ms.len() - 1],
+                "weight_bytes": host.bytes(),
+            });
+            if dt == WeightDtype::Mxfp4 {
+                line["mxfp4_layout"] = args.mxfp4_layout.clone().into();
+            }
+            println!("{line}");
         }
     }
 }

@@ -9,6 +9,10 @@
 # ggml: built from ggml-org/ggml d99724f2 with ../shared/peers/bin/ggml-perf-cases-v2.patch,
 # -DGGML_NATIVE=ON -DGGML_VULKAN=OFF, Release; its CPU backend runs hardware_concurrency threads.
 #
+# TYPES names the weight types (default: f32 f16 q8_0 q4_0 mxfp4); mxfp4-ggml is MXFP4 with
+# moeflow holding ggml's block_mxfp4 bytes (a GGUF file's, the bytes ggml reads) rather than
+# gpt-oss's layout, against ggml's mxfp4.
+#
 # ROUTINGS=16 times both sides cold instead: each run routes the tokens to other experts
 # (16 routings taken in turn), so the weights come from memory as in a model's decode, where
 # test-backend-ops repeats one op on one routing (on a CPU whose last-level cache holds one
@@ -34,15 +38,20 @@ echo "# moeflow $(git rev-parse --short HEAD); bench $BENCH; ggml $GGML; routing
 echo "# $(grep -m1 'model name' /proc/cpuinfo)"
 for round in $(seq 1 "$ROUNDS"); do
     for type in $TYPES; do
+        # moeflow's arguments and ggml's type name for this type.
+        case "$type" in
+        mxfp4-ggml) ours=(--dtypes mxfp4 --mxfp4-layout ggml) theirs=mxfp4 ;;
+        *) ours=(--dtypes "$type") theirs=$type ;;
+        esac
         for who in A B B A; do
             if [ "$who" = A ]; then
-                echo "round $round $type A $("$BENCH" --dtypes "$type" --tokens 1,8 --iters "$ITERS" --routings "$ROUTINGS" | tr '\n' ' ')"
+                echo "round $round $type A $("$BENCH" "${ours[@]}" --tokens 1,8 --iters "$ITERS" --routings "$ROUTINGS" | tr '\n' ' ')"
             elif [ "$ROUTINGS" != 1 ]; then
                 for m in 1 8; do
-                    echo "round $round $type B $("$COLD" "$type" "$m" "$(nproc)" "$ROUTINGS" "$ITERS")"
+                    echo "round $round $type B $("$COLD" "$theirs" "$m" "$(nproc)" "$ROUTINGS" "$ITERS")"
                 done
             else
-                "$GGML" perf -o MUL_MAT_ID -b CPU -p "type_a=$type,.*n_mats=128,n_used=8,b=0,m=(1536|2048),n=(1|8),k=" 2>&1 |
+                "$GGML" perf -o MUL_MAT_ID -b CPU -p "type_a=$theirs,.*n_mats=128,n_used=8,b=0,m=(1536|2048),n=(1|8),k=" 2>&1 |
                     sed 's/\x1b\[[0-9;]*m//g' | grep 'MUL_MAT_ID(' | sed "s/^ */round $round $type B /"
             fi
         done

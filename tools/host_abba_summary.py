@@ -44,11 +44,11 @@ def ggml_ms(run):
     return None
 
 
-print(f"{'type':<6} {'M':>2} {'moeflow ms (range)':>24} {'ggml ms (range)':>24} {'moeflow/ggml':>12}")
+print(f"{'type':<10} {'M':>2} {'moeflow ms (range)':>24} {'ggml ms (range)':>24} {'moeflow/ggml':>12}")
 for key in sorted(ours):
     a = ours[key]
     b = [ms for ms in map(ggml_ms, ggml[key].values()) if ms is not None]
     if not b:
         continue
     ma, mb = statistics.median(a), statistics.median(b)
-    print(f"{key[0]:<6} {key[1]:>2} {ma:>9.2f} ({min(a):.2f}-{max(a):.2f}) {mb:>9.2f} ({min(b):.2f}-{max(b):.2f}) {ma / mb:>12.2f}")
+    print(f"{key[0]:<10} {key[1]:>2} {ma:>9.2f} ({min(a):.2f}-{max(a):.2f}) {mb:>9.2f} ({min(b):.2f}-{max(b):.2f}) {ma / mb:>12.2f}")
