@@ -392,13 +392,27 @@ impl<'s> SideScales<'s> {
             return None;
         }
         // SAFETY: the caller's CPU has the features.
-        let exponents = |low: u64, high: u64| unsafe {
-            let e = _mm512_cvtepu8_epi32(_mm_set_epi64x(high as i64, low as i64));
-            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
-        };
-        Some(std::array::from_fn(|q| {
-            [exponents(words[4 * q], words[4 * q + 1]), exponents(words[4 * q + 2], words[4 * q + 3])]
-        }))
+        unsafe {
+            Some([
+                [exponents(words[0], words[1]), exponents(words[2], words[3])],
+                [exponents(words[4], words[5]), exponents(words[6], words[7])],
+            ])
+        }
+    }
+}
+
+/// Two rows' eight E8M0 scale bytes (`low`'s, then `high`'s) as `e << 23`, the bits of
+/// `2^(e − 127)` for `e` in 1..=254: sixteen elements, `low`'s first. (No closure: one would
+/// be compiled without the kernels' features, as a call.)
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn exponents(low: u64, high: u64) -> __m512 {
+    // SAFETY: the caller's CPU has the features.
+    unsafe {
+        let e = _mm512_cvtepu8_epi32(_mm_set_epi64x(high as i64, low as i64));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
     }
 }
 
