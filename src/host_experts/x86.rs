@@ -315,6 +315,7 @@ fn special_scales(word: u64) -> bool {
 /// [`side_bytes`] and [`e8m0_scales`] give them. The side bytes of the rows the next block of
 /// rows reads are prefetched as [`side_bytes`] does.
 struct SideScales<'s> {
+    /// Each row's side bytes, one a block.
     sides: &'s [&'s [u8]; ROW_COLS],
     /// The distance to the rows the next block of rows reads ([`next_rows`]' for the sides).
     ahead: Option<usize>,
