@@ -295,26 +295,33 @@ impl Blocks8 for Q4_0 {
         unsafe { half_values(blocks) }
     }
 
+    /// The codes [`TRANSPOSED`], each nibble's top bit flipped: a nibble `n` is then
+    /// `n − 8` as a signed four-bit number.
     #[inline(always)]
     unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2] {
         // SAFETY: as above.
-        unsafe { transposed_codes(first, second, 2) }
+        unsafe {
+            let [codes, _] = transposed_codes(first, second, 2);
+            let signed = _mm256_xor_si256(codes, _mm256_set1_epi8(0x88u8 as i8));
+            [signed, signed]
+        }
     }
 
+    /// Group `g`'s signed nibbles moved to the top four bits of each element and shifted
+    /// back down with their sign: `n − 8` in each element, in two shifts (where a shift, a
+    /// mask and a subtraction would take three).
     #[inline(always)]
     unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i {
+        let up = 28 - nibble_shift(g) as i32;
         // SAFETY: as above.
-        unsafe { transposed_index(codes, g) }
+        unsafe { _mm256_srai_epi32::<28>(_mm256_sllv_epi32(codes[0], _mm256_set1_epi32(up))) }
     }
 
-    /// `nibble − 8`, exact.
+    /// `n − 8`, exact.
     #[inline(always)]
     unsafe fn value(index: __m256i) -> __m256 {
         // SAFETY: as above.
-        unsafe {
-            let nibble = _mm256_and_si256(index, _mm256_set1_epi32(15));
-            _mm256_cvtepi32_ps(_mm256_sub_epi32(nibble, _mm256_set1_epi32(8)))
-        }
+        unsafe { _mm256_cvtepi32_ps(index) }
     }
 }
 
