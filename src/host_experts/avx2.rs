@@ -13,7 +13,7 @@ use super::tile::{GGML_MXFP4_BLOCK_BYTES, QUADS, Quads, ROW_COLS};
 use super::x86;
 use super::x86::{
     BLOCK_PREFETCH, F16, F32, GgmlMxfp4, Mxfp4, PAIRED, PREFETCH, Q4_0, Q8_0, SIGN_BYTES, TRANSPOSED,
-    first_bytes, half_values, next_rows, nibble_shift, prefetch_ahead, quad_step, side_bytes,
+    first_bytes, half_values, next_rows, nibble_shift, prefetch_ahead, quad_step, side_bytes, special_scales,
 };
 use crate::quant::{FP4_E2M1, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
@@ -199,20 +199,24 @@ unsafe fn control8(bytes: &[i8; 16]) -> __m256i {
 }
 
 /// The eight rows' E8M0 scale bytes as `2^(e − 127)` (`quant::e8m0`: 2^-127 for 0, NaN for
-/// 255), row `r` in lane `r`.
+/// 255), row `r` in lane `r`: `e << 23`, with 0 and 255 put right where the bytes hold one
+/// ([`special_scales`]), as [`x86`]'s conversion does.
 ///
 /// # Safety
 /// The CPU has AVX2.
 #[inline(always)]
 unsafe fn e8m0_scales8(bytes: [u8; ROW_COLS]) -> __m256 {
+    let word = u64::from_le_bytes(bytes);
     // SAFETY: the caller's CPU has the features.
     unsafe {
-        let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(bytes)));
-        let bits = _mm256_slli_epi32::<23>(e);
-        let zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
-        let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x40_0000), zero);
-        let all = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255));
-        let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(f32::NAN.to_bits() as i32), all);
+        let e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(word as i64));
+        let mut bits = _mm256_slli_epi32::<23>(e);
+        if special_scales(word) {
+            let zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+            bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x40_0000), zero);
+            let all = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255));
+            bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(f32::NAN.to_bits() as i32), all);
+        }
         _mm256_castsi256_ps(bits)
     }
 }

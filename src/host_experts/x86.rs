@@ -298,7 +298,7 @@ unsafe fn e8m0_scales(bytes: [u8; ROW_COLS]) -> [__m512; ROW_COLS / 4] {
 /// Whether one of the eight E8M0 bytes of `word` is 0 or 255, whose `2^(e − 127)` (2^-127,
 /// NaN) is not `e << 23`.
 #[inline(always)]
-fn special_scales(word: u64) -> bool {
+pub(super) fn special_scales(word: u64) -> bool {
     /// The high bit of each zero byte of `w` (and maybe of bytes above one): nonzero exactly
     /// where `w` has a zero byte.
     fn zero_byte(w: u64) -> u64 {
