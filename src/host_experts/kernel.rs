@@ -141,7 +141,8 @@ impl RowsIsa {
     /// two tokens (from the first- or second-level cache after the first two), the tile
     /// decodes it once for all the expert's tokens. Measured per instruction set and dtype on
     /// this project's machine (docs/benchmarks/host table 16: eight experts, each taking every
-    /// token); FP8, decoded to f32 rows a chunk at a time as bf16 is, as bf16. The portable
+    /// token; AVX2's block formats again in table 23, after its block kernel was unrolled);
+    /// FP8, decoded to f32 rows a chunk at a time as bf16 is, as bf16. The portable
     /// kernel, not timed on an ARM CPU, takes the one or two tokens table 15 measured.
     pub(super) fn max_tokens(self, dtype: WeightDtype) -> usize {
         match self {
@@ -153,11 +154,10 @@ impl RowsIsa {
             },
             #[cfg(target_arch = "x86_64")]
             RowsIsa::Avx2 => match dtype {
-                WeightDtype::F32 => 16,
-                WeightDtype::F16 | WeightDtype::Q8_0 => 12,
-                WeightDtype::Bf16 | WeightDtype::Fp8 => 6,
-                WeightDtype::Q4_0 => 4,
-                WeightDtype::Mxfp4 => 3,
+                WeightDtype::F32 | WeightDtype::Q8_0 => 16,
+                WeightDtype::F16 => 12,
+                WeightDtype::Mxfp4 => 8,
+                WeightDtype::Bf16 | WeightDtype::Fp8 | WeightDtype::Q4_0 => 6,
             },
             RowsIsa::Portable => {
                 let _ = dtype;
