@@ -245,7 +245,7 @@ const FP4_MAGNITUDES_XOR_CODES: [u32; 8] = {
 /// # Safety
 /// The CPU has AVX2.
 #[inline(always)]
-unsafe fn fp4_values8(index: __m256i) -> __m256 {
+pub(super) unsafe fn fp4_values8(index: __m256i) -> __m256 {
     // SAFETY: the caller's CPU has the features; the table's 8 words.
     unsafe {
         let table = _mm256_loadu_si256(FP4_MAGNITUDES_XOR_CODES.as_ptr().cast());

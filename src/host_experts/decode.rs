@@ -12,6 +12,8 @@ use std::sync::LazyLock;
 use half::f16;
 use multiversion::multiversion;
 
+#[cfg(target_arch = "x86_64")]
+use super::decode_x86;
 use super::projection::{RowMap, Values};
 use super::tile::GGML_MXFP4_BLOCK_BYTES;
 use super::tile::{COLS, Lanes, PAD, Quads, R, ROW_COLS, RowBlock, Rows};
@@ -320,9 +322,34 @@ pub(super) fn q4_0(blocks: &[u8], out: &mut [f32]) {
 }
 
 /// MXFP4 blocks as values (`FP4_E2M1[code] · 2^(scale − 127)`, value `2j` the low nibble of
-/// byte `j`, `2j + 1` its high nibble), as [`q8_0`].
+/// byte `j`, `2j + 1` its high nibble), as [`q8_0`]: in AVX-512's or AVX2's registers where
+/// the CPU has them (`decode_x86.rs`), else [`mxfp4_portable`].
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
 pub(super) fn mxfp4(codes: &[u8], scales: &[u8], out: &mut [f32]) {
+    // SAFETY (both): each branch is compiled only into the clone with its features. (`allow`:
+    // a call with the caller's own features needs no `unsafe`.)
+    #[cfg(target_arch = "x86_64")]
+    if multiversion::target::target_cfg_f!(target_feature = "avx512f") {
+        #[allow(unused_unsafe)]
+        unsafe {
+            decode_x86::mxfp4_avx512(codes, scales, out)
+        };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if multiversion::target::target_cfg_f!(target_feature = "avx2") {
+        #[allow(unused_unsafe)]
+        unsafe {
+            decode_x86::mxfp4_avx2(codes, scales, out)
+        };
+        return;
+    }
+    mxfp4_portable(codes, scales, out)
+}
+
+/// [`mxfp4`] in portable code (by [`fp4`]'s arithmetic, which vectorises).
+#[inline(always)]
+fn mxfp4_portable(codes: &[u8], scales: &[u8], out: &mut [f32]) {
     for ((block, o), &scale) in
         codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)).zip(scales)
     {
@@ -339,9 +366,33 @@ pub(super) fn mxfp4(codes: &[u8], scales: &[u8], out: &mut [f32]) {
 
 /// ggml's MXFP4 blocks (llama.cpp's `block_mxfp4`: an E8M0 scale byte, then 16 bytes whose
 /// low nibbles are values 0-15 and high nibbles 16-31) as values, `FP4_E2M1[code] ·
-/// 2^(scale − 127)`: the values [`mxfp4`] gives the same codes and scale.
+/// 2^(scale − 127)`: the values [`mxfp4`] gives the same codes and scale; in SIMD registers
+/// as [`mxfp4`], else [`ggml_mxfp4_portable`].
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+fma+f16c", "x86_64+avx2+fma+f16c", "aarch64+neon"))]
 pub(super) fn ggml_mxfp4(blocks: &[u8], out: &mut [f32]) {
+    // SAFETY (both): as in `mxfp4`.
+    #[cfg(target_arch = "x86_64")]
+    if multiversion::target::target_cfg_f!(target_feature = "avx512f") {
+        #[allow(unused_unsafe)]
+        unsafe {
+            decode_x86::ggml_mxfp4_avx512(blocks, out)
+        };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if multiversion::target::target_cfg_f!(target_feature = "avx2") {
+        #[allow(unused_unsafe)]
+        unsafe {
+            decode_x86::ggml_mxfp4_avx2(blocks, out)
+        };
+        return;
+    }
+    ggml_mxfp4_portable(blocks, out)
+}
+
+/// [`ggml_mxfp4`] in portable code.
+#[inline(always)]
+fn ggml_mxfp4_portable(blocks: &[u8], out: &mut [f32]) {
     for (block, o) in blocks.chunks_exact(GGML_MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)) {
         let s = e8m0(block[0]);
         let (Some(q), Some(o)) = (block[1..].first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
@@ -413,7 +464,7 @@ fn bf16s(bytes: &[u8], out: &mut [f32]) {
 /// An E8M0 scale byte as its value, as `quant::e8m0`: 2^(scale − 127), 2^-127 (subnormal) for
 /// 0, NaN for 255.
 #[inline(always)]
-fn e8m0(scale: u8) -> f32 {
+pub(super) fn e8m0(scale: u8) -> f32 {
     match scale {
         0 => f32::from_bits(0x40_0000),
         255 => f32::NAN,
@@ -466,15 +517,56 @@ mod tests {
         }
     }
 
+    /// Every MXFP4 decoder this CPU runs (AVX-512's, AVX2's, the portable one) gives `quant`'s
+    /// values, in both layouts: every code under every scale byte (0: subnormal, 255: NaN).
     #[test]
     fn mxfp4_blocks_decode_as_quant_does() {
-        // Every code under every scale byte (0: subnormal, 255: NaN).
         let codes: Vec<u8> = (0..256 * 16).map(|i| (i * 37 % 256) as u8).collect();
         let scales: Vec<u8> = (0..=255).collect();
-        let mut out = vec![0.0f32; 256 * 32];
-        mxfp4(&codes, &scales, &mut out);
-        let want = quant::mxfp4_dequantize(&codes, &scales).unwrap();
-        assert_eq!(crate::bits::canonical(&out), crate::bits::canonical(&want));
+        let want = crate::bits::canonical(&quant::mxfp4_dequantize(&codes, &scales).unwrap());
+        // The same codes as ggml's blocks (by hand: `quant::mxfp4_to_ggml` writes code 8, -0,
+        // as +0, which ggml's table has).
+        let ggml: Vec<u8> = codes
+            .chunks_exact(16)
+            .zip(&scales)
+            .flat_map(|(block, &scale)| {
+                let code = |v: usize| (block[v / 2] >> (4 * (v % 2))) & 0xf;
+                std::iter::once(scale).chain((0..16).map(move |j| code(j) | (code(j + 16) << 4)))
+            })
+            .collect();
+        type Decoders = (&'static str, fn(&[u8], &[u8], &mut [f32]), fn(&[u8], &mut [f32]));
+        let mut decoders: Vec<Decoders> = vec![
+            ("dispatched", mxfp4, ggml_mxfp4),
+            ("portable", |c, s, o| mxfp4_portable(c, s, o), |b, o| ggml_mxfp4_portable(b, o)),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY (each): called only where the CPU has the decoder's features.
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                decoders.push((
+                    "avx512",
+                    |c, s, o| unsafe { decode_x86::mxfp4_avx512(c, s, o) },
+                    |b, o| unsafe { decode_x86::ggml_mxfp4_avx512(b, o) },
+                ));
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                decoders.push((
+                    "avx2",
+                    |c, s, o| unsafe { decode_x86::mxfp4_avx2(c, s, o) },
+                    |b, o| unsafe { decode_x86::ggml_mxfp4_avx2(b, o) },
+                ));
+            } else {
+                println!("skipped AVX2's MXFP4 decoder: this CPU has no AVX2");
+            }
+        }
+        for (name, stored, ggml_blocks) in decoders {
+            let mut out = vec![0.0f32; 256 * 32];
+            stored(&codes, &scales, &mut out);
+            assert_eq!(crate::bits::canonical(&out), want, "{name}, gpt-oss's layout");
+            out.fill(0.0);
+            ggml_blocks(&ggml, &mut out);
+            assert_eq!(crate::bits::canonical(&out), want, "{name}, ggml's blocks");
+        }
     }
 
     #[test]

@@ -8,14 +8,17 @@
 //!
 //! Files: `projection.rs` (one projection's stored values, expert by expert), `tile.rs` (the
 //! layouts the decoders write and the kernels read), `decode.rs` (stored values to tiles and
-//! rows), `kernel.rs` (the dot products per order and SIMD target), `x86.rs` and `avx2.rs`
-//! (the AVX-512 and AVX2 kernels it calls), `rows.rs` (the rows kernel in portable code: NEON), `experts.rs` (the experts a host holds, checked), `ffn.rs` (the
-//! FFN over the rows routed to the host), `memory.rs` (host buffers whose allocation fails as
-//! an error). This file is the face.
+//! rows; `decode_x86.rs` its MXFP4 blocks in AVX-512 and AVX2), `kernel.rs` (the dot
+//! products per order and SIMD target), `x86.rs` and `avx2.rs` (the AVX-512 and AVX2 kernels
+//! it calls), `rows.rs` (the rows kernel in portable code: NEON), `experts.rs` (the experts a
+//! host holds, checked), `ffn.rs` (the FFN over the rows routed to the host), `memory.rs`
+//! (host buffers whose allocation fails as an error). This file is the face.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod decode;
+#[cfg(target_arch = "x86_64")]
+mod decode_x86;
 mod experts;
 mod ffn;
 mod kernel;
