@@ -54,6 +54,7 @@ pub(super) fn quads(
             if n >= rows.end {
                 values[..padded].fill(0.0);
             } else if let Some(values) = stored_f32s(v, k, stored, &ks).filter(|_| len == padded) {
+                prefetch_next(bytemuck::cast_slice(values));
                 *place = Some(values);
             } else {
                 row(v, k, stored, &ks, &mut values[..len]);
@@ -217,7 +218,8 @@ pub(super) fn transposed(
 
 /// Row `n`, columns `ks`, of `v` into `out` (`ks.len()` values); inlined into its callers,
 /// each compiled per SIMD target (the block formats' and halves' loops are functions of their
-/// own per target).
+/// own per target). The row's next chunk of K, which lies right after this one, is
+/// prefetched ([`prefetch_next`]).
 #[inline(always)]
 fn row(v: &Values<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
     let at = n * k + ks.start..n * k + ks.end;
@@ -225,20 +227,26 @@ fn row(v: &Values<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
         Values::Stored(v) => v,
         Values::GgmlMxfp4(blocks) => {
             let b = block_range(k, n, ks);
-            return ggml_mxfp4(
-                &blocks[b.start * GGML_MXFP4_BLOCK_BYTES..b.end * GGML_MXFP4_BLOCK_BYTES],
-                out,
-            );
+            let chunk = &blocks[b.start * GGML_MXFP4_BLOCK_BYTES..b.end * GGML_MXFP4_BLOCK_BYTES];
+            prefetch_next(chunk);
+            return ggml_mxfp4(chunk, out);
         }
     };
     match v {
-        StoredValues::Float { dtype: WeightDtype::F16, bytes } => f16s(&bytes[at.start * 2..at.end * 2], out),
+        StoredValues::Float { dtype: WeightDtype::F16, bytes } => {
+            let chunk = &bytes[at.start * 2..at.end * 2];
+            prefetch_next(chunk);
+            f16s(chunk, out)
+        }
         StoredValues::Float { dtype: WeightDtype::Bf16, bytes } => {
-            bf16s(&bytes[at.start * 2..at.end * 2], out)
+            let chunk = &bytes[at.start * 2..at.end * 2];
+            prefetch_next(chunk);
+            bf16s(chunk, out)
         }
         // f32: the only other float dtype a checked `StoredValues` holds.
         StoredValues::Float { bytes, .. } => {
             let bytes = &bytes[at.start * 4..at.end * 4];
+            prefetch_next(bytes);
             match bytemuck::try_cast_slice::<u8, f32>(bytes) {
                 Ok(values) => out.copy_from_slice(values),
                 Err(_) => {
@@ -250,6 +258,31 @@ fn row(v: &Values<'_>, k: usize, n: usize, ks: &Range<usize>, out: &mut [f32]) {
         }
         StoredValues::Quantised(q) => quantised_row(&q, k, n, ks, out),
     }
+}
+
+/// Prefetches into the second-level cache the bytes after `chunk`, as many as it holds: a
+/// row's next chunk of K, which its decoder reads after the other rows of the tile (past a
+/// row's end, the next row's first: any address may be prefetched). The decoders read their
+/// chunks of 32 rows at a time, too many streams for the hardware's prefetcher to follow
+/// (their loads waited on memory, a profile showed). x86-64 only (stable Rust has no
+/// prefetch for other targets).
+#[inline(always)]
+fn prefetch_next(chunk: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let end = chunk.as_ptr_range().end;
+        for line in (0..chunk.len()).step_by(64) {
+            // SAFETY: every x86-64 CPU has SSE; a prefetch reads nothing, so any address is
+            // allowed.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    end.wrapping_add(line).cast(),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = chunk;
 }
 
 /// The 32-value blocks of stored row `n` (`k / 32` blocks a row) that hold its columns `ks`.
@@ -265,16 +298,20 @@ fn quantised_row(q: &QuantisedValues<'_>, k: usize, n: usize, ks: &Range<usize>,
     let blocks = block_range(k, n, ks);
     match *q {
         QuantisedValues::Q8_0(bytes) => {
-            q8_0(&bytes[blocks.start * Q8_0_BLOCK_BYTES..blocks.end * Q8_0_BLOCK_BYTES], out)
+            let chunk = &bytes[blocks.start * Q8_0_BLOCK_BYTES..blocks.end * Q8_0_BLOCK_BYTES];
+            prefetch_next(chunk);
+            q8_0(chunk, out)
         }
         QuantisedValues::Q4_0(bytes) => {
-            q4_0(&bytes[blocks.start * Q4_0_BLOCK_BYTES..blocks.end * Q4_0_BLOCK_BYTES], out)
+            let chunk = &bytes[blocks.start * Q4_0_BLOCK_BYTES..blocks.end * Q4_0_BLOCK_BYTES];
+            prefetch_next(chunk);
+            q4_0(chunk, out)
         }
-        QuantisedValues::Mxfp4 { codes, scales } => mxfp4(
-            &codes[blocks.start * MXFP4_BLOCK_BYTES..blocks.end * MXFP4_BLOCK_BYTES],
-            &scales[blocks],
-            out,
-        ),
+        QuantisedValues::Mxfp4 { codes, scales } => {
+            let chunk = &codes[blocks.start * MXFP4_BLOCK_BYTES..blocks.end * MXFP4_BLOCK_BYTES];
+            prefetch_next(chunk);
+            mxfp4(chunk, &scales[blocks], out)
+        }
         QuantisedValues::Fp8 { weight, scale_inv, block } => {
             let per_row = k.div_ceil(block[1]);
             let scales = &scale_inv[n / block[0] * per_row..(n / block[0] + 1) * per_row];
