@@ -13,7 +13,7 @@ use super::tile::{GGML_MXFP4_BLOCK_BYTES, QUADS, Quads, ROW_COLS};
 use super::x86;
 use super::x86::{
     BLOCK_PREFETCH, F16, F32, GgmlMxfp4, Mxfp4, PAIRED, PREFETCH, Q4_0, Q8_0, SIGN_BYTES, TRANSPOSED,
-    first_bytes, half_values, next_rows, nibble_shift, prefetch_ahead, quad_step, side_bytes, special_scales,
+    first_bytes, half_values, next_rows, nibble_shift, prefetch_ahead, quad_step, special_scales,
 };
 use crate::quant::{FP4_E2M1, MXFP4_BLOCK_BYTES, Q4_0_BLOCK_BYTES, Q8_0_BLOCK_BYTES};
 
@@ -164,27 +164,32 @@ unsafe fn pair_lanes(first: &[u8], second: &[u8], at: usize) -> __m256i {
 pub(super) trait Blocks8 {
     /// Bytes of one block.
     const BYTES: usize;
-    /// The eight rows' scales of their blocks `blocks` (row `r` in lane `r`), given each row's
-    /// side byte of the block (MXFP4's scale).
+    /// Block `b`'s scales of each pair of rows ([`pairs`]' layout), from their blocks
+    /// `blocks` or, for MXFP4, from the rows' side bytes ([`SidePairs`]; given for it, and for
+    /// it only, by the kernel's caller).
     ///
     /// # Safety
     /// The CPU has AVX2 and F16C; each block is `BYTES` long.
-    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> __m256;
+    unsafe fn pair_scales(
+        blocks: &[&[u8]; ROW_COLS],
+        sides: &mut Option<SidePairs<'_>>,
+        b: usize,
+    ) -> [__m256; ROW_COLS / 2];
     /// Two rows' blocks' codes, ready for [`Blocks8::index`].
     ///
     /// # Safety
-    /// As [`Blocks8::scales`].
+    /// As [`Blocks8::pair_scales`].
     unsafe fn codes(first: &[u8], second: &[u8]) -> [__m256i; 2];
     /// Group `g`'s codes of the two rows, one an element, as [`Blocks8::value`] reads them.
     ///
     /// # Safety
-    /// As [`Blocks8::scales`].
+    /// As [`Blocks8::pair_scales`].
     unsafe fn index(codes: [__m256i; 2], g: usize) -> __m256i;
-    /// The codes' values before their scale (times [`Blocks8::scales`]' the exact product
+    /// The codes' values before their scale (times [`Blocks8::pair_scales`]' the exact product
     /// `quant` computes).
     ///
     /// # Safety
-    /// As [`Blocks8::scales`].
+    /// As [`Blocks8::pair_scales`].
     unsafe fn value(index: __m256i) -> __m256;
 }
 
@@ -276,14 +281,127 @@ unsafe fn transposed_index(codes: [__m256i; 2], g: usize) -> __m256i {
     unsafe { _mm256_srlv_epi32(codes[0], _mm256_set1_epi32(nibble_shift(g) as i32)) }
 }
 
+/// The eight rows' values (row `r` in lane `r`) as four pairs of rows: pair `p`'s register
+/// holds row `2 p`'s value repeated across its low 128-bit lane and row `2 p + 1`'s across
+/// the high one.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn pairs(v: __m256) -> [__m256; ROW_COLS / 2] {
+    // SAFETY: the caller's CPU has the features.
+    unsafe {
+        [
+            _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)),
+            _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)),
+            _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5)),
+            _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)),
+        ]
+    }
+}
+
+/// MXFP4's scales of the [`ROW_COLS`] rows from their side bytes, block after block, read
+/// four blocks at a time: for each pair of rows, the two rows' next four bytes in one
+/// register (row `2 p`'s in the low 128-bit lane, one block an element), converted to
+/// `2^(e − 127)` at once ([`e8m0_scales8`], 0 and 255 included); each block's scales then one
+/// in-lane broadcast a pair, as [`pairs`] lays them out. The rows the next block of rows
+/// reads have their side bytes prefetched as the bytes are read (each line once).
+pub(super) struct SidePairs<'s> {
+    /// Each row's side bytes, one a block, as long as each other.
+    sides: &'s [&'s [u8]; ROW_COLS],
+    /// The distance to the rows the next block of rows reads (`x86::next_rows`' for the
+    /// sides).
+    ahead: Option<usize>,
+    /// The current four blocks' scales of each pair.
+    four: [__m256; ROW_COLS / 2],
+    /// The current block's element in each 128-bit lane: `b % 4`.
+    at: __m256i,
+}
+
+impl<'s> SidePairs<'s> {
+    /// The scales of `sides` from block 0.
+    ///
+    /// # Safety
+    /// The CPU has AVX.
+    #[inline(always)]
+    unsafe fn new(sides: &'s [&'s [u8]; ROW_COLS], ahead: Option<usize>) -> Self {
+        // SAFETY: the caller's CPU has the features.
+        unsafe { SidePairs { sides, ahead, four: [_mm256_setzero_ps(); 4], at: _mm256_setzero_si256() } }
+    }
+
+    /// Block `b`'s scales ([`pairs`]' layout); `b` counts up from 0 by one.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[inline(always)]
+    unsafe fn block(&mut self, b: usize) -> [__m256; ROW_COLS / 2] {
+        // SAFETY: the caller's CPU has the features.
+        unsafe {
+            if b.is_multiple_of(4) {
+                for p in 0..ROW_COLS / 2 {
+                    let word = u64::from(self.word(2 * p, b)) | (u64::from(self.word(2 * p + 1, b)) << 32);
+                    self.four[p] = e8m0_scales8(word.to_le_bytes());
+                }
+                self.at = _mm256_setzero_si256();
+            }
+            let [f0, f1, f2, f3] = self.four;
+            let scales = [
+                _mm256_permutevar_ps(f0, self.at),
+                _mm256_permutevar_ps(f1, self.at),
+                _mm256_permutevar_ps(f2, self.at),
+                _mm256_permutevar_ps(f3, self.at),
+            ];
+            self.at = _mm256_add_epi32(self.at, _mm256_set1_epi32(1));
+            scales
+        }
+    }
+
+    /// Row `r`'s side bytes `b .. b + 4` (127, a scale of 1 no block reads, past its end),
+    /// little-endian; the next rows' bytes there prefetched where they reach a line the
+    /// bytes before did not.
+    #[inline(always)]
+    fn word(&self, r: usize, b: usize) -> u32 {
+        let row = self.sides[r];
+        let word = match row.get(b..b + 4) {
+            Some(&[b0, b1, b2, b3]) => u32::from_le_bytes([b0, b1, b2, b3]),
+            _ => {
+                let mut bytes = [127; 4];
+                for (byte, &side) in bytes.iter_mut().zip(row.get(b..).unwrap_or_default()) {
+                    *byte = side;
+                }
+                u32::from_le_bytes(bytes)
+            }
+        };
+        if let Some(ahead) = self.ahead {
+            let first = row.as_ptr().wrapping_add(b + ahead);
+            let last = first.wrapping_add(3);
+            // SAFETY: every x86-64 CPU has SSE; a prefetch reads nothing, so any address is
+            // allowed.
+            unsafe {
+                if b == 0 || (first as usize).is_multiple_of(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(first.cast());
+                }
+                if (last as usize) / 64 != (first as usize) / 64 {
+                    _mm_prefetch::<_MM_HINT_T1>(last.cast());
+                }
+            }
+        }
+        word
+    }
+}
+
 impl Blocks8 for Q8_0 {
     const BYTES: usize = Q8_0_BLOCK_BYTES;
 
     /// The scales times 2^-24, as [`x86::Q8_0`]'s: each code is converted as 2^24 times it.
     #[inline(always)]
-    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> __m256 {
+    unsafe fn pair_scales(
+        blocks: &[&[u8]; ROW_COLS],
+        _: &mut Option<SidePairs<'_>>,
+        _: usize,
+    ) -> [__m256; 4] {
         // SAFETY: the caller's CPU has the features.
-        unsafe { _mm256_mul_ps(half_values(blocks), _mm256_set1_ps(1.0 / 16_777_216.0)) }
+        unsafe { pairs(_mm256_mul_ps(half_values(blocks), _mm256_set1_ps(1.0 / 16_777_216.0))) }
     }
 
     /// Codes 0-15 and 16-31 of the two rows.
@@ -312,9 +430,13 @@ impl Blocks8 for Q4_0 {
     const BYTES: usize = Q4_0_BLOCK_BYTES;
 
     #[inline(always)]
-    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> __m256 {
+    unsafe fn pair_scales(
+        blocks: &[&[u8]; ROW_COLS],
+        _: &mut Option<SidePairs<'_>>,
+        _: usize,
+    ) -> [__m256; 4] {
         // SAFETY: the caller's CPU has the features.
-        unsafe { half_values(blocks) }
+        unsafe { pairs(half_values(blocks)) }
     }
 
     /// The codes [`TRANSPOSED`], each nibble's top bit flipped: a nibble `n` is then
@@ -351,9 +473,13 @@ impl Blocks8 for GgmlMxfp4 {
     const BYTES: usize = GGML_MXFP4_BLOCK_BYTES;
 
     #[inline(always)]
-    unsafe fn scales(blocks: &[&[u8]; ROW_COLS], _: [u8; ROW_COLS]) -> __m256 {
+    unsafe fn pair_scales(
+        blocks: &[&[u8]; ROW_COLS],
+        _: &mut Option<SidePairs<'_>>,
+        _: usize,
+    ) -> [__m256; 4] {
         // SAFETY: the caller's CPU has the features.
-        unsafe { e8m0_scales8(first_bytes(blocks)) }
+        unsafe { pairs(e8m0_scales8(first_bytes(blocks))) }
     }
 
     #[inline(always)]
@@ -378,10 +504,17 @@ impl Blocks8 for GgmlMxfp4 {
 impl Blocks8 for Mxfp4 {
     const BYTES: usize = MXFP4_BLOCK_BYTES;
 
+    /// From the side bytes, four blocks at a time ([`SidePairs`]); the kernel's caller gives
+    /// them for MXFP4 (`RowBlock::Mxfp4`).
     #[inline(always)]
-    unsafe fn scales(_: &[&[u8]; ROW_COLS], side: [u8; ROW_COLS]) -> __m256 {
+    unsafe fn pair_scales(_: &[&[u8]; ROW_COLS], sides: &mut Option<SidePairs<'_>>, b: usize) -> [__m256; 4] {
         // SAFETY: the caller's CPU has the features.
-        unsafe { e8m0_scales8(side) }
+        unsafe {
+            match sides {
+                Some(sides) => sides.block(b),
+                None => [_mm256_setzero_ps(); 4],
+            }
+        }
     }
 
     /// The codes of groups 0-3 and 4-7, [`PAIRED`].
@@ -430,7 +563,8 @@ pub(super) fn strict_blocks_avx2<B: Blocks8, const T: usize>(
     let ahead = next_rows(rows, next);
     // Each row's side bytes are as long as the others'.
     let side_ahead = sides.and_then(|sides| next.map(|n| n * sides[0].len()));
-    // SAFETY: the features are this function's.
+    // SAFETY (both): the features are this function's.
+    let mut side_pairs = sides.map(|sides| unsafe { SidePairs::new(sides, side_ahead) });
     let mut a = unsafe { load_halves(&acc, quad) };
     let xs = xs.map(|x| &x[..blocks * 8]);
     for b in 0..blocks {
@@ -440,7 +574,7 @@ pub(super) fn strict_blocks_avx2<B: Blocks8, const T: usize>(
             *block = &row[at.clone()];
         }
         // SAFETY: the features are this function's; each block is B::BYTES long.
-        let scales = unsafe { B::scales(&row_blocks, side_bytes(sides, b, side_ahead)) };
+        let scales = unsafe { B::pair_scales(&row_blocks, &mut side_pairs, b) };
         // The quads, their halves and their eight groups unrolled, so each group's constants
         // (controls, shifts) are known where they are used and the accumulators stay in
         // registers. Left as loops, the compiler unrolled them only in part (for MXFP4 in
@@ -461,11 +595,7 @@ pub(super) fn strict_blocks_avx2<B: Blocks8, const T: usize>(
             ($q:literal, $quad_blocks:ident, $($h:literal)+) => {$({
                 // SAFETY: as above.
                 let codes = unsafe { B::codes($quad_blocks[2 * $h], $quad_blocks[2 * $h + 1]) };
-                let row = 4 * $q + 2 * $h;
-                let scale = _mm256_permutevar8x32_ps(
-                    scales,
-                    _mm256_setr_epi32(row, row, row, row, row + 1, row + 1, row + 1, row + 1),
-                );
+                let scale = scales[2 * $q + $h];
                 groups!($q, $h, codes, scale, 0 1 2 3 4 5 6 7);
             })+};
         }
