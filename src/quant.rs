@@ -49,12 +49,14 @@ pub const FP4_E2M1: [f32; 16] =
     [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 
 /// `2^e` for `e` in `-149..=127` (exact: subnormal below -126).
+#[inline]
 fn pow2(e: i32) -> f32 {
     debug_assert!((-149..=127).contains(&e));
     if e >= -126 { f32::from_bits(((e + 127) as u32) << 23) } else { f32::from_bits(1 << (e + 149)) }
 }
 
 /// An E8M0 scale byte as a value: `2^(byte − 127)`; 255 is NaN.
+#[inline]
 pub fn e8m0(byte: u8) -> f32 {
     if byte == 255 { f32::NAN } else { pow2(i32::from(byte) - 127) }
 }

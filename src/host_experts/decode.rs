@@ -390,7 +390,7 @@ fn mxfp4_portable(codes: &[u8], scales: &[u8], out: &mut [f32]) {
     for ((block, o), &scale) in
         codes.chunks_exact(MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)).zip(scales)
     {
-        let s = e8m0(scale);
+        let s = quant::e8m0(scale);
         let (Some(q), Some(o)) = (block.first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
             continue;
         };
@@ -431,7 +431,7 @@ pub(super) fn ggml_mxfp4(blocks: &[u8], out: &mut [f32]) {
 #[inline(always)]
 fn ggml_mxfp4_portable(blocks: &[u8], out: &mut [f32]) {
     for (block, o) in blocks.chunks_exact(GGML_MXFP4_BLOCK_BYTES).zip(out.chunks_exact_mut(BLOCK_VALUES)) {
-        let s = e8m0(block[0]);
+        let s = quant::e8m0(block[0]);
         let (Some(q), Some(o)) = (block[1..].first_chunk::<16>(), o.first_chunk_mut::<BLOCK_VALUES>()) else {
             continue;
         };
@@ -495,17 +495,6 @@ fn bf16s(bytes: &[u8], out: &mut [f32]) {
         let bits = u32::from(u16::from_le_bytes([b[0], b[1]])) << 16;
         let nan = bits & 0x7fff_ffff > 0x7f80_0000;
         *o = f32::from_bits(if nan { bits | 0x40_0000 } else { bits });
-    }
-}
-
-/// An E8M0 scale byte as its value, as `quant::e8m0`: 2^(scale − 127), 2^-127 (subnormal) for
-/// 0, NaN for 255.
-#[inline(always)]
-pub(super) fn e8m0(scale: u8) -> f32 {
-    match scale {
-        0 => f32::from_bits(0x40_0000),
-        255 => f32::NAN,
-        b => f32::from_bits(u32::from(b) << 23),
     }
 }
 

@@ -9,9 +9,8 @@
 use std::arch::x86_64::*;
 
 use super::avx2::fp4_values8;
-use super::decode::e8m0;
 use super::tile::GGML_MXFP4_BLOCK_BYTES;
-use crate::quant::{BLOCK_VALUES, FP4_E2M1, MXFP4_BLOCK_BYTES};
+use crate::quant::{BLOCK_VALUES, FP4_E2M1, MXFP4_BLOCK_BYTES, e8m0};
 
 /// Where a block's 32 values are read from its codes: gpt-oss's order (value `2 j` the low
 /// nibble of byte `j`, `2 j + 1` its high one) or ggml's `block_mxfp4` (value `j` the low
